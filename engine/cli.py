@@ -1,0 +1,167 @@
+"""The ``jobctl`` command line.
+
+Exit codes: 0 success, 1 the run failed, 2 bad input (spec, plan or arguments: nothing
+was started).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from jobctl.spec import SpecError, json_schema, load_spec
+
+from . import views
+from .planner import PlanError, make_plan
+from .state import StateDB
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+console = Console()
+err = Console(stderr=True)
+
+SpecArg = Annotated[Path, typer.Argument(help="job spec YAML file", show_default=False)]
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")]
+DevicesOpt = Annotated[int | None, typer.Option("--devices", help="plan for N devices instead of the pool")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="override hardware.backend")]
+
+
+def _load(path: Path, overrides: dict | None = None):
+    try:
+        return load_spec(path, overrides=overrides)
+    except SpecError as e:
+        err.print(f"[red]error:[/red] {path}: invalid job spec", highlight=False)
+        err.print(str(e), highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    except FileNotFoundError:
+        err.print(f"[red]error:[/red] {path}: no such file")
+        raise typer.Exit(2) from None
+
+
+def _plan(spec, path: Path, devices: int | None):
+    try:
+        return make_plan(spec, devices)
+    except (PlanError, ValueError) as e:
+        err.print(f"[red]error:[/red] {path}: cannot plan: {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(spec_file: SpecArg) -> None:
+    """Check a job spec and print a one-line summary."""
+    spec = _load(spec_file)
+    console.print(f"[green]ok[/green] {spec_file}: job {spec.name!r}, {spec.training.steps} steps")
+
+
+@app.command()
+def schema() -> None:
+    """Print the job spec's JSON schema."""
+    print(json.dumps(json_schema(), indent=2))
+
+
+@app.command()
+def plan(spec_file: SpecArg, devices: DevicesOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False) -> None:
+    """Resolve and print the parallel plan (P, D, micro-batching, stages, ranks, schedule)."""
+    spec = _load(spec_file)
+    p = _plan(spec, spec_file, devices)
+    if as_json:
+        print(p.model_dump_json(indent=2))
+    else:
+        views.print_plan(console, p)
+
+
+@app.command()
+def render(spec_file: SpecArg, out: Annotated[Path, typer.Option("--out", help="output folder")],
+           devices: DevicesOpt = None, backend: BackendOpt = None) -> None:
+    """Write the per-node launch scripts without running anything."""
+    from jobctl.backends import get_backend
+
+    from .launch import new_run_id, run_context
+
+    spec = _load(spec_file)
+    p = _plan(spec, spec_file, devices)
+    run_id = new_run_id(spec.name)
+    ctx = run_context(spec, p, run_id, (out / "run").resolve())
+    for path in get_backend(backend or spec.hardware.backend).render(ctx).write(out):
+        console.print(f"wrote {path}")
+    (out / "plan.json").write_text(p.model_dump_json(indent=2))
+
+
+@app.command()
+def apply(spec_file: SpecArg, devices: DevicesOpt = None, backend: BackendOpt = None,
+          home: HomeOpt = None,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="print plan and scripts, start nothing")] = False,
+          resume_dir: Annotated[Path | None, typer.Option("--resume-from", help="checkpoint folder")] = None) -> None:
+    """Validate, plan, render, launch and supervise a job until it ends."""
+    from jobctl.backends import get_backend
+
+    from .apply import ApplyOptions, launch
+    from .launch import run_context
+
+    spec = _load(spec_file)
+    p = _plan(spec, spec_file, devices)
+    views.print_plan(console, p)
+    if dry_run:
+        ctx = run_context(spec, p, f"{spec.name}-dry-run", Path("<run-dir>"))
+        for name, text in get_backend(backend or spec.hardware.backend).render(ctx).files.items():
+            console.rule(name)
+            console.print(text, markup=False, highlight=False)
+        return
+    db = StateDB(home)
+    opts = ApplyOptions(backend=backend, resume_dir=resume_dir, show_progress=True)
+    t0 = time.monotonic()
+    run, outcome = launch(spec, p, db, str(spec_file.resolve()), opts, console)
+    if not outcome.ok:
+        err.print(f"[red]run {run.id} failed:[/red] {outcome.message}", highlight=False, markup=False)
+        raise typer.Exit(1)
+    last = outcome.losses[-1] if outcome.losses else float("nan")
+    console.print(f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
+                  f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}")
+
+
+@app.command()
+def status(run: Annotated[str | None, typer.Argument(help="run id or name")] = None,
+           home: HomeOpt = None) -> None:
+    """Table of runs, or one run's details and recent events."""
+    db = StateDB(home)
+    if run is None:
+        views.print_runs(console, db.list_runs())
+        return
+    row = _find(db, run)
+    views.print_run(console, row, db.events(row["id"], limit=20))
+
+
+@app.command()
+def logs(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None,
+         rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
+         lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50) -> None:
+    """Show a run's worker logs (all ranks, or one)."""
+    row = _find(StateDB(home), run)
+    log_dir = Path(row["run_dir"]) / "logs"
+    files = [log_dir / f"rank-{rank}.log"] if rank is not None else sorted(log_dir.glob("*.log"))
+    for f in files:
+        if not f.exists():
+            err.print(f"[red]error:[/red] no log {f}")
+            raise typer.Exit(2)
+        console.rule(f.name)
+        for line in f.read_text(errors="replace").splitlines()[-lines:]:
+            console.print(line, markup=False, highlight=False)
+
+
+def _find(db: StateDB, ref: str) -> dict:
+    row = db.get_run(ref)
+    if row is None:
+        err.print(f"[red]error:[/red] no run {ref!r}; `jobctl status` lists runs")
+        raise typer.Exit(2)
+    return row
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app())

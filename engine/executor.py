@@ -1,0 +1,177 @@
+"""Execute one stage's action list for one training step.
+
+``F`` runs the stage's blocks on a micro-batch (the tokens on stage 0, the received
+activation elsewhere) and sends the output on; a forward whose micro-batch is
+recomputed later keeps only its input and the RNG state (no autograd graph). ``R``
+restores that RNG state and re-runs the forward with autograd, so recompute is
+bit-identical to keeping the activations. ``B`` back-propagates the received gradient
+(or the loss, on the last stage) and sends the input gradient back.
+
+With ``opportunistic=True`` (Varuna sec. 3.2) a stage whose next action is a backward
+still waiting for its gradient runs the next forward instead, if that forward's input
+is ready and the schedule's activation bound and rule 2 allow it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .actions import Action, Op, recomputed
+from .data import Sharding, TokenData
+from .model import Stage, lm_loss
+from .p2p import Inbox, Outbox
+from .topology import Topology
+
+
+@dataclass
+class StepStats:
+    """What one step measured on this rank."""
+
+    loss_sum: float = 0.0
+    fwd_s: list[float] = field(default_factory=list)
+    bwd_s: list[float] = field(default_factory=list)
+    order: list[Action] = field(default_factory=list)
+    deviations: int = 0
+
+
+@dataclass
+class Channels:
+    """This rank's shapes and message boxes for one step."""
+
+    in_shape: tuple | None
+    in_dtype: torch.dtype | None
+    out_shape: tuple | None
+    out_dtype: torch.dtype | None
+
+
+class StepExecutor:
+    """Runs one step of one stage's schedule with real point-to-point traffic."""
+
+    def __init__(self, stage: Stage, topo: Topology, data: TokenData, shard: Sharding,
+                 chans: Channels, device: torch.device, opportunistic: bool = False):
+        self.stage, self.topo, self.data, self.shard = stage, topo, data, shard
+        self.chans, self.device, self.opportunistic = chans, device, opportunistic
+
+    def run(self, actions: list[Action], step: int) -> StepStats:
+        """Execute ``actions`` for training step ``step``; returns measurements."""
+        self.step = step
+        self.rec = recomputed(actions)
+        fwd_order = [a.micro_batch for a in actions if a.op is Op.FORWARD]
+        bwd_order = [a.micro_batch for a in actions if a.op is Op.BACKWARD]
+        window = max(2, self.topo.P)
+        t, c = self.topo, self.chans
+        self.acts_in = Inbox(t.prev, c.in_shape, c.in_dtype, self.device, 0, fwd_order, window) if t.prev is not None else None
+        self.grads_in = Inbox(t.next, c.out_shape, c.out_dtype, self.device, 1, bwd_order, window) if t.next is not None else None
+        self.acts_out = Outbox(t.next, 0) if t.next is not None else None
+        self.grads_out = Outbox(t.prev, 1) if t.prev is not None else None
+        self.saved: dict[int, dict] = {}
+        stats = StepStats()
+        for action in self._ordered(actions, stats):
+            self._do(action, stats)
+            stats.order.append(action)
+        for box in (self.acts_out, self.grads_out):
+            if box is not None:
+                box.drain()
+        return stats
+
+    def _ordered(self, actions: list[Action], stats: StepStats):
+        """Yield actions in schedule order, deviating opportunistically if enabled."""
+        pending = list(actions)
+        bound = _activation_bound(actions)
+        while pending:
+            k = 0
+            if self.opportunistic and pending[0].op is Op.BACKWARD and not self._grad_ready(pending[0]):
+                k = self._ready_forward(pending, bound)
+                stats.deviations += k > 0
+            yield pending.pop(k)
+
+    def _grad_ready(self, a: Action) -> bool:
+        return self.grads_in is None or self.grads_in.ready(a.micro_batch)
+
+    def _ready_forward(self, pending: list[Action], bound: int) -> int:
+        """Index of the next forward that may run now, or 0 to keep the schedule."""
+        if sum(1 for v in self.saved.values() if v.get("graph")) >= bound:
+            return 0
+        for k, a in enumerate(pending):
+            if a.op is Op.FORWARD:
+                ready = self.acts_in is None or self.acts_in.ready(a.micro_batch)
+                return k if ready else 0
+            if a.op is Op.RECOMPUTE:
+                return 0  # rule 2: nothing between a recompute and its backward
+        return 0
+
+    def _do(self, a: Action, stats: StepStats) -> None:
+        t0 = time.perf_counter()
+        if a.op is Op.FORWARD:
+            self._forward(a.micro_batch)
+            stats.fwd_s.append(time.perf_counter() - t0)
+        elif a.op is Op.RECOMPUTE:
+            self._recompute(a.micro_batch)
+            stats.fwd_s.append(time.perf_counter() - t0)
+        else:
+            stats.loss_sum += self._backward(a.micro_batch)
+            stats.bwd_s.append(time.perf_counter() - t0)
+
+    def _inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        first = self.shard.first_sample(self.step, self.topo.replica, i)
+        need_tokens = self.topo.is_first or self.topo.is_last
+        if need_tokens:
+            x, y = self.data.batch(first, self.shard.micro_batch)
+            x, y = x.to(self.device), y.to(self.device)
+        if not self.topo.is_first:
+            x = self.acts_in.take(i)
+        return x, (y if self.topo.is_last else None)
+
+    def _forward(self, i: int) -> None:
+        x, y = self._inputs(i)
+        if i in self.rec:
+            rng = torch.get_rng_state()
+            with torch.no_grad():
+                out = self.stage(x)
+            self.saved[i] = {"x": x, "y": y, "rng": rng}
+        else:
+            out = self._graph_forward(i, x, y)
+        if self.acts_out is not None:
+            self.acts_out.send(i, out.detach())
+
+    def _graph_forward(self, i: int, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        if x.is_floating_point():
+            x.requires_grad_(True)
+        out = self.stage(x)
+        loss = lm_loss(out, y) * self.shard.loss_scale if self.topo.is_last else None
+        self.saved[i] = {"x": x, "out": out, "loss": loss, "graph": True}
+        return out
+
+    def _recompute(self, i: int) -> None:
+        s = self.saved.pop(i)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(s["rng"])
+            self._graph_forward(i, s["x"], s["y"])
+
+    def _backward(self, i: int) -> float:
+        s = self.saved.pop(i)
+        if self.topo.is_last:
+            s["loss"].backward()
+            loss = float(s["loss"].detach())
+        else:
+            torch.autograd.backward(s["out"], self.grads_in.take(i))
+            loss = 0.0
+        if self.grads_out is not None:
+            self.grads_out.send(i, s["x"].grad)
+        return loss
+
+
+def _activation_bound(actions: list[Action]) -> int:
+    """Most micro-batches the schedule itself keeps with a graph at once."""
+    rec = recomputed(actions)
+    live, peak = 0, 0
+    for a in actions:
+        if a.op is Op.RECOMPUTE or (a.op is Op.FORWARD and a.micro_batch not in rec):
+            live += 1
+        elif a.op is Op.BACKWARD:
+            live -= 1
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,108 @@
+"""Prepare a run folder, host its rendezvous, launch it, and watch it to the end.
+
+The rendezvous store lives in the launching process (a ``TCPStore`` server), and
+every torchrun agent joins it as a client (``is_host=false``): losing any worker node
+never takes the store with it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobctl.backends import RunContext, get_backend
+from jobctl.backends.base import Rendered
+from jobctl.spec import dump_yaml, spec_hash
+
+from .plan import Plan
+from .state import StateDB
+
+
+@dataclass
+class Run:
+    """A prepared run: its id, folder, launch context and rendered scripts."""
+
+    id: str
+    dir: Path
+    ctx: RunContext
+    rendered: Rendered
+    plan: Plan
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_context(spec, plan: Plan, run_id: str, run_dir: Path, env: dict[str, str] | None = None,
+                port: int | None = None) -> RunContext:
+    """Launch context of a plan: nodes, processes per node, rendezvous endpoint."""
+    hw = spec.hardware
+    port = port or hw.rendezvous_port or free_port(hw.rendezvous_host)
+    return RunContext(
+        run_id=run_id,
+        run_dir=run_dir,
+        nnodes=plan.nodes,
+        nproc_per_node=plan.node_sizes(),
+        rdzv_endpoint=f"{hw.rendezvous_host}:{port}",
+        python=sys.executable,
+        env=dict(env or {}),
+    )
+
+
+def prepare_run(spec, plan: Plan, db: StateDB, spec_path: str | None, backend: str,
+                env: dict[str, str] | None = None) -> Run:
+    """Create the run folder (spec, plan, scripts) and its row in the state DB."""
+    run_id = new_run_id(spec.name)
+    run_dir = db.runs_dir / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(dump_yaml(spec))
+    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    ctx = run_context(spec, plan, run_id, run_dir, env)
+    rendered = get_backend(backend).render(ctx)
+    rendered.write(run_dir / "scripts")
+    db.create_run(run_id, spec.name, run_dir, spec_path=spec_path, spec_hash=spec_hash(spec),
+                  total_steps=spec.training.steps, devices=plan.world_size, plan=plan.summary())
+    return Run(run_id, run_dir, ctx, rendered, plan)
+
+
+def host_rendezvous(endpoint: str):
+    """Start the c10d rendezvous store server that torchrun agents join."""
+    from torch.distributed import TCPStore
+
+    host, port = endpoint.rsplit(":", 1)
+    return TCPStore(host, int(port), is_master=True, wait_for_workers=False)
+
+
+def read_metrics(path: Path, offset: int) -> tuple[list[dict], int]:
+    """New complete JSON lines of ``metrics.jsonl`` after byte ``offset``."""
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1
+    lines = chunk[:end].decode().splitlines()
+    return [json.loads(x) for x in lines if x.strip()], offset + end
+
+
+def last_lines(path: Path, n: int = 20) -> list[str]:
+    if not path.exists():
+        return []
+    return path.read_text(errors="replace").splitlines()[-n:]
+
+
+def failing_rank(run_dir: Path) -> int | None:
+    """The rank whose error was recorded first."""
+    errs = sorted((run_dir / "errors").glob("rank-*.txt"), key=lambda p: p.stat().st_mtime)
+    return int(errs[0].stem.split("-")[1]) if errs else None

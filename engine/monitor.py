@@ -1,0 +1,99 @@
+"""Watch a launched run: metrics into the state DB and a progress bar, failures out.
+
+``Monitor.poll_once()`` does one round (read new metrics, check every node); the loop
+around it takes an injectable ``sleep`` so tests can drive it without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .launch import Run, failing_rank, last_lines, read_metrics
+from .state import StateDB
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    ok: bool
+    exit_code: int
+    message: str
+    losses: list[float] = field(default_factory=list)
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[sps]} samples/s"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+class Monitor:
+    """Follows one run's nodes and metrics until it ends."""
+
+    def __init__(self, run: Run, backend, handles: list[int], db: StateDB, total_steps: int,
+                 on_step: Callable[[dict], None] | None = None):
+        self.run, self.backend, self.handles, self.db = run, backend, handles, db
+        self.total = total_steps
+        self.on_step = on_step
+        self.offset = 0
+        self.losses: list[float] = []
+
+    def poll_once(self) -> Outcome | None:
+        """One round: returns the outcome once the run has ended, else None."""
+        self._consume_metrics()
+        codes = self.backend.poll(self.handles)
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return self._fail(failed[0])
+        if all(c == 0 for c in codes):
+            self._consume_metrics()
+            return Outcome(True, 0, "completed", self.losses)
+        return None
+
+    def _consume_metrics(self) -> None:
+        recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
+        for rec in recs:
+            if rec["kind"] == "step":
+                self.losses.append(rec["loss"])
+                self.db.update_run(self.run.id, step=rec["step"], loss=rec["loss"],
+                                   samples_per_s=rec["samples_per_s"])
+                if self.on_step:
+                    self.on_step(rec)
+            elif rec["kind"] == "checkpoint":
+                self.db.update_run(self.run.id, last_checkpoint=rec["step"])
+                self.db.add_event(self.run.id, "checkpoint", f"checkpoint at step {rec['step']}")
+
+    def _fail(self, code: int) -> Outcome:
+        self.backend.cancel(self.handles, 9)
+        rank = failing_rank(self.run.dir)
+        where = f"rank {rank}" if rank is not None else "a node"
+        log = self.run.dir / "logs" / (f"rank-{rank}.log" if rank is not None else "node-0.log")
+        tail = "\n".join(last_lines(log))
+        return Outcome(False, code or 1, f"{where} failed (exit {code}); last lines of {log}:\n{tail}",
+                       self.losses)
+
+
+def watch(monitor: Monitor, interval: float = 0.25, sleep: Callable[[float], None] = time.sleep,
+          deadline: float | None = None) -> Outcome:
+    """Poll until the run ends (or ``deadline`` seconds pass: then it is stopped)."""
+    start = time.monotonic()
+    while (outcome := monitor.poll_once()) is None:
+        if deadline is not None and time.monotonic() - start > deadline:
+            monitor.backend.cancel(monitor.handles, 9)
+            return Outcome(False, 124, f"timed out after {deadline:.0f} s", monitor.losses)
+        sleep(interval)
+    return outcome

@@ -1,0 +1,147 @@
+"""The training loop of one worker: build the stage, run steps, report, checkpoint.
+
+One optimizer step = the stage's action list for all micro-batches (gradient
+accumulation keeps the global batch fixed), then the gradient sum over replicas and
+tied stages, then the optimizer update. The loss of the step is the sum of the last
+stage's weighted micro-batch losses over its replicas: the global-batch mean, exactly
+what a single process would compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from jobctl.spec import spec_hash
+
+from .actions import Action
+from .checkpoint import blocks_written_by, load_blocks, read_meta, save_blocks, write_meta
+from .ckpt_store_local import publish_local, stage_dir
+from .data import Sharding, make_data
+from .executor import Channels, StepExecutor, StepStats
+from .model import Stage, model_def
+from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
+from .p2p import recv_meta, send_meta
+from .plan import Plan
+from .topology import build_topology
+
+
+class Trainer:
+    """Everything one rank needs to train its stage."""
+
+    def __init__(self, spec, plan: Plan, run_dir: Path, rank: int, device: torch.device):
+        self.spec, self.plan, self.run_dir, self.rank, self.device = spec, plan, run_dir, rank, device
+        self.mdef = model_def(spec.model, spec.training.seed)
+        self.topo = build_topology(plan, rank, bool(self.mdef.ties))
+        me = plan.stage_of(rank)
+        self.actions: list[Action] = me.action_list()
+        self.stage = Stage(self.mdef, me.blocks).to(device)
+        self.named = dict(self.stage.named_parameters())
+        self.opt = build_optimizer(list(self.named.values()), spec.training)
+        self.ties = tied_names(self.mdef.ties)
+        self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
+        self.data = make_data(spec)
+        self.start_step = 0
+        self.ckpt_root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
+
+    def _autocast(self):
+        if self.spec.training.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def probe_shapes(self) -> Channels:
+        """Propagate activation shapes down the pipeline with one dry forward per stage."""
+        t = self.topo
+        if t.is_first:
+            x = torch.zeros(self.shard.micro_batch, self.spec.model.seq_len, dtype=torch.long)
+            in_shape, in_dtype = None, None
+        else:
+            in_shape, in_dtype = recv_meta(t.prev)
+            x = torch.zeros(in_shape, dtype=in_dtype)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), self._autocast():
+            out = self.stage(x.to(self.device))
+        if t.next is not None:
+            send_meta(out, t.next)
+        return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype)
+
+    def resume_from(self, ckpt_dir: Path) -> None:
+        """Load weights and optimizer state; continue at the checkpoint's next sample."""
+        meta = read_meta(ckpt_dir)
+        if meta["global_batch_size"] != self.plan.global_batch_size:
+            raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
+        load_blocks(self.stage, self.opt, ckpt_dir, self.mdef.ties)
+        self.start_step = int(meta["step"])
+
+    def run(self) -> None:
+        chans = self.probe_shapes()
+        ex = StepExecutor(self.stage, self.topo, self.data, self.shard, chans, self.device,
+                          opportunistic=self.spec.parallelism.schedule == "varuna")
+        for step in range(self.start_step, self.spec.training.steps):
+            t0 = time.perf_counter()
+            stats = self.train_step(ex, step)
+            loss = self.global_loss(stats)
+            self.report(step + 1, loss, time.perf_counter() - t0, stats)
+            done = step + 1
+            if done % self.spec.checkpoint.interval == 0 or done == self.spec.training.steps:
+                self.checkpoint(done)
+
+    def train_step(self, ex: StepExecutor, step: int) -> StepStats:
+        self.opt.zero_grad(set_to_none=True)
+        with self._autocast():
+            stats = ex.run(self.actions, step)
+        sync_gradients(self.named, self.topo, self.ties)
+        set_lr(self.opt, lr_at(step, self.spec.training))
+        self.opt.step()
+        return stats
+
+    def global_loss(self, stats: StepStats) -> float | None:
+        """Global-batch mean loss, on last-stage ranks."""
+        if not self.topo.is_last:
+            return None
+        total = torch.tensor([stats.loss_sum], dtype=torch.float64)
+        if self.topo.dp_group is not None:
+            dist.all_reduce(total, group=self.topo.dp_group)
+        return float(total)
+
+    def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
+        if not self.topo.is_reporter:
+            return
+        rec = {
+            "kind": "step", "step": step, "loss": loss, "step_time_s": seconds,
+            "samples_per_s": self.plan.global_batch_size / seconds, "ts": time.time(),
+            "deviations": stats.deviations,
+        }
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def checkpoint(self, step: int) -> None:
+        """Write this rank's share locally; the last rank to finish publishes the step.
+
+        No barrier: each rank records its part, and the part that completes the set
+        writes the manifest and renames the staging folder (atomic commit).
+        """
+        staging = stage_dir(self.ckpt_root, step)
+        files = save_blocks(self.stage, self.opt, blocks_written_by(self.plan, self.rank),
+                            staging, self.mdef.ties)
+        meta = {
+            "step": step,
+            "next_sample": step * self.plan.global_batch_size,
+            "global_batch_size": self.plan.global_batch_size,
+            "plan": self.plan.summary(),
+            "spec_hash": self.spec_hash,
+        }
+        if self.rank == 0:
+            files.append(write_meta(staging, meta))
+        parts = [f"rank-{r}" for r in range(self.plan.world_size)]
+        if publish_local(self.ckpt_root, step, f"rank-{self.rank}", files, meta, parts):
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"kind": "checkpoint", "step": step, "ts": time.time()}) + "\n")
+
+    @property
+    def spec_hash(self) -> str:
+        return spec_hash(self.spec)

@@ -1,0 +1,71 @@
+"""Entry point of one worker process, launched by torchrun on every node.
+
+torchrun matches abbreviations of its own flags even after the script name, so the
+worker takes no arguments: everything comes from the run folder named by
+``JOBCTL_RUN_DIR`` (the spec, the plan) and torchrun's own environment (RANK, ...).
+The worker's stdout and stderr go to ``logs/rank-<RANK>.log`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def _redirect_output(run_dir: Path, rank: int) -> None:
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_dir / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _device(kind: str) -> torch.device:
+    if kind == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def main() -> int:
+    run_dir = Path(os.environ["JOBCTL_RUN_DIR"])
+    rank = int(os.environ["RANK"])
+    _redirect_output(run_dir, rank)
+    torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
+    from jobctl.spec import load_spec
+
+    from .plan import Plan
+    from .trainer import Trainer
+
+    spec = load_spec(run_dir / "spec.yaml")
+    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
+    timeout = timedelta(seconds=float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")))
+    dist.init_process_group("nccl" if plan.device == "cuda" else "gloo", timeout=timeout)
+    try:
+        trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
+        resume = os.environ.get("JOBCTL_RESUME_DIR")
+        if resume:
+            trainer.resume_from(Path(resume))
+        trainer.run()
+    except BaseException:
+        traceback.print_exc()
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
+        raise
+    dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

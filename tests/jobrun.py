@@ -1,0 +1,41 @@
+"""Helpers for tests that launch real runs through the local backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from jobctl.engine.apply import ApplyOptions, launch
+from jobctl.engine.checkpoint import load_full_state
+from jobctl.engine.planner import make_plan
+from jobctl.engine.state import StateDB
+from jobctl.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
+
+
+def tiny_spec(**overrides):
+    """The quickstart spec with dotted overrides (e.g. ``{"training.steps": 3}``)."""
+    return load_spec(QUICKSTART, overrides=overrides)
+
+
+def run_job(spec, home: Path, devices: int | None = None, resume_dir: Path | None = None,
+            deadline_s: float = 240.0):
+    """Plan and run ``spec`` to the end on local processes; returns (run, outcome)."""
+    plan = make_plan(spec, devices)
+    db = StateDB(home)
+    opts = ApplyOptions(resume_dir=resume_dir, deadline_s=deadline_s, show_progress=False)
+    return launch(spec, plan, db, None, opts, Console(quiet=True))
+
+
+def step_losses(run_dir: Path) -> list[float]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in recs if r["kind"] == "step"]
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_full_state(run_dir / "checkpoints" / f"step-{step:08d}")
