@@ -1,0 +1,82 @@
+"""Shared base of every spec model and the protocol by which rules report violations.
+
+A rule that involves more than one field cannot be pinned on a single input value by
+pydantic, so it reports a :class:`Violation` naming the dotted path (relative to the
+model that owns the rule) it is about. All violations of one model are raised together
+as one ``spec_rule`` error whose context carries them; the loader expands that error
+back into one issue per violation, each at the YAML position of its path. Plain Python
+users still get a readable :class:`pydantic.ValidationError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from typing_extensions import Self
+
+RULE_ERROR_TYPE = "spec_rule"
+
+
+class Violation(NamedTuple):
+    """One broken rule: the dotted path it is about, what is wrong, and how to fix it."""
+
+    path: str
+    message: str
+    fix: str | None = None
+
+
+def rule_error(violations: list[Violation]) -> PydanticCustomError:
+    """Bundle ``violations`` into one pydantic error the loader can take apart again."""
+    summary = "; ".join(f"{v.path}: {v.message}" for v in violations)
+    # Braces would be read as template fields by pydantic; the summary has no context keys.
+    summary = summary.replace("{", "(").replace("}", ")")
+    payload = tuple(v._asdict() for v in violations)
+    return PydanticCustomError(RULE_ERROR_TYPE, summary, {"violations": payload})
+
+
+def friendly_error(
+    error_type: str, message: str, *, suggestion: str | None = None, fix: str | None = None
+) -> PydanticCustomError:
+    """A single-value error whose context carries an optional suggestion and fix hint."""
+    context: dict[str, Any] = {}
+    if suggestion is not None:
+        context["suggestion"] = suggestion
+    if fix is not None:
+        context["fix"] = fix
+    return PydanticCustomError(error_type, message.replace("{", "(").replace("}", ")"), context)
+
+
+def int_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Validate ``int >= 1 | "auto"`` and report one clear error instead of one per branch."""
+    try:
+        return handler(value)
+    except ValidationError as err:
+        raise friendly_error(
+            "int_or_auto", f"expected an integer >= 1 or 'auto', got {value!r}"
+        ) from err
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: immutable, strict about keys, aliases accepted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def _violations(self) -> Iterator[Violation]:
+        """Yield every cross-field rule this model breaks; sections override it."""
+        return iter(())
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        violations = list(self._violations())
+        if violations:
+            raise rule_error(violations)
+        return self

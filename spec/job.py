@@ -1,0 +1,133 @@
+"""The whole job spec and the rules that tie its sections together."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+from pydantic import Field, field_validator
+
+from .base import SpecModel, Violation, friendly_error
+from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
+from .schedule import ScheduleSpec
+from .sections import DataSpec, HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class JobSpec(SpecModel):
+    """One training job: what to train, on which devices, how to split it, how to run it."""
+
+    name: str = Field(
+        ...,
+        description="Job name, safe for file names, Kubernetes and Slurm: lowercase letters, "
+        "digits, '.', '_' and '-', at most 63 characters.",
+        json_schema_extra={"pattern": NAME_PATTERN},
+    )
+    model: ModelSpec = Field(..., description="The model to train.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Where samples come from.")
+    training: TrainingSpec = Field(..., description="Batch sizes, steps and optimizer.")
+    hardware: HardwareSpec = Field(
+        default_factory=HardwareSpec, description="The device pool and its launcher."
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Pipeline/data parallelism and schedule."
+    )
+    elasticity: ElasticitySpec = Field(
+        default_factory=ElasticitySpec, description="Preemption and straggler handling."
+    )
+    pruning: PruningSpec = Field(
+        default_factory=PruningSpec, description="Gradual magnitude pruning."
+    )
+    rebalancing: RebalancingSpec = Field(
+        default_factory=RebalancingSpec, description="Stage rebalancing and packing."
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpoints, uploads and retention."
+    )
+    schedule: ScheduleSpec | None = Field(
+        None, description="When to resume the job from its latest checkpoint; null = run once."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_safe(cls, value: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise friendly_error(
+                "job_name",
+                f"{value!r} is not a valid job name",
+                suggestion=_slug(value),
+                fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters, "
+                "starting with a letter or digit)",
+            )
+        return value
+
+    def _violations(self) -> Iterator[Violation]:
+        yield from self._pool_violations()
+        yield from self._stage_violations()
+        yield from self._batch_violations()
+
+    def _pool_violations(self) -> Iterator[Violation]:
+        p, d, hw = self.parallelism.pipeline_stages, self.parallelism.data_parallel, self.hardware
+        if isinstance(p, int) and isinstance(d, int) and p * d > hw.devices:
+            yield Violation(
+                "parallelism.pipeline_stages",
+                f"P x D = {p * d} devices but the pool has {hw.devices} "
+                f"({hw.nodes} nodes x {hw.processes_per_node} processes)",
+                "lower parallelism.pipeline_stages/data_parallel or raise hardware.nodes",
+            )
+
+    def _stage_violations(self) -> Iterator[Violation]:
+        p, blocks = self.parallelism.pipeline_stages, self.model.num_blocks
+        if isinstance(p, int) and blocks is not None and p > blocks:
+            yield Violation(
+                "parallelism.pipeline_stages",
+                f"cannot split {blocks} blocks into {p} stages "
+                f"(embedding + {self.model.layers} layers + head)",
+                f"lower parallelism.pipeline_stages to at most {blocks} or raise model.layers",
+            )
+
+    def _batch_violations(self) -> Iterator[Violation]:
+        batch, micro = self.training.global_batch_size, self.training.micro_batch_size
+        d = self.parallelism.data_parallel
+        if isinstance(d, int) and batch % d:
+            yield Violation(
+                "training.global_batch_size",
+                f"global_batch_size {batch} is not divisible by data_parallel {d}",
+                f"make training.global_batch_size a multiple of {d}, "
+                f"e.g. {_multiples_near(batch, d)}",
+            )
+            return
+        per_replica = batch // d if isinstance(d, int) else batch
+        if isinstance(micro, int) and per_replica % micro:
+            share = (
+                f"each of the {d} data-parallel replicas gets {per_replica} samples per step"
+                if isinstance(d, int)
+                else f"global_batch_size is {per_replica}"
+            )
+            yield Violation(
+                "training.micro_batch_size",
+                f"{share}, which is not a multiple of micro_batch_size {micro}",
+                f"set training.micro_batch_size to a divisor of {per_replica} "
+                f"({_divisors(per_replica)}) or 'auto'",
+            )
+
+
+def _slug(value: str) -> str | None:
+    """A valid job name close to ``value``, or None if nothing usable is left."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", value.strip().lower())
+    slug = re.sub(r"^[^a-z0-9]+", "", slug)[:63]
+    return slug or None
+
+
+def _divisors(n: int, limit: int = 8) -> str:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    found = sorted(set(small) | {n // k for k in small})
+    shown = ", ".join(str(k) for k in found[:limit])
+    return shown + (", ..." if len(found) > limit else "")
+
+
+def _multiples_near(n: int, step: int) -> str:
+    below = n // step * step
+    return f"{below} or {below + step}" if below else str(step)

@@ -1,0 +1,118 @@
+"""Spec sections for the run's phases: elasticity, pruning, rebalancing and checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import Field
+
+from .base import SpecModel, Violation
+
+DEFAULT_PRUNABLE = ["layers.*.attn.*.weight", "layers.*.mlp.*.weight"]
+
+
+class ElasticitySpec(SpecModel):
+    """How the job survives preemptions and stragglers by morphing onto the devices left."""
+
+    enabled: bool = Field(False, description="Morph (replan) when devices come and go.")
+    min_devices: int = Field(1, ge=1, description="Fewest devices the job keeps running on.")
+    max_devices: int | None = Field(
+        None, ge=1, description="Most devices the job grows to; null means the whole pool."
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0.0, description="Seconds without a heartbeat before a rank counts as lost."
+    )
+    straggler_threshold: float = Field(
+        0.15, gt=0.0, description="Relative slowdown over the median that marks a straggler."
+    )
+    exclude_stragglers: bool = Field(
+        False, description="Morph stragglers out of the job instead of only reporting them."
+    )
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.max_devices is not None and self.max_devices < self.min_devices:
+            yield Violation(
+                "max_devices",
+                f"max_devices {self.max_devices} is below min_devices {self.min_devices}",
+                "raise elasticity.max_devices or lower elasticity.min_devices",
+            )
+
+
+class PruningSpec(SpecModel):
+    """Gradual global magnitude pruning (Zhu-Gupta cubic schedule)."""
+
+    enabled: bool = Field(False, description="Prune during training.")
+    initial_sparsity: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Sparsity at `start_step`, in [0, 1)."
+    )
+    final_sparsity: float = Field(
+        0.9, ge=0.0, lt=1.0, description="Sparsity reached at `end_step`, in [0, 1)."
+    )
+    start_step: int = Field(0, ge=0, description="Step of the first pruning event.")
+    end_step: int = Field(100, ge=1, description="Step at which `final_sparsity` is reached.")
+    frequency: int = Field(10, ge=1, description="Steps between pruning events.")
+    prunable: list[str] = Field(
+        default=DEFAULT_PRUNABLE,
+        description="fnmatch globs on full parameter names selecting what may be pruned.",
+    )
+    sparse_threshold: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Sparsity in (0, 1] above which a layer switches to sparse kernels; "
+        "null never switches.",
+    )
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.start_step >= self.end_step:
+            yield Violation(
+                "start_step",
+                f"start_step {self.start_step} must be before end_step {self.end_step}",
+                "lower pruning.start_step or raise pruning.end_step",
+            )
+        if self.initial_sparsity > self.final_sparsity:
+            yield Violation(
+                "initial_sparsity",
+                f"initial_sparsity {self.initial_sparsity} exceeds final_sparsity "
+                f"{self.final_sparsity}",
+                "pruning only grows sparsity: make initial_sparsity <= final_sparsity",
+            )
+
+
+class RebalancingSpec(SpecModel):
+    """Moving layers between stages when stage times drift (e.g. after pruning)."""
+
+    enabled: bool = Field(False, description="Rebalance stages during training.")
+    balancer: Literal["diffusion", "partition"] = Field(
+        "partition", description="Diffusion (neighbour moves) or a fresh partition."
+    )
+    by: Literal["time", "params"] = Field(
+        "time", description="Balance measured stage time or parameter counts."
+    )
+    pack: bool = Field(False, description="Pack the model onto fewer devices when it fits.")
+    target_devices: int | None = Field(
+        None, ge=1, description="Devices to pack onto; null lets the packer choose."
+    )
+    tolerance: float = Field(
+        0.05, ge=0.0, description="Relative imbalance tolerated before layers move."
+    )
+
+
+class CheckpointSpec(SpecModel):
+    """Per-layer checkpoints, their background upload and retention."""
+
+    interval: int = Field(
+        50, ge=1, description="Steps between checkpoints; one is always written at the end."
+    )
+    local_dir: str | None = Field(
+        None, description="Local checkpoint folder; null means <run dir>/checkpoints."
+    )
+    remote: str | None = Field(
+        None, description="fsspec URL to upload to, e.g. file:///path or s3://bucket/prefix."
+    )
+    keep_last: int = Field(3, ge=1, description="Keep this many most recent checkpoints.")
+    keep_every: int | None = Field(
+        None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
+    )
+    upload_retries: int = Field(5, ge=0, description="Upload retries, with backoff, per shard.")

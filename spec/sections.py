@@ -1,0 +1,235 @@
+"""Spec sections for what is trained and where: model, data, training, hardware, parallelism."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, WrapValidator, field_validator, model_validator
+
+from .base import SpecModel, Violation, friendly_error, int_or_auto
+
+IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+PositiveIntOrAuto = Annotated[
+    Annotated[int, Field(ge=1)] | Literal["auto"], WrapValidator(int_or_auto)
+]
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class ModelSpec(SpecModel):
+    """The network: a builtin GPT family, or blocks returned by an imported factory."""
+
+    family: Literal["gpt"] | None = Field(
+        "gpt", description="Builtin model family; null when `import` names a factory."
+    )
+    layers: int = Field(4, ge=1, description="Number of transformer blocks (builtin family).")
+    hidden: int = Field(64, ge=1, description="Hidden size; must be divisible by `heads`.")
+    heads: int = Field(4, ge=1, description="Attention heads per block.")
+    seq_len: int = Field(32, ge=1, description="Sequence length in tokens.")
+    vocab: int = Field(256, ge=2, description="Vocabulary size in tokens.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability in [0, 1).")
+    tie_embeddings: bool = Field(
+        True, description="Share the token embedding matrix with the output head."
+    )
+    import_: str | None = Field(
+        None,
+        alias="import",
+        description="'pkg.module:factory' returning a list of nn.Module blocks; the builtin "
+        "size fields are then ignored.",
+        json_schema_extra={"pattern": IMPORT_PATTERN},
+    )
+    import_args: dict[str, Any] = Field(
+        default={}, description="Keyword arguments passed to the `import` factory."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imported_model_has_no_family(cls, data: Any) -> Any:
+        """An imported model is not a builtin family, so `family` defaults to null with it."""
+        imported = isinstance(data, dict) and data.get("import", data.get("import_")) is not None
+        if imported and "family" not in data:
+            return {**data, "family": None}
+        return data
+
+    @field_validator("import_")
+    @classmethod
+    def _import_is_a_factory_reference(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(IMPORT_PATTERN, value):
+            raise friendly_error(
+                "import_reference",
+                f"{value!r} is not a factory reference",
+                fix="write it as 'package.module:factory', e.g. 'mypkg.models:build_blocks'",
+            )
+        return value
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.import_ is not None and self.family is not None:
+            yield Violation(
+                "family",
+                "`family` and `import` are exclusive: an imported model is not a builtin family",
+                "remove model.family (or remove model.import to use the builtin family)",
+            )
+        if self.import_ is None and self.family is None:
+            yield Violation(
+                "family",
+                "no model given: `family` is null and there is no `import`",
+                "set model.family: gpt or model.import: 'package.module:factory'",
+            )
+        if self.family is not None and self.hidden % self.heads:
+            yield Violation(
+                "hidden",
+                f"hidden {self.hidden} is not divisible by heads {self.heads}",
+                f"make model.hidden a multiple of {self.heads} or change model.heads",
+            )
+
+    @property
+    def num_blocks(self) -> int | None:
+        """Splittable blocks of a builtin model (embedding, layers, head); None if imported."""
+        return None if self.family is None else self.layers + 2
+
+
+class DataSpec(SpecModel):
+    """Where training samples come from."""
+
+    source: Literal["synthetic", "text"] = Field(
+        "synthetic", description="'synthetic' random tokens, or 'text' read from `path`."
+    )
+    path: str | None = Field(
+        None,
+        description="Text file for source 'text'; a relative path resolves against the spec "
+        "file's folder.",
+    )
+    seed: int = Field(0, description="Seed of the synthetic token stream.")
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.source == "text" and self.path is None:
+            yield Violation(
+                "path", "source 'text' needs a `path`", "add data.path: <file.txt> next to source"
+            )
+        if self.source != "text" and self.path is not None:
+            yield Violation(
+                "path",
+                f"`path` is only read for source 'text', but source is {self.source!r}",
+                "set data.source: text or remove data.path",
+            )
+
+
+class TrainingSpec(SpecModel):
+    """The optimisation: batch sizes, steps, optimizer and numerics."""
+
+    global_batch_size: int = Field(
+        ..., ge=1, description="Samples per optimizer step; fixed across morphs."
+    )
+    micro_batch_size: PositiveIntOrAuto = Field(
+        "auto", description="Samples per micro-batch, or 'auto' to let the planner choose."
+    )
+    steps: int = Field(..., ge=1, description="Optimizer steps to train for.")
+    optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Weight decay coefficient.")
+    betas: tuple[Beta, Beta] = Field(
+        (0.9, 0.999), description="Adam(W) beta1 and beta2, each in [0, 1)."
+    )
+    momentum: float = Field(0.0, ge=0.0, description="SGD momentum (optimizer 'sgd' only).")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="Learning-rate schedule after warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    seed: int = Field(0, description="Seed for weight initialisation and data order.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Numeric precision of compute."
+    )
+    log_every: int = Field(1, ge=1, description="Log metrics every this many steps.")
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.momentum and self.optimizer != "sgd":
+            yield Violation(
+                "momentum",
+                f"momentum is only used by optimizer 'sgd', but optimizer is {self.optimizer!r}",
+                "remove training.momentum or set training.optimizer: sgd",
+            )
+
+
+class InterconnectSpec(SpecModel):
+    """Network speeds used by analytic calibration and the simulator."""
+
+    intra_node_gbps: float = Field(100.0, gt=0.0, description="Bandwidth within a node, Gbit/s.")
+    inter_node_gbps: float = Field(10.0, gt=0.0, description="Bandwidth between nodes, Gbit/s.")
+    latency_us: float = Field(50.0, ge=0.0, description="Point-to-point latency, microseconds.")
+
+
+class HardwareSpec(SpecModel):
+    """The device pool and how processes are launched on it."""
+
+    backend: Literal["local", "slurm", "kubernetes", "ssh"] = Field(
+        "local", description="Launcher backend."
+    )
+    nodes: int = Field(1, ge=1, description="Number of nodes (machines) in the pool.")
+    processes_per_node: int = Field(
+        1, ge=1, description="Devices per node: GPUs, or CPU worker processes."
+    )
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Device type of every process.")
+    memory_gb: float = Field(4.0, gt=0.0, description="Memory per device, GB.")
+    flops_tflops: float | None = Field(
+        None, gt=0.0, description="Peak per-device TFLOP/s for analytic calibration."
+    )
+    price_per_hour: float = Field(0.0, ge=0.0, description="Price per device-hour, USD.")
+    spot: bool = Field(False, description="Devices are preemptible spot capacity.")
+    interconnect: InterconnectSpec = Field(
+        default_factory=InterconnectSpec, description="Network speeds of the pool."
+    )
+    hosts: list[str] = Field(
+        default=[],
+        description="Node addresses (ssh backend); when given, one per node.",
+    )
+    rendezvous_host: str = Field("127.0.0.1", description="torchrun rendezvous host.")
+    rendezvous_port: int | None = Field(
+        None, ge=1024, le=65535, description="torchrun rendezvous port; null picks a free port."
+    )
+
+    @property
+    def devices(self) -> int:
+        """Total devices in the pool: nodes x processes_per_node."""
+        return self.nodes * self.processes_per_node
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.hosts and len(self.hosts) != self.nodes:
+            yield Violation(
+                "hosts",
+                f"hosts lists {len(self.hosts)} "
+                f"address{'es' if len(self.hosts) != 1 else ''} for {self.nodes} nodes",
+                "list exactly one host per node, or set hardware.nodes to the number of hosts",
+            )
+
+
+class ParallelismSpec(SpecModel):
+    """Pipeline (P) and data (D) parallelism and the pipeline schedule."""
+
+    pipeline_stages: PositiveIntOrAuto = Field(
+        "auto", description="P: pipeline stages per pipeline, or 'auto'."
+    )
+    data_parallel: PositiveIntOrAuto = Field(
+        "auto", description="D: data-parallel pipeline replicas, or 'auto'."
+    )
+    schedule: Literal[
+        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "auto"
+    ] = Field("1f1b", description="Pipeline schedule generator.")
+    recompute: Literal["none", "all", "auto"] = Field(
+        "none", description="Activation recomputation policy."
+    )
+    advance_num: int | None = Field(
+        None, ge=0, description="Forwards run in advance (schedule 'advance_forward' only)."
+    )
+    placement: Literal["stage_major", "pipeline_major"] = Field(
+        "stage_major", description="Order in which stages are placed onto ranks."
+    )
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.advance_num is not None and self.schedule not in ("advance_forward", "auto"):
+            yield Violation(
+                "advance_num",
+                f"advance_num is only used by schedule 'advance_forward', not {self.schedule!r}",
+                "remove parallelism.advance_num or set parallelism.schedule: advance_forward",
+            )
