@@ -1,0 +1,70 @@
+"""How fast ``simulate`` is at the sizes of Varuna's own simulator measurement (sec. 7).
+
+Varuna reports, for a 128-GPU job with a batch size of 8192, 391 ms (P=18), 376 ms
+(P=24) and 660 ms (P=36) per simulation. Here G = 128, D = G // P, micro-batch size
+m = 4 and M = ceil(8192 / (D * m)) micro-batches, the Varuna schedule, uniform stages
+(B = 2F) with jittered sends and allreduce. Each figure is the best of ``--repeat`` runs.
+
+    python benchmarks/simulator_speed.py [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+from jobctl.engine.schedules import generate
+from jobctl.engine.simulator import CostModel, simulate
+
+G, GLOBAL_BATCH, MICRO_BATCH_SIZE = 128, 8192, 4
+VARUNA_MS = {18: 391.0, 24: 376.0, 36: 660.0}  # Varuna sec. 7, "Simulator"
+
+
+def best_ms(run: Callable[[], object], repeat: int) -> float:
+    """Fastest of ``repeat`` runs, in milliseconds."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs per figure (best is kept)")
+    repeat = parser.parse_args().repeat
+    print(
+        f"{'P':>3} {'D':>3} {'M':>4} {'actions':>8} {'generate':>9} {'strict':>8} "
+        f"{'opportun.':>9} {'Varuna':>7}"
+    )
+    strict_ratio, full_ratio = [], []
+    for P, varuna_ms in VARUNA_MS.items():
+        D = G // P
+        M = math.ceil(GLOBAL_BATCH / (D * MICRO_BATCH_SIZE))
+        start = time.perf_counter()
+        stages = generate("varuna", P, M)  # first call: not cached yet
+        generate_ms = 1e3 * (time.perf_counter() - start)
+        costs = CostModel.uniform(P, comm=0.2, jitter=0.3, ar=(5.0,) * P, opt=(1.0,) * P)
+        opportunistic = dataclasses.replace(costs, opportunistic=True)
+        strict_ms = best_ms(lambda s=stages, c=costs: simulate(s, c, seed=0), repeat)
+        opp_ms = best_ms(lambda s=stages, c=opportunistic: simulate(s, c, seed=0), repeat)
+        strict_ratio.append(varuna_ms / strict_ms)
+        full_ratio.append(varuna_ms / (generate_ms + opp_ms))
+        print(
+            f"{P:>3} {D:>3} {M:>4} {sum(map(len, stages)):>8} {generate_ms:>7.1f}ms "
+            f"{strict_ms:>6.1f}ms {opp_ms:>7.1f}ms {varuna_ms:>5.0f}ms"
+        )
+    strict = f"{min(strict_ratio):.0f}x-{max(strict_ratio):.0f}x"
+    full = f"{min(full_ratio):.0f}x-{max(full_ratio):.0f}x"
+    print(
+        f"Varuna's simulator (376-660 ms) / ours: {strict} for simulate(), {full} for "
+        f"generating the schedule plus an opportunistic simulate()"
+    )
+
+
+if __name__ == "__main__":
+    main()
