@@ -1,0 +1,134 @@
+"""Checkpoint upload throughput: Uploader + CheckpointStore vs one plain batched fs.put.
+
+Creates ~64 MB of random shards published as a local checkpoint (``publish_local``:
+the production path, sha256 computed at publish time), starts a local moto S3 server,
+and times, per round (order rotating): (a) a plain ``s3fs.put(list_of_files,
+list_of_keys)``; (b) ``Uploader.submit(..., then_commit=...)`` of the published folder
+until committed (part record and manifest included, digests reused); (c) the same from
+a folder without manifest, so every file is also hashed during the upload. Prints the
+medians and, last, the throughput ratio (b) / (a) (target >= 0.9).
+
+    python benchmarks/upload_throughput.py [--total-mb 64] [--shards 12] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import s3fs
+from jobctl.engine.ckpt_store import CheckpointStore, publish_local, stage_dir
+from jobctl.engine.ckpt_upload import Uploader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3server
+
+from tests.s3server import TEST_ENV, start_moto_server  # noqa: E402
+
+
+def make_checkpoint(root: Path, total_mb: int, shards: int) -> tuple[Path, Path, list[str]]:
+    """Random (incompressible) shards published as a local checkpoint, and a raw copy.
+
+    Returns the published folder (its manifest already holds every sha256), a folder
+    with the same files (hard links) and no manifest, and the shard names.
+    """
+    size = total_mb * 2**20 // shards
+    names = [f"layers/{i:02d}.pt" for i in range(shards)]
+    staging = stage_dir(root / "local", 1)
+    for name in names:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_bytes(os.urandom(size))
+    published = publish_local(root / "local", 1, "rank0", names)
+    assert published is not None  # a single expected part publishes at once
+    for name in names:
+        (root / "raw" / name).parent.mkdir(parents=True, exist_ok=True)
+        os.link(published / name, root / "raw" / name)
+    return published, root / "raw", names
+
+
+def time_plain(fs: s3fs.S3FileSystem, local: Path, names: list[str], i: int) -> float:
+    """Seconds for one batched fs.put of every shard."""
+    prefix = f"bench/plain{i}"
+    start = time.perf_counter()
+    fs.put([str(local / n) for n in names], [f"{prefix}/{n}" for n in names])
+    elapsed = time.perf_counter() - start
+    fs.rm(prefix, recursive=True)
+    return elapsed
+
+
+def time_uploader(store: CheckpointStore, local: Path, names: list[str], step: int) -> float:
+    """Seconds from submit to a committed checkpoint."""
+    uploader = Uploader(store)
+    start = time.perf_counter()
+    uploader.submit(step, "rank0", local, names, then_commit=(["rank0"], {"bench": True}))
+    if not uploader.wait_idle(timeout=600):
+        raise RuntimeError("upload did not finish in 600 s")
+    elapsed = time.perf_counter() - start
+    status = uploader.status()
+    uploader.close()
+    if status["last_committed_step"] != step:
+        raise RuntimeError(f"upload failed: {status['last_error']}")
+    store.delete(step)
+    return elapsed
+
+
+def one_round(
+    fs: s3fs.S3FileSystem, store: CheckpointStore, dirs: tuple[Path, Path, list[str]], i: int
+) -> dict[str, float]:
+    """Seconds of each contender; the order rotates every round to cancel order bias."""
+    published, raw, names = dirs
+    contenders = {
+        "plain": partial(time_plain, fs, published, names, i),
+        "published": partial(time_uploader, store, published, names, 2 * i),
+        "raw": partial(time_uploader, store, raw, names, 2 * i + 1),
+    }
+    order = list(contenders)[i % 3 :] + list(contenders)[: i % 3]
+    return {name: contenders[name]() for name in order}
+
+
+def run(total_mb: int, shards: int, rounds: int, workers: int) -> None:
+    server, endpoint = start_moto_server()
+    os.environ.update(TEST_ENV, AWS_ENDPOINT_URL=endpoint)
+    try:
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        fs.mkdir("bench")
+        store = CheckpointStore("s3://bench/ckpt", workers=workers)
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = make_checkpoint(Path(tmp), total_mb, shards)
+            timings = [one_round(fs, store, dirs, i) for i in range(rounds + 1)]
+        medians = {k: statistics.median(t[k] for t in timings[1:]) for k in timings[0]}
+        report(total_mb, shards, workers, rounds, medians)  # round 0 warmed connections
+    finally:
+        server.stop()
+
+
+def report(total_mb: int, shards: int, workers: int, rounds: int, s: dict[str, float]) -> None:
+    print(f"{total_mb} MiB in {shards} shards to moto S3, workers={workers}, median of {rounds}")
+    rows = [
+        ("plain fs.put(list)", "plain"),
+        ("Uploader, published local ckpt", "published"),
+        ("Uploader, raw files (hashing)", "raw"),
+    ]
+    for label, key in rows:
+        print(f"{label:32s} {s[key]:6.3f} s  {total_mb / s[key]:7.1f} MiB/s")
+    print(f"ratio raw files / plain:          {s['plain'] / s['raw']:.2f}x")
+    print(f"ratio (Uploader/plain throughput): {s['plain'] / s['published']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total-mb", type=int, default=64)
+    parser.add_argument("--shards", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--workers", type=int, default=8)
+    args = parser.parse_args()
+    run(args.total_mb, args.shards, args.rounds, args.workers)
+
+
+if __name__ == "__main__":
+    main()
