@@ -7,6 +7,7 @@ messages) goes to ``logs/node-<k>.log``; workers write ``logs/rank-<r>.log``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,8 +46,13 @@ class LocalBackend:
         pids = []
         for node, script in enumerate(scripts):
             log = open(ctx.run_dir / "logs" / f"node-{node}.log", "ab")  # noqa: SIM115
-            proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", str(script)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             log.close()
             self._procs[proc.pid] = proc
             pids.append(proc.pid)
@@ -82,14 +88,10 @@ def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
     """Signal a process group; torchrun workers start their own sessions, so also
     signal every descendant found through /proc."""
     for pid in [pgid, *descendants(pgid)]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def descendants(root: int) -> list[int]:

@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import s3fs
+
 from jobctl.engine.ckpt_store import CheckpointStore, publish_local, stage_dir
 from jobctl.engine.ckpt_upload import Uploader
 

@@ -26,8 +26,9 @@ class ApplyOptions:
     show_progress: bool = True
 
 
-def launch(spec, plan: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions,
-           console: Console) -> tuple[Run, Outcome]:
+def launch(
+    spec, plan: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions, console: Console
+) -> tuple[Run, Outcome]:
     """Run ``plan`` for ``spec`` in the foreground; returns the run and how it ended."""
     backend_name = opts.backend or spec.hardware.backend
     backend = get_backend(backend_name)
@@ -40,21 +41,31 @@ def launch(spec, plan: Plan, db: StateDB, spec_path: str | None, opts: ApplyOpti
     db.set_phase(run.id, "training", f"pid {os.getpid()} supervising {len(handles)} node(s)")
     outcome = _supervise(run, backend, handles, db, spec.training.steps, opts, console)
     phase = "completed" if outcome.ok else "failed"
-    db.set_phase(run.id, phase, outcome.message.splitlines()[0], exit_code=outcome.exit_code,
-                 message=outcome.message)
+    db.set_phase(
+        run.id,
+        phase,
+        outcome.message.splitlines()[0],
+        exit_code=outcome.exit_code,
+        message=outcome.message,
+    )
     return run, outcome
 
 
-def _supervise(run: Run, backend, handles, db, total: int, opts: ApplyOptions,
-               console: Console) -> Outcome:
+def _supervise(
+    run: Run, backend, handles, db, total: int, opts: ApplyOptions, console: Console
+) -> Outcome:
     if not opts.show_progress:
         return watch(Monitor(run, backend, handles, db, total), deadline=opts.deadline_s)
     with progress_bar(console) as bar:
         task = bar.add_task(run.id, total=total, loss="-", sps="-")
 
         def on_step(rec: dict) -> None:
-            bar.update(task, completed=rec["step"], loss=f"{rec['loss']:.4f}",
-                       sps=f"{rec['samples_per_s']:.1f}")
+            bar.update(
+                task,
+                completed=rec["step"],
+                loss=f"{rec['loss']:.4f}",
+                sps=f"{rec['samples_per_s']:.1f}",
+            )
 
         monitor = Monitor(run, backend, handles, db, total, on_step=on_step)
         return watch(monitor, deadline=opts.deadline_s)

@@ -38,8 +38,9 @@ def _block_params(stage: Stage, block: int) -> dict[str, nn.Parameter]:
     return {n: p for n, p in stage.named_parameters() if n.startswith(prefix)}
 
 
-def save_blocks(stage: Stage, opt: torch.optim.Optimizer, blocks: list[int], out_dir: Path,
-                ties: list[Tie]) -> list[str]:
+def save_blocks(
+    stage: Stage, opt: torch.optim.Optimizer, blocks: list[int], out_dir: Path, ties: list[Tie]
+) -> list[str]:
     """Write the files of ``blocks`` into ``out_dir``; returns the file names."""
     aliases = {t.alias for t in ties}
     files = []
@@ -67,7 +68,9 @@ def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: 
         source = alias_of.get(name, name)
         block = int(source.split(".")[1])
         if block not in cache:
-            cache[block] = torch.load(ckpt_dir / block_file(block), map_location="cpu", weights_only=True)
+            cache[block] = torch.load(
+                ckpt_dir / block_file(block), map_location="cpu", weights_only=True
+            )
         payload = cache[block]
         if source not in payload["params"]:
             raise KeyError(f"checkpoint {ckpt_dir} has no parameter {source!r}")
@@ -75,8 +78,10 @@ def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: 
             p.copy_(payload["params"][source])
         state = payload["optim"].get(source)
         if state:
-            opt.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
-                            for k, v in state.items()}
+            opt.state[p] = {
+                k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                for k, v in state.items()
+            }
 
 
 def write_meta(out_dir: Path, meta: dict) -> str:
@@ -88,7 +93,9 @@ def write_meta(out_dir: Path, meta: dict) -> str:
 def read_meta(ckpt_dir: Path) -> dict:
     meta = json.loads((Path(ckpt_dir) / "meta.json").read_text())
     if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{ckpt_dir}: checkpoint format {meta.get('format')}, expected {FORMAT_VERSION}")
+        raise ValueError(
+            f"{ckpt_dir}: checkpoint format {meta.get('format')}, expected {FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -98,4 +105,3 @@ def load_full_state(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     for f in sorted(Path(ckpt_dir).glob("block-*.pt")):
         out.update(torch.load(f, map_location="cpu", weights_only=True)["params"])
     return out
-

@@ -35,6 +35,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
+
 from jobctl.engine.ckpt_store_format import (
     MANIFEST_NAME,
     PARTS_DIR,

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from fsspec import AbstractFileSystem
 from fsspec.callbacks import Callback
+
 from jobctl.engine.ckpt_store_format import CorruptCheckpointError, FileEntry
 
 logger = logging.getLogger(__name__)

@@ -23,11 +23,15 @@ from .state import StateDB
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="job spec YAML file", show_default=False)]
-HomeOpt = Annotated[Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")]
-DevicesOpt = Annotated[int | None, typer.Option("--devices", help="plan for N devices instead of the pool")]
+HomeOpt = Annotated[
+    Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
+]
+DevicesOpt = Annotated[
+    int | None, typer.Option("--devices", help="plan for N devices instead of the pool")
+]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="override hardware.backend")]
 
 
@@ -65,8 +69,11 @@ def schema() -> None:
 
 
 @app.command()
-def plan(spec_file: SpecArg, devices: DevicesOpt = None,
-         as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False) -> None:
+def plan(
+    spec_file: SpecArg,
+    devices: DevicesOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
     """Resolve and print the parallel plan (P, D, micro-batching, stages, ranks, schedule)."""
     spec = _load(spec_file)
     p = _plan(spec, spec_file, devices)
@@ -77,8 +84,12 @@ def plan(spec_file: SpecArg, devices: DevicesOpt = None,
 
 
 @app.command()
-def render(spec_file: SpecArg, out: Annotated[Path, typer.Option("--out", help="output folder")],
-           devices: DevicesOpt = None, backend: BackendOpt = None) -> None:
+def render(
+    spec_file: SpecArg,
+    out: Annotated[Path, typer.Option("--out", help="output folder")],
+    devices: DevicesOpt = None,
+    backend: BackendOpt = None,
+) -> None:
     """Write the per-node launch scripts without running anything."""
     from jobctl.backends import get_backend
 
@@ -94,10 +105,18 @@ def render(spec_file: SpecArg, out: Annotated[Path, typer.Option("--out", help="
 
 
 @app.command()
-def apply(spec_file: SpecArg, devices: DevicesOpt = None, backend: BackendOpt = None,
-          home: HomeOpt = None,
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="print plan and scripts, start nothing")] = False,
-          resume_dir: Annotated[Path | None, typer.Option("--resume-from", help="checkpoint folder")] = None) -> None:
+def apply(
+    spec_file: SpecArg,
+    devices: DevicesOpt = None,
+    backend: BackendOpt = None,
+    home: HomeOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print plan and scripts, start nothing")
+    ] = False,
+    resume_dir: Annotated[
+        Path | None, typer.Option("--resume-from", help="checkpoint folder")
+    ] = None,
+) -> None:
     """Validate, plan, render, launch and supervise a job until it ends."""
     from jobctl.backends import get_backend
 
@@ -118,16 +137,21 @@ def apply(spec_file: SpecArg, devices: DevicesOpt = None, backend: BackendOpt = 
     t0 = time.monotonic()
     run, outcome = launch(spec, p, db, str(spec_file.resolve()), opts, console)
     if not outcome.ok:
-        err.print(f"[red]run {run.id} failed:[/red] {outcome.message}", highlight=False, markup=False)
+        err.print(
+            f"[red]run {run.id} failed:[/red] {outcome.message}", highlight=False, markup=False
+        )
         raise typer.Exit(1)
     last = outcome.losses[-1] if outcome.losses else float("nan")
-    console.print(f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
-                  f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}")
+    console.print(
+        f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
+        f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}"
+    )
 
 
 @app.command()
-def status(run: Annotated[str | None, typer.Argument(help="run id or name")] = None,
-           home: HomeOpt = None) -> None:
+def status(
+    run: Annotated[str | None, typer.Argument(help="run id or name")] = None, home: HomeOpt = None
+) -> None:
     """Table of runs, or one run's details and recent events."""
     db = StateDB(home)
     if run is None:
@@ -138,9 +162,12 @@ def status(run: Annotated[str | None, typer.Argument(help="run id or name")] = N
 
 
 @app.command()
-def logs(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None,
-         rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
-         lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50) -> None:
+def logs(
+    run: Annotated[str, typer.Argument(help="run id or name")],
+    home: HomeOpt = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
+    lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50,
+) -> None:
     """Show a run's worker logs (all ranks, or one)."""
     row = _find(StateDB(home), run)
     log_dir = Path(row["run_dir"]) / "logs"
@@ -165,3 +192,7 @@ def _find(db: StateDB, ref: str) -> dict:
 def main() -> None:
     """Console-script entry point."""
     sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,9 @@ import torch
 class TokenData:
     """Next-token samples: ``(input[seq_len], target[seq_len])`` for any index."""
 
-    def __init__(self, source: str, seq_len: int, vocab: int, seed: int = 0, path: str | None = None):
+    def __init__(
+        self, source: str, seq_len: int, vocab: int, seed: int = 0, path: str | None = None
+    ):
         self.source = source
         self.seq_len = seq_len
         self.vocab = vocab
@@ -31,7 +33,9 @@ class TokenData:
         if source == "text":
             raw = Path(path or "").read_bytes()
             if len(raw) < seq_len + 2:
-                raise ValueError(f"data.path {path}: needs at least {seq_len + 2} bytes, has {len(raw)}")
+                raise ValueError(
+                    f"data.path {path}: needs at least {seq_len + 2} bytes, has {len(raw)}"
+                )
             if vocab < 256:
                 raise ValueError("data.source text uses byte tokens: model.vocab must be >= 256")
             self._bytes = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()

@@ -23,6 +23,7 @@ from .actions import Action, Op, recomputed
 from .data import Sharding, TokenData
 from .model import Stage, lm_loss
 from .p2p import Inbox, Outbox
+from .schedules_check import ActivationPeak, peak_activations
 from .topology import Topology
 
 
@@ -50,8 +51,16 @@ class Channels:
 class StepExecutor:
     """Runs one step of one stage's schedule with real point-to-point traffic."""
 
-    def __init__(self, stage: Stage, topo: Topology, data: TokenData, shard: Sharding,
-                 chans: Channels, device: torch.device, opportunistic: bool = False):
+    def __init__(
+        self,
+        stage: Stage,
+        topo: Topology,
+        data: TokenData,
+        shard: Sharding,
+        chans: Channels,
+        device: torch.device,
+        opportunistic: bool = False,
+    ):
         self.stage, self.topo, self.data, self.shard = stage, topo, data, shard
         self.chans, self.device, self.opportunistic = chans, device, opportunistic
 
@@ -63,8 +72,16 @@ class StepExecutor:
         bwd_order = [a.micro_batch for a in actions if a.op is Op.BACKWARD]
         window = max(2, self.topo.P)
         t, c = self.topo, self.chans
-        self.acts_in = Inbox(t.prev, c.in_shape, c.in_dtype, self.device, 0, fwd_order, window) if t.prev is not None else None
-        self.grads_in = Inbox(t.next, c.out_shape, c.out_dtype, self.device, 1, bwd_order, window) if t.next is not None else None
+        self.acts_in = (
+            Inbox(t.prev, c.in_shape, c.in_dtype, self.device, 0, fwd_order, window)
+            if t.prev is not None
+            else None
+        )
+        self.grads_in = (
+            Inbox(t.next, c.out_shape, c.out_dtype, self.device, 1, bwd_order, window)
+            if t.next is not None
+            else None
+        )
         self.acts_out = Outbox(t.next, 0) if t.next is not None else None
         self.grads_out = Outbox(t.prev, 1) if t.prev is not None else None
         self.saved: dict[int, dict] = {}
@@ -78,30 +95,42 @@ class StepExecutor:
         return stats
 
     def _ordered(self, actions: list[Action], stats: StepStats):
-        """Yield actions in schedule order, deviating opportunistically if enabled."""
+        """Yield actions in schedule order, deviating opportunistically if enabled.
+
+        The deviation point is the backward task: before an ``R(i)`` runs, or at a
+        ``B(i)`` without recompute. Once ``R(i)`` has run, only ``B(i)`` may follow
+        (Varuna rule 2), and a pulled-ahead forward must keep the stage within its
+        schedule's own full and stashed activation peaks.
+        """
         pending = list(actions)
-        bound = _activation_bound(actions)
+        peak = peak_activations(actions)
         while pending:
             k = 0
-            if self.opportunistic and pending[0].op is Op.BACKWARD and not self._grad_ready(pending[0]):
-                k = self._ready_forward(pending, bound)
+            if self.opportunistic and self._waits_for_gradient(pending[0]):
+                k = self._ready_forward(pending, peak)
                 stats.deviations += k > 0
             yield pending.pop(k)
 
-    def _grad_ready(self, a: Action) -> bool:
-        return self.grads_in is None or self.grads_in.ready(a.micro_batch)
+    def _waits_for_gradient(self, a: Action) -> bool:
+        backward_task = a.op is Op.RECOMPUTE or (
+            a.op is Op.BACKWARD and a.micro_batch not in self.rec
+        )
+        return (
+            backward_task and self.grads_in is not None and not self.grads_in.ready(a.micro_batch)
+        )
 
-    def _ready_forward(self, pending: list[Action], bound: int) -> int:
+    def _ready_forward(self, pending: list[Action], peak: ActivationPeak) -> int:
         """Index of the next forward that may run now, or 0 to keep the schedule."""
-        if sum(1 for v in self.saved.values() if v.get("graph")) >= bound:
+        k = next((k for k, a in enumerate(pending) if a.op is Op.FORWARD), None)
+        if k is None:
             return 0
-        for k, a in enumerate(pending):
-            if a.op is Op.FORWARD:
-                ready = self.acts_in is None or self.acts_in.ready(a.micro_batch)
-                return k if ready else 0
-            if a.op is Op.RECOMPUTE:
-                return 0  # rule 2: nothing between a recompute and its backward
-        return 0
+        i = pending[k].micro_batch
+        if self.acts_in is not None and not self.acts_in.ready(i):
+            return 0
+        full = sum(1 for v in self.saved.values() if v.get("graph"))
+        stashed = len(self.saved) - full
+        fits = stashed < peak.stashed if i in self.rec else full < peak.full
+        return k if fits else 0
 
     def _do(self, a: Action, stats: StepStats) -> None:
         t0 = time.perf_counter()
@@ -162,16 +191,3 @@ class StepExecutor:
         if self.grads_out is not None:
             self.grads_out.send(i, s["x"].grad)
         return loss
-
-
-def _activation_bound(actions: list[Action]) -> int:
-    """Most micro-batches the schedule itself keeps with a graph at once."""
-    rec = recomputed(actions)
-    live, peak = 0, 0
-    for a in actions:
-        if a.op is Op.RECOMPUTE or (a.op is Op.FORWARD and a.micro_batch not in rec):
-            live += 1
-        elif a.op is Op.BACKWARD:
-            live -= 1
-        peak = max(peak, live)
-    return peak

@@ -44,8 +44,14 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def run_context(spec, plan: Plan, run_id: str, run_dir: Path, env: dict[str, str] | None = None,
-                port: int | None = None) -> RunContext:
+def run_context(
+    spec,
+    plan: Plan,
+    run_id: str,
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> RunContext:
     """Launch context of a plan: nodes, processes per node, rendezvous endpoint."""
     hw = spec.hardware
     port = port or hw.rendezvous_port or free_port(hw.rendezvous_host)
@@ -60,8 +66,14 @@ def run_context(spec, plan: Plan, run_id: str, run_dir: Path, env: dict[str, str
     )
 
 
-def prepare_run(spec, plan: Plan, db: StateDB, spec_path: str | None, backend: str,
-                env: dict[str, str] | None = None) -> Run:
+def prepare_run(
+    spec,
+    plan: Plan,
+    db: StateDB,
+    spec_path: str | None,
+    backend: str,
+    env: dict[str, str] | None = None,
+) -> Run:
     """Create the run folder (spec, plan, scripts) and its row in the state DB."""
     run_id = new_run_id(spec.name)
     run_dir = db.runs_dir / run_id
@@ -71,8 +83,16 @@ def prepare_run(spec, plan: Plan, db: StateDB, spec_path: str | None, backend: s
     ctx = run_context(spec, plan, run_id, run_dir, env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
-    db.create_run(run_id, spec.name, run_dir, spec_path=spec_path, spec_hash=spec_hash(spec),
-                  total_steps=spec.training.steps, devices=plan.world_size, plan=plan.summary())
+    db.create_run(
+        run_id,
+        spec.name,
+        run_dir,
+        spec_path=spec_path,
+        spec_hash=spec_hash(spec),
+        total_steps=spec.training.steps,
+        devices=plan.world_size,
+        plan=plan.summary(),
+    )
     return Run(run_id, run_dir, ctx, rendered, plan)
 
 

@@ -172,7 +172,9 @@ def model_def(spec_model, seed: int) -> ModelDef:
     if spec_model.import_:
         return import_def(spec_model.import_, dict(spec_model.import_args), seed)
     m = spec_model
-    return gpt_def(m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings, seed)
+    return gpt_def(
+        m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings, seed
+    )
 
 
 class Stage(nn.Module):
@@ -207,4 +209,3 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def param_count(module: nn.Module) -> int:
     """Number of distinct parameter elements."""
     return sum(p.numel() for p in module.parameters())
-

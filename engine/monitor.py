@@ -44,8 +44,15 @@ def progress_bar(console: Console) -> Progress:
 class Monitor:
     """Follows one run's nodes and metrics until it ends."""
 
-    def __init__(self, run: Run, backend, handles: list[int], db: StateDB, total_steps: int,
-                 on_step: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        run: Run,
+        backend,
+        handles: list[int],
+        db: StateDB,
+        total_steps: int,
+        on_step: Callable[[dict], None] | None = None,
+    ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
         self.total = total_steps
         self.on_step = on_step
@@ -69,8 +76,12 @@ class Monitor:
         for rec in recs:
             if rec["kind"] == "step":
                 self.losses.append(rec["loss"])
-                self.db.update_run(self.run.id, step=rec["step"], loss=rec["loss"],
-                                   samples_per_s=rec["samples_per_s"])
+                self.db.update_run(
+                    self.run.id,
+                    step=rec["step"],
+                    loss=rec["loss"],
+                    samples_per_s=rec["samples_per_s"],
+                )
                 if self.on_step:
                     self.on_step(rec)
             elif rec["kind"] == "checkpoint":
@@ -83,12 +94,20 @@ class Monitor:
         where = f"rank {rank}" if rank is not None else "a node"
         log = self.run.dir / "logs" / (f"rank-{rank}.log" if rank is not None else "node-0.log")
         tail = "\n".join(last_lines(log))
-        return Outcome(False, code or 1, f"{where} failed (exit {code}); last lines of {log}:\n{tail}",
-                       self.losses)
+        return Outcome(
+            False,
+            code or 1,
+            f"{where} failed (exit {code}); last lines of {log}:\n{tail}",
+            self.losses,
+        )
 
 
-def watch(monitor: Monitor, interval: float = 0.25, sleep: Callable[[float], None] = time.sleep,
-          deadline: float | None = None) -> Outcome:
+def watch(
+    monitor: Monitor,
+    interval: float = 0.25,
+    sleep: Callable[[float], None] = time.sleep,
+    deadline: float | None = None,
+) -> Outcome:
     """Poll until the run ends (or ``deadline`` seconds pass: then it is stopped)."""
     start = time.monotonic()
     while (outcome := monitor.poll_once()) is None:

@@ -58,7 +58,9 @@ class Inbox:
     def take(self, i: int) -> torch.Tensor:
         """Wait for micro-batch ``i`` and return it."""
         if i not in self.posted:
-            raise RuntimeError(f"micro-batch {i} received out of order (posted: {list(self.posted)})")
+            raise RuntimeError(
+                f"micro-batch {i} received out of order (posted: {list(self.posted)})"
+            )
         buf, work = self.posted.pop(i)
         work.wait()
         self._fill()
@@ -75,7 +77,9 @@ class Outbox:
     def send(self, i: int, t: torch.Tensor) -> None:
         t = t.contiguous()
         self.inflight.append((t, dist.isend(t, self.peer, tag=2 * i + self.parity)))
-        while self.inflight and (self.inflight[0][1].is_completed() or len(self.inflight) > self.max_inflight):
+        while self.inflight and (
+            self.inflight[0][1].is_completed() or len(self.inflight) > self.max_inflight
+        ):
             self.inflight.popleft()[1].wait()
 
     def drain(self) -> None:

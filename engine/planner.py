@@ -53,7 +53,7 @@ def choose_layout(spec, G: int, costs: ModelCosts) -> Layout:
     n = costs.num_blocks
     if isinstance(par.pipeline_stages, int):
         P = par.pipeline_stages
-        if P > n:
+        if n < P:
             raise PlanError(f"parallelism.pipeline_stages={P}: the model has only {n} blocks")
     else:
         P = smallest_fitting_P(spec, costs, min(n, G))
@@ -160,8 +160,15 @@ def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:
             stage, replica = rank % P, rank // P
         else:
             stage, replica = rank // D, rank % D
-        out.append(RankPlan(rank=rank, node=rank // per_node, local_rank=rank % per_node,
-                            stage=stage, replica=replica))
+        out.append(
+            RankPlan(
+                rank=rank,
+                node=rank // per_node,
+                local_rank=rank % per_node,
+                stage=stage,
+                replica=replica,
+            )
+        )
     return out
 
 
@@ -177,8 +184,9 @@ def predict(spec, layout: Layout, costs: ModelCosts, stages: list[list[int]]) ->
     return Prediction(
         step_time_s=step,
         samples_per_s=samples,
-        memory_per_stage_gb=[costs.stage_memory(s, in_flight=min(M, P - k)) / GB
-                             for k, s in enumerate(stages)],
+        memory_per_stage_gb=[
+            costs.stage_memory(s, in_flight=min(M, P - k)) / GB for k, s in enumerate(stages)
+        ],
         bubble_ratio=(P - 1) / (M + P - 1),
         cost_per_1k_samples=price / 3600.0 / samples * 1000.0,
         source="analytic",

@@ -14,9 +14,13 @@ from .model import Stage, lm_loss, model_def
 from .optim import build_optimizer, lr_at, set_lr
 
 
-def reference_train(spec, steps: int | None = None, micro_batch: int | None = None,
-                    start_state: dict[str, torch.Tensor] | None = None,
-                    start_step: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference_train(
+    spec,
+    steps: int | None = None,
+    micro_batch: int | None = None,
+    start_state: dict[str, torch.Tensor] | None = None,
+    start_step: int = 0,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train the spec's model in one process; returns per-step losses and final weights.
 
     ``start_state`` (parameters by unsplit name) and ``start_step`` continue from a

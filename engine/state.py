@@ -82,14 +82,24 @@ class StateDB:
     def create_run(self, run_id: str, name: str, run_dir: Path, **fields) -> None:
         now = time.time()
         with self.engine.begin() as c:
-            c.execute(runs.insert().values(id=run_id, name=name, run_dir=str(run_dir),
-                                           phase="pending", created_at=now, updated_at=now,
-                                           **fields))
+            c.execute(
+                runs.insert().values(
+                    id=run_id,
+                    name=name,
+                    run_dir=str(run_dir),
+                    phase="pending",
+                    created_at=now,
+                    updated_at=now,
+                    **fields,
+                )
+            )
         self.add_event(run_id, "phase", "pending")
 
     def update_run(self, run_id: str, **fields) -> None:
         with self.engine.begin() as c:
-            c.execute(runs.update().where(runs.c.id == run_id).values(updated_at=time.time(), **fields))
+            c.execute(
+                runs.update().where(runs.c.id == run_id).values(updated_at=time.time(), **fields)
+            )
 
     def set_phase(self, run_id: str, phase: str, note: str = "", **fields) -> None:
         """Record a phase transition (and any run fields) with its event."""
@@ -112,8 +122,15 @@ class StateDB:
 
     def add_event(self, run_id: str, kind: str, message: str, data: dict | None = None) -> None:
         with self.engine.begin() as c:
-            c.execute(events.insert().values(run_id=run_id, ts=time.time(), kind=kind,
-                                             message=message, data=json.dumps(data) if data else None))
+            c.execute(
+                events.insert().values(
+                    run_id=run_id,
+                    ts=time.time(),
+                    kind=kind,
+                    message=message,
+                    data=json.dumps(data) if data else None,
+                )
+            )
 
     def events(self, run_id: str, limit: int | None = None) -> list[dict]:
         q = events.select().where(events.c.run_id == run_id).order_by(events.c.id.desc())

@@ -24,7 +24,7 @@ from .checkpoint import blocks_written_by, load_blocks, read_meta, save_blocks, 
 from .ckpt_store_local import publish_local, stage_dir
 from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
-from .model import Stage, model_def
+from .model import Stage, block_seed, model_def
 from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from .p2p import recv_meta, send_meta
 from .plan import Plan
@@ -35,7 +35,13 @@ class Trainer:
     """Everything one rank needs to train its stage."""
 
     def __init__(self, spec, plan: Plan, run_dir: Path, rank: int, device: torch.device):
-        self.spec, self.plan, self.run_dir, self.rank, self.device = spec, plan, run_dir, rank, device
+        self.spec, self.plan, self.run_dir, self.rank, self.device = (
+            spec,
+            plan,
+            run_dir,
+            rank,
+            device,
+        )
         self.mdef = model_def(spec.model, spec.training.seed)
         self.topo = build_topology(plan, rank, bool(self.mdef.ties))
         me = plan.stage_of(rank)
@@ -79,8 +85,15 @@ class Trainer:
 
     def run(self) -> None:
         chans = self.probe_shapes()
-        ex = StepExecutor(self.stage, self.topo, self.data, self.shard, chans, self.device,
-                          opportunistic=self.spec.parallelism.schedule == "varuna")
+        ex = StepExecutor(
+            self.stage,
+            self.topo,
+            self.data,
+            self.shard,
+            chans,
+            self.device,
+            opportunistic=self.spec.parallelism.schedule == "varuna",
+        )
         for step in range(self.start_step, self.spec.training.steps):
             t0 = time.perf_counter()
             stats = self.train_step(ex, step)
@@ -91,6 +104,9 @@ class Trainer:
                 self.checkpoint(done)
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:
+        # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
+        # reproducible and a resumed run needs no saved RNG state.
+        torch.manual_seed(block_seed(self.spec.training.seed, 1_000_000 + step * 4096 + self.rank))
         self.opt.zero_grad(set_to_none=True)
         with self._autocast():
             stats = ex.run(self.actions, step)
@@ -112,8 +128,12 @@ class Trainer:
         if not self.topo.is_reporter:
             return
         rec = {
-            "kind": "step", "step": step, "loss": loss, "step_time_s": seconds,
-            "samples_per_s": self.plan.global_batch_size / seconds, "ts": time.time(),
+            "kind": "step",
+            "step": step,
+            "loss": loss,
+            "step_time_s": seconds,
+            "samples_per_s": self.plan.global_batch_size / seconds,
+            "ts": time.time(),
             "deviations": stats.deviations,
         }
         with open(self.run_dir / "metrics.jsonl", "a") as f:
@@ -126,8 +146,9 @@ class Trainer:
         writes the manifest and renames the staging folder (atomic commit).
         """
         staging = stage_dir(self.ckpt_root, step)
-        files = save_blocks(self.stage, self.opt, blocks_written_by(self.plan, self.rank),
-                            staging, self.mdef.ties)
+        files = save_blocks(
+            self.stage, self.opt, blocks_written_by(self.plan, self.rank), staging, self.mdef.ties
+        )
         meta = {
             "step": step,
             "next_sample": step * self.plan.global_batch_size,

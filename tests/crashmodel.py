@@ -24,6 +24,12 @@ class Exploding(nn.Module):
         return x * self.scale
 
 
-def factory(after: int = 3, hidden: int = 32, vocab: int = 256, seq_len: int = 16) -> list[nn.Module]:
-    return [Embedding(vocab, hidden, seq_len, 0.0), Block(hidden, 4, 0.0), Exploding(after),
-            Head(vocab, hidden)]
+def factory(
+    after: int = 3, hidden: int = 32, vocab: int = 256, seq_len: int = 16
+) -> list[nn.Module]:
+    return [
+        Embedding(vocab, hidden, seq_len, 0.0),
+        Block(hidden, 4, 0.0),
+        Exploding(after),
+        Head(vocab, hidden),
+    ]

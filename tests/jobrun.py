@@ -23,8 +23,13 @@ def tiny_spec(**overrides):
     return load_spec(QUICKSTART, overrides=overrides)
 
 
-def run_job(spec, home: Path, devices: int | None = None, resume_dir: Path | None = None,
-            deadline_s: float = 240.0):
+def run_job(
+    spec,
+    home: Path,
+    devices: int | None = None,
+    resume_dir: Path | None = None,
+    deadline_s: float = 240.0,
+):
     """Plan and run ``spec`` to the end on local processes; returns (run, outcome)."""
     plan = make_plan(spec, devices)
     db = StateDB(home)

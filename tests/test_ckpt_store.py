@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from jobctl.engine.ckpt_store import (
     CheckpointStore,
     CheckpointWarning,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fsspec.implementations.local import LocalFileSystem
+
 from jobctl.engine import ckpt_store_transfer
 from jobctl.engine.ckpt_store import (
     CheckpointStore,

@@ -23,8 +23,12 @@ def test_samples_are_deterministic_and_shifted():
 def test_sharding_covers_each_sample_once(B, D, m):
     s = Sharding(B, D, m)
     for step in (0, 5):
-        seen = sorted(s.first_sample(step, d, i) + k for d in range(D)
-                      for i in range(s.micro_batches) for k in range(m))
+        seen = sorted(
+            s.first_sample(step, d, i) + k
+            for d in range(D)
+            for i in range(s.micro_batches)
+            for k in range(m)
+        )
         assert seen == list(range(step * B, (step + 1) * B))
     assert s.loss_scale * s.micro_batches * D == pytest.approx(1.0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from jobctl.engine.actions import B, F, Op, R, format_actions, format_schedule, parse_actions
 from jobctl.engine.schedules import (
     SCHEDULES,

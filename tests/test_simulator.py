@@ -9,6 +9,7 @@ import random
 import statistics
 
 import pytest
+
 from jobctl.engine.actions import B, F, Op, R, parse_actions
 from jobctl.engine.schedules import (
     SCHEDULES,

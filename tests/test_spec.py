@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from jobctl.spec import (
     JobSpec,
     SpecError,
@@ -17,7 +19,6 @@ from jobctl.spec import (
     load_spec_text,
     spec_hash,
 )
-from pydantic import ValidationError
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 

@@ -6,6 +6,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 from jobctl.spec import SpecError, SpecIssue, load_spec, load_spec_text
 
 GOOD = """\

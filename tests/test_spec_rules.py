@@ -5,8 +5,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from jobctl.spec import JobSpec, SpecError, load_spec_text
 from pydantic import ValidationError
+
+from jobctl.spec import JobSpec, SpecError, load_spec_text
 
 MINIMAL = """\
 name: tiny

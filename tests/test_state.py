@@ -20,8 +20,11 @@ def test_runs_and_events_roundtrip(tmp_path):
     r2 = StateDB(tmp_path).get_run("job-2")  # persisted
     assert (r2["phase"], r2["step"], r2["loss"]) == ("training", 3, 1.5)
     kinds = [(e["kind"], e["message"]) for e in db.events("job-2")]
-    assert kinds == [("phase", "pending"), ("phase", "training: 4 nodes"),
-                     ("checkpoint", "checkpoint at step 3")]
+    assert kinds == [
+        ("phase", "pending"),
+        ("phase", "training: 4 nodes"),
+        ("checkpoint", "checkpoint at step 3"),
+    ]
     assert db.get_run("missing") is None
 
 

@@ -13,8 +13,15 @@ from jobctl.templates import env_name, shell_quote
 
 
 def _ctx(run_dir: Path, run_id: str = "quick-1", **kw) -> RunContext:
-    return RunContext(run_id=run_id, run_dir=run_dir, nnodes=2, nproc_per_node=[2, 2],
-                      rdzv_endpoint="127.0.0.1:29400", python="/usr/bin/python3", **kw)
+    return RunContext(
+        run_id=run_id,
+        run_dir=run_dir,
+        nnodes=2,
+        nproc_per_node=[2, 2],
+        rdzv_endpoint="127.0.0.1:29400",
+        python="/usr/bin/python3",
+        **kw,
+    )
 
 
 def test_local_scripts_exact(tmp_path):
