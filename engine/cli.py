@@ -114,13 +114,19 @@ def apply(
         bool, typer.Option("--dry-run", help="print plan and scripts, start nothing")
     ] = False,
     resume_dir: Annotated[
-        Path | None, typer.Option("--resume-from", help="checkpoint folder")
+        Path | None, typer.Option("--resume-from", help="checkpoint folder to start from")
     ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="start a new run even if an unfinished one exists")
+    ] = False,
 ) -> None:
-    """Validate, plan, render, launch and supervise a job until it ends."""
+    """Validate, plan, render, launch and supervise a job until it ends.
+
+    An unfinished earlier run of the same job is continued from its newest checkpoint.
+    """
     from jobctl.backends import get_backend
 
-    from .apply import ApplyOptions, launch
+    from .apply import ApplyOptions
     from .launch import run_context
 
     spec = _load(spec_file)
@@ -133,13 +139,44 @@ def apply(
             console.print(text, markup=False, highlight=False)
         return
     db = StateDB(home)
-    opts = ApplyOptions(backend=backend, resume_dir=resume_dir, show_progress=True)
+    run_id = None
+    previous = db.get_run(spec.name)
+    if previous and previous["phase"] != "completed" and not fresh and resume_dir is None:
+        run_id = previous["id"]
+        console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
+    opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
+    _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
+
+
+@app.command()
+def resume(
+    run: Annotated[str, typer.Argument(help="run id or name")],
+    devices: DevicesOpt = None,
+    backend: BackendOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Continue a run from its newest complete checkpoint (local or remote), re-planned
+    for the devices available now with the same global batch."""
+    from .apply import ApplyOptions
+
+    db = StateDB(home)
+    row = _find(db, run)
+    spec_file = Path(row["run_dir"]) / "spec.yaml"
+    spec = _load(spec_file)
+    p = _plan(spec, spec_file, devices)
+    views.print_plan(console, p)
+    opts = ApplyOptions(backend=backend, run_id=row["id"])
+    _launch_and_report(spec, p, db, row["spec_path"], opts)
+
+
+def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> None:
+    from .apply import launch
+
     t0 = time.monotonic()
-    run, outcome = launch(spec, p, db, str(spec_file.resolve()), opts, console)
+    run, outcome = launch(spec, p, db, spec_path, opts, console)
     if not outcome.ok:
-        err.print(
-            f"[red]run {run.id} failed:[/red] {outcome.message}", highlight=False, markup=False
-        )
+        err.print(f"[red]run {run.id} failed:[/red]")
+        err.print(outcome.message, highlight=False, markup=False)
         raise typer.Exit(1)
     last = outcome.losses[-1] if outcome.losses else float("nan")
     console.print(

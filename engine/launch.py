@@ -73,27 +73,47 @@ def prepare_run(
     spec_path: str | None,
     backend: str,
     env: dict[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Run:
-    """Create the run folder (spec, plan, scripts) and its row in the state DB."""
-    run_id = new_run_id(spec.name)
+    """Create (or, for ``run_id``, re-plan) the run folder, its scripts and its DB row.
+
+    Re-planning an existing run keeps its folder, metrics and checkpoints; the previous
+    plan is kept as ``plans/plan-<n>.json`` so every layout the run had stays visible.
+    """
+    run_id = run_id or new_run_id(spec.name)
+    fresh = db.get_run(run_id) is None
     run_dir = db.runs_dir / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "spec.yaml").write_text(dump_yaml(spec))
+    run_dir.mkdir(parents=True, exist_ok=not fresh)
+    if fresh:
+        (run_dir / "spec.yaml").write_text(dump_yaml(spec))
+    else:
+        _archive_plan(run_dir)
     (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
     ctx = run_context(spec, plan, run_id, run_dir, env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
-    db.create_run(
-        run_id,
-        spec.name,
-        run_dir,
-        spec_path=spec_path,
-        spec_hash=spec_hash(spec),
-        total_steps=spec.training.steps,
-        devices=plan.world_size,
-        plan=plan.summary(),
-    )
+    fields = {"devices": plan.world_size, "plan": plan.summary()}
+    if fresh:
+        db.create_run(
+            run_id,
+            spec.name,
+            run_dir,
+            spec_path=spec_path,
+            spec_hash=spec_hash(spec),
+            total_steps=spec.training.steps,
+            **fields,
+        )
+    else:
+        db.update_run(run_id, exit_code=None, message=None, **fields)
     return Run(run_id, run_dir, ctx, rendered, plan)
+
+
+def _archive_plan(run_dir: Path) -> None:
+    old = run_dir / "plan.json"
+    if old.exists():
+        (run_dir / "plans").mkdir(exist_ok=True)
+        n = len(list((run_dir / "plans").glob("plan-*.json")))
+        old.replace(run_dir / "plans" / f"plan-{n}.json")
 
 
 def host_rendezvous(endpoint: str):

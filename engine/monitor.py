@@ -51,11 +51,11 @@ class Monitor:
         handles: list[int],
         db: StateDB,
         total_steps: int,
-        on_step: Callable[[dict], None] | None = None,
+        on_event: Callable[[dict], None] | None = None,
     ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
         self.total = total_steps
-        self.on_step = on_step
+        self.on_event = on_event
         self.offset = 0
         self.losses: list[float] = []
 
@@ -74,19 +74,26 @@ class Monitor:
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
         for rec in recs:
-            if rec["kind"] == "step":
-                self.losses.append(rec["loss"])
-                self.db.update_run(
-                    self.run.id,
-                    step=rec["step"],
-                    loss=rec["loss"],
-                    samples_per_s=rec["samples_per_s"],
-                )
-                if self.on_step:
-                    self.on_step(rec)
-            elif rec["kind"] == "checkpoint":
-                self.db.update_run(self.run.id, last_checkpoint=rec["step"])
-                self.db.add_event(self.run.id, "checkpoint", f"checkpoint at step {rec['step']}")
+            self._record(rec)
+            if self.on_event:
+                self.on_event(rec)
+
+    def _record(self, rec: dict) -> None:
+        """Mirror one worker event into the state DB."""
+        kind, rid = rec["kind"], self.run.id
+        if kind == "step":
+            self.losses.append(rec["loss"])
+            self.db.update_run(
+                rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
+            )
+        elif kind == "checkpoint":
+            self.db.update_run(rid, last_checkpoint=rec["step"])
+            self.db.add_event(rid, "checkpoint", f"checkpoint at step {rec['step']} (local)")
+        elif kind == "uploaded":
+            self.db.update_run(rid, last_upload=rec["step"])
+            self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
+        elif kind == "upload_error":
+            self.db.add_event(rid, "upload_error", rec["error"], rec)
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)

@@ -10,7 +10,7 @@ what a single process would compute.
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import time
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from jobctl.spec import spec_hash
 
 from .actions import Action
 from .checkpoint import blocks_written_by, load_blocks, read_meta, save_blocks, write_meta
-from .ckpt_store_local import publish_local, stage_dir
+from .ckpt_manager import CheckpointManager, EventLog
 from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
 from .model import Stage, block_seed, model_def
@@ -53,7 +53,10 @@ class Trainer:
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
         self.data = make_data(spec)
         self.start_step = 0
-        self.ckpt_root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
+        self.events = EventLog(run_dir / "metrics.jsonl")
+        root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
+        shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
+        self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)
 
     def _autocast(self):
         if self.spec.training.precision == "bf16":
@@ -84,6 +87,9 @@ class Trainer:
         self.start_step = int(meta["step"])
 
     def run(self) -> None:
+        if f"rank-{self.rank}" == self.ckpt.local_parts[0]:
+            self.ckpt.clear_stale_staging()
+        dist.barrier()  # nobody stages before stale staging folders are gone
         chans = self.probe_shapes()
         ex = StepExecutor(
             self.stage,
@@ -102,6 +108,8 @@ class Trainer:
             done = step + 1
             if done % self.spec.checkpoint.interval == 0 or done == self.spec.training.steps:
                 self.checkpoint(done)
+            self.ckpt.poll()
+        self.ckpt.close()  # the final checkpoint must reach the remote store
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:
         # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
@@ -127,25 +135,23 @@ class Trainer:
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         if not self.topo.is_reporter:
             return
-        rec = {
-            "kind": "step",
-            "step": step,
-            "loss": loss,
-            "step_time_s": seconds,
-            "samples_per_s": self.plan.global_batch_size / seconds,
-            "ts": time.time(),
-            "deviations": stats.deviations,
-        }
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        self.events.write(
+            "step",
+            step=step,
+            loss=loss,
+            step_time_s=seconds,
+            samples_per_s=self.plan.global_batch_size / seconds,
+            deviations=stats.deviations,
+        )
 
     def checkpoint(self, step: int) -> None:
         """Write this rank's share locally; the last rank to finish publishes the step.
 
         No barrier: each rank records its part, and the part that completes the set
-        writes the manifest and renames the staging folder (atomic commit).
+        writes the manifest and renames the staging folder (atomic commit), then queues
+        the background upload.
         """
-        staging = stage_dir(self.ckpt_root, step)
+        staging = self.ckpt.staging(step)
         files = save_blocks(
             self.stage, self.opt, blocks_written_by(self.plan, self.rank), staging, self.mdef.ties
         )
@@ -158,10 +164,7 @@ class Trainer:
         }
         if self.rank == 0:
             files.append(write_meta(staging, meta))
-        parts = [f"rank-{r}" for r in range(self.plan.world_size)]
-        if publish_local(self.ckpt_root, step, f"rank-{self.rank}", files, meta, parts):
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"kind": "checkpoint", "step": step, "ts": time.time()}) + "\n")
+        self.ckpt.publish(step, files, meta)
 
     @property
     def spec_hash(self) -> str:

@@ -73,7 +73,18 @@ def print_runs(console: Console, rows: list[dict]) -> None:
     if not rows:
         console.print("no runs yet: `jobctl apply job.yaml` starts one")
         return
-    t = Table("run", "phase", "step", "loss", "samples/s", "devices", "plan", "ckpt", "updated")
+    t = Table(
+        "run",
+        "phase",
+        "step",
+        "loss",
+        "samples/s",
+        "devices",
+        "plan",
+        "ckpt",
+        "uploaded",
+        "updated",
+    )
     for r in rows:
         t.add_row(
             r["id"],
@@ -84,9 +95,18 @@ def print_runs(console: Console, rows: list[dict]) -> None:
             str(r["devices"] or "-"),
             r["plan"] or "-",
             str(r["last_checkpoint"]) if r["last_checkpoint"] is not None else "-",
+            _upload_cell(r),
             _ago(r["updated_at"]),
         )
     console.print(t)
+
+
+def _upload_cell(r: dict) -> str:
+    """Last uploaded step and the lag behind the last local checkpoint, in steps."""
+    if r.get("last_upload") is None:
+        return "-"
+    lag = (r["last_checkpoint"] or 0) - r["last_upload"]
+    return f"{r['last_upload']}" + (f" (lag {lag})" if lag > 0 else "")
 
 
 def print_run(console: Console, row: dict, events: list[dict]) -> None:
@@ -102,6 +122,7 @@ def print_run(console: Console, row: dict, events: list[dict]) -> None:
         "devices",
         "plan",
         "last_checkpoint",
+        "last_upload",
         "run_dir",
         "spec_path",
         "exit_code",
