@@ -61,9 +61,14 @@ def test_kill_everything_then_resume(tmp_path, s3_url):
     home = tmp_path / "home"
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
     jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
-    proc = subprocess.Popen([*jobctl, "apply", str(spec_file)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*jobctl, "apply", str(spec_file)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     run_dir = _wait_for_upload(home, proc)
     row = StateDB(home).get_run(run_dir.name)
     for pid in [proc.pid, *map(int, row["pids"].split(","))]:
@@ -72,8 +77,14 @@ def test_kill_everything_then_resume(tmp_path, s3_url):
     killed_at = max((e["step"] for e in _events(run_dir) if e["kind"] == "step"), default=0)
     assert killed_at < STEPS, "the kill came too late to test anything"
 
-    r = subprocess.run([*jobctl, "resume", spec.name], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [*jobctl, "resume", spec.name],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     db = StateDB(home)
     row = db.get_run(run_dir.name)
