@@ -42,7 +42,7 @@ def test_quickstart_example_loads() -> None:
     assert (spec.model.seq_len, spec.model.vocab, spec.data.source) == (32, 256, "synthetic")
     t = spec.training
     assert (t.global_batch_size, t.micro_batch_size, t.steps) == (16, 2, 60)
-    assert (t.optimizer, t.lr, t.seed) == ("adamw", 3e-3, 0)
+    assert (t.optimizer, t.lr, t.seed) == ("adamw", 1e-2, 0)
     hw = spec.hardware
     assert (hw.backend, hw.nodes, hw.processes_per_node, hw.device) == ("local", 2, 2, "cpu")
     assert hw.memory_gb == 2.0 and hw.devices == 4
