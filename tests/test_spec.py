@@ -48,7 +48,7 @@ def test_quickstart_example_loads() -> None:
     assert hw.memory_gb == 2.0 and hw.devices == 4
     p = spec.parallelism
     assert (p.pipeline_stages, p.data_parallel, p.schedule) == (2, 2, "1f1b")
-    assert spec.checkpoint.interval == 20
+    assert spec.checkpoint.interval == 30
 
 
 def test_spot_example_loads() -> None:

@@ -1,0 +1,210 @@
+"""A private single-node Slurm cluster (munged + slurmctld + slurmd) for tests.
+
+Everything lives in one temporary folder: its own munge key and socket, a generated
+``slurm.conf`` on free ports, state, spool, pid and log files. Nothing under /etc is
+touched, so several clusters (one per test session) can run on one machine side by
+side. Clients find the cluster through ``SLURM_CONF``.
+
+``python tests/slurm_cluster.py install`` installs Debian's ``slurm-wlm`` and ``munge``
+(root, apt); ``python tests/slurm_cluster.py start`` starts a cluster and prints the
+``SLURM_CONF`` to export (for trying jobctl by hand).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGES = ["slurm-wlm", "munge"]
+DAEMONS = ["munged", "slurmctld", "slurmd"]
+START_TIMEOUT_S = 60.0
+
+
+class ClusterUnavailable(RuntimeError):
+    """Slurm cannot run here; the message says why (tests skip with it)."""
+
+
+@dataclass
+class Cluster:
+    """A running private cluster: its folder, config and daemon processes."""
+
+    root: Path
+    conf: Path
+    procs: list[subprocess.Popen]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment that points Slurm's client commands at this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def stop(self) -> None:
+        """Stop the daemons this object started (slurmd first) and remove the folder."""
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def install() -> None:
+    """Install the Debian packages (needs root and apt)."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, timeout=600)
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    subprocess.run(cmd, check=True, env=env, timeout=900)
+
+
+def missing() -> str | None:
+    """Why a cluster cannot start here, or None when it can."""
+    absent = [d for d in DAEMONS + ["sbatch", "squeue"] if shutil.which(d) is None]
+    if absent:
+        return f"{', '.join(absent)} not installed (python tests/slurm_cluster.py install)"
+    if os.geteuid() != 0:
+        return "slurmd must run as root"
+    return None
+
+
+def start(timeout: float = START_TIMEOUT_S) -> Cluster:
+    """Start a private cluster and wait (bounded) until its node is idle."""
+    reason = missing()
+    if reason:
+        raise ClusterUnavailable(reason)
+    # Short path: the munge socket path must fit in sockaddr_un (108 bytes).
+    root = Path(tempfile.mkdtemp(prefix="jobctl-slurm-", dir="/tmp"))
+    cluster = Cluster(root, root / "slurm.conf", [])
+    try:
+        _prepare(root)
+        _start_daemons(cluster)
+        _wait_idle(cluster, timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prepare(root: Path) -> None:
+    for sub in ("state", "spool", "munge"):
+        (root / sub).mkdir()
+    (root / "munge").chmod(0o700)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    (root / "slurm.conf").write_text(slurm_conf(root, _free_port(), _free_port()))
+
+
+def slurm_conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
+    """A one-node slurm.conf for this machine, everything under ``root``."""
+    host = socket.gethostname()
+    cpus = os.cpu_count() or 1
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    return f"""\
+ClusterName=jobctl-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.sock
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+SchedulerParameters=sched_interval=2
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _start_daemons(cluster: Cluster) -> None:
+    root, env = cluster.root, {**os.environ, **cluster.env}
+    munge = root / "munge"
+    commands = [
+        ["munged", "--foreground", "--force", f"--socket={munge}/munge.sock",
+         f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
+         f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"],
+        ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
+        ["slurmd", "-D", "-f", str(cluster.conf)],
+    ]  # fmt: skip
+    for cmd in commands:
+        log = open(root / f"{cmd[0]}.out", "wb")  # noqa: SIM115 - handed to the daemon
+        cluster.procs.append(
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        )
+        log.close()
+        if cmd[0] == "munged":
+            _wait_for(lambda: (munge / "munge.sock").exists(), 10.0, "munged socket", cluster)
+
+
+def _wait_idle(cluster: Cluster, timeout: float) -> None:
+    env = {**os.environ, **cluster.env}
+
+    def idle() -> bool:
+        out = subprocess.run(
+            ["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True, env=env,
+            timeout=10,
+        )  # fmt: skip
+        return out.returncode == 0 and out.stdout.strip() == "idle"
+
+    _wait_for(idle, timeout, "an idle Slurm node", cluster)
+
+
+def _wait_for(check, timeout: float, what: str, cluster: Cluster) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = [p for p in cluster.procs if p.poll() is not None]
+        if dead:
+            raise ClusterUnavailable(f"{dead[0].args[0]} exited: {_log_tail(cluster)}")
+        if check():
+            return
+        time.sleep(0.5)
+    raise ClusterUnavailable(f"no {what} after {timeout:.0f} s: {_log_tail(cluster)}")
+
+
+def _log_tail(cluster: Cluster) -> str:
+    lines = []
+    for log in sorted(cluster.root.glob("*.out")) + sorted(cluster.root.glob("*.log")):
+        lines += [f"{log.name}: {x}" for x in log.read_text(errors="replace").splitlines()[-5:]]
+    return "\n".join(lines[-20:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        install()
+    elif sys.argv[1:] == ["start"]:
+        c = start()
+        print(f"export SLURM_CONF={c.conf}  # daemons: {[p.pid for p in c.procs]}")
+    else:
+        sys.exit("usage: python tests/slurm_cluster.py install|start")
