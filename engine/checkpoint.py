@@ -38,21 +38,30 @@ def _block_params(stage: Stage, block: int) -> dict[str, nn.Parameter]:
     return {n: p for n, p in stage.named_parameters() if n.startswith(prefix)}
 
 
-def save_blocks(
-    stage: Stage, opt: torch.optim.Optimizer, blocks: list[int], out_dir: Path, ties: list[Tie]
-) -> list[str]:
-    """Write the files of ``blocks`` into ``out_dir``; returns the file names."""
+Snapshot = dict[int, dict]  # block -> {"params": {name: tensor}, "optim": {name: state}}
+
+
+def snapshot_blocks(
+    stage: Stage, opt: torch.optim.Optimizer, blocks: list[int], ties: list[Tie]
+) -> Snapshot:
+    """Copies of the parameters and optimizer state of ``blocks`` (the only part of a
+    checkpoint that must happen while training waits)."""
     aliases = {t.alias for t in ties}
-    files = []
+    snap: Snapshot = {}
     for b in blocks:
         params = {n: p for n, p in _block_params(stage, b).items() if n not in aliases}
-        payload = {
+        snap[b] = {
             "params": {n: p.detach().cpu().clone() for n, p in params.items()},
             "optim": {n: _cpu_state(opt.state.get(p, {})) for n, p in params.items()},
         }
+    return snap
+
+
+def write_snapshot(snap: Snapshot, out_dir: Path) -> list[str]:
+    """Write one file per block of ``snap`` into ``out_dir``; returns the file names."""
+    for b, payload in snap.items():
         torch.save(payload, out_dir / block_file(b))
-        files.append(block_file(b))
-    return files
+    return [block_file(b) for b in snap]
 
 
 def _cpu_state(state: dict) -> dict:

@@ -336,12 +336,18 @@ class CheckpointStore:
             self.fs.rm(self._path(step), recursive=True)
         self.fs.invalidate_cache()
 
-    def apply_retention(self, keep_last: int, keep_every: int | None = None) -> list[int]:
+    def apply_retention(
+        self,
+        keep_last: int,
+        keep_every: int | None = None,
+        protect: Callable[[int], bool] | None = None,
+    ) -> list[int]:
         """Delete checkpoints outside the policy (see `plan_retention`); return their steps.
 
         Completeness is the cheap check (manifest and sizes). Stale local staging folders
         older than the newest complete step are removed too. The newest complete
-        checkpoint is never deleted.
+        checkpoint is never deleted, nor any step for which ``protect(step)`` is true
+        (e.g. a local checkpoint whose upload has not finished).
         """
         found, staged = self._entries()
         steps = sorted(found)
@@ -350,6 +356,7 @@ class CheckpointStore:
         problems = dict(zip(steps, verdicts, strict=True))
         complete = [step for step, problem in problems.items() if problem is None]
         doomed = plan_retention(complete, set(problems) - set(complete), keep_last, keep_every)
+        doomed = [step for step in doomed if protect is None or not protect(step)]
         for step in doomed:
             logger.info(
                 "retention: deleting checkpoint step %d (%s)", step, problems[step] or "old"

@@ -55,12 +55,20 @@ class UploadJob:
     then_commit: tuple[tuple[str, ...], dict[str, Any]] | None = None
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by ``nice`` (Linux: per-thread priority)."""
+    if nice > 0 and hasattr(os, "setpriority"):
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, current + nice))
+
+
 class Uploader:
     """Upload queued checkpoint parts to `store` in the background (see module doc).
 
     Retention (`keep_last`, `keep_every`) runs after each commit when `keep_last` is set.
     Retries: `max_retries` per file, sleeping min(`backoff_cap`, `backoff_base` * 2**n)
-    through `sleep` (default: a wait that `close` can interrupt).
+    through `sleep` (default: a wait that `close` can interrupt). `nice` lowers the
+    worker thread's CPU priority, so uploads yield the CPU to training.
     """
 
     def __init__(
@@ -75,8 +83,10 @@ class Uploader:
         sleep: Callable[[float], object] | None = None,
         on_progress: ProgressCallback | None = None,
         coalesce: bool = True,
+        nice: int = 0,
     ) -> None:
         self._store = store
+        self._nice = nice
         self._keep = (keep_last, keep_every)
         self._on_progress = on_progress
         self._coalesce = coalesce
@@ -194,6 +204,7 @@ class Uploader:
         return not self._queue and self._current is None
 
     def _run(self) -> None:
+        lower_thread_priority(self._nice)
         while (job := self._next_job()) is not None:
             try:
                 self._process(job)

@@ -83,7 +83,7 @@ def prepare_run(
     run_id = run_id or new_run_id(spec.name)
     fresh = db.get_run(run_id) is None
     run_dir = db.runs_dir / run_id
-    run_dir.mkdir(parents=True, exist_ok=not fresh)
+    run_dir.mkdir(parents=True, exist_ok=True)  # a remote download may have made it
     if fresh:
         (run_dir / "spec.yaml").write_text(dump_yaml(spec))
     else:

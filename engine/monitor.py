@@ -58,6 +58,7 @@ class Monitor:
         self.on_event = on_event
         self.offset = 0
         self.losses: list[float] = []
+        self.last_upload = -1
 
     def poll_once(self) -> Outcome | None:
         """One round: returns the outcome once the run has ended, else None."""
@@ -89,8 +90,9 @@ class Monitor:
         elif kind == "checkpoint":
             self.db.update_run(rid, last_checkpoint=rec["step"])
             self.db.add_event(rid, "checkpoint", f"checkpoint at step {rec['step']} (local)")
-        elif kind == "uploaded":
-            self.db.update_run(rid, last_upload=rec["step"])
+        elif kind == "uploaded":  # ranks commit different steps, not in order
+            self.last_upload = max(self.last_upload, rec["step"])
+            self.db.update_run(rid, last_upload=self.last_upload)
             self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)

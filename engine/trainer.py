@@ -10,6 +10,7 @@ what a single process would compute.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from jobctl.spec import spec_hash
 
 from .actions import Action
-from .checkpoint import blocks_written_by, load_blocks, read_meta, save_blocks, write_meta
+from .checkpoint import blocks_written_by, load_blocks, read_meta, snapshot_blocks
 from .ckpt_manager import CheckpointManager, EventLog
 from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
@@ -145,16 +146,14 @@ class Trainer:
         )
 
     def checkpoint(self, step: int) -> None:
-        """Write this rank's share locally; the last rank to finish publishes the step.
+        """Snapshot this rank's blocks; a background writer does the rest.
 
         No barrier: each rank records its part, and the part that completes the set
         writes the manifest and renames the staging folder (atomic commit), then queues
         the background upload.
         """
-        staging = self.ckpt.staging(step)
-        files = save_blocks(
-            self.stage, self.opt, blocks_written_by(self.plan, self.rank), staging, self.mdef.ties
-        )
+        mine = blocks_written_by(self.plan, self.rank)
+        snap = snapshot_blocks(self.stage, self.opt, mine, self.mdef.ties)
         meta = {
             "step": step,
             "next_sample": step * self.plan.global_batch_size,
@@ -162,10 +161,8 @@ class Trainer:
             "plan": self.plan.summary(),
             "spec_hash": self.spec_hash,
         }
-        if self.rank == 0:
-            files.append(write_meta(staging, meta))
-        self.ckpt.publish(step, files, meta)
+        self.ckpt.save(step, snap, meta, final=step == self.spec.training.steps)
 
-    @property
+    @functools.cached_property
     def spec_hash(self) -> str:
         return spec_hash(self.spec)

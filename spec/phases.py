@@ -116,3 +116,9 @@ class CheckpointSpec(SpecModel):
         None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
     )
     upload_retries: int = Field(5, ge=0, description="Upload retries, with backoff, per shard.")
+    coalesce: bool = Field(
+        True,
+        description="When background writes or uploads fall behind training, skip to the "
+        "newest checkpoint (bounded memory and lag); false writes and uploads every one, "
+        "making training wait if it must.",
+    )

@@ -21,7 +21,7 @@ from jobctl.spec import dump_yaml
 
 from .jobrun import ROOT, final_weights, tiny_spec
 
-STEPS = 8
+STEPS = 40
 
 
 def _events(run_dir: Path) -> list[dict]:
