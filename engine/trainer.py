@@ -158,8 +158,12 @@ class Trainer:
             "step": step,
             "next_sample": step * self.plan.global_batch_size,
             "global_batch_size": self.plan.global_batch_size,
-            "plan": self.plan.summary(),
+            "plan": self.plan.model_dump(mode="json"),
             "spec_hash": self.spec_hash,
+            # Dropout RNG and learning rate are pure functions of the step (see
+            # train_step and optim.lr_at): resuming at `step` restores both exactly.
+            "rng": "derived from (training.seed, step, rank)",
+            "lr": lr_at(step, self.spec.training),
         }
         self.ckpt.save(step, snap, meta, final=step == self.spec.training.steps)
 

@@ -45,7 +45,8 @@ def _wait_for_upload(home: Path, proc: subprocess.Popen, timeout: float = 180.0)
 @pytest.mark.multiproc
 @pytest.mark.chaos
 @pytest.mark.s3
-def test_kill_everything_then_resume(tmp_path, s3_url):
+@pytest.mark.parametrize("again", ["resume", "apply"])
+def test_kill_everything_then_resume(tmp_path, s3_url, again):
     spec = tiny_spec(
         **{
             "training.optimizer": "sgd",
@@ -78,7 +79,7 @@ def test_kill_everything_then_resume(tmp_path, s3_url):
     assert killed_at < STEPS, "the kill came too late to test anything"
 
     r = subprocess.run(
-        [*jobctl, "resume", spec.name],
+        [*jobctl, "resume", spec.name] if again == "resume" else [*jobctl, "apply", str(spec_file)],
         env=env,
         cwd=ROOT,
         capture_output=True,
