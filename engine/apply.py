@@ -53,6 +53,9 @@ def launch(
     run_id = opts.run_id or new_run_id(spec.name)
     point = resume_point(spec, db.runs_dir / run_id, opts)
     env = {"JOBCTL_RESUME_DIR": str(point.path)} if point else {}
+    existing = db.get_run(run_id)
+    if existing is not None:  # resuming: the layout is planned anew for the devices now
+        db.set_phase(run_id, "morphing", f"re-planned as {plan.summary()}")
     run = prepare_run(spec, plan, db, spec_path, backend_name, env, run_id)
     if point:
         db.add_event(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from .phases import check_transition
+
 metadata = sa.MetaData()
 
 runs = sa.Table(
@@ -103,7 +105,9 @@ class StateDB:
             )
 
     def set_phase(self, run_id: str, phase: str, note: str = "", **fields) -> None:
-        """Record a phase transition (and any run fields) with its event."""
+        """Record a legal phase transition (and any run fields) with its event."""
+        row = self.get_run(run_id)
+        check_transition(row["phase"] if row else "pending", phase)
         self.update_run(run_id, phase=phase, **fields)
         self.add_event(run_id, "phase", f"{phase}{': ' + note if note else ''}")
 

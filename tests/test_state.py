@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
+from jobctl.engine.phases import PhaseError
 from jobctl.engine.state import StateDB
 
 
@@ -11,6 +13,7 @@ def test_runs_and_events_roundtrip(tmp_path):
     db = StateDB(tmp_path)
     db.create_run("job-1", "job", tmp_path / "runs" / "job-1", total_steps=10, devices=4)
     db.create_run("job-2", "job", tmp_path / "runs" / "job-2", total_steps=10, devices=2)
+    db.set_phase("job-2", "launching")
     db.set_phase("job-2", "training", "4 nodes")
     db.update_run("job-2", step=3, loss=1.5)
     db.add_event("job-2", "checkpoint", "checkpoint at step 3", {"step": 3})
@@ -22,6 +25,7 @@ def test_runs_and_events_roundtrip(tmp_path):
     kinds = [(e["kind"], e["message"]) for e in db.events("job-2")]
     assert kinds == [
         ("phase", "pending"),
+        ("phase", "launching"),
         ("phase", "training: 4 nodes"),
         ("checkpoint", "checkpoint at step 3"),
     ]
@@ -40,3 +44,24 @@ def test_any_sqlalchemy_url(tmp_path, monkeypatch):
     db = StateDB(tmp_path / "home")
     db.create_run("a", "a", tmp_path)
     assert (tmp_path / "other.db").exists()
+
+
+def test_illegal_transitions_are_refused(tmp_path):
+    db = StateDB(tmp_path)
+    db.create_run("r", "r", tmp_path)
+    with pytest.raises(PhaseError, match="pending -> completed"):
+        db.set_phase("r", "completed")
+    for phase in (
+        "launching",
+        "training",
+        "checkpointing",
+        "training",
+        "morphing",
+        "launching",
+        "training",
+        "completed",
+    ):
+        db.set_phase("r", phase)
+    with pytest.raises(PhaseError, match="terminal"):
+        db.set_phase("r", "training")
+    assert db.get_run("r")["phase"] == "completed"
