@@ -12,37 +12,26 @@ import os
 import signal
 import subprocess
 
-from jobctl.templates import render
+from .base import BackendBase, NodeStatus, Rendered, RunContext
+from .nodes import node_scripts
 
-from .base import Rendered, RunContext
 
-
-class LocalBackend:
+class LocalBackend(BackendBase):
     """Runs each node's launch script as a local process tree."""
 
     name = "local"
 
-    def render(self, ctx: RunContext) -> Rendered:
-        files = {}
-        for node in range(ctx.nnodes):
-            files[f"node-{node}.sh"] = render(
-                "node.sh.j2",
-                run_id=ctx.run_id,
-                node=node,
-                nnodes=ctx.nnodes,
-                nproc=ctx.nproc_per_node[node],
-                rdzv_endpoint=ctx.rdzv_endpoint,
-                python=ctx.python,
-                max_restarts=ctx.max_restarts,
-                env=node_env(ctx),
-            )
-        return Rendered(self.name, files)
+    def __init__(self) -> None:
+        super().__init__()
+        self._procs: dict[str, subprocess.Popen] = {}
 
-    def submit(self, rendered: Rendered, ctx: RunContext) -> list[int]:
+    def render(self, ctx: RunContext) -> Rendered:
+        return Rendered(self.name, node_scripts(ctx))
+
+    def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]:
         """Start every node script; returns their pids (= process group ids)."""
         scripts = rendered.write(ctx.run_dir / "scripts")
         (ctx.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._procs: dict[int, subprocess.Popen] = getattr(self, "_procs", {})
         pids = []
         for node, script in enumerate(scripts):
             log = open(ctx.run_dir / "logs" / f"node-{node}.log", "ab")  # noqa: SIM115
@@ -54,34 +43,25 @@ class LocalBackend:
                 start_new_session=True,
             )
             log.close()
-            self._procs[proc.pid] = proc
-            pids.append(proc.pid)
+            self._procs[str(proc.pid)] = proc
+            pids.append(str(proc.pid))
         return pids
 
-    def poll(self, handles: list[int]) -> list[int | None]:
-        """Exit code of each node (None while running)."""
+    def status(self, handles: list[str]) -> list[NodeStatus]:
+        """Each node's process: running, or its exit code (stopped if cancelled here)."""
         out = []
         for pid in handles:
-            proc = getattr(self, "_procs", {}).get(pid)
-            out.append(proc.poll() if proc is not None else _poll_foreign(pid))
+            proc = self._procs.get(pid)
+            code = proc.poll() if proc is not None else _poll_foreign(int(pid))
+            ended = code is not None
+            out.append(self._ended(pid, code, f"exit {code}") if ended else NodeStatus("running"))
         return out
 
-    def cancel(self, handles: list[int], sig: int = signal.SIGTERM) -> None:
+    def cancel(self, handles: list[str], sig: int = signal.SIGTERM) -> None:
         """Signal every node's whole process tree."""
         for pid in handles:
-            kill_tree(pid, sig)
-
-
-def node_env(ctx: RunContext) -> dict[str, str]:
-    """Environment every node script exports."""
-    return {
-        "JOBCTL_RUN_DIR": str(ctx.run_dir),
-        "JOBCTL_THREADS": str(ctx.threads),
-        "OMP_NUM_THREADS": str(ctx.threads),
-        # Restarted workers otherwise time out in gloo init on stale addresses.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        **ctx.env,
-    }
+            self._cancelled.add(pid)
+            kill_tree(int(pid), sig)
 
 
 def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -92,6 +72,17 @@ def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+
+
+def signal_nodes(pids: list[int], sig: int) -> int:
+    """Send ``sig`` to each node's torchrun agent (it forwards it to its workers);
+    returns how many were alive."""
+    alive = 0
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            alive += 1
+    return alive
 
 
 def descendants(root: int) -> list[int]:

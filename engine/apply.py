@@ -9,7 +9,8 @@ goes on from the exact next sample.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -17,9 +18,10 @@ from rich.console import Console
 from jobctl.backends import get_backend
 
 from .checkpoint import read_meta
-from .launch import Run, host_rendezvous, new_run_id, prepare_run
+from .launch import Run, host_rendezvous, new_run_id, prepare_run, read_metrics
 from .monitor import Monitor, Outcome, progress_bar, watch
 from .plan import Plan
+from .planner import PlanError, make_plan
 from .resume import ResumePoint, find_resume_point, local_root
 from .state import StateDB
 
@@ -47,14 +49,101 @@ def resume_point(spec, run_dir: Path, opts: ApplyOptions) -> ResumePoint | None:
 def launch(
     spec, plan: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions, console: Console
 ) -> tuple[Run, Outcome]:
-    """Run ``plan`` for ``spec`` in the foreground; returns the run and how it ended."""
+    """Run ``plan`` for ``spec`` in the foreground until it completes, fails or stops.
+
+    With ``elasticity.enabled``, losing nodes (killed, or told to leave by SIGTERM after a
+    checkpoint) morphs the run onto the devices left: re-plan with the same global
+    batch, resume from the newest complete checkpoint, keep going.
+    """
+    run_id = opts.run_id or new_run_id(spec.name)
+    devices = plan.world_size
+    lost_at: float | None = None
+    while True:
+        run, outcome = _attempt(spec, plan, db, spec_path, opts, run_id, console)
+        if lost_at is not None:
+            _record_recovery(db, run, lost_at)
+        if outcome.kind != "preempted" or not spec.elasticity.enabled:
+            break
+        lost_at = time.time()
+        lost = sum(plan.node_sizes()[n] for n in outcome.lost_nodes)
+        devices -= lost
+        next_plan = _morph_plan(spec, devices)
+        if next_plan is None:
+            outcome.message += f"; {devices} device(s) left, below elasticity.min_devices"
+            break
+        db.add_event(
+            run_id,
+            "preemption",
+            f"{outcome.message}; {devices} device(s) left",
+            {"lost_nodes": outcome.lost_nodes, "devices": devices, "ts": time.time()},
+        )
+        plan, opts = next_plan, replace(opts, run_id=run_id, resume_dir=None)
+    _finish(db, run.id, outcome)
+    return run, outcome
+
+
+def _record_recovery(db: StateDB, run: Run, since: float) -> None:
+    """Recovery time: from losing a node to the first training step after the morph."""
+    first = next(
+        (
+            e["ts"]
+            for e in read_metrics(run.dir / "metrics.jsonl", 0)[0]
+            if e["kind"] == "step" and e["ts"] > since
+        ),
+        None,
+    )
+    if first is not None:
+        db.add_event(
+            run.id,
+            "recovery",
+            f"training again {first - since:.1f} s after losing nodes",
+            {"seconds": first - since},
+        )
+
+
+def _morph_plan(spec, devices: int) -> Plan | None:
+    """The plan for the devices left; P and D become free if the spec fixed them."""
+    if devices < max(1, spec.elasticity.min_devices):
+        return None
+    try:
+        return make_plan(spec, devices)
+    except PlanError:
+        par = spec.parallelism.model_copy(
+            update={"pipeline_stages": "auto", "data_parallel": "auto"}
+        )
+        try:
+            return make_plan(spec.model_copy(update={"parallelism": par}), devices)
+        except PlanError:
+            return None
+
+
+def _finish(db: StateDB, run_id: str, outcome: Outcome) -> None:
+    # A preempted run that cannot morph is stopped, not failed: `jobctl resume` continues it.
+    phase = {"completed": "completed", "failed": "failed"}.get(outcome.kind, "stopped")
+    db.set_phase(
+        run_id,
+        phase,
+        outcome.message.splitlines()[0],
+        exit_code=outcome.exit_code,
+        message=outcome.message,
+    )
+
+
+def _attempt(
+    spec,
+    plan: Plan,
+    db: StateDB,
+    spec_path: str | None,
+    opts: ApplyOptions,
+    run_id: str,
+    console: Console,
+) -> tuple[Run, Outcome]:
+    """Launch one layout of the run and supervise it until it ends."""
     backend_name = opts.backend or spec.hardware.backend
     backend = get_backend(backend_name)
-    run_id = opts.run_id or new_run_id(spec.name)
     point = resume_point(spec, db.runs_dir / run_id, opts)
     env = {"JOBCTL_RESUME_DIR": str(point.path)} if point else {}
-    existing = db.get_run(run_id)
-    if existing is not None:  # resuming: the layout is planned anew for the devices now
+    if db.get_run(run_id) is not None:  # resuming: the layout is planned anew for the devices now
         db.set_phase(run_id, "morphing", f"re-planned as {plan.summary()}")
     run = prepare_run(spec, plan, db, spec_path, backend_name, env, run_id)
     if point:
@@ -71,14 +160,8 @@ def launch(
     db.set_phase(run.id, "training", f"pid {os.getpid()} supervising {len(handles)} node(s)")
     start = point.step if point else 0
     outcome = _supervise(run, backend, handles, db, spec.training.steps, start, opts, console)
-    phase = "completed" if outcome.ok else "failed"
-    db.set_phase(
-        run.id,
-        phase,
-        outcome.message.splitlines()[0],
-        exit_code=outcome.exit_code,
-        message=outcome.message,
-    )
+    if outcome.kind == "preempted":
+        db.set_phase(run.id, "morphing", outcome.message)
     return run, outcome
 
 

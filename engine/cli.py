@@ -73,14 +73,63 @@ def plan(
     spec_file: SpecArg,
     devices: DevicesOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="print the reasoning: m by F(m)/m, the P sweep")
+    ] = False,
+    gantt: Annotated[
+        Path | None, typer.Option("--gantt", help="draw the simulated step to this PNG file")
+    ] = None,
+    home: HomeOpt = None,
 ) -> None:
-    """Resolve and print the parallel plan (P, D, micro-batching, stages, ranks, schedule)."""
+    """Resolve and print the parallel plan (P, D, micro-batching, stages, ranks, schedule).
+
+    Uses the cached calibration of this model and machine (`jobctl calibrate`) if one
+    matches, else costs derived from the hardware spec; the plan says which.
+    """
+    from .gantt import draw_gantt
+    from .planner import plan_and_simulate
+
     spec = _load(spec_file)
-    p = _plan(spec, spec_file, devices)
+    try:
+        p, sim = plan_and_simulate(spec, devices, home=home)
+    except ValueError as e:  # PlanError, or a schedule the generators reject
+        err.print(f"[red]error:[/red] {spec_file}: cannot plan: {e}", highlight=False)
+        raise typer.Exit(2) from None
     if as_json:
         print(p.model_dump_json(indent=2))
     else:
         views.print_plan(console, p)
+        if explain:
+            views.print_explanation(console, p)
+    if gantt is not None:
+        title = f"{spec.name}: {p.summary()}, simulated {sim.step_time:.4g} s/step"
+        path = draw_gantt(sim, gantt, title)
+        (err if as_json else console).print(f"wrote {path}")
+
+
+@app.command()
+def calibrate(
+    spec_file: SpecArg,
+    home: HomeOpt = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=3, help="samples per value")] = 15,
+) -> None:
+    """Measure the model and this machine (Varuna Table 2) and cache the record.
+
+    Per block: forward/backward time by micro-batch size, activation, parameter and peak
+    bytes; point-to-point time by message size and allreduce time by ring size, in a
+    small process group on this machine. `jobctl plan` reuses the record for any G.
+    """
+    from .calibration_run import calibrate as measure
+
+    spec = _load(spec_file)
+    with views.calibration_progress(console) as bar:
+        task = bar.add_task("calibrating", total=1.0)
+
+        def report(what: str, done: float) -> None:
+            bar.update(task, completed=done, description=what)
+
+        cal, path = measure(spec, home, repeats=repeats, progress=report)
+    views.print_calibration(console, cal, path)
 
 
 @app.command()
@@ -174,6 +223,13 @@ def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> Non
 
     t0 = time.monotonic()
     run, outcome = launch(spec, p, db, spec_path, opts, console)
+    if outcome.kind == "stopped":
+        step = db.get_run(run.id)["step"]
+        console.print(
+            f"run {run.id} stopped at step {step} after a checkpoint; "
+            f"`jobctl resume {run.id}` continues it"
+        )
+        return
     if not outcome.ok:
         err.print(f"[red]run {run.id} failed:[/red]")
         err.print(outcome.message, highlight=False, markup=False)
@@ -183,6 +239,24 @@ def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> Non
         f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
         f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}"
     )
+
+
+@app.command()
+def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None) -> None:
+    """Stop a run gracefully: every rank checkpoints at the end of its step, then exits."""
+    import signal
+
+    from jobctl.backends.local import signal_nodes
+
+    db = StateDB(home)
+    row = _find(db, run)
+    if row["phase"] in ("completed", "failed", "stopped"):
+        console.print(f"run {row['id']} is already {row['phase']}")
+        return
+    pids = [int(p) for p in (row["pids"] or "").split(",") if p]
+    alive = signal_nodes(pids, signal.SIGTERM)
+    db.add_event(row["id"], "stop", f"SIGTERM sent to {alive} of {len(pids)} node(s)")
+    console.print(f"asked {alive} node(s) of {row['id']} to checkpoint and stop")
 
 
 @app.command()

@@ -78,7 +78,7 @@ def prepare_run(
     """Create (or, for ``run_id``, re-plan) the run folder, its scripts and its DB row.
 
     Re-planning an existing run keeps its folder, metrics and checkpoints; the previous
-    plan is kept as ``plans/plan-<n>.json`` so every layout the run had stays visible.
+    attempt's plan and errors move to ``attempts/<n>/`` so every layout stays visible.
     """
     run_id = run_id or new_run_id(spec.name)
     fresh = db.get_run(run_id) is None
@@ -109,11 +109,15 @@ def prepare_run(
 
 
 def _archive_plan(run_dir: Path) -> None:
-    old = run_dir / "plan.json"
-    if old.exists():
-        (run_dir / "plans").mkdir(exist_ok=True)
-        n = len(list((run_dir / "plans").glob("plan-*.json")))
-        old.replace(run_dir / "plans" / f"plan-{n}.json")
+    """Keep the previous attempt's plan and error reports under ``attempts/<n>/``."""
+    attempts = run_dir / "attempts"
+    attempts.mkdir(exist_ok=True)
+    n = len(list(attempts.iterdir()))
+    target = attempts / str(n)
+    target.mkdir()
+    for name in ("plan.json", "errors"):
+        if (run_dir / name).exists():
+            (run_dir / name).replace(target / name)
 
 
 def host_rendezvous(endpoint: str):

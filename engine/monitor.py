@@ -19,12 +19,15 @@ from .state import StateDB
 
 @dataclass
 class Outcome:
-    """How a run ended."""
+    """How an attempt ended: completed, stopped (checkpointed on request), preempted
+    (nodes lost or told to leave; ``lost_nodes``), or failed."""
 
     ok: bool
     exit_code: int
     message: str
     losses: list[float] = field(default_factory=list)
+    kind: str = "completed"
+    lost_nodes: list[int] = field(default_factory=list)
 
 
 def progress_bar(console: Console) -> Progress:
@@ -56,14 +59,30 @@ class Monitor:
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
         self.total = total_steps
         self.on_event = on_event
-        self.offset = 0
+        metrics = run.dir / "metrics.jsonl"
+        self.offset = metrics.stat().st_size if metrics.exists() else 0  # earlier attempts
         self.losses: list[float] = []
         self.last_upload = -1
+        self.sigterm_nodes: set[int] = set()
+        self.stopped_at: float | None = None
+        self.finished = False
+
+    STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
 
     def poll_once(self) -> Outcome | None:
-        """One round: returns the outcome once the run has ended, else None."""
+        """One round: returns the outcome once the attempt has ended, else None."""
         self._consume_metrics()
         codes = self.backend.poll(self.handles)
+        if self.stopped_at is not None:
+            return self._stopped(codes)
+        if self.finished and all(c is not None for c in codes):
+            # Every step trained and the final checkpoint is on disk: however the agents
+            # left (a late SIGTERM, say), nothing is missing.
+            return Outcome(True, 0, "completed", self.losses)
+        killed = [n for n, c in enumerate(codes) if c is not None and c < 0]
+        if killed:  # a node's process tree vanished: preemption, not a bug
+            self.backend.cancel(self.handles, 9)
+            return Outcome(False, 1, f"lost node(s) {killed}", self.losses, "preempted", killed)
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
             return self._fail(failed[0])
@@ -71,6 +90,20 @@ class Monitor:
             self._consume_metrics()
             return Outcome(True, 0, "completed", self.losses)
         return None
+
+    def _stopped(self, codes: list[int | None]) -> Outcome | None:
+        """Every rank checkpointed and is leaving; some or all nodes were told to stop."""
+        if any(c is None for c in codes):
+            if time.monotonic() - self.stopped_at < self.STOP_EXIT_GRACE_S:
+                return None
+            self.backend.cancel(self.handles, 9)
+        nodes = set(range(len(self.handles)))
+        if self.sigterm_nodes >= nodes or not self.sigterm_nodes:
+            return Outcome(False, 0, "stopped after a checkpoint", self.losses, "stopped")
+        lost = sorted(self.sigterm_nodes)
+        return Outcome(
+            False, 0, f"node(s) {lost} preempted after a checkpoint", self.losses, "preempted", lost
+        )
 
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
@@ -88,12 +121,18 @@ class Monitor:
                 rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
             )
         elif kind == "checkpoint":
+            self.finished = self.finished or rec["step"] == self.total
             self.db.update_run(rid, last_checkpoint=rec["step"])
             self.db.add_event(rid, "checkpoint", f"checkpoint at step {rec['step']} (local)")
         elif kind == "uploaded":  # ranks commit different steps, not in order
             self.last_upload = max(self.last_upload, rec["step"])
             self.db.update_run(rid, last_upload=self.last_upload)
             self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
+        elif kind == "sigterm":
+            self.sigterm_nodes.add(rec["node"])
+        elif kind == "stopped" and self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+            self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)
 
@@ -108,6 +147,7 @@ class Monitor:
             code or 1,
             f"{where} failed (exit {code}); last lines of {log}:\n{tail}",
             self.losses,
+            "failed",
         )
 
 

@@ -49,6 +49,8 @@ class Prediction(_Frozen):
     bubble_ratio: float = Field(description="idle fraction of the pipeline")
     cost_per_1k_samples: float = Field(description="USD per 1,000 samples")
     source: str = Field(description="where the costs came from: analytic or calibration")
+    samples_per_s_per_device: float | None = Field(None, description="samples/s / (P x D)")
+    calibration: str | None = Field(None, description="fingerprint key of the calibration used")
 
 
 class Alternative(_Frozen):
@@ -61,6 +63,12 @@ class Alternative(_Frozen):
     step_time_s: float | None
     samples_per_s: float | None
     why_not: str
+    micro_batches: int | None = Field(None, description="micro-batches per replica (N_m)")
+    recompute: bool = Field(False, description="the schedule recomputes forwards")
+    samples_per_s_per_device: float | None = None
+    memory_per_stage_gb: list[float] = Field(default_factory=list)
+    bubble_ratio: float | None = None
+    cost_per_1k_samples: float | None = Field(None, description="USD per 1,000 samples")
 
 
 class Plan(_Frozen):
@@ -80,6 +88,9 @@ class Plan(_Frozen):
     ranks: list[RankPlan]
     prediction: Prediction | None = None
     alternatives: list[Alternative] = Field(default_factory=list)
+    explanation: list[str] = Field(
+        default_factory=list, description="the planner's reasoning: m choice, P sweep"
+    )
 
     @property
     def world_size(self) -> int:

@@ -1,35 +1,29 @@
 """Resolve a JobSpec into a Plan: P, D, micro-batching, partition, placement, schedule.
 
-Explicit values in the spec are honoured; ``auto`` picks the smallest P whose stages
-fit device memory (Varuna sec. 4.4 sweeps P upward from there), D = floor(G / P), and
-the largest micro-batch that still gives every pipeline at least P micro-batches.
-Blocks are split over stages by an exact min-max partition of their analytic cost.
+``make_plan(spec, devices)`` is the public entry. It takes the costs from a calibration
+(a cached measured one that matches the model and machine, else the analytic one from
+the hardware spec), runs the search of ``planner_search`` (Varuna sec. 4.4: m by
+F(m)/m, a P sweep, every applicable schedule simulated) and turns the fastest
+candidate into a Plan whose prediction is its simulation; the runners-up become
+``Plan.alternatives``, each with why it lost, and ``Plan.explanation`` keeps the
+reasoning. Explicit P, D, m and schedule in the spec are honoured exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from pathlib import Path
 
-from .costs import ModelCosts, model_costs
-from .partition import partition
-from .plan import Plan, Prediction, RankPlan, StagePlan
-from .schedules import generate
+from .calibration import Calibration
+from .calibration_cache import calibration_for
+from .plan import Alternative, Plan, Prediction, StagePlan
+from .planner_search import GB, Candidate, PlanError, Search, search
+from .simulator import SimResult
 
-GB = 1024**3
+__all__ = ["PlanError", "make_plan", "plan_and_simulate", "pool_size"]
 
-
-class PlanError(ValueError):
-    """The spec asks for a layout that cannot exist; the message says what would fit."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The integer choices of a plan before placement."""
-
-    P: int
-    D: int
-    m: int
-    schedule: str
+TOP_ALTERNATIVES = 8
+TOP_REJECTED = 4
 
 
 def pool_size(spec) -> int:
@@ -37,157 +31,167 @@ def pool_size(spec) -> int:
     return spec.hardware.nodes * spec.hardware.processes_per_node
 
 
-def make_plan(spec, devices: int | None = None, costs: ModelCosts | None = None) -> Plan:
-    """The plan for ``spec`` on ``devices`` devices (default: the whole pool)."""
+def make_plan(
+    spec,
+    devices: int | None = None,
+    calibration: Calibration | None = None,
+    home: Path | None = None,
+) -> Plan:
+    """The plan for ``spec`` on ``devices`` devices (default: the whole pool).
+
+    ``calibration`` defaults to the cached measured record under ``home`` (the state
+    home) that matches the spec's model and this machine, else the analytic one.
+    """
+    return plan_and_simulate(spec, devices, calibration, home)[0]
+
+
+def plan_and_simulate(
+    spec,
+    devices: int | None = None,
+    calibration: Calibration | None = None,
+    home: Path | None = None,
+) -> tuple[Plan, SimResult]:
+    """``make_plan``, and the simulated step of the chosen plan (for timelines)."""
     G = devices if devices is not None else pool_size(spec)
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
-    costs = costs or model_costs(spec)
-    layout = choose_layout(spec, G, costs)
-    return build_plan(spec, layout, costs)
+    cal = calibration or calibration_for(spec, home)
+    found = search(spec, G, cal, describe(cal))
+    best = found.ranked[0]
+    return build_plan(spec, cal, found, G), best.sim
 
 
-def choose_layout(spec, G: int, costs: ModelCosts) -> Layout:
-    """Pick P, D, m and the schedule name for G devices."""
-    par, B = spec.parallelism, spec.training.global_batch_size
-    n = costs.num_blocks
-    if isinstance(par.pipeline_stages, int):
-        P = par.pipeline_stages
-        if n < P:
-            raise PlanError(f"parallelism.pipeline_stages={P}: the model has only {n} blocks")
-    else:
-        P = smallest_fitting_P(spec, costs, min(n, G))
-    D = par.data_parallel if isinstance(par.data_parallel, int) else max(1, G // P)
-    if isinstance(par.data_parallel, str):
-        while D > 1 and B % D:
-            D -= 1
-    if P * D > G:
-        raise PlanError(
-            f"P x D = {P} x {D} = {P * D} devices, but only {G} are available: "
-            "lower parallelism.pipeline_stages or data_parallel, or add nodes"
+def describe(cal: Calibration) -> str:
+    """Where the plan's costs come from, in one line."""
+    if cal.source == "analytic":
+        return (
+            "analytic (from the hardware spec; no measured calibration matches this model "
+            "and machine: `jobctl calibrate job.yaml` measures one)"
         )
-    if B % D:
-        raise PlanError(f"training.global_batch_size={B} is not divisible by D={D}")
-    m = choose_micro_batch(spec, B // D, P)
-    schedule = "1f1b" if par.schedule == "auto" else par.schedule
-    return Layout(P, D, m, schedule)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cal.created))
+    fp = cal.fingerprint
+    return f"measured calibration {fp.key} ({when}, {fp.device}, torch {fp.torch})"
 
 
-def smallest_fitting_P(spec, costs: ModelCosts, max_P: int) -> int:
-    """Smallest P whose heaviest stage fits one device's memory."""
-    cap = spec.hardware.memory_gb * GB
-    for P in range(1, max_P + 1):
-        stages = partition(costs.param_bytes, P)
-        if max(costs.stage_memory(s, in_flight=P - k) for k, s in enumerate(stages)) <= cap:
-            return P
-    raise PlanError(
-        f"the model does not fit {max_P} stages of {spec.hardware.memory_gb} GB: "
-        "raise hardware.memory_gb, add devices, or use a smaller model"
-    )
-
-
-def choose_micro_batch(spec, per_replica: int, P: int) -> int:
-    """Explicit micro-batch size, or the largest divisor giving >= P micro-batches."""
-    m = spec.training.micro_batch_size
-    if isinstance(m, int):
-        if per_replica % m:
-            raise PlanError(
-                f"training.micro_batch_size={m} does not divide the per-replica batch "
-                f"{per_replica} (global_batch_size / D): pick a divisor of {per_replica}"
-            )
-        return m
-    divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
-    fill = [d for d in divisors if per_replica // d >= P]
-    return max(fill) if fill else 1
-
-
-def build_plan(spec, layout: Layout, costs: ModelCosts) -> Plan:
-    """Partition, place and schedule a chosen layout."""
-    P, D, m = layout.P, layout.D, layout.m
-    M = spec.training.global_batch_size // (D * m)
-    stages = partition(costs.flops, P)
-    schedule = generate(layout.schedule, P, M, **schedule_options(spec, layout))
-    ranks = place(P, D, spec.hardware.processes_per_node, spec.parallelism.placement)
+def build_plan(spec, cal: Calibration, found: Search, G: int) -> Plan:
+    """The winning candidate as a Plan, with its prediction and the alternatives."""
+    win = found.ranked[0]
+    lay = win.layout
+    ranks = win.hosting.ranks
+    by_stage: list[list[int]] = [[] for _ in range(lay.P)]
+    for r in sorted(ranks, key=lambda r: r.replica):
+        by_stage[r.stage].append(r.rank)
     stage_plans = [
         StagePlan(
             index=s,
             blocks=blocks,
-            ranks=[r.rank for r in sorted(ranks, key=lambda r: r.replica) if r.stage == s],
-            recompute=any(a.op.value == "R" for a in schedule[s]),
-            actions=" ".join(str(a) for a in schedule[s]),
+            ranks=by_stage[s],
+            recompute=any(a.op.value == "R" for a in win.actions[s]),
+            actions=" ".join(str(a) for a in win.actions[s]),
         )
-        for s, blocks in enumerate(stages)
+        for s, blocks in enumerate(win.stages)
     ]
-    nodes = max(r.node for r in ranks) + 1
     return Plan(
-        P=P,
-        D=D,
-        micro_batch_size=m,
-        micro_batches=M,
+        P=lay.P,
+        D=lay.D,
+        micro_batch_size=lay.m,
+        micro_batches=lay.M,
         global_batch_size=spec.training.global_batch_size,
-        schedule=layout.schedule,
-        nodes=nodes,
-        processes_per_node=min(spec.hardware.processes_per_node, P * D),
+        schedule=lay.schedule,
+        nodes=max(r.node for r in ranks) + 1,
+        processes_per_node=min(spec.hardware.processes_per_node, lay.devices),
         device=spec.hardware.device,
-        block_names=costs.names,
+        block_names=cal.names,
         stages=stage_plans,
         ranks=ranks,
-        prediction=predict(spec, layout, costs, stages),
+        prediction=predict(spec, cal, win),
+        alternatives=alternatives(spec, found, G),
+        explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
     )
 
 
-def schedule_options(spec, layout: Layout) -> dict:
-    """Generator options the spec sets (recompute, advance_num)."""
-    par = spec.parallelism
-    opts: dict = {}
-    if layout.schedule in ("gpipe", "1f1b") and par.recompute == "all":
-        opts["recompute"] = True
-    if layout.schedule == "advance_forward" and par.advance_num is not None:
-        opts["advance_num"] = par.advance_num
-    return opts
+def _throughput(spec, cand: Candidate) -> tuple[float, float, float]:
+    """Samples/s, samples/s per device, USD per 1,000 samples."""
+    samples = spec.training.global_batch_size / cand.step
+    devices = cand.layout.devices
+    price = spec.hardware.price_per_hour * devices
+    return samples, samples / devices, price / 3600.0 / samples * 1000.0
 
 
-def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:
-    """Map ranks to (stage, replica) and nodes.
+def predict(spec, cal: Calibration, cand: Candidate) -> Prediction:
+    """The simulated step of a candidate as a Prediction."""
+    samples, per_device, cost = _throughput(spec, cand)
+    return Prediction(
+        step_time_s=cand.step,
+        samples_per_s=samples,
+        memory_per_stage_gb=[x / GB for x in cand.memory],
+        bubble_ratio=cand.sim.bubble_ratio,
+        cost_per_1k_samples=cost,
+        source="calibration" if cal.source == "measured" else "analytic",
+        samples_per_s_per_device=per_device,
+        calibration=cal.fingerprint.key if cal.source == "measured" else None,
+    )
 
-    ``stage_major`` puts the replicas of one stage next to each other, so the
-    data-parallel allreduce (the heavy traffic) stays inside a node where it can;
-    ``pipeline_major`` keeps each pipeline's stages together instead.
-    """
+
+def alternatives(spec, found: Search, G: int) -> list[Alternative]:
+    """The best runners-up with why each lost, then a few that could not run."""
+    win = found.ranked[0]
     out = []
-    for rank in range(P * D):
-        if placement == "pipeline_major":
-            stage, replica = rank % P, rank // P
-        else:
-            stage, replica = rank // D, rank % D
+    for c in found.ranked[1 : 1 + TOP_ALTERNATIVES]:
+        samples, per_device, cost = _throughput(spec, c)
         out.append(
-            RankPlan(
-                rank=rank,
-                node=rank // per_node,
-                local_rank=rank % per_node,
-                stage=stage,
-                replica=replica,
+            _alternative(
+                c,
+                why_slower(c, win, G),
+                step_time_s=c.step,
+                samples_per_s=samples,
+                samples_per_s_per_device=per_device,
+                memory_per_stage_gb=[x / GB for x in c.memory],
+                bubble_ratio=c.sim.bubble_ratio,
+                cost_per_1k_samples=cost,
             )
         )
+    fit_first = sorted(found.rejected, key=lambda c: (not c.memory, c.bound))
+    for c in fit_first[:TOP_REJECTED]:
+        mem = [x / GB for x in c.memory]
+        out.append(_alternative(c, c.why_not, memory_per_stage_gb=mem))
     return out
 
 
-def predict(spec, layout: Layout, costs: ModelCosts, stages: list[list[int]]) -> Prediction:
-    """Analytic prediction (compute-bound 1F1B bubble model)."""
-    P, D, m = layout.P, layout.D, layout.m
-    M = spec.training.global_batch_size // (D * m)
-    rate = costs.device_flops
-    stage_time = [3.0 * m * sum(costs.flops[i] for i in s) / rate for s in stages]
-    step = (M + P - 1) * max(stage_time)
-    samples = spec.training.global_batch_size / step
-    price = spec.hardware.price_per_hour * P * D
-    return Prediction(
-        step_time_s=step,
-        samples_per_s=samples,
-        memory_per_stage_gb=[
-            costs.stage_memory(s, in_flight=min(M, P - k)) / GB for k, s in enumerate(stages)
-        ],
-        bubble_ratio=(P - 1) / (M + P - 1),
-        cost_per_1k_samples=price / 3600.0 / samples * 1000.0,
-        source="analytic",
+def _alternative(c: Candidate, why: str, **values) -> Alternative:
+    lay = c.layout
+    base = {"step_time_s": None, "samples_per_s": None}
+    return Alternative(
+        P=lay.P,
+        D=lay.D,
+        micro_batch_size=lay.m,
+        micro_batches=lay.M,
+        schedule=lay.schedule,
+        recompute=lay.recompute or lay.schedule in ("varuna", "shifted_critical_path"),
+        why_not=why,
+        **{**base, **values},
     )
+
+
+def why_slower(c: Candidate, win: Candidate, G: int) -> str:
+    """Why a simulated candidate lost to the winner, in the terms that differ."""
+    if c.step <= win.step:
+        if c.layout.devices != win.layout.devices:
+            return f"as fast, but on {c.layout.devices} devices, not {win.layout.devices}"
+        mem, wmem = max(c.memory) / GB, max(win.memory) / GB
+        if mem > wmem:
+            return f"as fast, but needs more memory ({mem:.3g} GB vs {wmem:.3g} GB per device)"
+        return "ties with the winner (same step time, devices and memory)"
+    parts = [f"{100 * (c.step / win.step - 1):.1f} % slower"]
+    bubble, wbubble = c.sim.bubble_ratio, win.sim.bubble_ratio
+    if bubble > wbubble + 0.02:
+        parts.append(f"bubble {100 * bubble:.0f} % vs {100 * wbubble:.0f} %")
+    tail = c.sim.step_time - c.sim.pipeline_time
+    wtail = win.sim.step_time - win.sim.pipeline_time
+    if tail > 1.2 * wtail and tail - wtail > 0.02 * win.step:
+        parts.append(f"allreduce+optimizer {tail:.3g} s vs {wtail:.3g} s")
+    if c.layout.devices < G and c.layout.devices < win.layout.devices:
+        parts.append(f"uses {c.layout.devices} of {G} devices")
+    if c.note:
+        parts.append(c.note)
+    return "; ".join(parts)

@@ -54,6 +54,7 @@ class Trainer:
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
         self.data = make_data(spec)
         self.start_step = 0
+        self.stop_requested = False
         self.events = EventLog(run_dir / "metrics.jsonl")
         root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
         shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
@@ -101,16 +102,36 @@ class Trainer:
             self.device,
             opportunistic=self.spec.parallelism.schedule == "varuna",
         )
-        for step in range(self.start_step, self.spec.training.steps):
+        total = self.spec.training.steps
+        for step in range(self.start_step, total):
             t0 = time.perf_counter()
             stats = self.train_step(ex, step)
             loss = self.global_loss(stats)
             self.report(step + 1, loss, time.perf_counter() - t0, stats)
             done = step + 1
-            if done % self.spec.checkpoint.interval == 0 or done == self.spec.training.steps:
-                self.checkpoint(done)
+            stopping = self.agree_to_stop()
+            if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
+                self.checkpoint(done, final=stopping or done == total)
             self.ckpt.poll()
+            if stopping:
+                self.ckpt.close(timeout=self.STOP_UPLOAD_GRACE_S)
+                self.events.write("stopped", step=done, rank=self.rank)
+                return
         self.ckpt.close()  # the final checkpoint must reach the remote store
+
+    STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
+
+    def request_stop(self) -> None:
+        """Ask for a checkpoint-then-exit at the end of the current step (SIGTERM)."""
+        self.stop_requested = True
+        me = self.plan.rank(self.rank)
+        self.events.write("sigterm", rank=self.rank, node=me.node)
+
+    def agree_to_stop(self) -> bool:
+        """True on every rank if any rank was asked to stop: all checkpoint the same step."""
+        flag = torch.tensor([1 if self.stop_requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:
         # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
@@ -145,7 +166,7 @@ class Trainer:
             deviations=stats.deviations,
         )
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, final: bool = False) -> None:
         """Snapshot this rank's blocks; a background writer does the rest.
 
         No barrier: each rank records its part, and the part that completes the set
@@ -165,7 +186,7 @@ class Trainer:
             "rng": "derived from (training.seed, step, rank)",
             "lr": lr_at(step, self.spec.training),
         }
-        self.ckpt.save(step, snap, meta, final=step == self.spec.training.steps)
+        self.ckpt.save(step, snap, meta, final=final)
 
     @functools.cached_property
     def spec_hash(self) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .calibration import Calibration
 from .plan import Plan
 
 
@@ -39,15 +42,116 @@ def print_plan(console: Console, plan: Plan) -> None:
         ranks.add_row(*(str(v) for v in (r.rank, r.node, r.local_rank, r.stage, r.replica)))
     console.print(ranks)
     if plan.prediction:
-        pr = plan.prediction
-        mem = ", ".join(human_bytes(m * 1024**3) for m in pr.memory_per_stage_gb)
-        console.print(
-            f"predicted ({pr.source}): {pr.step_time_s:.3f} s/step, "
-            f"{pr.samples_per_s:.1f} samples/s, "
-            f"bubble {100 * pr.bubble_ratio:.1f} %, memory per stage [{mem}], "
-            f"${pr.cost_per_1k_samples:.4f} per 1k samples",
-            soft_wrap=True,
+        _print_prediction(console, plan)
+    if plan.alternatives:
+        print_alternatives(console, plan)
+
+
+def _print_prediction(console: Console, plan: Plan) -> None:
+    pr = plan.prediction
+    mem = ", ".join(human_bytes(m * 1024**3) for m in pr.memory_per_stage_gb)
+    per_device = pr.samples_per_s_per_device
+    console.print(
+        f"predicted ({pr.source}): {pr.step_time_s:.4g} s/step, "
+        f"{pr.samples_per_s:.1f} samples/s"
+        + (f" ({per_device:.1f} per device)" if per_device is not None else "")
+        + f", bubble {100 * pr.bubble_ratio:.1f} %, memory per stage [{mem}], "
+        f"${pr.cost_per_1k_samples:.4f} per 1k samples",
+        soft_wrap=True,
+    )
+
+
+def print_alternatives(console: Console, plan: Plan) -> None:
+    """The runners-up the planner simulated or rejected, and why each lost."""
+    t = Table(
+        "P",
+        "D",
+        "m",
+        "N_m",
+        "schedule",
+        "s/step",
+        "samples/s",
+        "/device",
+        "memory/stage",
+        "bubble",
+        "$/1k",
+        "why not",
+        title="alternatives",
+        title_justify="left",
+    )
+    for a in plan.alternatives:
+        sched = a.schedule + (" +R" if a.recompute and a.schedule in ("gpipe", "1f1b") else "")
+        mem = max(a.memory_per_stage_gb, default=None)
+        t.add_row(
+            str(a.P),
+            str(a.D),
+            str(a.micro_batch_size),
+            _num(a.micro_batches, "{}"),
+            sched,
+            _num(a.step_time_s, "{:.4g}"),
+            _num(a.samples_per_s, "{:.1f}"),
+            _num(a.samples_per_s_per_device, "{:.1f}"),
+            f"<= {human_bytes(mem * 1024**3)}" if mem else "-",
+            _num(a.bubble_ratio and 100 * a.bubble_ratio, "{:.0f} %"),
+            _num(a.cost_per_1k_samples, "${:.4f}"),
+            a.why_not,
         )
+    console.print(t)
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def print_explanation(console: Console, plan: Plan) -> None:
+    """The planner's reasoning, one line per decision."""
+    console.print("[bold]why this plan[/bold]")
+    for line in plan.explanation:
+        console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def calibration_progress(console: Console) -> Progress:
+    """Progress bar of ``jobctl calibrate``."""
+    return Progress(
+        TextColumn("[bold]calibrating[/bold]"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    )
+
+
+def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
+    """A calibration record: per-block times at each m, links, allreduce, core sharing."""
+    fp = cal.fingerprint
+    console.print(
+        f"[bold]calibration[/bold] {fp.key} ({cal.source}, {cal.seconds:.1f} s): {fp.device}, "
+        f"torch {fp.torch}, {fp.threads} thread(s); written to {path}",
+        soft_wrap=True,
+    )
+    ms = cal.micro_batch_sizes
+    t = Table("block", "params", "act/sample", *(f"F/B m={m} (ms)" for m in ms))
+    for i, b in enumerate(cal.blocks):
+        times = [f"{1e3 * cal.forward(i, m):.3g}/{1e3 * cal.backward(i, m):.3g}" for m in ms]
+        t.add_row(b.name, f"{b.params:,}", human_bytes(b.act_bytes), *times)
+    console.print(t)
+    link = cal.p2p_intra
+    console.print(
+        f"point-to-point intra-node ({link.source}): latency {1e6 * link.latency_s:.0f} us, "
+        f"{link.bandwidth_Bps / 1e9:.2f} GB/s, jitter {100 * link.jitter:.0f} %; inter-node "
+        f"({cal.p2p_inter.source}): {cal.p2p_inter.bandwidth_Bps / 1e9:.2f} GB/s",
+        soft_wrap=True,
+    )
+    ar = cal.allreduce_intra
+    rings = sorted({(p.ring, p.inflight) for p in ar.points})
+    console.print(
+        f"allreduce intra-node ({ar.source}): rings x in flight {rings}, latency "
+        f"{1e6 * ar.latency_s:.0f} us/hop, {ar.bandwidth_Bps / 1e9:.2f} GB/s",
+        soft_wrap=True,
+    )
+    slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
+    console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
 
 
 def human_bytes(n: float) -> str:

@@ -9,6 +9,7 @@ The worker's stdout and stderr go to ``logs/rank-<RANK>.log`` in the run folder.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from datetime import timedelta
@@ -53,6 +54,8 @@ def main() -> int:
     dist.init_process_group("nccl" if plan.device == "cuda" else "gloo", timeout=timeout)
     try:
         trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
+        # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
+        signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
         resume = os.environ.get("JOBCTL_RESUME_DIR")
         if resume:
             trainer.resume_from(Path(resume))

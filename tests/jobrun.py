@@ -44,3 +44,31 @@ def step_losses(run_dir: Path) -> list[float]:
 
 def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_full_state(run_dir / "checkpoints" / f"step-{step:08d}")
+
+
+def write_spec(spec, path: Path) -> Path:
+    """Write ``spec`` as YAML (for runs launched through the CLI)."""
+    from jobctl.spec import dump_yaml
+
+    path.write_text(dump_yaml(spec))
+    return path
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def wait_for(predicate, timeout: float = 180.0, what: str = "condition"):
+    """Poll ``predicate()`` until it returns something truthy; fail after ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")

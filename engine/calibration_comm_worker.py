@@ -1,0 +1,164 @@
+"""One rank of the communication micro-benchmarks (run by ``calibration_comm``).
+
+Started as ``python -m jobctl.engine.calibration_comm_worker job.json`` with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Rank 0 writes the samples (seconds) to
+the job's ``out`` file. Samples of different sizes and process counts are taken in
+interleaved rounds, so a burst of other work on the machine spreads over all of them
+instead of skewing one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT_S = 300.0
+WARMUP = 3
+ROUNDS = 3  # of the core-sharing probe
+STOP_TAG = 1 << 20  # tells busy ranks the ping-pong is over
+
+
+def main(job: dict) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(job["threads"])
+    cuda = torch.cuda.is_available() and _spec(job).hardware.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    groups = {}
+    for r, k in job["rings"]:
+        for j in range(k):
+            ring = tuple(range(j * r, (j + 1) * r))
+            if ring not in groups:
+                groups[ring] = dist.new_group(list(ring))
+    probe = None if cuda else _probe(job)
+    out = {
+        "p2p": _pingpong(rank, world, job, device, None),
+        "p2p_busy": _pingpong(rank, world, job, device, probe) if probe and world > 2 else {},
+        "allreduce": _allreduces(rank, job, groups, device),
+        "slowdown": _slowdown(rank, world, job, probe) if probe else None,
+    }
+    if rank == 0:
+        Path(job["out"]).write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _spec(job: dict):
+    from jobctl.spec import load_spec
+
+    return load_spec(job["spec"])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _pingpong(rank: int, world: int, job: dict, device: torch.device, probe) -> dict:
+    """One-way seconds per size between ranks 0 and 1 (round trip / 2), with the
+    runtime's own isend/irecv; with ``probe``, ranks 2.. compute meanwhile."""
+    sizes = job["p2p_bytes"]
+    bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes]
+    out: dict[int, list[float]] = {n: [] for n in sizes}
+    dist.barrier()
+    if rank >= 2:
+        if probe is not None:
+            _busy_until_stopped(probe)
+        return out
+    for r in range(WARMUP + job["repeats"]):
+        for k, (n, buf) in enumerate(zip(sizes, bufs, strict=True)):
+            tag = r * len(sizes) + k
+            if rank == 0:
+                t0 = time.perf_counter()
+                dist.isend(buf, 1, tag=tag).wait()
+                dist.irecv(buf, 1, tag=tag).wait()
+                _sync(device)
+                if r >= WARMUP:
+                    out[n].append((time.perf_counter() - t0) / 2)
+            else:
+                dist.irecv(buf, 0, tag=tag).wait()
+                dist.isend(buf, 0, tag=tag).wait()
+    if rank == 0 and probe is not None:
+        for other in range(2, world):
+            dist.send(torch.ones(1), other, tag=STOP_TAG)
+    return out
+
+
+def _busy_until_stopped(probe) -> None:
+    flag = torch.zeros(1)
+    stop = dist.irecv(flag, 0, tag=STOP_TAG)
+    while not stop.is_completed():
+        probe()
+    stop.wait()
+
+
+def _allreduces(rank: int, job: dict, groups: dict, device: torch.device) -> list[list]:
+    """Rows ``[ring, inflight, bytes, seconds]`` measured on rank 0's ring."""
+    rows = []
+    for r, k in job["rings"]:
+        mine = next((g for ring, g in groups.items() if len(ring) == r and rank in ring), None)
+        active = rank < r * k
+        for nbytes in job["allreduce_bytes"]:
+            buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+            dist.barrier()
+            times = []
+            for _ in range(WARMUP + job["repeats"]) if active else ():
+                t0 = time.perf_counter()
+                dist.all_reduce(buf, group=mine)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            if rank == 0:
+                rows.append([r, k, nbytes, times[WARMUP:]])
+    return rows
+
+
+def _slowdown(rank: int, world: int, job: dict, probe) -> dict[int, float]:
+    """Time factor of the probe when k processes run it at once, each k against k=1
+    measured in the same round."""
+    per_round = max(3, job["repeats"] // ROUNDS)
+    ratios: dict[int, list[float]] = {k: [] for k in range(2, world + 1)}
+    for _ in range(ROUNDS):
+        medians = {}
+        for k in range(1, world + 1):
+            dist.barrier()
+            times = []
+            for _ in range(1 + per_round) if rank < k else ():
+                t0 = time.perf_counter()
+                probe()
+                times.append(time.perf_counter() - t0)
+            gathered = [0.0] * world
+            dist.all_gather_object(gathered, statistics.median(times[1:]) if times else 0.0)
+            medians[k] = statistics.median(gathered[:k])
+        for k in ratios:
+            ratios[k].append(medians[k] / medians[1])
+    return {k: statistics.median(v) for k, v in ratios.items()}
+
+
+def _probe(job: dict):
+    """The job's whole model, forward and backward on one micro-batch."""
+    from .data import make_data
+    from .model import Stage, lm_loss, model_def
+
+    spec = _spec(job)
+    mdef = model_def(spec.model, spec.training.seed)
+    stage = Stage(mdef, range(mdef.num_blocks))
+    x, y = make_data(spec).batch(0, job["probe_m"])
+
+    def run() -> None:
+        lm_loss(stage(x), y).backward()
+
+    return run
+
+
+if __name__ == "__main__":
+    main(json.loads(Path(sys.argv[1]).read_text()))

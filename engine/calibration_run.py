@@ -1,0 +1,114 @@
+"""``calibrate``: measure a job's model and this machine once, and cache the record.
+
+Compute is measured in this process (one block at a time, at every micro-batch size
+the planner may pick); communication and core sharing in a small process group
+(``calibration_comm``); inter-node values, which one machine cannot measure, come from
+the spec's interconnect and are marked ``analytic``. The record is saved under the
+state home, keyed by its fingerprint, and ``jobctl plan`` reuses it for any G.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from jobctl.spec import dump_yaml
+
+from .calibration import BlockCalibration, Calibration
+from .calibration_analytic import allreduce_from_spec, host_from_spec, link_from_spec
+from .calibration_cache import DEFAULT_THREADS, fingerprint, save
+from .calibration_comm import measure_comm
+from .calibration_compute import measure_blocks, measure_data
+
+Progress = Callable[[str, float], None]  # (what is being measured, fraction done)
+MAX_MICRO_BATCH = 32
+MAX_SIZES = 10
+
+
+def micro_batch_sizes(spec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
+    """Powers of two up to min(global batch, max_m), plus an explicit micro-batch size."""
+    top = min(spec.training.global_batch_size, max_m)
+    ms = {2**k for k in range(top.bit_length()) if 2**k <= top}
+    if isinstance(spec.training.micro_batch_size, int):
+        ms.add(spec.training.micro_batch_size)
+    return sorted(ms)
+
+
+def _spread(values: set[int], limit: int = MAX_SIZES) -> list[int]:
+    """At most ``limit`` of ``values``, evenly spaced in log scale, ends included."""
+    xs = sorted(v for v in values if v > 0)
+    if len(xs) <= limit:
+        return xs
+    step = (len(xs) - 1) / (limit - 1)
+    return sorted({xs[round(k * step)] for k in range(limit)})
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def comm_world(spec) -> int:
+    """Processes of the communication benchmark: 2-4, never more devices than exist."""
+    if spec.hardware.device == "cuda":
+        return min(4, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return max(2, min(4, spec.hardware.devices))
+
+
+def calibrate(
+    spec,
+    home: Path | None = None,
+    repeats: int = 15,
+    threads: int = DEFAULT_THREADS,
+    progress: Progress | None = None,
+) -> tuple[Calibration, Path]:
+    """Measure the spec's model on this machine; returns the record and its cache path."""
+    start = time.time()
+    device = torch.device("cuda", 0) if spec.hardware.device == "cuda" else torch.device("cpu")
+    ms = micro_batch_sizes(spec)
+    report = progress or (lambda _what, _done: None)
+    with _threads(threads):
+        report("data loading", 0.0)
+        data = measure_data(spec, ms, repeats)
+        blocks = measure_blocks(
+            spec, ms, device, repeats, progress=lambda what, f: report(what, 0.05 + 0.6 * f)
+        )
+    report("communication and core sharing (process group)", 0.65)
+    link, allreduce, host = _comm(spec, blocks, ms, threads)
+    cal = Calibration(
+        source="measured",
+        fingerprint=fingerprint(spec, threads),
+        created=start,
+        seconds=time.time() - start,
+        micro_batch_sizes=ms,
+        blocks=blocks,
+        data=data,
+        p2p_intra=link,
+        p2p_inter=link_from_spec(spec, False),
+        allreduce_intra=allreduce,
+        allreduce_inter=allreduce_from_spec(spec, False),
+        host=host or host_from_spec(spec),
+    )
+    report("done", 1.0)
+    return cal, save(cal, home)
+
+
+def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int):
+    """Links, allreduce and core sharing measured in a process group, where one can run."""
+    world = comm_world(spec)
+    if world < 2:
+        return link_from_spec(spec, True), allreduce_from_spec(spec, True), None
+    p2p_sizes = _spread({int(b.boundary_bytes * m) for b in blocks for m in ms})
+    total = sum(b.param_bytes for b in blocks)
+    sizes = {int(b.param_bytes) for b in blocks} | {int(total)} | {4096 * 4**k for k in range(8)}
+    ar_sizes = [s for s in _spread(sizes) if s <= max(total, 4096)]
+    return measure_comm(dump_yaml(spec), p2p_sizes, ar_sizes, world, probe_m=ms[0], threads=threads)

@@ -1,0 +1,115 @@
+"""Child ``jobctl`` processes of the scheduler and the fleet runner, and their liveness.
+
+Each run is its own ``python -m jobctl.engine.cli ...`` process in its own session, so
+neither the scheduler daemon nor the fleet runner dies with a run, and a run outlives
+them. A process is identified by its pid plus a token (its start time on Linux), so a
+pid the kernel reused for something else is not mistaken for our child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from jobctl.backends.local import kill_tree
+
+
+class Child(Protocol):
+    """What the scheduler and the fleet runner need of a child process."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+@dataclass
+class ForeignChild:
+    """A process someone else started (an orphan we adopt): alive or not, no exit code."""
+
+    pid: int
+    token: str | None
+
+    def poll(self) -> int | None:
+        return None if pid_alive(self.pid, self.token) else -1
+
+
+Spawn = Callable[[Sequence[str], Path], Child]
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def process_token(pid: int) -> str | None:
+    """The process' start time in clock ticks since boot (Linux), or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int | None, token: str | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, given a token, is the same process."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return token is None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # no /proc (macOS): the signal check is all we have
+        return True
+    return fields[0] != "Z" and (token is None or fields[19] == token)
+
+
+def jobctl_argv(*args: str) -> list[str]:
+    """The command line of a ``jobctl`` subcommand run with this interpreter."""
+    return [sys.executable, "-m", "jobctl.engine.cli", *args]
+
+
+def spawn_logged(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "160")}
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(argv)}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+
+
+def stop_tree(
+    pid: int,
+    grace_s: float = 10.0,
+    wait: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """SIGTERM a process and its descendants; SIGKILL what is left after ``grace_s``."""
+    kill_tree(pid, signal.SIGTERM)
+    deadline = clock() + grace_s
+    while pid_alive(pid) and clock() < deadline:
+        wait(0.2)
+    if pid_alive(pid):
+        kill_tree(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):  # reap it if it is ours
+        os.waitpid(pid, os.WNOHANG)
