@@ -168,6 +168,10 @@ def apply(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="start a new run even if an unfinished one exists")
     ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="supervise in the background and return at once")
+    ] = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", hidden=True)] = None,
 ) -> None:
     """Validate, plan, render, launch and supervise a job until it ends.
 
@@ -188,13 +192,64 @@ def apply(
             console.print(text, markup=False, highlight=False)
         return
     db = StateDB(home)
-    run_id = None
     previous = db.get_run(spec.name)
-    if previous and previous["phase"] != "completed" and not fresh and resume_dir is None:
+    if (
+        run_id is None
+        and previous
+        and previous["phase"] != "completed"
+        and not fresh
+        and resume_dir is None
+    ):
         run_id = previous["id"]
         console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
+    if detach:
+        _detach(spec_file, spec.name, db, run_id, devices, backend, resume_dir)
+        return
     opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
     _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
+
+
+def _detach(
+    spec_file: Path, name: str, db: StateDB, run_id: str | None, devices, backend, resume_dir
+) -> None:
+    """Start this same `apply` as a background supervisor in its own session."""
+    import subprocess
+
+    from .launch import new_run_id
+
+    run_id = run_id or new_run_id(name)
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobctl.engine.cli",
+        "apply",
+        str(spec_file.resolve()),
+        "--home",
+        str(db.home),
+        "--run-id",
+        run_id,
+    ]
+    for flag, value in (
+        ("--devices", devices),
+        ("--backend", backend),
+        ("--resume-from", resume_dir),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    log = db.home / "supervisors" / f"{run_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    console.print(
+        f"run {run_id} supervised in the background by pid {proc.pid} (log {log}); "
+        f"`jobctl status {run_id}`, `jobctl logs {run_id} -f`, `jobctl stop {run_id}`"
+    )
 
 
 @app.command()
@@ -278,18 +333,32 @@ def logs(
     home: HomeOpt = None,
     rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
     lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
 ) -> None:
-    """Show a run's worker logs (all ranks, or one)."""
-    row = _find(StateDB(home), run)
+    """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
+    db = StateDB(home)
+    row = _find(db, run)
     log_dir = Path(row["run_dir"]) / "logs"
     files = [log_dir / f"rank-{rank}.log"] if rank is not None else sorted(log_dir.glob("*.log"))
+    offsets = {}
     for f in files:
-        if not f.exists():
+        if not f.exists() and not follow:
             err.print(f"[red]error:[/red] no log {f}")
             raise typer.Exit(2)
         console.rule(f.name)
-        for line in f.read_text(errors="replace").splitlines()[-lines:]:
+        text = f.read_text(errors="replace") if f.exists() else ""
+        offsets[f] = len(text.encode())
+        for line in text.splitlines()[-lines:]:
             console.print(line, markup=False, highlight=False)
+    while follow and db.get_run(row["id"])["phase"] not in ("completed", "failed", "stopped"):
+        time.sleep(0.5)
+        for f in (f for f in files if f.exists()):
+            with open(f, "rb") as fh:
+                fh.seek(offsets[f])
+                chunk = fh.read()
+            offsets[f] += len(chunk)
+            for line in chunk.decode(errors="replace").splitlines():
+                console.print(f"{f.stem}: {line}", markup=False, highlight=False)
 
 
 def _find(db: StateDB, ref: str) -> dict:

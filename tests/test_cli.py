@@ -141,3 +141,31 @@ def test_quickstart_end_to_end(tmp_path):
         [*jobctl, "logs", "quickstart", "--rank", "3"], env=env, capture_output=True, text=True
     )
     assert lg.returncode == 0 and "rank 3: done" in lg.stdout
+
+
+@pytest.mark.multiproc
+def test_detach_then_follow_logs(tmp_path):
+    env = {**os.environ, "JOBCTL_HOME": str(tmp_path), "COLUMNS": "200"}
+    jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
+    spec = _quickstart_with(tmp_path, "  steps: 60", "  steps: 8")
+    r = subprocess.run(
+        [*jobctl, "apply", str(spec), "--detach"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "supervised in the background" in r.stdout
+    run_id = r.stdout.split("run ")[1].split()[0]
+    lg = subprocess.run(
+        [*jobctl, "logs", run_id, "--rank", "0", "-f"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert lg.returncode == 0 and "rank 0: done" in lg.stdout
+    st = subprocess.run([*jobctl, "status", run_id], env=env, capture_output=True, text=True)
+    assert "completed" in st.stdout
