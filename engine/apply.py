@@ -159,17 +159,20 @@ def _attempt(
     db.update_run(run.id, pids=",".join(map(str, handles)))
     db.set_phase(run.id, "training", f"pid {os.getpid()} supervising {len(handles)} node(s)")
     start = point.step if point else 0
-    outcome = _supervise(run, backend, handles, db, spec.training.steps, start, opts, console)
+    outcome = _supervise(run, backend, handles, db, spec, start, opts, console)
     if outcome.kind == "preempted":
         db.set_phase(run.id, "morphing", outcome.message)
     return run, outcome
 
 
 def _supervise(
-    run: Run, backend, handles, db, total: int, start: int, opts: ApplyOptions, console: Console
+    run: Run, backend, handles, db, spec, start: int, opts: ApplyOptions, console: Console
 ) -> Outcome:
+    total = spec.training.steps
+    threshold = spec.elasticity.straggler_threshold
     if not opts.show_progress:
-        return watch(Monitor(run, backend, handles, db, total), deadline=opts.deadline_s)
+        monitor = Monitor(run, backend, handles, db, total, straggler_threshold=threshold)
+        return watch(monitor, deadline=opts.deadline_s)
     with progress_bar(console) as bar:
         task = bar.add_task(run.id, total=total, completed=start, loss="-", sps="-")
         upload = bar.add_task("upload", total=1, completed=0, loss="", sps="-", visible=False)
@@ -191,5 +194,5 @@ def _supervise(
                     description=f"upload step {rec['step']}",
                 )
 
-        monitor = Monitor(run, backend, handles, db, total, on_event=on_event)
+        monitor = Monitor(run, backend, handles, db, total, on_event, threshold)
         return watch(monitor, deadline=opts.deadline_s)

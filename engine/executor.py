@@ -133,16 +133,17 @@ class StepExecutor:
         return k if fits else 0
 
     def _do(self, a: Action, stats: StepStats) -> None:
-        t0 = time.perf_counter()
+        """Run one action; its compute time (not waits for peers) goes into ``stats``."""
         if a.op is Op.FORWARD:
-            self._forward(a.micro_batch)
-            stats.fwd_s.append(time.perf_counter() - t0)
+            stats.fwd_s.append(self._forward(a.micro_batch))
         elif a.op is Op.RECOMPUTE:
+            t0 = time.perf_counter()
             self._recompute(a.micro_batch)
             stats.fwd_s.append(time.perf_counter() - t0)
         else:
-            stats.loss_sum += self._backward(a.micro_batch)
-            stats.bwd_s.append(time.perf_counter() - t0)
+            loss, seconds = self._backward(a.micro_batch)
+            stats.loss_sum += loss
+            stats.bwd_s.append(seconds)
 
     def _inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         first = self.shard.first_sample(self.step, self.topo.replica, i)
@@ -154,8 +155,9 @@ class StepExecutor:
             x = self.acts_in.take(i)
         return x, (y if self.topo.is_last else None)
 
-    def _forward(self, i: int) -> None:
+    def _forward(self, i: int) -> float:
         x, y = self._inputs(i)
+        t0 = time.perf_counter()
         if i in self.rec:
             rng = torch.get_rng_state()
             with torch.no_grad():
@@ -163,8 +165,10 @@ class StepExecutor:
             self.saved[i] = {"x": x, "y": y, "rng": rng}
         else:
             out = self._graph_forward(i, x, y)
+        seconds = time.perf_counter() - t0
         if self.acts_out is not None:
             self.acts_out.send(i, out.detach())
+        return seconds
 
     def _graph_forward(self, i: int, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         if x.is_floating_point():
@@ -180,14 +184,18 @@ class StepExecutor:
             torch.set_rng_state(s["rng"])
             self._graph_forward(i, s["x"], s["y"])
 
-    def _backward(self, i: int) -> float:
+    def _backward(self, i: int) -> tuple[float, float]:
+        """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds)."""
         s = self.saved.pop(i)
-        if self.topo.is_last:
+        grad = None if self.topo.is_last else self.grads_in.take(i)
+        t0 = time.perf_counter()
+        if grad is None:
             s["loss"].backward()
             loss = float(s["loss"].detach())
         else:
-            torch.autograd.backward(s["out"], self.grads_in.take(i))
+            torch.autograd.backward(s["out"], grad)
             loss = 0.0
+        seconds = time.perf_counter() - t0
         if self.grads_out is not None:
             self.grads_out.send(i, s["x"].grad)
-        return loss
+        return loss, seconds

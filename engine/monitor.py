@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .launch import Run, failing_rank, last_lines, read_metrics
 from .state import StateDB
+from .stragglers import StragglerDetector
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Monitor:
         db: StateDB,
         total_steps: int,
         on_event: Callable[[dict], None] | None = None,
+        straggler_threshold: float = 0.15,
     ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
         self.total = total_steps
@@ -66,6 +68,8 @@ class Monitor:
         self.sigterm_nodes: set[int] = set()
         self.stopped_at: float | None = None
         self.finished = False
+        self.detector = StragglerDetector(threshold=straggler_threshold)
+        self.stragglers: list[int] = []
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
 
@@ -128,6 +132,8 @@ class Monitor:
             self.last_upload = max(self.last_upload, rec["step"])
             self.db.update_run(rid, last_upload=self.last_upload)
             self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
+        elif kind == "heartbeat":
+            self._heartbeat(rec)
         elif kind == "sigterm":
             self.sigterm_nodes.add(rec["node"])
         elif kind == "stopped" and self.stopped_at is None:
@@ -135,6 +141,24 @@ class Monitor:
             self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)
+
+    def _heartbeat(self, rec: dict) -> None:
+        d = self.detector
+        d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
+        d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two
+        slow = d.stragglers()
+        if slow != self.stragglers:
+            self.stragglers = slow
+            nodes = d.nodes(slow)
+            self.db.update_run(self.run.id, stragglers=",".join(map(str, slow)) or None)
+            if slow:
+                self.db.add_event(
+                    self.run.id,
+                    "straggler",
+                    f"rank(s) {slow} on node(s) {nodes} persistently slower than "
+                    f"their stage peers by > {100 * d.threshold:.0f} %",
+                    {"ranks": slow, "nodes": nodes},
+                )
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)

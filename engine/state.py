@@ -37,6 +37,7 @@ runs = sa.Table(
     sa.Column("plan", sa.Text),
     sa.Column("last_checkpoint", sa.Integer),
     sa.Column("last_upload", sa.Integer),
+    sa.Column("stragglers", sa.Text),
     sa.Column("exit_code", sa.Integer),
     sa.Column("message", sa.Text),
     sa.Column("pids", sa.Text),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -30,6 +31,11 @@ from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from .p2p import recv_meta, send_meta
 from .plan import Plan
 from .topology import build_topology
+
+
+def _max_rss_mb() -> float:
+    """Peak resident memory of this process (CPU) in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Trainer:
@@ -155,6 +161,17 @@ class Trainer:
         return float(total)
 
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
+        me = self.plan.rank(self.rank)
+        per_micro = (sum(stats.fwd_s) + sum(stats.bwd_s)) / max(1, self.plan.micro_batches)
+        self.events.write(
+            "heartbeat",
+            step=step,
+            rank=self.rank,
+            stage=me.stage,
+            node=me.node,
+            compute_s=per_micro,
+            max_rss_mb=_max_rss_mb(),
+        )
         if not self.topo.is_reporter:
             return
         self.events.write(

@@ -227,6 +227,7 @@ def print_run(console: Console, row: dict, events: list[dict]) -> None:
         "plan",
         "last_checkpoint",
         "last_upload",
+        "stragglers",
         "run_dir",
         "spec_path",
         "exit_code",

@@ -1,0 +1,58 @@
+"""Fail-stutter detection (Varuna sec. 4.6): a device persistently slower than its peers.
+
+Data-parallel replicas of one stage run the same computation, so their per-micro-batch
+compute times should match. Each heartbeat carries a rank's median forward+backward
+time per micro-batch for one step; a rank whose time exceeds the median of its stage
+peers by more than ``threshold`` in at least ``persistence`` of the last ``window``
+steps is a straggler.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StragglerDetector:
+    """Keeps recent per-rank compute times and flags persistent outliers."""
+
+    threshold: float = 0.15
+    window: int = 10
+    persistence: float = 0.7
+    _times: dict[int, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+    _stage_of: dict[int, int] = field(default_factory=dict)
+    _node_of: dict[int, int] = field(default_factory=dict)
+    _slow: dict[int, deque] = field(default_factory=dict)
+
+    def observe(self, step: int, rank: int, stage: int, node: int, compute_s: float) -> None:
+        """Record one rank's per-micro-batch compute time at ``step``."""
+        self._times[step][rank] = compute_s
+        self._stage_of[rank], self._node_of[rank] = stage, node
+
+    def close_step(self, step: int) -> None:
+        """Judge ``step`` once all its heartbeats are in (call with the step number)."""
+        times = self._times.pop(step, {})
+        by_stage: dict[int, list[int]] = defaultdict(list)
+        for rank in times:
+            by_stage[self._stage_of[rank]].append(rank)
+        for ranks in by_stage.values():
+            if len(ranks) < 2:
+                continue  # no peer to compare with
+            for rank in ranks:
+                peers = [times[r] for r in ranks if r != rank]
+                slow = times[rank] > (1 + self.threshold) * statistics.median(peers)
+                self._slow.setdefault(rank, deque(maxlen=self.window)).append(slow)
+
+    def stragglers(self) -> list[int]:
+        """Ranks slow in at least ``persistence`` of a full window of steps."""
+        return sorted(
+            r
+            for r, hist in self._slow.items()
+            if len(hist) == self.window and sum(hist) >= self.persistence * self.window
+        )
+
+    def nodes(self, ranks: list[int]) -> list[int]:
+        """The nodes hosting ``ranks``."""
+        return sorted({self._node_of[r] for r in ranks})
