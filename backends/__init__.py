@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from .base import Backend, Rendered, RunContext
+from .base import Backend, BackendError, NodeStatus, Rendered, RunContext
+from .kubernetes import KubernetesBackend
 from .local import LocalBackend
+from .slurm import SlurmBackend
+from .ssh import SshBackend
 
-_REGISTRY: dict[str, type] = {"local": LocalBackend}
+_REGISTRY: dict[str, type] = {
+    "local": LocalBackend,
+    "slurm": SlurmBackend,
+    "kubernetes": KubernetesBackend,
+    "ssh": SshBackend,
+}
 
 
 def get_backend(name: str) -> Backend:
@@ -13,8 +21,8 @@ def get_backend(name: str) -> Backend:
     try:
         return _REGISTRY[name]()
     except KeyError:
-        valid = ", ".join(sorted(_REGISTRY))
+        valid = ", ".join(_REGISTRY)  # the default, local, first
         raise ValueError(f"unknown backend {name!r}: valid backends are {valid}") from None
 
 
-__all__ = ["Backend", "Rendered", "RunContext", "get_backend"]
+__all__ = ["Backend", "BackendError", "NodeStatus", "Rendered", "RunContext", "get_backend"]

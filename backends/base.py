@@ -4,14 +4,32 @@ A backend turns a run (spec + plan + where things live) into ``Rendered`` artifa
 that print exactly what would be submitted (the dry run is part of the interface),
 then submits, reports status, cancels and finds logs. jobctl never manages a cluster
 itself: backends hand processes to torchrun, Slurm, Kubernetes or ssh.
+
+Handles are opaque printable strings that go into the state DB as they are: a pid,
+a Slurm job id, ``host:pid`` (ssh), ``namespace/kind/name`` (Kubernetes). Slurm and
+Kubernetes handles are complete on their own, so any process can ask about them; the
+local and ssh backends also remember what they started (processes, ssh settings).
 """
 
 from __future__ import annotations
 
+import shlex
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
+
+from jobctl.spec import ElasticitySpec, HardwareSpec
+
+Phase = Literal["pending", "running", "succeeded", "failed", "stopped"]
+DONE: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
+# Exit code of a handle stopped from outside when the backend cannot tell the signal:
+# negative, as subprocess reports "killed by signal N" (-N).
+STOPPED_EXIT = -signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -27,6 +45,19 @@ class RunContext:
     threads: int = 1
     python: str = sys.executable
     max_restarts: int = 0
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    elasticity: ElasticitySpec = field(default_factory=ElasticitySpec)
+    # Run-folder files every node reads (spec.yaml, plan.json), shipped by backends whose
+    # nodes do not share the supervisor's disk (Kubernetes, ssh).
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rdzv_host(self) -> str:
+        return self.rdzv_endpoint.rsplit(":", 1)[0]
+
+    @property
+    def rdzv_port(self) -> int:
+        return int(self.rdzv_endpoint.rsplit(":", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -43,10 +74,36 @@ class Rendered:
         for name, text in self.files.items():
             path = out_dir / name
             path.write_text(text)
-            if name.endswith(".sh"):
+            if name.endswith((".sh", ".sbatch")):
                 path.chmod(0o755)
             paths.append(path)
         return paths
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Where one handle stands, in jobctl's terms.
+
+    ``stopped`` means ended from outside (cancelled, preempted, out of time, its process
+    tree killed): not the code's fault, and resumable from the last checkpoint.
+    ``exit_code`` is None until the handle is done, then 0 (succeeded), positive
+    (failed; 128 + N when signal N ended it on its own account) or negative (stopped;
+    -N for signal N, as subprocess reports it). ``poll`` hands out exactly these codes,
+    so a reader of exit codes alone tells stopped (< 0) from failed (> 0).
+    ``detail`` is the backend's own word for the state.
+    """
+
+    phase: Phase
+    exit_code: int | None = None
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.phase in DONE
+
+
+class BackendError(RuntimeError):
+    """A backend command failed; the message carries the command and its output."""
 
 
 class Backend(Protocol):
@@ -56,8 +113,110 @@ class Backend(Protocol):
 
     def render(self, ctx: RunContext) -> Rendered: ...
 
-    def submit(self, rendered: Rendered, ctx: RunContext) -> list[int]: ...
+    def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]: ...
 
-    def poll(self, handles: list[int]) -> list[int | None]: ...
+    def status(self, handles: list[str]) -> list[NodeStatus]: ...
 
-    def cancel(self, handles: list[int]) -> None: ...
+    def poll(self, handles: list[str]) -> list[int | None]: ...
+
+    def cancel(self, handles: list[str], sig: int = signal.SIGTERM) -> None: ...
+
+    def logs(self, handles: list[str], run_dir: Path) -> list[Path]: ...
+
+
+class BackendBase:
+    """What every backend shares: ``poll`` derived from ``status``, logs read from the
+    run folder, and the rule that a handle jobctl cancelled is stopped, not failed."""
+
+    def __init__(self) -> None:
+        self._cancelled: set[str] = set()  # handles this object was asked to stop
+
+    def status(self, handles: list[str]) -> list[NodeStatus]:
+        raise NotImplementedError
+
+    def _ended(self, handle: str, code: int | None, detail: str) -> NodeStatus:
+        """A finished handle: succeeded on exit 0; stopped when jobctl cancelled it or a
+        signal killed it (a negative code, or None: its process tree vanished without
+        one); failed on any other code."""
+        if code == 0:
+            return NodeStatus("succeeded", 0, detail)
+        if handle in self._cancelled or code is None or code < 0:
+            stopped_code = code if code is not None and code < 0 else STOPPED_EXIT
+            return NodeStatus("stopped", stopped_code, detail)
+        return NodeStatus("failed", code, detail)
+
+    def poll(self, handles: list[str]) -> list[int | None]:
+        """Exit code of each handle, None while it runs (what engine.monitor reads)."""
+        return [s.exit_code for s in self.status(handles)]
+
+    def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
+        """The run's log files, written straight into ``run_dir/logs`` (local disk, or a
+        file system the nodes share); backends whose nodes write elsewhere fetch them."""
+        folder = run_dir / "logs"
+        return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+
+
+class StatusCache:
+    """Remembers the last answer of a remote status query for ``ttl`` seconds.
+
+    The supervisor polls several times a second; squeue, kubectl and ssh round trips
+    are slow and load shared daemons, so remote backends answer from here in between.
+    A query that fails (slurmctld restarting, an API server blip) is answered with the
+    last good answer for up to ``max_stale`` seconds before the error is raised.
+    """
+
+    def __init__(
+        self, ttl: float, clock: Callable[[], float] = time.monotonic, max_stale: float = 120.0
+    ) -> None:
+        self.ttl, self.clock, self.max_stale = ttl, clock, max_stale
+        self._key: tuple[str, ...] | None = None
+        self._value: list[NodeStatus] = []
+        self._at = 0.0
+
+    def get(
+        self, handles: Sequence[str], fetch: Callable[[], list[NodeStatus]]
+    ) -> list[NodeStatus]:
+        """The cached answer for ``handles``, or a fresh ``fetch()`` once it is stale."""
+        key, now = tuple(handles), self.clock()
+        if key == self._key and now - self._at < self.ttl:
+            return self._value
+        try:
+            value = fetch()
+        except BackendError:
+            if key != self._key or now - self._at > self.max_stale:
+                raise
+            return self._value
+        self._key, self._value, self._at = key, value, now
+        return value
+
+    def clear(self) -> None:
+        self._key = None
+
+
+def run_command(
+    argv: Sequence[str], *, timeout: float = 60.0, stdin: bytes | None = None, cwd=None
+) -> str:
+    """Run a backend command (argv, never a shell) and return its stdout as text."""
+    return run_bytes(argv, timeout=timeout, stdin=stdin, cwd=cwd).decode(errors="replace")
+
+
+def run_bytes(
+    argv: Sequence[str], *, timeout: float = 60.0, stdin: bytes | None = None, cwd=None
+) -> bytes:
+    """Run a backend command (argv, never a shell) and return its stdout.
+
+    Raises BackendError naming the command and its stderr when it fails or hangs.
+    """
+    shown = shlex.join(argv)
+    try:
+        proc = subprocess.run(
+            list(argv), input=stdin, capture_output=True, timeout=timeout, cwd=cwd
+        )
+    except FileNotFoundError:
+        raise BackendError(f"{argv[0]}: command not found") from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"{shown}: no answer after {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise BackendError(f"{shown} exited {proc.returncode}: {err}")
+    return proc.stdout

@@ -74,17 +74,6 @@ def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
-def signal_nodes(pids: list[int], sig: int) -> int:
-    """Send ``sig`` to each node's torchrun agent (it forwards it to its workers);
-    returns how many were alive."""
-    alive = 0
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-            alive += 1
-    return alive
-
-
 def descendants(root: int) -> list[int]:
     """All descendant pids of ``root`` (Linux /proc walk)."""
     children: dict[int, list[int]] = {}

@@ -301,17 +301,18 @@ def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeO
     """Stop a run gracefully: every rank checkpoints at the end of its step, then exits."""
     import signal
 
-    from jobctl.backends.local import signal_nodes
+    from jobctl.backends import get_backend
 
     db = StateDB(home)
     row = _find(db, run)
     if row["phase"] in ("completed", "failed", "stopped"):
         console.print(f"run {row['id']} is already {row['phase']}")
         return
-    pids = [int(p) for p in (row["pids"] or "").split(",") if p]
-    alive = signal_nodes(pids, signal.SIGTERM)
-    db.add_event(row["id"], "stop", f"SIGTERM sent to {alive} of {len(pids)} node(s)")
-    console.print(f"asked {alive} node(s) of {row['id']} to checkpoint and stop")
+    handles = [h for h in (row["pids"] or "").split(",") if h]
+    # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
+    get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
+    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s)")
+    console.print(f"asked {len(handles)} node(s) of {row['id']} to checkpoint and stop")
 
 
 @app.command()
@@ -367,6 +368,16 @@ def _find(db: StateDB, ref: str) -> dict:
         err.print(f"[red]error:[/red] no run {ref!r}; `jobctl status` lists runs")
         raise typer.Exit(2)
     return row
+
+
+# Fleets, schedules and the scheduler daemon live in their own modules (issue 7).
+from .cli_fleet import fleet_app  # noqa: E402
+from .cli_schedule import events, schedule_app, scheduler_app  # noqa: E402
+
+app.add_typer(fleet_app, name="fleet")
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(scheduler_app, name="scheduler")
+app.command("events")(events)
 
 
 def main() -> None:

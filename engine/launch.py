@@ -63,6 +63,10 @@ def run_context(
         rdzv_endpoint=f"{hw.rendezvous_host}:{port}",
         python=sys.executable,
         env=dict(env or {}),
+        hardware=hw,
+        elasticity=spec.elasticity,
+        # Nodes that do not share this disk (Kubernetes, ssh) get these shipped.
+        inputs={"spec.yaml": dump_yaml(spec), "plan.json": plan.model_dump_json(indent=2)},
     )
 
 
@@ -92,7 +96,7 @@ def prepare_run(
     ctx = run_context(spec, plan, run_id, run_dir, env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
-    fields = {"devices": plan.world_size, "plan": plan.summary()}
+    fields = {"devices": plan.world_size, "plan": plan.summary(), "backend": backend}
     if fresh:
         db.create_run(
             run_id,

@@ -40,7 +40,8 @@ runs = sa.Table(
     sa.Column("stragglers", sa.Text),
     sa.Column("exit_code", sa.Integer),
     sa.Column("message", sa.Text),
-    sa.Column("pids", sa.Text),
+    sa.Column("pids", sa.Text),  # backend handles of the nodes (pids, job ids, host:pid)
+    sa.Column("backend", sa.String(32)),
 )
 
 events = sa.Table(

@@ -1,4 +1,5 @@
-"""Spec sections for what is trained and where: model, data, training, hardware, parallelism."""
+"""Spec sections for what is trained and where: model, data, training, hardware (with each
+launcher backend's settings), parallelism."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from pydantic import Field, WrapValidator, field_validator, model_validator
 from .base import SpecModel, Violation, friendly_error, int_or_auto
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
+SBATCH_OPTION = r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+NO_SPACE = r"^\S+$"
 
 PositiveIntOrAuto = Annotated[
     Annotated[int, Field(ge=1)] | Literal["auto"], WrapValidator(int_or_auto)
@@ -160,6 +166,107 @@ class InterconnectSpec(SpecModel):
     latency_us: float = Field(50.0, ge=0.0, description="Point-to-point latency, microseconds.")
 
 
+class SlurmSpec(SpecModel):
+    """How the Slurm backend asks for its allocation (rendered as ``#SBATCH`` lines)."""
+
+    partition: str | None = Field(
+        None, pattern=SLURM_NAME, description="Partition(s), comma-separated; null = default."
+    )
+    account: str | None = Field(None, pattern=SLURM_NAME, description="Account to charge.")
+    qos: str | None = Field(None, pattern=SLURM_NAME, description="Quality of service.")
+    time_limit_minutes: int | None = Field(
+        None, ge=1, description="Wall-clock limit in minutes; null = the partition's limit."
+    )
+    signal_before_s: int = Field(
+        120,
+        ge=0,
+        le=65535,
+        description="Seconds before the time limit at which Slurm sends SIGTERM to every "
+        "process of the job, so each rank checkpoints at the end of its step and exits "
+        "(the run stops resumable); 0 sends no signal.",
+    )
+    requeue: bool | None = Field(
+        None, description="Requeue after preemption or node failure; null = when hardware.spot."
+    )
+    sbatch_args: list[str] = Field(
+        default=[],
+        description="Extra sbatch options, one '--name' or '--name=value' each (no spaces or "
+        "quotes), e.g. '--exclusive' or '--constraint=a100'.",
+        json_schema_extra={"items": {"pattern": SBATCH_OPTION}},
+    )
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _options_are_single_words(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if not re.fullmatch(SBATCH_OPTION, arg):
+                raise friendly_error(
+                    "sbatch_option",
+                    f"{arg!r} is not an sbatch option",
+                    fix="write each as '--name' or '--name=value' without spaces or quotes",
+                )
+        return value
+
+
+class KubernetesSpec(SpecModel):
+    """Where and how the Kubernetes backend runs its pods."""
+
+    image: str = Field(
+        ...,
+        pattern=NO_SPACE,
+        description="Container image with torch and jobctl installed, e.g. "
+        "'ghcr.io/acme/jobctl:0.1'.",
+    )
+    namespace: str = Field("default", pattern=DNS_LABEL, description="Namespace of the job.")
+    kind: Literal["pytorchjob", "jobset"] = Field(
+        "pytorchjob",
+        description="Kubeflow PyTorchJob with an elastic policy, or a JobSet of indexed Jobs.",
+    )
+    secrets: list[Annotated[str, Field(pattern=DNS_SUBDOMAIN)]] = Field(
+        default=[],
+        description="Secret names whose keys become environment variables (envFrom "
+        "secretRef); values never appear in the manifests.",
+    )
+    node_selector: dict[str, str] = Field(
+        default={}, description="Node labels the pods must match, e.g. a GPU or spot pool."
+    )
+    service_account: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN, description="Service account of the pods."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the image."
+    )
+    volume_claim: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN,
+        description="PersistentVolumeClaim mounted as the run folder so logs and local "
+        "checkpoints outlive pods; null = an emptyDir (use checkpoint.remote).",
+    )
+    gpu_resource: str = Field(
+        "nvidia.com/gpu", pattern=NO_SPACE, description="Extended resource name of a GPU."
+    )
+
+
+class SshSpec(SpecModel):
+    """How the ssh backend reaches hardware.hosts."""
+
+    user: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$", description="Login; null = ssh's."
+    )
+    port: int = Field(22, ge=1, le=65535, description="sshd port on every host.")
+    identity_file: str | None = Field(None, description="Private key file; null = ssh's.")
+    known_hosts_file: str | None = Field(
+        None, description="Known-hosts file; null = ~/.ssh/known_hosts."
+    )
+    strict_host_key_checking: Literal["yes", "accept-new"] = Field(
+        "accept-new", description="'yes' refuses unknown hosts; 'accept-new' records them."
+    )
+    connect_timeout_s: int = Field(10, ge=1, description="Seconds to wait for a connection.")
+    python: str | None = Field(
+        None, description="Python on the hosts; null = the same path as the supervisor's."
+    )
+
+
 class HardwareSpec(SpecModel):
     """The device pool and how processes are launched on it."""
 
@@ -188,6 +295,13 @@ class HardwareSpec(SpecModel):
     rendezvous_port: int | None = Field(
         None, ge=1024, le=65535, description="torchrun rendezvous port; null picks a free port."
     )
+    slurm: SlurmSpec = Field(
+        default_factory=SlurmSpec, description="Slurm backend settings (sbatch options)."
+    )
+    kubernetes: KubernetesSpec | None = Field(
+        None, description="Kubernetes backend settings; needed for backend 'kubernetes'."
+    )
+    ssh: SshSpec = Field(default_factory=SshSpec, description="ssh backend settings.")
 
     @property
     def devices(self) -> int:

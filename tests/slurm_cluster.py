@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobctl.engine.launch import free_port
+
 PACKAGES = ["slurm-wlm", "munge"]
 DAEMONS = ["munged", "slurmctld", "slurmd"]
 START_TIMEOUT_S = 60.0
@@ -45,7 +47,9 @@ class Cluster:
         return {"SLURM_CONF": str(self.conf)}
 
     def stop(self) -> None:
-        """Stop the daemons this object started (slurmd first) and remove the folder."""
+        """Cancel every job, stop the daemons this object started (slurmd first) and
+        remove the folder. Job steps (slurmstepd) outlive slurmd, so jobs go first."""
+        self._drain()
         for proc in reversed(self.procs):
             proc.terminate()
         for proc in reversed(self.procs):
@@ -55,6 +59,21 @@ class Cluster:
                 proc.kill()
                 proc.wait(timeout=5)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _drain(self, timeout: float = 30.0) -> None:
+        if len(self.procs) < len(DAEMONS) or any(p.poll() is not None for p in self.procs):
+            return
+        env = {**os.environ, **self.env}
+        user = f"--user={os.getuid()}"  # every job of this private cluster is ours
+        subprocess.run(["scancel", "--full", user], env=env, capture_output=True, timeout=30)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run(["squeue", "--noheader", "--states=CONFIGURING,PENDING,RUNNING,"
+                                  "COMPLETING,SUSPENDED"], env=env, capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+            if out.returncode or not out.stdout.strip():
+                return
+            time.sleep(0.5)
 
 
 def install() -> None:
@@ -93,12 +112,6 @@ def start(timeout: float = START_TIMEOUT_S) -> Cluster:
     return cluster
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _prepare(root: Path) -> None:
     for sub in ("state", "spool", "munge"):
         (root / sub).mkdir()
@@ -106,7 +119,7 @@ def _prepare(root: Path) -> None:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    (root / "slurm.conf").write_text(slurm_conf(root, _free_port(), _free_port()))
+    (root / "slurm.conf").write_text(slurm_conf(root, free_port(), free_port()))
 
 
 def slurm_conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
@@ -160,8 +173,14 @@ def _start_daemons(cluster: Cluster) -> None:
     for cmd in commands:
         log = open(root / f"{cmd[0]}.out", "wb")  # noqa: SIM115 - handed to the daemon
         cluster.procs.append(
-            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
         )
         log.close()
         if cmd[0] == "munged":

@@ -178,7 +178,7 @@ def test_json_schema_describes_every_property() -> None:
     assert set(models) == {
         "JobSpec", "ModelSpec", "DataSpec", "TrainingSpec", "HardwareSpec", "InterconnectSpec",
         "ParallelismSpec", "ElasticitySpec", "PruningSpec", "RebalancingSpec", "CheckpointSpec",
-        "ScheduleSpec",
+        "ScheduleSpec", "SlurmSpec", "KubernetesSpec", "SshSpec",
     }  # fmt: skip
     undocumented = [
         f"{name}.{prop}"

@@ -1,0 +1,240 @@
+"""Kubernetes manifests of one run, built as data and dumped as YAML.
+
+Objects: a ConfigMap with the run's inputs and the pod script; a selector-less Service
+(plus its EndpointSlice, or an ExternalName Service for a host name) through which the
+pods reach the c10d rendezvous the supervisor hosts; and the workload, either a
+Kubeflow ``PyTorchJob`` with an ``elasticPolicy`` or a ``JobSet`` of one indexed Job.
+Manifests are dicts dumped by PyYAML, so no value is ever spliced into YAML text;
+secrets appear by name only (``envFrom.secretRef``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import math
+import re
+
+import yaml
+
+from jobctl.spec.sections import KubernetesSpec
+from jobctl.templates import render
+
+from .base import BackendError, RunContext
+from .nodes import node_env
+
+INPUTS_DIR = "/etc/jobctl"
+RUN_ROOT = "/jobctl"
+RUN_LABEL = "jobctl.dev/run"
+PORT_NAME = "c10d"
+
+
+def k8s_name(run_id: str, limit: int = 40) -> str:
+    """The run id as a DNS-1035 label short enough for the operators' suffixes
+    (``-worker-0``, ``-node-0-0``); long ids keep a hash of the whole id."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"j-{name}".rstrip("-")
+    if len(name) > limit:
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        name = f"{name[: limit - 9].rstrip('-')}-{digest}"
+    return name
+
+
+def options(ctx: RunContext) -> KubernetesSpec:
+    """The spec's kubernetes section; the backend cannot guess an image."""
+    if ctx.hardware.kubernetes is None:
+        raise BackendError(
+            "the kubernetes backend needs hardware.kubernetes with at least `image` "
+            "(a container image with torch and jobctl installed)"
+        )
+    return ctx.hardware.kubernetes
+
+
+def manifests(ctx: RunContext) -> list[dict]:
+    """Every object of the run, in the order ``kubectl apply`` should create them."""
+    opts, name = options(ctx), k8s_name(ctx.run_id)
+    nnodes = replica_range(ctx) if opts.kind == "pytorchjob" else (ctx.nnodes, ctx.nnodes)
+    script = pod_script(ctx, nnodes, name)
+    workload = pytorchjob(ctx, opts, name) if opts.kind == "pytorchjob" else jobset(ctx, opts, name)
+    return [config_map(ctx, opts, name, script), *rendezvous(ctx, opts, name), workload]
+
+
+def dump(docs: list[dict]) -> str:
+    """Multi-document YAML that Go's YAML 1.1 reader (kubectl) reads back unchanged."""
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes files (multi-line strings) as literal blocks, and quotes the YAML 1.1
+    booleans PyYAML leaves bare (y, n) but kubectl's reader would take as booleans."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else '"' if value in {"y", "Y", "n", "N"} else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def replica_range(ctx: RunContext) -> tuple[int, int]:
+    """(min, max) pods: the plan's nodes, or the elasticity bounds in whole nodes."""
+    el, per_node = ctx.elasticity, max(ctx.nproc_per_node)
+    if not el.enabled:
+        return ctx.nnodes, ctx.nnodes
+    most = math.ceil(el.max_devices / per_node) if el.max_devices else ctx.hardware.nodes
+    least = min(math.ceil(el.min_devices / per_node), most)
+    return least, max(most, least)
+
+
+def pod_script(ctx: RunContext, nnodes: tuple[int, int], name: str) -> str:
+    """The script every pod runs: copy the inputs into the run folder, exec torchrun."""
+    if len(set(ctx.nproc_per_node)) != 1:
+        raise BackendError(
+            f"kubernetes pods are identical, but the plan puts {ctx.nproc_per_node} "
+            "processes on its nodes; use a plan with the same count on every node"
+        )
+    low, high = nnodes
+    run_dir = f"{RUN_ROOT}/{ctx.run_id}"
+    return render(
+        "pod.sh.j2",
+        run_id=ctx.run_id,
+        nnodes=str(low) if low == high else f"{low}:{high}",
+        nproc=ctx.nproc_per_node[0],
+        rdzv_endpoint=f"{name}-rdzv:{ctx.rdzv_port}",
+        python="python",
+        max_restarts=ctx.max_restarts,
+        env={**node_env(ctx), "JOBCTL_RUN_DIR": run_dir},
+        inputs=sorted(ctx.inputs),
+        inputs_dir=INPUTS_DIR,
+    )
+
+
+def _meta(name: str, opts: KubernetesSpec, run: str) -> dict:
+    labels = {"app.kubernetes.io/managed-by": "jobctl", RUN_LABEL: run}
+    return {"name": name, "namespace": opts.namespace, "labels": labels}
+
+
+def config_map(ctx: RunContext, opts: KubernetesSpec, name: str, script: str) -> dict:
+    data = {**dict(sorted(ctx.inputs.items())), "pod.sh": script}
+    meta = _meta(f"{name}-inputs", opts, name)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def rendezvous(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
+    """A Service named ``<name>-rdzv`` in front of the supervisor's c10d store."""
+    host, port = ctx.rdzv_host, ctx.rdzv_port
+    meta = _meta(f"{name}-rdzv", opts, name)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a DNS name: the Service is an alias for it
+        spec = {"type": "ExternalName", "externalName": host, "ports": [_port(port)]}
+        return [{"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}]
+    if ip.is_loopback or ip.is_unspecified:
+        raise BackendError(
+            f"pods cannot reach the rendezvous at {host}: set hardware.rendezvous_host to "
+            "an address of the supervisor's machine that the cluster can reach"
+        )
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+               "spec": {"ports": [{**_port(port), "targetPort": port}]}}  # fmt: skip
+    slice_meta = _meta(f"{name}-rdzv", opts, name)
+    slice_meta["labels"]["kubernetes.io/service-name"] = f"{name}-rdzv"
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": slice_meta,
+        "addressType": f"IPv{ip.version}",
+        "ports": [_port(port)],
+        "endpoints": [{"addresses": [str(ip)]}],
+    }
+    return [service, endpoints]
+
+
+def _port(port: int) -> dict:
+    return {"name": PORT_NAME, "protocol": "TCP", "port": port}
+
+
+def pod_template(ctx: RunContext, opts: KubernetesSpec, name: str, restart: str) -> dict:
+    """One node's pod: the pod script in a container sized for the node's processes."""
+    nproc, hw = ctx.nproc_per_node[0], ctx.hardware
+    memory = f"{math.ceil(hw.memory_gb * 1024 * nproc)}Mi"
+    limits: dict[str, str | int] = {"memory": memory}
+    if hw.device == "cuda":
+        limits[opts.gpu_resource] = nproc
+    container = {
+        "name": "pytorch",  # the training operator requires this container name
+        "image": opts.image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "command": ["bash", f"{INPUTS_DIR}/pod.sh"],
+        "envFrom": [{"secretRef": {"name": s}} for s in opts.secrets],
+        "resources": {"requests": {"cpu": str(nproc * ctx.threads), "memory": memory},
+                      "limits": limits},
+        "volumeMounts": [{"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True},
+                         {"name": "run", "mountPath": RUN_ROOT}],
+    }  # fmt: skip
+    if not container["envFrom"]:
+        del container["envFrom"]
+    run_volume = (
+        {"name": "run", "persistentVolumeClaim": {"claimName": opts.volume_claim}}
+        if opts.volume_claim
+        else {"name": "run", "emptyDir": {}}
+    )
+    spec: dict = {"restartPolicy": restart, "containers": [container],
+                  "volumes": [{"name": "inputs", "configMap": {"name": f"{name}-inputs"}},
+                              run_volume]}  # fmt: skip
+    if opts.node_selector:
+        spec["nodeSelector"] = dict(opts.node_selector)
+    if opts.service_account:
+        spec["serviceAccountName"] = opts.service_account
+    return {"metadata": {"labels": {RUN_LABEL: name}}, "spec": spec}
+
+
+def pytorchjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
+    """A Kubeflow PyTorchJob whose workers rendezvous elastically through the Service."""
+    low, high = replica_range(ctx)
+    elastic = {
+        "rdzvBackend": "c10d",
+        "rdzvHost": f"{name}-rdzv",
+        "rdzvPort": ctx.rdzv_port,
+        "rdzvId": ctx.run_id,
+        "rdzvConf": [{"key": "is_host", "value": "false"}],
+        "minReplicas": low,
+        "maxReplicas": high,
+        "maxRestarts": ctx.max_restarts,
+    }
+    worker = {"replicas": ctx.nnodes, "restartPolicy": "OnFailure",
+              "template": pod_template(ctx, opts, name, "OnFailure")}  # fmt: skip
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _meta(name, opts, name),
+        "spec": {
+            "nprocPerNode": str(ctx.nproc_per_node[0]),
+            "elasticPolicy": elastic,
+            # Keep finished pods so `kubectl logs` still has their output.
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {"Worker": worker},
+        },
+    }
+
+
+def jobset(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
+    """A JobSet with one indexed Job of ``nnodes`` pods (no elastic range)."""
+    job = {
+        "parallelism": ctx.nnodes,
+        "completions": ctx.nnodes,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,  # torchrun restarts workers; a lost pod restarts the JobSet
+        "template": pod_template(ctx, opts, name, "Never"),
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": _meta(name, opts, name),
+        "spec": {
+            "failurePolicy": {"maxRestarts": ctx.max_restarts},
+            "successPolicy": {"operator": "All"},
+            "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}],
+        },
+    }

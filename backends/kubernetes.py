@@ -1,0 +1,125 @@
+"""Kubernetes backend: a PyTorchJob (or JobSet) applied and watched through ``kubectl``.
+
+Rendering needs no cluster (``manifests.yaml`` is the whole dry run). Submitting needs
+``kubectl`` with a current context; the handle is ``<namespace>/<kind>/<name>``.
+Status reads the workload's conditions; cancel deletes every object of the run (by its
+``jobctl.dev/run`` label); logs are the pods' output, fetched with ``kubectl logs``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from .base import (
+    STOPPED_EXIT,
+    BackendBase,
+    BackendError,
+    NodeStatus,
+    Rendered,
+    RunContext,
+    StatusCache,
+    run_command,
+)
+from .k8s_manifests import RUN_LABEL, dump, k8s_name, manifests, options
+
+RESOURCES = {"pytorchjob": "pytorchjobs.kubeflow.org", "jobset": "jobsets.jobset.x-k8s.io"}
+OWNED = "configmaps,services,endpointslices.discovery.k8s.io"
+
+
+class KubernetesBackend(BackendBase):
+    """Submits a run as one Kubernetes workload."""
+
+    name = "kubernetes"
+
+    def __init__(self, status_ttl_s: float = 2.0) -> None:
+        super().__init__()
+        self._cache = StatusCache(status_ttl_s)
+
+    def render(self, ctx: RunContext) -> Rendered:
+        """``manifests.yaml``: ConfigMap, rendezvous Service, and the workload."""
+        return Rendered(self.name, {"manifests.yaml": dump(manifests(ctx))})
+
+    def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]:
+        """``kubectl apply`` the manifests; returns ``namespace/kind/name``."""
+        if not ctx.inputs:
+            raise BackendError("kubernetes pods need the run inputs (spec.yaml, plan.json)")
+        require_context()
+        path = rendered.write(ctx.run_dir / "scripts")[0]
+        run_command(["kubectl", "apply", "-f", str(path)])
+        opts = options(ctx)
+        self._cache.clear()
+        return [f"{opts.namespace}/{opts.kind}/{k8s_name(ctx.run_id)}"]
+
+    def status(self, handles: list[str]) -> list[NodeStatus]:
+        return self._cache.get(handles, lambda: [self._status(h) for h in handles])
+
+    def _status(self, handle: str) -> NodeStatus:
+        namespace, kind, name = split_handle(handle)
+        argv = ["kubectl", "get", RESOURCES[kind], name, "-n", namespace, "-o", "json",
+                "--ignore-not-found"]  # fmt: skip
+        out = run_command(argv, timeout=30)
+        if not out.strip():
+            return self._ended(handle, None, f"{kind} {name} no longer exists")
+        return workload_status(json.loads(out))
+
+    def cancel(self, handles: list[str], sig: int = signal.SIGTERM) -> None:
+        """Delete each run's objects: pods get TERM (KILL: no grace period)."""
+        if sig not in (signal.SIGTERM, signal.SIGKILL):
+            raise BackendError(f"kubernetes can only stop pods (TERM or KILL), not signal {sig}")
+        for handle in handles:
+            namespace, kind, name = split_handle(handle)
+            argv = ["kubectl", "delete", f"{RESOURCES[kind]},{OWNED}", "-n", namespace,
+                    "-l", f"{RUN_LABEL}={name}", "--wait=false"]  # fmt: skip
+            if sig == signal.SIGKILL:
+                argv += ["--grace-period=0", "--force"]
+            run_command(argv)
+            self._cancelled.add(handle)
+        self._cache.clear()
+
+    def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
+        """Every pod's output, prefixed with its name, in ``remote-logs/<name>.log``."""
+        paths = []
+        for handle in handles:
+            namespace, _, name = split_handle(handle)
+            argv = ["kubectl", "logs", "-n", namespace, "-l", f"{RUN_LABEL}={name}",
+                    "--all-containers", "--prefix", "--max-log-requests=64"]  # fmt: skip
+            path = run_dir / "remote-logs" / f"{name}.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(run_command(argv, timeout=120))
+            paths.append(path)
+        return paths
+
+
+def require_context() -> None:
+    """Fail clearly unless kubectl exists and points at a cluster."""
+    try:
+        run_command(["kubectl", "config", "current-context"], timeout=15)
+    except BackendError as e:
+        raise BackendError(
+            f"no Kubernetes cluster configured for kubectl ({e}); set one with "
+            "`kubectl config use-context <name>` or KUBECONFIG"
+        ) from None
+
+
+def split_handle(handle: str) -> tuple[str, str, str]:
+    namespace, kind, name = handle.split("/")
+    if kind not in RESOURCES:
+        raise BackendError(f"{handle!r} is not a kubernetes handle")
+    return namespace, kind, name
+
+
+def workload_status(obj: dict) -> NodeStatus:
+    """A PyTorchJob's or JobSet's conditions in jobctl's terms."""
+    status = obj.get("status") or {}
+    true = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
+    if "Succeeded" in true or "Completed" in true:
+        return NodeStatus("succeeded", 0, "Succeeded")
+    if "Failed" in true:
+        return NodeStatus("failed", 1, "Failed")
+    if "Suspended" in true:
+        return NodeStatus("stopped", STOPPED_EXIT, "Suspended")
+    if "Running" in true:
+        return NodeStatus("running", None, "Running")
+    return NodeStatus("pending", None, true[-1] if true else "Created")

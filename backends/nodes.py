@@ -1,0 +1,41 @@
+"""The per-node launch script every shell backend runs (local, Slurm, ssh).
+
+Node ``k``'s script exports the run's environment and execs one torchrun agent for the
+node's processes, joining the c10d rendezvous the supervisor hosts (``is_host=false``).
+"""
+
+from __future__ import annotations
+
+from jobctl.templates import render
+
+from .base import RunContext
+
+
+def node_scripts(ctx: RunContext, python: str | None = None) -> dict[str, str]:
+    """``node-<k>.sh`` for every node: its torchrun agent joining the run's rendezvous."""
+    return {
+        f"node-{node}.sh": render(
+            "node.sh.j2",
+            run_id=ctx.run_id,
+            node=node,
+            nnodes=ctx.nnodes,
+            nproc=ctx.nproc_per_node[node],
+            rdzv_endpoint=ctx.rdzv_endpoint,
+            python=python or ctx.python,
+            max_restarts=ctx.max_restarts,
+            env=node_env(ctx),
+        )
+        for node in range(ctx.nnodes)
+    }
+
+
+def node_env(ctx: RunContext) -> dict[str, str]:
+    """Environment every node script exports."""
+    return {
+        "JOBCTL_RUN_DIR": str(ctx.run_dir),
+        "JOBCTL_THREADS": str(ctx.threads),
+        "OMP_NUM_THREADS": str(ctx.threads),
+        # Restarted workers otherwise time out in gloo init on stale addresses.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **ctx.env,
+    }

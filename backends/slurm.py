@@ -1,0 +1,199 @@
+"""Slurm backend: one sbatch job per run; srun starts a torchrun agent on every node.
+
+The batch script (``job.sbatch``) asks for the allocation (nodes, CPUs, memory, GPUs,
+time limit, partition, account, requeue for spot capacity, SIGTERM before the time
+limit so every rank checkpoints and exits) and runs ``scripts/node-<SLURM_NODEID>.sh``
+on each node: the same per-node script the local backend runs, joining the rendezvous
+the supervisor hosts. The run folder must be on a file system every node sees (as
+Slurm's own output files are).
+
+The handle is the Slurm job id. Status comes from ``squeue`` while slurmctld still
+remembers the job (MinJobAge), then from ``sacct``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from jobctl.templates import render
+
+from .base import (
+    STOPPED_EXIT,
+    BackendBase,
+    BackendError,
+    NodeStatus,
+    Phase,
+    Rendered,
+    RunContext,
+    StatusCache,
+    run_command,
+)
+from .nodes import node_scripts
+
+# Slurm job states (squeue %T / sacct State) in jobctl's terms. A job that is requeued
+# after preemption waits again, so it is pending, not done.
+SLURM_PHASES: dict[str, Phase] = {
+    "PENDING": "pending",
+    "CONFIGURING": "pending",
+    "REQUEUED": "pending",
+    "REQUEUE_HOLD": "pending",
+    "REQUEUE_FED": "pending",
+    "RESV_DEL_HOLD": "pending",
+    "RUNNING": "running",
+    "COMPLETING": "running",
+    "SIGNALING": "running",
+    "STAGE_OUT": "running",
+    "SUSPENDED": "running",
+    "STOPPED": "running",
+    "RESIZING": "running",
+    "COMPLETED": "succeeded",
+    "CANCELLED": "stopped",
+    "PREEMPTED": "stopped",
+    "TIMEOUT": "stopped",
+    "DEADLINE": "stopped",
+    "FAILED": "failed",
+    "NODE_FAIL": "failed",
+    "BOOT_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "SPECIAL_EXIT": "failed",
+    "REVOKED": "failed",
+}
+
+
+class SlurmBackend(BackendBase):
+    """Submits a run as one Slurm batch job."""
+
+    name = "slurm"
+
+    def __init__(self, status_ttl_s: float = 2.0) -> None:
+        super().__init__()
+        self._cache = StatusCache(status_ttl_s)
+
+    def render(self, ctx: RunContext) -> Rendered:
+        """``job.sbatch`` plus one ``node-<k>.sh`` per node (run by srun on node k)."""
+        files = {"job.sbatch": render("job.sbatch.j2", **sbatch_context(ctx))}
+        files.update(node_scripts(ctx))
+        return Rendered(self.name, files)
+
+    def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]:
+        """``sbatch --parsable`` from the run folder; returns the job id."""
+        rendered.write(ctx.run_dir / "scripts")
+        (ctx.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        out = run_command(["sbatch", "--parsable", "scripts/job.sbatch"], cwd=ctx.run_dir)
+        job_id = out.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch printed {out!r}, not a job id")
+        self._cache.clear()
+        return [job_id]
+
+    def status(self, handles: list[str]) -> list[NodeStatus]:
+        """Each job's phase, from squeue, or sacct once squeue has forgotten it."""
+        return self._cache.get(handles, lambda: [_job_status(h) for h in handles])
+
+    def cancel(self, handles: list[str], sig: int = signal.SIGTERM) -> None:
+        """``scancel``: TERM and KILL end the job (Slurm escalates to KILL after
+        KillWait); any other signal is only delivered, to every step and the batch shell."""
+        if not handles:
+            return
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            run_command(["scancel", *handles])
+        else:
+            run_command(["scancel", f"--signal={int(sig)}", "--full", *handles])
+        self._cache.clear()
+
+
+def sbatch_context(ctx: RunContext) -> dict:
+    """Values of ``job.sbatch.j2``: the allocation the plan needs, and the spec's options."""
+    hw, opts = ctx.hardware, ctx.hardware.slurm
+    nproc = max(ctx.nproc_per_node)
+    return {
+        "run_id": ctx.run_id,
+        "job_name": job_name(ctx.run_id),
+        "nnodes": ctx.nnodes,
+        "cpus_per_node": nproc * ctx.threads,
+        "mem_mb": int(hw.memory_gb * 1024 * nproc),
+        "gpus_per_node": nproc if hw.device == "cuda" else 0,
+        "time_limit": opts.time_limit_minutes,
+        "options": [
+            (name, value)
+            for name, value in (
+                ("partition", opts.partition),
+                ("account", opts.account),
+                ("qos", opts.qos),
+            )
+            if value
+        ],
+        "requeue": hw.spot if opts.requeue is None else opts.requeue,
+        "signal_before_s": opts.signal_before_s,
+        "sbatch_args": opts.sbatch_args,
+    }
+
+
+def job_name(run_id: str) -> str:
+    """The run id as a Slurm job name: one word of safe characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:128] or "jobctl"
+
+
+def _job_status(job_id: str) -> NodeStatus:
+    row = _squeue(job_id) or _sacct(job_id)
+    if row is None:
+        return NodeStatus("failed", 1, f"job {job_id} is unknown to squeue and sacct")
+    return node_status(*row)
+
+
+def node_status(state: str, code: int = 0, sig: int = 0) -> NodeStatus:
+    """A Slurm state (``CANCELLED by 0`` included), exit code and signal in jobctl's
+    terms; a job stopped by a signal gets -signal, a failed one 128 + signal."""
+    word = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+    phase = SLURM_PHASES.get(word, "failed")
+    if phase in ("pending", "running"):
+        return NodeStatus(phase, None, word)
+    if phase == "succeeded":
+        return NodeStatus(phase, 0, word)
+    if phase == "stopped":
+        return NodeStatus(phase, -sig if sig else STOPPED_EXIT, word)
+    return NodeStatus(phase, 128 + sig if sig else code or 1, word)
+
+
+def _squeue(job_id: str) -> tuple[str, int, int] | None:
+    """(state, exit code, signal) while slurmctld still holds the job record, else None."""
+    try:
+        out = run_command(
+            ["squeue", "--noheader", "--states=all", f"--jobs={job_id}",
+             "--Format=JobID:32|,State:32|,exit_code:16"],
+            timeout=30,
+        )  # fmt: skip
+    except BackendError as e:
+        if "Invalid job id" in str(e):
+            return None  # the record aged out of slurmctld's memory (MinJobAge)
+        raise
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) == 3 and fields[0] == job_id:
+            return fields[1], *wait_status(fields[2])
+    return None
+
+
+def _sacct(job_id: str) -> tuple[str, int, int] | None:
+    """(state, exit code, signal) from the accounting database, or None without one."""
+    try:
+        out = run_command(
+            ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}",
+             "--format=JobID,State,ExitCode"],
+            timeout=30,
+        )  # fmt: skip
+    except BackendError:
+        return None
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) == 3 and fields[0] == job_id:
+            code, _, sig = fields[2].partition(":")  # "exit:signal"
+            return fields[1], int(code or 0), int(sig or 0)
+    return None
+
+
+def wait_status(raw: str) -> tuple[int, int]:
+    """(exit code, signal) of squeue's exit_code, a raw wait status."""
+    status = int(raw) if raw.strip().isdigit() else 0
+    return status >> 8, status & 0x7F

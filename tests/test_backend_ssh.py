@@ -1,0 +1,149 @@
+"""ssh backend against a real OpenSSH server on 127.0.0.1 (tests/sshd.py).
+
+Two "hosts" (127.0.0.1 and localhost) reach the same server, so one machine stands in
+for two. The tests skip, with the reason, where sshd is not installed or cannot start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from jobctl.backends import BackendError, Rendered
+from jobctl.backends.ssh import SshBackend, kill_command, ssh_argv, start_command
+from jobctl.engine.state import StateDB
+from jobctl.spec.sections import SshSpec
+
+from . import sshd
+from .backend_jobs import run_on, two_process_spec, wait_done
+from .test_backend_render import EVIL, context
+
+WAIT_S = 30.0
+
+
+def test_ssh_argv_never_lets_a_host_become_an_option():
+    opts = SshSpec(user="alice", port=2222, identity_file="/k", known_hosts_file="/kh")
+    assert ssh_argv(opts, "gpu-a", "true") == [
+        "ssh", "-p", "2222", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        "-o", "StrictHostKeyChecking=accept-new", "-i", "/k", "-o", "IdentitiesOnly=yes",
+        "-o", "UserKnownHostsFile=/kh", "-l", "alice", "--", "gpu-a", "true",
+    ]  # fmt: skip
+    bad = context("ssh", {"hosts": ["-oProxyCommand=touch x", "b"]})
+    with pytest.raises(BackendError, match="is not a host name"):
+        SshBackend().render(bad)
+
+
+def test_remote_commands_quote_every_path():
+    cmd = start_command("/runs/it's here", 1)
+    assert "mkdir -p '/runs/it'\"'\"'s here'/logs" in cmd
+    assert cmd.endswith("</dev/null >/dev/null 2>&1 & echo $!")
+    assert kill_command(42, 15).endswith("kill -15 $(tree 42) 2>/dev/null || true")
+
+
+@pytest.fixture(scope="module")
+def server():
+    try:
+        running = sshd.start()
+    except sshd.SshdUnavailable as e:
+        pytest.skip(f"no sshd here: {e}")
+    yield running
+    running.stop()
+
+
+def _two_hosts(server, run_dir: Path, **kw):
+    hardware = {"hosts": ["127.0.0.1", "localhost"], "ssh": server.ssh_options()}
+    return context("ssh", hardware, run_dir=run_dir, nproc_per_node=[1, 1], **kw)
+
+
+def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
+    backend = SshBackend(status_ttl_s=0)
+    ctx = _two_hosts(server, tmp_path / "run")
+    stub = Rendered("ssh", {"node-0.sh": "echo zero; exit 0\n", "node-1.sh": "echo one; exit 7\n"})
+    handles = backend.submit(stub, ctx)
+    assert [h.split(":")[0] for h in handles] == ["127.0.0.1", "localhost"]
+    statuses = wait_done(backend, handles, WAIT_S)
+    assert [(s.phase, s.exit_code) for s in statuses] == [("succeeded", 0), ("failed", 7)]
+    assert backend.poll(handles) == [0, 7]
+    assert (tmp_path / "run" / "spec.yaml").read_text() == ctx.inputs["spec.yaml"]
+    fetched = {p.relative_to(tmp_path / "run" / "remote-logs").as_posix()
+               for p in backend.logs(handles, tmp_path / "run")}  # fmt: skip
+    assert {"0-127.0.0.1/node-0.log", "1-localhost/node-1.log"} <= fetched
+    assert (tmp_path / "run" / "remote-logs" / "1-localhost" / "node-1.log").read_text() == "one\n"
+
+
+def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
+    backend = SshBackend(status_ttl_s=0)
+    ctx = _two_hosts(server, tmp_path / "run")
+    # Like torchrun's workers, the grandchild starts its own session.
+    tree = 'setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1; wait\n'
+    script = f'JOBCTL_PIDS={tmp_path}/pid\nset -- "$(basename "$0")"\n{tree}'
+    handles = backend.submit(Rendered("ssh", {"node-0.sh": script, "node-1.sh": script}), ctx)
+    pid_files = [tmp_path / f"pid-node-{k}.sh" for k in (0, 1)]
+    deadline = time.monotonic() + WAIT_S
+    while not all(p.exists() and p.read_text().strip() for p in pid_files):
+        assert time.monotonic() < deadline, "the stub nodes never started"
+        time.sleep(0.2)
+    backend.cancel(handles)
+    statuses = wait_done(backend, handles, WAIT_S)
+    assert [s.phase for s in statuses] == ["stopped", "stopped"]
+    for pid_file in pid_files:
+        assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
+
+
+def test_an_unreachable_host_reads_as_stopped(server, tmp_path):
+    backend = SshBackend(status_ttl_s=0)
+    ctx = _two_hosts(server, tmp_path / "run")
+    stub = {"node-0.sh": "exit 0\n", "node-1.sh": "exit 0\n"}
+    handles = backend.submit(Rendered("ssh", stub), ctx)
+    node = backend._nodes[handles[1]]
+    gone = node.opts.model_copy(update={"port": 1})  # nothing listens there: a lost host
+    backend._nodes[handles[1]] = dataclasses.replace(node, opts=gone)
+    statuses = wait_done(backend, handles, WAIT_S)
+    assert [(s.phase, s.exit_code) for s in statuses] == [("succeeded", 0), ("stopped", -9)]
+    assert statuses[1].detail.startswith("unreachable: ssh ")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_metacharacters_in_paths_stay_inert_over_ssh(server, tmp_path):
+    short = Path(tempfile.mkdtemp(prefix="jp", dir="/tmp"))  # the path must fit NAME_MAX
+    marker = short / "p"
+    evil = EVIL.format(m=marker)
+    run_dir = tmp_path / evil.replace("/", "_")
+    backend = SshBackend(status_ttl_s=0)
+    ctx = _two_hosts(server, run_dir, env={"NOTE": evil})
+    rendered = backend.render(ctx)
+    stub = {k: v.replace("exec ", "echo ", 1) for k, v in rendered.files.items()}
+    handles = backend.submit(Rendered("ssh", stub), ctx)
+    assert [s.phase for s in wait_done(backend, handles, WAIT_S)] == ["succeeded", "succeeded"]
+    assert "--rdzv-id=quick-1" in (run_dir / "logs" / "node-0.log").read_text()
+    backend.logs(handles, run_dir)
+    assert not marker.exists()
+    assert sorted(os.listdir(tmp_path)) == [run_dir.name]
+    shutil.rmtree(short)
+
+
+@pytest.mark.multiproc
+def test_jobctl_run_completes_over_ssh(server, tmp_path):
+    spec = two_process_spec(
+        "ssh", **{"hardware.hosts": ["127.0.0.1"], "hardware.ssh": server.ssh_options()}
+    )
+    run, outcome = run_on(spec, tmp_path / "home")
+    assert outcome.ok, outcome.message
+    row = StateDB(tmp_path / "home").get_run(run.id)
+    assert (row["phase"], row["step"]) == ("completed", spec.training.steps)
+    assert row["pids"].startswith("127.0.0.1:")
+    logs = sorted(p.name for p in (run.dir / "logs").iterdir())
+    assert logs == ["node-0.exit", "node-0.log", "rank-0.log", "rank-1.log"]
