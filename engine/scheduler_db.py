@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from .state import StateDB
+from .state import StateDB, runs
+from .state import events as run_events
 
 metadata = sa.MetaData()
 
@@ -52,6 +53,15 @@ job_events = sa.Table(
 )
 
 
+def ensure_tables(engine: sa.Engine, meta: sa.MetaData, tables: list[sa.Table]) -> None:
+    """``create_all`` that survives another process creating the same tables meanwhile
+    (two daemons starting on a fresh DB): the second try sees them and skips them."""
+    try:
+        meta.create_all(engine, tables=tables)
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError):
+        meta.create_all(engine, tables=tables)
+
+
 @dataclass(frozen=True)
 class Lease:
     """One row of ``leases``."""
@@ -77,7 +87,7 @@ class Leases:
 
     def __init__(self, db: StateDB) -> None:
         self.engine = db.engine
-        metadata.create_all(self.engine, tables=[leases])
+        ensure_tables(self.engine, metadata, [leases])
 
     def get(self, job: str) -> Lease | None:
         with self.engine.connect() as c:
@@ -143,11 +153,9 @@ class JobEvents:
         self.engine = db.engine
         self.source = source
         self.owner = owner
-        metadata.create_all(self.engine, tables=[job_events])
+        ensure_tables(self.engine, metadata, [job_events])
 
-    def add(
-        self, job: str, kind: str, message: str, now: float, data: dict | None = None
-    ) -> None:
+    def add(self, job: str, kind: str, message: str, now: float, data: dict | None = None) -> None:
         with self.engine.begin() as c:
             c.execute(
                 job_events.insert().values(
@@ -170,3 +178,19 @@ class JobEvents:
             q = q.where(job_events.c.kind == kind)
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings().all()]
+
+
+def timeline(db: StateDB, ref: str) -> list[dict]:
+    """Every event of a job, oldest first: its runs' own events (``ref`` is a run id or a
+    job name) and the scheduler's and fleet runner's events about that name."""
+    ensure_tables(db.engine, metadata, [job_events])
+    with db.engine.connect() as c:
+        q = sa.select(runs.c.id, runs.c.name).where(sa.or_(runs.c.id == ref, runs.c.name == ref))
+        found = c.execute(q).all()
+        ids = [r.id for r in found]
+        names = {r.name for r in found} | {ref}
+        q = run_events.select().where(run_events.c.run_id.in_(ids))
+        rows = [{**r, "source": r["run_id"]} for r in c.execute(q).mappings().all()]
+        q = job_events.select().where(job_events.c.job.in_(names))
+        rows += [dict(r) for r in c.execute(q).mappings().all()]
+    return sorted(rows, key=lambda r: r["ts"])

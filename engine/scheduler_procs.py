@@ -8,7 +8,6 @@ pid the kernel reused for something else is not mistaken for our child.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -111,5 +110,8 @@ def stop_tree(
         wait(0.2)
     if pid_alive(pid):
         kill_tree(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):  # reap it if it is ours
-        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_child(child: Child) -> None:
+    """Stop a child process and everything it started."""
+    stop_tree(child.pid)
