@@ -11,12 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
+_early_sigterm: list[int] = []
+# Installed before torch is imported: a preemption notice that arrives while the worker
+# is still starting must mean "checkpoint at the first step end", not sudden death.
+signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
+
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
@@ -56,6 +62,8 @@ def main() -> int:
         trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
         # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
         signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+        if _early_sigterm:
+            trainer.request_stop()
         resume = os.environ.get("JOBCTL_RESUME_DIR")
         if resume:
             trainer.resume_from(Path(resume))
