@@ -24,7 +24,7 @@ from .calibration import (
     LinkCalibration,
     Stat,
 )
-from .costs import STATE_BYTES_PER_PARAM, model_costs
+from .costs import model_costs
 
 ANALYTIC_M = tuple(2**k for k in range(10))  # 1 .. 512
 BLOCK_OVERHEAD_S = {"cpu": 1e-4, "cuda": 1e-4}  # launches and Python per block pass
@@ -74,12 +74,9 @@ def analytic_calibration(spec, fingerprint: Fingerprint) -> Calibration:
     """A Calibration computed from the spec: model FLOPs, device rate, interconnect."""
     costs = model_costs(spec)
     device = spec.hardware.device
-    per_param = STATE_BYTES_PER_PARAM[spec.training.optimizer]
     overhead = BLOCK_OVERHEAD_S[device]
     tied = _tied_param_bytes(spec, costs.num_blocks)
-    blocks = [
-        _block(costs, i, per_param, overhead, tied[i], device) for i in range(costs.num_blocks)
-    ]
+    blocks = [_block(costs, i, overhead, tied[i], device) for i in range(costs.num_blocks)]
     return Calibration(
         source="analytic",
         fingerprint=fingerprint,
@@ -95,9 +92,9 @@ def analytic_calibration(spec, fingerprint: Fingerprint) -> Calibration:
     )
 
 
-def _block(costs, i: int, per_param: int, overhead: float, tied: float, device: str):
+def _block(costs, i: int, overhead: float, tied: float, device: str) -> BlockCalibration:
     """One block's analytic costs: FLOPs at the device rate plus a fixed overhead."""
-    params = int(costs.param_bytes[i] / per_param)
+    params = costs.params[i]
     step = costs.flops[i] / costs.device_flops  # forward seconds per sample
     fwd = {m: Stat(median=overhead + m * step) for m in ANALYTIC_M}
     acts, out = costs.act_bytes[i], costs.boundary_bytes[i]
@@ -105,7 +102,7 @@ def _block(costs, i: int, per_param: int, overhead: float, tied: float, device: 
         name=costs.names[i],
         params=params,
         param_bytes=4.0 * params,
-        state_bytes=costs.param_bytes[i],
+        state_bytes=costs.state_bytes[i],
         tied_bytes=tied,
         act_bytes=acts,
         boundary_bytes=out,
@@ -113,7 +110,7 @@ def _block(costs, i: int, per_param: int, overhead: float, tied: float, device: 
         forward_nograd=fwd,
         backward={m: Stat(median=overhead + 2 * m * step) for m in ANALYTIC_M},
         optimizer=Stat(median=params * OPTIMIZER_BYTES_PER_PARAM / MEMORY_BANDWIDTH_BPS[device]),
-        peak_bytes={m: costs.param_bytes[i] + m * (acts + 2 * out) for m in ANALYTIC_M},
+        peak_bytes={m: costs.state_bytes[i] + m * (acts + 2 * out) for m in ANALYTIC_M},
     )
 
 

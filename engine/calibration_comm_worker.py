@@ -23,7 +23,6 @@ import torch.distributed as dist
 TIMEOUT_S = 300.0
 WARMUP = 3
 ROUNDS = 3  # of the core-sharing probe
-STOP_TAG = 1 << 20  # tells busy ranks the ping-pong is over
 
 
 def main(job: dict) -> None:
@@ -42,8 +41,8 @@ def main(job: dict) -> None:
                 groups[ring] = dist.new_group(list(ring))
     probe = None if cuda else _probe(job)
     out = {
-        "p2p": _pingpong(rank, world, job, device, None),
-        "p2p_busy": _pingpong(rank, world, job, device, probe) if probe and world > 2 else {},
+        "p2p": _pingpong(rank, job, device, None),
+        "p2p_busy": _pingpong(rank, job, device, probe) if probe and world > 2 else {},
         "allreduce": _allreduces(rank, job, groups, device),
         "slowdown": _slowdown(rank, world, job, probe) if probe else None,
     }
@@ -64,16 +63,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _pingpong(rank: int, world: int, job: dict, device: torch.device, probe) -> dict:
+def _pingpong(rank: int, job: dict, device: torch.device, probe) -> dict:
     """One-way seconds per size between ranks 0 and 1 (round trip / 2), with the
     runtime's own isend/irecv; with ``probe``, ranks 2.. compute meanwhile."""
     sizes = job["p2p_bytes"]
     bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes]
     out: dict[int, list[float]] = {n: [] for n in sizes}
     dist.barrier()
+    stop = Path(job["out"]).with_name("pingpong-done")
     if rank >= 2:
-        if probe is not None:
-            _busy_until_stopped(probe)
+        while probe is not None and not stop.exists():
+            probe()
         return out
     for r in range(WARMUP + job["repeats"]):
         for k, (n, buf) in enumerate(zip(sizes, bufs, strict=True)):
@@ -89,17 +89,8 @@ def _pingpong(rank: int, world: int, job: dict, device: torch.device, probe) -> 
                 dist.irecv(buf, 0, tag=tag).wait()
                 dist.isend(buf, 0, tag=tag).wait()
     if rank == 0 and probe is not None:
-        for other in range(2, world):
-            dist.send(torch.ones(1), other, tag=STOP_TAG)
+        stop.touch()  # a file: gloo cannot poll a receive for a stop message
     return out
-
-
-def _busy_until_stopped(probe) -> None:
-    flag = torch.zeros(1)
-    stop = dist.irecv(flag, 0, tag=STOP_TAG)
-    while not stop.is_completed():
-        probe()
-    stop.wait()
 
 
 def _allreduces(rank: int, job: dict, groups: dict, device: torch.device) -> list[list]:

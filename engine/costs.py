@@ -1,8 +1,8 @@
-"""Analytic per-block costs of a model: FLOPs, parameter bytes, activation bytes.
+"""Analytic per-block costs of a model: FLOPs, parameters, state and activation bytes.
 
-These let the planner reason about a model without building it, and are the
-"analytic source" of calibration: a laptop can plan a 1,024-GPU job from the spec
-alone. Measured calibration replaces the time terms when it is available.
+These describe a model without building it and feed the analytic calibration
+(``calibration_analytic``): a laptop can plan a 1,024-GPU job from the spec alone.
+A measured calibration (``jobctl calibrate``) replaces them when one matches.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ class ModelCosts:
     """Per-block costs, index = block (cut-point section)."""
 
     names: list[str]
+    params: list[int]  # parameter elements
     flops: list[float]  # forward FLOPs per sample
-    param_bytes: list[float]  # training-state bytes (weights, grads, optimizer state)
+    state_bytes: list[float]  # training state (weights, grads, optimizer state), bytes
     act_bytes: list[float]  # activation bytes kept per sample for backward
     boundary_bytes: list[float]  # bytes per sample of the block's output (what a send moves)
     device_flops: float  # sustained FLOP/s of one device
@@ -30,12 +31,6 @@ class ModelCosts:
     @property
     def num_blocks(self) -> int:
         return len(self.flops)
-
-    def stage_memory(self, blocks: list[int], in_flight: int, micro_batch: int = 1) -> float:
-        """Bytes a stage needs: its training state plus ``in_flight`` micro-batches."""
-        state = sum(self.param_bytes[i] for i in blocks)
-        acts = sum(self.act_bytes[i] for i in blocks) * micro_batch * max(1, in_flight)
-        return state + acts
 
 
 def gpt_block_params(h: int, t: int, v: int) -> tuple[int, int, int]:
@@ -60,7 +55,8 @@ def model_costs(spec) -> ModelCosts:
     acts = [4.0 * t * h] + [4.0 * t * (16 * h + 2 * m.heads * t)] * L + [4.0 * t * (h + 2 * v)]
     boundary = [4.0 * t * h] * (L + 1) + [4.0 * t * v]
     names = ["embed"] + [f"block{i}" for i in range(1, L + 1)] + ["head"]
-    return ModelCosts(names, flops, [p * per_param for p in params], acts, boundary, rate)
+    state = [p * per_param for p in params]
+    return ModelCosts(names, params, flops, state, acts, boundary, rate)
 
 
 def _imported_costs(spec, per_param: int, rate: float) -> ModelCosts:
@@ -70,4 +66,5 @@ def _imported_costs(spec, per_param: int, rate: float) -> ModelCosts:
     t = spec.model.seq_len
     flops = [2.0 * c * t for c in counts]
     acts = [4.0 * t * 64] * len(counts)
-    return ModelCosts(mdef.names, flops, [c * per_param for c in counts], acts, acts, rate)
+    state = [c * per_param for c in counts]
+    return ModelCosts(mdef.names, counts, flops, state, acts, acts, rate)

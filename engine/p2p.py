@@ -2,13 +2,16 @@
 
 Receives are posted ahead of need (a bounded window), so a stage can ask whether a
 gradient has already arrived without blocking: that is what Varuna's opportunistic
-deviation needs. Messages are matched by tag (2i for the activation of micro-batch i,
+deviation needs (on gloo, whose receive handles cannot be polled, a thread waits on
+them once a stage first asks). Messages are matched by tag (2i for the activation of micro-batch i,
 2i+1 for its gradient); both directions carry micro-batches in increasing order, so
 the order also matches on backends that ignore tags (NCCL).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
 
 import torch
@@ -33,6 +36,43 @@ def recv_meta(src: int) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(int(x) for x in meta[2 : 2 + ndim]), _DTYPES[int(meta[1])]
 
 
+class _Watcher:
+    """Waits, in a thread, on receives in the order they were posted.
+
+    Gloo's receive handles never report completion to ``is_completed()`` (only
+    ``wait()`` does, and a ``wait`` with a timeout that expires closes the connection),
+    so "has it arrived?" needs a thread that waits; each arrival sets an event. Once a
+    watcher exists it is the only waiter of the works it was given.
+    """
+
+    def __init__(self) -> None:
+        self.events: dict[int, threading.Event] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name="jobctl-inbox").start()
+
+    def watch(self, i: int, work) -> None:
+        self.events[i] = threading.Event()
+        self.queue.put((i, work, self.events[i]))
+
+    def close(self) -> None:
+        self.queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            i, work, arrived = item
+            try:
+                work.wait()
+            except BaseException as e:  # handed to the taker, who re-raises it
+                self.errors[i] = e
+            arrived.set()
+
+    def wait(self, i: int) -> None:
+        self.events.pop(i).wait()
+        if i in self.errors:
+            raise self.errors.pop(i)
+
+
 class Inbox:
     """Pre-posted receives of one kind (activations or gradients) from one peer."""
 
@@ -42,18 +82,34 @@ class Inbox:
         self.todo = deque(order)
         self.window = max(1, window)
         self.posted: dict[int, tuple[torch.Tensor, object]] = {}
+        self.watcher: _Watcher | None = None  # started by the first ready() on gloo
         self._fill()
 
     def _fill(self) -> None:
         while self.todo and len(self.posted) < self.window:
             i = self.todo.popleft()
             buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            self.posted[i] = (buf, dist.irecv(buf, self.peer, tag=2 * i + self.parity))
+            work = dist.irecv(buf, self.peer, tag=2 * i + self.parity)
+            self.posted[i] = (buf, work)
+            if self.watcher is not None:
+                self.watcher.watch(i, work)
+        if self.watcher is not None and not self.todo:
+            self.watcher.close()
 
     def ready(self, i: int) -> bool:
         """Has micro-batch ``i`` arrived (never blocks)?"""
         entry = self.posted.get(i)
-        return entry is not None and entry[1].is_completed()
+        if entry is None:
+            return False
+        if dist.get_backend() != "gloo":
+            return entry[1].is_completed()
+        if self.watcher is None:
+            self.watcher = _Watcher()
+            for j, (_, work) in self.posted.items():
+                self.watcher.watch(j, work)
+            if not self.todo:
+                self.watcher.close()
+        return self.watcher.events[i].is_set()
 
     def take(self, i: int) -> torch.Tensor:
         """Wait for micro-batch ``i`` and return it."""
@@ -62,7 +118,10 @@ class Inbox:
                 f"micro-batch {i} received out of order (posted: {list(self.posted)})"
             )
         buf, work = self.posted.pop(i)
-        work.wait()
+        if self.watcher is not None:
+            self.watcher.wait(i)
+        else:
+            work.wait()
         self._fill()
         return buf
 

@@ -76,9 +76,10 @@ class Search:
 def schedule_options(spec, P: int) -> list[tuple[str, bool | None]]:
     """(schedule, recompute) pairs to try; recompute None: decide by memory."""
     par = spec.parallelism
-    names = AUTO_SCHEDULES if par.schedule == "auto" else (par.schedule,)
-    if P == 1:  # one stage: there is no pipeline to schedule differently
-        names = names if par.schedule != "auto" else ("1f1b",)
+    if par.schedule != "auto":
+        names: tuple[str, ...] = (par.schedule,)
+    else:  # one stage has no pipeline: every schedule is its F B F B ... there
+        names = AUTO_SCHEDULES if P > 1 else ("1f1b",)
     flag = {"none": False, "all": True, "auto": None}[par.recompute]
     return [(n, flag if n in ("gpipe", "1f1b") else False) for n in names]
 
@@ -148,7 +149,8 @@ def divisible_layouts(spec, P: int, G: int, m: int) -> list[tuple[int, int, str]
     if not explicit_m and D2 != D:
         per = B // D2
         m2 = max(d for d in range(1, min(m, per) + 1) if per % d == 0)
-        out.append((D2, m2, f"D={D0} x m={m} does not divide batch {B}: D={D2}, m={m2}"))
+        how = f"m lowered to {m2}" if D2 == D0 else f"D lowered to {D2} and m to {m2}"
+        out.append((D2, m2, f"D={D0} x m={m} does not divide batch {B}: {how}"))
     return out
 
 

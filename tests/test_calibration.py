@@ -1,0 +1,201 @@
+"""Calibration records: round trip, fingerprints, the cache, analytic values, lookups."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from jobctl.engine import calibration_cache as cache
+from jobctl.engine.calibration import (
+    AllreduceCalibration,
+    AllreducePoint,
+    Calibration,
+    HostCalibration,
+    LinkCalibration,
+    Stat,
+)
+from jobctl.engine.calibration_analytic import (
+    BLOCK_OVERHEAD_S,
+    analytic_calibration,
+    analytic_fingerprint,
+)
+from jobctl.engine.calibration_run import micro_batch_sizes
+from jobctl.engine.costs import model_costs
+from jobctl.engine.planner import make_plan
+
+from .jobrun import tiny_spec
+
+
+def measured_like(spec) -> Calibration:
+    """The analytic record of ``spec`` dressed as a measured one of this machine."""
+    cal = analytic_calibration(spec, cache.fingerprint(spec))
+    link = LinkCalibration(
+        source="measured",
+        latency_s=50e-6,
+        bandwidth_Bps=1e9,
+        points={1024: Stat.of([50e-6, 52e-6, 49e-6]), 65536: Stat.of([110e-6, 120e-6])},
+    )
+    return cal.model_copy(update={"source": "measured", "p2p_intra": link})
+
+
+def test_stat_of_samples():
+    s = Stat.of([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s.median, s.n) == (3.0, 5)
+    assert s.iqr == pytest.approx(2.0)
+    assert s.rel_std == pytest.approx(2.0 / 1.349 / 3.0)
+    assert Stat.of([7.0]) == Stat(median=7.0, iqr=0.0, n=1)
+
+
+def test_record_round_trips_through_the_cache(tmp_path):
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    path = cache.save(cal, tmp_path)
+    assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
+    raw = json.loads(path.read_text())
+    assert raw["version"] == 1 and raw["units"]["time"] == "s"
+    assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
+    back = cache.load(path)
+    assert back == cal
+    assert back.forward(1, 2) == cal.forward(1, 2)
+
+
+def test_cache_finds_only_a_matching_fingerprint(tmp_path):
+    spec = tiny_spec()
+    cache.save(measured_like(spec), tmp_path)
+    found = cache.find_cached(spec, tmp_path)
+    assert found is not None and found[0].source == "measured"
+    assert cache.find_cached(tiny_spec(**{"model.layers": 5}), tmp_path) is None
+    assert cache.find_cached(tiny_spec(**{"training.precision": "bf16"}), tmp_path) is None
+    assert cache.find_cached(spec, tmp_path, threads=2) is None
+    # Scale is not part of the fingerprint: other pools and batch sizes reuse it.
+    assert cache.find_cached(tiny_spec(**{"hardware.nodes": 8}), tmp_path) is not None
+    assert cache.find_cached(tiny_spec(**{"training.global_batch_size": 64}), tmp_path)
+
+
+def test_fingerprint_changes_with_torch_version(tmp_path, monkeypatch):
+    spec = tiny_spec()
+    cache.save(measured_like(spec), tmp_path)
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert cache.find_cached(spec, tmp_path) is None
+    assert cache.calibration_for(spec, tmp_path).source == "analytic"
+
+
+def test_other_format_versions_are_refused(tmp_path):
+    spec = tiny_spec()
+    path = cache.save(measured_like(spec), tmp_path)
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "version": 99}))
+    with pytest.raises(cache.CalibrationError, match="version 99"):
+        cache.load(path)
+    assert cache.find_cached(spec, tmp_path) is None
+
+
+def test_cached_record_takes_inter_node_values_from_the_current_spec(tmp_path):
+    spec = tiny_spec()
+    cache.save(measured_like(spec), tmp_path)
+    faster = tiny_spec(**{"hardware.interconnect.inter_node_gbps": 80.0})
+    cal, _ = cache.find_cached(faster, tmp_path)
+    assert cal.p2p_inter.source == "analytic"
+    assert cal.p2p_inter.bandwidth_Bps == pytest.approx(80e9 / 8)
+    assert cal.p2p_intra.source == "measured"  # measured values are kept
+
+
+def test_analytic_values_follow_the_spec():
+    spec = tiny_spec(**{"hardware.flops_tflops": 2.0})
+    cal = analytic_calibration(spec, analytic_fingerprint(spec, "x"))
+    costs = model_costs(spec)
+    assert cal.source == "analytic" and cal.num_blocks == costs.num_blocks == 6
+    for m in (1, 3, 8):
+        want = BLOCK_OVERHEAD_S["cpu"] + m * costs.flops[1] / 2e12
+        assert cal.forward(1, m) == pytest.approx(want)
+    assert cal.backward(1, 4) > cal.forward(1, 4)
+    ic = spec.hardware.interconnect
+    assert cal.p2p_inter.time(1e6) == pytest.approx(ic.latency_us * 1e-6 + 1e6 * 8 / 10e9)
+    assert cal.allreduce_inter.time(4, 1e6) > cal.allreduce_inter.time(2, 1e6)
+    assert cal.blocks[0].tied_bytes == cal.blocks[-1].tied_bytes == 4.0 * 256 * 64
+
+
+def test_interpolation_and_extrapolation_in_m():
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    f2, f4 = cal.forward(1, 2), cal.forward(1, 4)
+    assert cal.forward(1, 3) == pytest.approx((f2 + f4) / 2)
+    top = max(cal.micro_batch_sizes)
+    assert cal.forward(1, 2 * top) == pytest.approx(2 * cal.forward(1, top))
+
+
+def test_link_interpolates_between_measured_sizes():
+    link = LinkCalibration(
+        source="measured",
+        latency_s=1e-5,
+        bandwidth_Bps=1e8,
+        points={1000: Stat(median=2e-5), 3000: Stat(median=4e-5)},
+    )
+    assert link.time(2000) == pytest.approx(3e-5)
+    assert link.time(1e6) == pytest.approx(1e-5 + 1e-2)  # beyond: the fit
+
+
+def test_allreduce_uses_measured_points_then_the_ring_model():
+    ar = AllreduceCalibration(
+        source="measured",
+        latency_s=1e-5,
+        bandwidth_Bps=1e9,
+        points=[
+            AllreducePoint(ring=2, inflight=1, bytes=1000, time=Stat(median=1e-4)),
+            AllreducePoint(ring=2, inflight=1, bytes=3000, time=Stat(median=3e-4)),
+            AllreducePoint(ring=2, inflight=2, bytes=1000, time=Stat(median=1.5e-4)),
+            AllreducePoint(ring=2, inflight=2, bytes=3000, time=Stat(median=4e-4)),
+        ],
+    )
+    assert ar.time(1, 1e9) == 0.0
+    assert ar.time(2, 2000) == pytest.approx(2e-4)
+    assert ar.time(2, 2000, inflight=2) == pytest.approx(2.75e-4)
+    assert ar.time(2, 2000, inflight=4) == pytest.approx(2 * 2.75e-4)
+    ring8 = 2 * 7 * 1e-5 + 2 * 7 / 8 * 2000 / 1e9  # not measured: the ring model
+    assert ar.time(8, 2000) == pytest.approx(ring8)
+
+
+def test_host_factor_interpolates_and_shares_cores_beyond():
+    host = HostCalibration(source="measured", cores=2, slowdown={2: 1.1, 4: 2.2})
+    assert host.factor(1) == 1.0
+    assert host.factor(3) == pytest.approx(1.65)
+    assert host.factor(8) == pytest.approx(4.4)
+
+
+def test_micro_batch_sizes_cover_powers_of_two_and_the_explicit_size():
+    assert micro_batch_sizes(tiny_spec()) == [1, 2, 4, 8, 16]
+    odd = tiny_spec(**{"training.global_batch_size": 24, "training.micro_batch_size": 3})
+    assert micro_batch_sizes(odd) == [1, 2, 3, 4, 8, 16]
+
+
+def test_same_record_plans_small_and_huge_pools(tmp_path):
+    """Scale invariance: nothing in the record depends on G."""
+    spec = tiny_spec(
+        **{
+            "model.hidden": 1024,
+            "model.layers": 8,
+            "model.seq_len": 512,
+            "hardware.memory_gb": 80,
+            "training.global_batch_size": 4096,
+            "parallelism.pipeline_stages": "auto",
+            "parallelism.data_parallel": "auto",
+            "training.micro_batch_size": "auto",
+            "hardware.device": "cuda",
+        }
+    )
+    cal = measured_like(spec)
+    small, large = make_plan(spec, 4, calibration=cal), make_plan(spec, 1024, calibration=cal)
+    assert small.world_size <= 4 and 256 < large.world_size <= 1024
+    assert small.prediction.calibration == large.prediction.calibration == cal.fingerprint.key
+    assert large.prediction.samples_per_s > 10 * small.prediction.samples_per_s
+
+
+def test_plan_uses_the_cached_record_when_it_matches(tmp_path):
+    spec = tiny_spec()
+    assert make_plan(spec, home=tmp_path).prediction.source == "analytic"
+    cache.save(measured_like(spec), tmp_path)
+    plan = make_plan(spec, home=tmp_path)
+    assert plan.prediction.source == "calibration"
+    assert plan.explanation[0].startswith("costs: measured calibration")
