@@ -2,11 +2,12 @@
 
 One calibration of the model on this machine is taken at the start (``calibrate``:
 compute per block, point-to-point, allreduce and core sharing in a real process
-group); then each configuration is planned with it (``make_plan`` with that
-calibration: the prediction is the simulated step) and run for real through the
-local backend, and its median step time after warm-up is compared with the
-prediction. Configurations vary P, D, m, the number of micro-batches and the
-schedule. Varuna reports its estimates within 5 % of measured times (Table 7).
+group; taken again while other work disturbed it). Each configuration is then planned
+with it (``make_plan`` with that calibration: the prediction is the simulated step)
+and run for real through the local backend, and its median step time after warm-up
+is compared with the prediction. Configurations vary P, D, m, the number of
+micro-batches and the schedule. Varuna reports its estimates within 5 % of measured
+times (Table 7).
 
     python benchmarks/simulator_accuracy.py [--steps 30] [--only 3] [--attempts 3]
 
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.jobbench import Interference, job_spec, layout, measure_best, wait_quiet
+from jobctl.engine.calibration import Calibration
 from jobctl.engine.calibration_run import calibrate
 from jobctl.engine.planner import make_plan
 
@@ -42,6 +44,21 @@ CONFIGS = [  # (P, D, m, global batch, schedule, extra overrides)
 ]
 
 
+def calibrate_quietly(spec, home: Path, attempts: int) -> tuple[Calibration, float]:
+    """The one calibration of the run: taken again (up to ``attempts`` times) while other
+    processes took more than 5 % of the CPU, keeping the least disturbed."""
+    best: tuple[Calibration, float] | None = None
+    for _ in range(attempts):
+        wait_quiet()
+        with Interference() as other:
+            cal, _ = calibrate(spec, home)
+        if best is None or other.fraction < best[1]:
+            best = (cal, other.fraction)
+        if best[1] < 0.05:
+            break
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="steps per real run")
@@ -53,10 +70,8 @@ def main() -> None:
     base = job_spec(**MODEL, **{"training.steps": args.steps})
     with tempfile.TemporaryDirectory(prefix="jobctl-accuracy-") as tmp:
         home = Path(tmp)
-        wait_quiet()
-        with Interference() as other:
-            cal, _ = calibrate(base, home)
-        print(f"calibration: {cal.seconds:.1f} s, other load {100 * other.fraction:.0f} %")
+        cal, load = calibrate_quietly(base, home, args.attempts)
+        print(f"calibration: {cal.seconds:.1f} s, other load {100 * load:.0f} %")
         print(f"{'config':<44} {'predicted':>10} {'measured':>10} {'error':>8} {'other':>6}")
         errors = []
         for P, D, m, B, schedule, extra in CONFIGS[: args.only]:

@@ -23,6 +23,8 @@ import torch.distributed as dist
 TIMEOUT_S = 300.0
 WARMUP = 3
 ROUNDS = 3  # of the core-sharing probe
+PROBE_WINDOW_S = 0.25  # each process probes for this long per round and process count
+P2P_REPEATS = 3  # ping-pong samples per size, in units of the job's repeats
 
 
 def main(job: dict) -> None:
@@ -75,7 +77,8 @@ def _pingpong(rank: int, job: dict, device: torch.device, probe) -> dict:
         while probe is not None and not stop.exists():
             probe()
         return out
-    for r in range(WARMUP + job["repeats"]):
+    # Messages are cheap and their latency bimodal (a halted vCPU wakes slowly): many.
+    for r in range(WARMUP + P2P_REPEATS * job["repeats"]):
         for k, (n, buf) in enumerate(zip(sizes, bufs, strict=True)):
             tag = r * len(sizes) + k
             if rank == 0:
@@ -115,24 +118,37 @@ def _allreduces(rank: int, job: dict, groups: dict, device: torch.device) -> lis
 
 def _slowdown(rank: int, world: int, job: dict, probe) -> dict[int, float]:
     """Time factor of the probe when k processes run it at once, each k against k=1
-    measured in the same round."""
-    per_round = max(3, job["repeats"] // ROUNDS)
+    measured in the same round.
+
+    Each process's mean time per probe counts, not its median: with more processes
+    than cores the scheduler lets one run whole probes and then stops it for a whole
+    time slice, so the median probe looks unslowed while the mean is the share of a
+    core it got.
+    """
     ratios: dict[int, list[float]] = {k: [] for k in range(2, world + 1)}
+    probe()  # warm-up
     for _ in range(ROUNDS):
-        medians = {}
+        means = {}
         for k in range(1, world + 1):
             dist.barrier()
-            times = []
-            for _ in range(1 + per_round) if rank < k else ():
-                t0 = time.perf_counter()
-                probe()
-                times.append(time.perf_counter() - t0)
+            mine = _mean_probe_time(probe) if rank < k else 0.0
             gathered = [0.0] * world
-            dist.all_gather_object(gathered, statistics.median(times[1:]) if times else 0.0)
-            medians[k] = statistics.median(gathered[:k])
+            dist.all_gather_object(gathered, mine)
+            means[k] = statistics.median(gathered[:k])
         for k in ratios:
-            ratios[k].append(medians[k] / medians[1])
+            ratios[k].append(means[k] / means[1])
     return {k: statistics.median(v) for k, v in ratios.items()}
+
+
+def _mean_probe_time(probe) -> float:
+    """Mean seconds per probe over a fixed window: processes that run together for the
+    same wall time overlap fully, whatever share of a core each gets."""
+    start = time.perf_counter()
+    count = 0
+    while (elapsed := time.perf_counter() - start) < PROBE_WINDOW_S:
+        probe()
+        count += 1
+    return elapsed / count
 
 
 def _probe(job: dict):

@@ -1,14 +1,16 @@
 """Measure per-block compute with torch: forward, backward, optimizer, memory, data.
 
-Each block is built alone (Varuna sec. 4.3: "running a few micro-batches using random
-input values to mock the previous stages"), in training mode, under the job's
-numerics, on the job's device kind. Its input is the previous block's output on real
-data, so shapes and the last block's loss are exactly the runtime's. Forward with an
-autograd graph, forward without one (the first pass of a recomputed micro-batch) and
-backward are timed separately, each as the median of ``repeats`` runs after warm-up;
-gradients accumulate across runs as they do across micro-batches. Activation bytes
-are the tensors autograd saves for backward; peak memory is measured by the CUDA
-allocator, or on CPU estimated from weights, gradients, saved tensors and output.
+Each block is built (Varuna sec. 4.3: "running a few micro-batches using random input
+values to mock the previous stages") in training mode, under the job's numerics, on
+the job's device kind, its input the previous block's output on real data, so shapes
+and the last block's loss are exactly the runtime's. Alone, a block gives its sizes,
+memory and optimizer step. Its times (forward with an autograd graph, forward without
+one, the first pass of a recomputed micro-batch, and backward) come from the whole
+model run as one chain, as a stage runs its blocks, each the median of ``repeats``
+runs after warm-up; gradients accumulate across runs as across micro-batches.
+Activation bytes are the tensors autograd saves for backward; peak memory is measured
+by the CUDA allocator, or on CPU estimated from weights, gradients, saved tensors and
+output.
 """
 
 from __future__ import annotations
@@ -62,32 +64,92 @@ def measure_blocks(
     warmup: int = 3,
     progress: Progress | None = None,
 ) -> list[BlockCalibration]:
-    """Calibrate every block of the spec's model at every micro-batch size in ``ms``."""
+    """Calibrate every block of the spec's model at every micro-batch size in ``ms``.
+
+    Each block alone gives its sizes, memory and optimizer step; its times come from
+    the whole model run as one chain (``_chain_times``): that is how a stage runs its
+    blocks, and a block timed alone, its weights hot in cache, runs its forward up to
+    a fifth faster. Where the whole model does not fit the device, the times of each
+    block alone are kept.
+    """
     mdef = model_def(spec.model, spec.training.seed)
     data = make_data(spec)
     tokens = {m: data.batch(0, m) for m in ms}
     inputs = {m: tokens[m][0].to(device) for m in ms}
     tied = _tied_bytes(mdef)
-    out = []
+    benches, timings = [], []
     for i in range(mdef.num_blocks):
         if progress:
             progress(f"block {i + 1}/{mdef.num_blocks} ({mdef.names[i]})", i / mdef.num_blocks)
         block = mdef.block(i).to(device).train()
         last = i == mdef.num_blocks - 1
-        bench = _BlockBench(spec, block, device, last, repeats, warmup)
-        timings = {m: bench.run(inputs[m], tokens[m][1].to(device)) for m in ms}
-        out.append(_record(mdef.names[i], block, bench, timings, tied.get(i, 0.0)))
-        inputs = {m: timings[m].output for m in ms}
-    return out
+        benches.append(_BlockBench(spec, block, device, last, repeats, warmup))
+        timings.append({m: benches[i].run(inputs[m], tokens[m][1].to(device)) for m in ms})
+        inputs = {m: timings[i][m].output for m in ms}
+    try:
+        for m in ms:
+            x, y = (t.to(device) for t in tokens[m])
+            for t, (fwd, nograd, bwd) in zip(timings, _chain_times(benches, x, y), strict=True):
+                t[m].forward, t[m].nograd, t[m].backward = fwd, nograd, bwd
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+    return [_record(mdef.names[i], b, timings[i], tied.get(i, 0.0)) for i, b in enumerate(benches)]
 
 
-def _record(name: str, block, bench: _BlockBench, timings: dict, tied: float) -> BlockCalibration:
+def _chain_times(benches: list[_BlockBench], x: torch.Tensor, y: torch.Tensor) -> list:
+    """Per block (forward, forward without graph, backward) Stats from the whole model
+    run as one chain, ``warmup`` + ``repeats`` times."""
+    bench = benches[0]
+    runs = [_chain_once(benches, x, y) for _ in range(bench.warmup + bench.repeats)]
+    runs = runs[bench.warmup :]
+    return [
+        tuple(Stat.of([run[kind][i] for run in runs]) for kind in range(3))
+        for i in range(len(benches))
+    ]
+
+
+def _chain_once(benches: list[_BlockBench], x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """One forward+backward and one no-graph forward of the chain, timed per block.
+
+    Backward times come from hooks that fire as the gradient crosses each block
+    boundary: block i's backward ends when the gradient of block i-1's output exists.
+    """
+    n, clock = len(benches), benches[0].clock
+    stamps: dict[int, float] = {}
+
+    def stamp(i: int):
+        return lambda _grad: stamps.__setitem__(i, clock.now())
+
+    h, fwd = x, []
+    for i, b in enumerate(benches):
+        t0 = clock.now()
+        h = b.forward(h, y)
+        fwd.append(clock.now() - t0)
+        if i < n - 1 and h.requires_grad:
+            h.register_hook(stamp(i))
+    start = clock.now()
+    h.backward()
+    end = clock.now()
+    # A boundary no gradient crosses (no weights below it) closes at the end.
+    edges = [start, *(stamps.get(i, end) for i in reversed(range(n - 1))), end]
+    bwd = [edges[n - i] - edges[n - 1 - i] for i in range(n)]
+    nograd, h = [], x
+    with torch.no_grad():
+        for b in benches:
+            t0 = clock.now()
+            h = b.forward(h, y)
+            nograd.append(clock.now() - t0)
+    return fwd, nograd, bwd
+
+
+def _record(name: str, bench: _BlockBench, timings: dict, tied: float) -> BlockCalibration:
     """The calibration of one block from its timings at every m."""
     big = max(timings)
+    params = list(bench.block.parameters())
     return BlockCalibration(
         name=name,
-        params=sum(p.numel() for p in block.parameters()),
-        param_bytes=float(sum(p.numel() * p.element_size() for p in block.parameters())),
+        params=sum(p.numel() for p in params),
+        param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
         state_bytes=bench.state_bytes(),
         tied_bytes=tied,
         act_bytes=timings[big].saved_bytes / big,
@@ -133,7 +195,8 @@ class _BlockBench:
         self.opt = build_optimizer(list(block.parameters()), spec.training)
         self.scale = 1.0 / spec.training.global_batch_size
 
-    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The block on ``x``; the last block also takes the loss against ``y``."""
         with autocast_for(self.spec, self.device):
             out = self.block(x)
             return lm_loss(out, y) * self.scale if self.last else out
@@ -144,14 +207,14 @@ class _BlockBench:
         for r in range(self.warmup + self.repeats):
             xin = x.detach().requires_grad_(x.is_floating_point())
             t0 = self.clock.now()
-            out = self._forward(xin, y)
+            out = self.forward(xin, y)
             t1 = self.clock.now()
             if grad is None:
                 grad = torch.randn_like(out) * 1e-3 if not self.last else None
             out.backward(grad)
             t2 = self.clock.now()
             with torch.no_grad():
-                self._forward(x, y)
+                self.forward(x, y)
             t3 = self.clock.now()
             if r >= self.warmup:
                 fwd.append(t1 - t0)
@@ -186,7 +249,7 @@ class _BlockBench:
             base = torch.cuda.memory_allocated(self.device)
         xin = x.detach().requires_grad_(x.is_floating_point())
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = self._forward(xin, y)
+            out = self.forward(xin, y)
         saved = float(sum(seen.values()))
         out.backward(torch.zeros_like(out) if not self.last else None)
         state = self.state_bytes()
