@@ -42,10 +42,14 @@ Snapshot = dict[int, dict]  # block -> {"params": {name: tensor}, "optim": {name
 
 
 def snapshot_blocks(
-    stage: Stage, opt: torch.optim.Optimizer, blocks: list[int], ties: list[Tie]
+    stage: Stage,
+    opt: torch.optim.Optimizer,
+    blocks: list[int],
+    ties: list[Tie],
+    masks: dict[str, torch.Tensor] | None = None,
 ) -> Snapshot:
-    """Copies of the parameters and optimizer state of ``blocks`` (the only part of a
-    checkpoint that must happen while training waits)."""
+    """Copies of the parameters, optimizer state and pruning masks (if any) of ``blocks``
+    (the only part of a checkpoint that must happen while training waits)."""
     aliases = {t.alias for t in ties}
     snap: Snapshot = {}
     for b in blocks:
@@ -54,6 +58,8 @@ def snapshot_blocks(
             "params": {n: p.detach().cpu().clone() for n, p in params.items()},
             "optim": {n: _cpu_state(opt.state.get(p, {})) for n, p in params.items()},
         }
+        if masks:
+            snap[b]["masks"] = {n: masks[n].cpu().clone() for n in params if n in masks}
     return snap
 
 
@@ -91,6 +97,24 @@ def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: 
                 k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
                 for k, v in state.items()
             }
+
+
+def load_masks(ckpt_dir: Path, names: list[str], ties: list[Tie]) -> dict[str, torch.Tensor]:
+    """Pruning masks saved with the block files for parameters ``names`` (an alias gets
+    its canonical's mask); names without a saved mask are left out."""
+    alias_of = {t.alias: t.canonical for t in ties}
+    cache: dict[int, dict] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        source = alias_of.get(name, name)
+        block = int(source.split(".")[1])
+        if block not in cache:
+            path = ckpt_dir / block_file(block)
+            cache[block] = torch.load(path, map_location="cpu", weights_only=True)
+        mask = cache[block].get("masks", {}).get(source)
+        if mask is not None:
+            out[name] = mask
+    return out
 
 
 def write_meta(out_dir: Path, meta: dict) -> str:

@@ -12,6 +12,9 @@ import torch
 from .data import Sharding, make_data
 from .model import Stage, lm_loss, model_def
 from .optim import build_optimizer, lr_at, set_lr
+from .pruning import prunable_names
+from .pruning_schedule import target_at
+from .pruning_select import select_single
 
 
 def reference_train(
@@ -20,12 +23,15 @@ def reference_train(
     micro_batch: int | None = None,
     start_state: dict[str, torch.Tensor] | None = None,
     start_step: int = 0,
+    masks: dict[str, torch.Tensor] | None = None,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train the spec's model in one process; returns per-step losses and final weights.
 
     ``start_state`` (parameters by unsplit name) and ``start_step`` continue from a
     checkpoint's weights; the optimizer state then starts fresh, so use it only for
-    comparisons that expect that.
+    comparisons that expect that. With ``pruning.enabled`` it prunes as the pipeline
+    does (after the optimizer step of each pruning step, on the assembled model); the
+    final masks go into ``masks`` if given (and ``masks`` passed in continue a run).
     """
     torch.manual_seed(spec.training.seed)
     mdef = model_def(spec.model, spec.training.seed)
@@ -39,6 +45,9 @@ def reference_train(
     shard = Sharding(B, 1, m)
     data = make_data(spec)
     losses = []
+    held = dict(masks or {})
+    if start_step == 0:
+        _prune(spec, mdef.ties, params, opt, held, 0)
     for step in range(start_step, steps if steps is not None else spec.training.steps):
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -47,7 +56,31 @@ def reference_train(
             loss = lm_loss(model(x), y) * shard.loss_scale
             loss.backward()
             total += float(loss.detach())
+        for n, keep in held.items():
+            params[n].grad.masked_fill_(~keep, 0.0)
         set_lr(opt, lr_at(step, spec.training))
         opt.step()
+        with torch.no_grad():
+            for n, keep in held.items():
+                params[n].masked_fill_(~keep, 0.0)
+        _prune(spec, mdef.ties, params, opt, held, step + 1)
         losses.append(total)
+    if masks is not None:
+        masks.update(held)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def _prune(spec, ties, params: dict, opt, held: dict, step: int) -> None:
+    """Global magnitude pruning of the assembled model if ``step`` is a pruning step."""
+    target = target_at(spec, step) if spec.pruning.enabled else None
+    if target is None:
+        return
+    names = prunable_names(list(params), spec.pruning.prunable, ties)
+    new, *_ = select_single({n: params[n] for n in names}, target)
+    for n, m in new.items():
+        held[n] = m & held[n] if n in held else m
+        params[n].masked_fill_(~held[n], 0.0)
+        for v in opt.state.get(params[n], {}).values():
+            if torch.is_tensor(v) and v.shape == m.shape:
+                v.masked_fill_(~held[n], 0)

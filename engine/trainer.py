@@ -30,6 +30,7 @@ from .model import Stage, block_seed, model_def
 from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from .p2p import recv_meta, send_meta
 from .plan import Plan
+from .pruning import Pruner
 from .topology import build_topology
 
 
@@ -65,6 +66,11 @@ class Trainer:
         root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
         shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
         self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)
+        self.pruner = (
+            Pruner(spec, self.stage, self.named, self.opt, self.topo, self.mdef.ties, self.events)
+            if spec.pruning.enabled
+            else None
+        )
 
     def _autocast(self):
         if self.spec.training.precision == "bf16":
@@ -93,6 +99,8 @@ class Trainer:
             raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
         load_blocks(self.stage, self.opt, ckpt_dir, self.mdef.ties)
         self.start_step = int(meta["step"])
+        if self.pruner is not None:
+            self.pruner.load(ckpt_dir, self.start_step)
 
     def run(self) -> None:
         if f"rank-{self.rank}" == self.ckpt.local_parts[0]:
@@ -109,12 +117,17 @@ class Trainer:
             opportunistic=self.spec.parallelism.schedule == "varuna",
         )
         total = self.spec.training.steps
+        if self.pruner is not None and self.start_step == 0:
+            self.pruner.maybe_prune(0)  # a schedule may start before the first step
         for step in range(self.start_step, total):
             t0 = time.perf_counter()
-            stats = self.train_step(ex, step)
+            with self.pruner.profile_step(step) if self.pruner else contextlib.nullcontext():
+                stats = self.train_step(ex, step)
             loss = self.global_loss(stats)
             self.report(step + 1, loss, time.perf_counter() - t0, stats)
             done = step + 1
+            if self.pruner is not None:
+                self.pruner.maybe_prune(done)  # after step `done`'s optimizer step
             stopping = self.agree_to_stop()
             if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
                 self.checkpoint(done, final=stopping or done == total)
@@ -147,8 +160,12 @@ class Trainer:
         with self._autocast():
             stats = ex.run(self.actions, step)
         sync_gradients(self.named, self.topo, self.ties)
+        if self.pruner is not None:
+            self.pruner.mask_grads()
         set_lr(self.opt, lr_at(step, self.spec.training))
         self.opt.step()
+        if self.pruner is not None:
+            self.pruner.after_step()
         return stats
 
     def global_loss(self, stats: StepStats) -> float | None:
@@ -191,7 +208,8 @@ class Trainer:
         the background upload.
         """
         mine = blocks_written_by(self.plan, self.rank)
-        snap = snapshot_blocks(self.stage, self.opt, mine, self.mdef.ties)
+        masks = self.pruner.masks if self.pruner is not None else None
+        snap = snapshot_blocks(self.stage, self.opt, mine, self.mdef.ties, masks)
         meta = {
             "step": step,
             "next_sample": step * self.plan.global_batch_size,
