@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .launch import Run, failing_rank, last_lines, read_metrics
+from .pruning_events import PruningWatch
 from .state import StateDB
 from .stragglers import StragglerDetector
 
@@ -70,6 +71,7 @@ class Monitor:
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
         self.stragglers: list[int] = []
+        self.pruning = PruningWatch(db, run.id)
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
 
@@ -124,6 +126,7 @@ class Monitor:
             self.db.update_run(
                 rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
             )
+            self.pruning.step(rec["step"])
         elif kind == "checkpoint":
             self.finished = self.finished or rec["step"] == self.total
             self.db.update_run(rid, last_checkpoint=rec["step"])
@@ -141,6 +144,8 @@ class Monitor:
             self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)
+        elif kind in ("pruning", "profile"):
+            self.pruning.record(rec)
 
     def _heartbeat(self, rec: dict) -> None:
         d = self.detector
