@@ -86,6 +86,11 @@ def select_masks(params: Params, sparsity: float, gather: GatherFn, me: int):
     ``me`` is this stage's position. Returns (masks, k, total, tau)."""
     counts = gather(torch.tensor([sum(p.numel() for p in params.values())], dtype=torch.int64))
     total = int(sum(int(c) for c in counts))
+    if total == 0:
+        raise ValueError(
+            "pruning.prunable matches no parameter of the model; fix the globs "
+            "(names look like 'layers.2.attn.qkv.weight') or set pruning.enabled: false"
+        )
     k = count_to_prune(sparsity, total)
     if k == 0:
         return keep_masks(params, None, 0), 0, total, None

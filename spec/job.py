@@ -67,6 +67,17 @@ class JobSpec(SpecModel):
         yield from self._pool_violations()
         yield from self._stage_violations()
         yield from self._batch_violations()
+        yield from self._pruning_violations()
+
+    def _pruning_violations(self) -> Iterator[Violation]:
+        p, steps = self.pruning, self.training.steps
+        if p.enabled and p.end_step > steps:
+            yield Violation(
+                "pruning.end_step",
+                f"end_step {p.end_step} is after the last training step {steps}: the run "
+                f"would stop before reaching final_sparsity {p.final_sparsity}",
+                f"lower pruning.end_step to at most {steps} or raise training.steps",
+            )
 
     def _pool_violations(self) -> Iterator[Violation]:
         p, d, hw = self.parallelism.pipeline_stages, self.parallelism.data_parallel, self.hardware

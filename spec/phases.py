@@ -78,6 +78,25 @@ class PruningSpec(SpecModel):
                 f"{self.final_sparsity}",
                 "pruning only grows sparsity: make initial_sparsity <= final_sparsity",
             )
+        span = self.end_step - self.start_step
+        if span > 0 and span % self.frequency:
+            near = [f for f in range(1, span + 1) if span % f == 0]
+            best = min(near, key=lambda f: abs(f - self.frequency))
+            yield Violation(
+                "frequency",
+                f"end_step - start_step = {span} is not a multiple of frequency "
+                f"{self.frequency}, so the cubic schedule (s_t at start_step + k * frequency) "
+                "never lands on end_step",
+                f"set pruning.frequency to a divisor of {span} (e.g. {best}) or pruning.end_step "
+                f"to {self.start_step + -(-span // self.frequency) * self.frequency}",
+            )
+        if not self.prunable:
+            yield Violation(
+                "prunable",
+                "no parameter patterns: nothing could be pruned",
+                f"list fnmatch globs on parameter names, e.g. {DEFAULT_PRUNABLE}, "
+                "or set pruning.enabled: false",
+            )
 
 
 class RebalancingSpec(SpecModel):
