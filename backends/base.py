@@ -50,6 +50,9 @@ class RunContext:
     # Run-folder files every node reads (spec.yaml, plan.json), shipped by backends whose
     # nodes do not share the supervisor's disk (Kubernetes, ssh).
     inputs: dict[str, str] = field(default_factory=dict)
+    # Secrets for the node processes (the channel secret): handed to them through the
+    # environment of the submitting command, never rendered into a script.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def rdzv_host(self) -> str:

@@ -41,6 +41,7 @@ class LocalBackend(BackendBase):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **ctx.secret_env},
             )
             log.close()
             self._procs[str(proc.pid)] = proc

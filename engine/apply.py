@@ -17,8 +17,10 @@ from rich.console import Console
 
 from jobctl.backends import get_backend
 
+from .channel import SECRET_ENV
+from .channel_host import spawn_run_host, wait_run_host
 from .checkpoint import read_meta
-from .launch import Run, host_rendezvous, new_run_id, prepare_run, read_metrics
+from .launch import Run, channel_env, new_run_id, prepare_run, read_metrics
 from .monitor import Monitor, Outcome, progress_bar, watch
 from .plan import Plan
 from .planner import PlanError, make_plan
@@ -145,7 +147,8 @@ def _attempt(
     env = {"JOBCTL_RESUME_DIR": str(point.path)} if point else {}
     if db.get_run(run_id) is not None:  # resuming: the layout is planned anew for the devices now
         db.set_phase(run_id, "morphing", f"re-planned as {plan.summary()}")
-    run = prepare_run(spec, plan, db, spec_path, backend_name, env, run_id)
+    cenv, senv, cport = channel_env(spec.hardware.rendezvous_host)
+    run = prepare_run(spec, plan, db, spec_path, backend_name, {**env, **cenv}, run_id, senv)
     if point:
         db.add_event(
             run.id,
@@ -154,12 +157,22 @@ def _attempt(
             {"step": point.step, "source": point.source, "path": str(point.path)},
         )
     db.set_phase(run.id, "launching", plan.summary())
-    store = host_rendezvous(run.ctx.rdzv_endpoint)  # noqa: F841 - must live until the end
+    # The rendezvous store and the event channel live in a detached run host, so the
+    # workers keep training if this process dies (engine/channel_host.py).
+    proc = spawn_run_host(run.dir, run.ctx.rdzv_endpoint, cport, senv.get(SECRET_ENV))
     handles = backend.submit(run.rendered, run.ctx)
+    try:
+        host = wait_run_host(run.dir, proc)
+    except RuntimeError:
+        backend.cancel(handles, 9)
+        raise
     db.update_run(run.id, pids=",".join(map(str, handles)))
     db.set_phase(run.id, "training", f"pid {os.getpid()} supervising {len(handles)} node(s)")
     start = point.step if point else 0
-    outcome = _supervise(run, backend, handles, db, spec, start, opts, console)
+    try:
+        outcome = _supervise(run, backend, handles, db, spec, start, opts, console)
+    finally:
+        host.stop()
     if outcome.kind == "preempted":
         db.set_phase(run.id, "morphing", outcome.message)
     return run, outcome
@@ -170,8 +183,11 @@ def _supervise(
 ) -> Outcome:
     total = spec.training.steps
     threshold = spec.elasticity.straggler_threshold
+    hb = spec.elasticity.heartbeat_timeout_s
     if not opts.show_progress:
-        monitor = Monitor(run, backend, handles, db, total, straggler_threshold=threshold)
+        monitor = Monitor(
+            run, backend, handles, db, total, straggler_threshold=threshold, heartbeat_timeout_s=hb
+        )
         return watch(monitor, deadline=opts.deadline_s)
     with progress_bar(console) as bar:
         task = bar.add_task(run.id, total=total, completed=start, loss="-", sps="-")
@@ -194,5 +210,5 @@ def _supervise(
                     description=f"upload step {rec['step']}",
                 )
 
-        monitor = Monitor(run, backend, handles, db, total, on_event, threshold)
+        monitor = Monitor(run, backend, handles, db, total, on_event, threshold, hb)
         return watch(monitor, deadline=opts.deadline_s)

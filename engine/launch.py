@@ -51,6 +51,7 @@ def run_context(
     run_dir: Path,
     env: dict[str, str] | None = None,
     port: int | None = None,
+    secret_env: dict[str, str] | None = None,
 ) -> RunContext:
     """Launch context of a plan: nodes, processes per node, rendezvous endpoint."""
     hw = spec.hardware
@@ -67,6 +68,7 @@ def run_context(
         elasticity=spec.elasticity,
         # Nodes that do not share this disk (Kubernetes, ssh) get these shipped.
         inputs={"spec.yaml": dump_yaml(spec), "plan.json": plan.model_dump_json(indent=2)},
+        secret_env=dict(secret_env or {}),
     )
 
 
@@ -78,6 +80,7 @@ def prepare_run(
     backend: str,
     env: dict[str, str] | None = None,
     run_id: str | None = None,
+    secret_env: dict[str, str] | None = None,
 ) -> Run:
     """Create (or, for ``run_id``, re-plan) the run folder, its scripts and its DB row.
 
@@ -93,7 +96,7 @@ def prepare_run(
     else:
         _archive_plan(run_dir)
     (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
-    ctx = run_context(spec, plan, run_id, run_dir, env)
+    ctx = run_context(spec, plan, run_id, run_dir, env, secret_env=secret_env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
     fields = {"devices": plan.world_size, "plan": plan.summary(), "backend": backend}
@@ -122,6 +125,24 @@ def _archive_plan(run_dir: Path) -> None:
     for name in ("plan.json", "errors"):
         if (run_dir / name).exists():
             (run_dir / name).replace(target / name)
+
+
+def channel_env(host: str) -> tuple[dict[str, str], dict[str, str], int]:
+    """(node env, secret env, port) of a fresh event channel on ``host``.
+
+    The URL goes into the node scripts; the per-run secret only into the environment
+    of the submitting command (``RunContext.secret_env``), never into a file.
+    ``JOBCTL_CHANNEL=off`` keeps the file sink (nodes append to the shared
+    ``metrics.jsonl`` themselves).
+    """
+    import os
+
+    from .channel import SECRET_ENV, URL_ENV, new_secret
+
+    if os.environ.get("JOBCTL_CHANNEL", "on") == "off":
+        return {}, {}, 0
+    port = free_port(host)
+    return {URL_ENV: f"http://{host}:{port}"}, {SECRET_ENV: new_secret()}, port
 
 
 def host_rendezvous(endpoint: str):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from .channel_liveness import HeartbeatWatch
 from .launch import Run, failing_rank, last_lines, read_metrics
 from .pruning_events import PruningWatch
 from .state import StateDB
@@ -58,8 +59,11 @@ class Monitor:
         total_steps: int,
         on_event: Callable[[dict], None] | None = None,
         straggler_threshold: float = 0.15,
+        heartbeat_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
+        self.beats = HeartbeatWatch(heartbeat_timeout_s, clock)
         self.total = total_steps
         self.on_event = on_event
         metrics = run.dir / "metrics.jsonl"
@@ -85,6 +89,13 @@ class Monitor:
             # Every step trained and the final checkpoint is on disk: however the agents
             # left (a late SIGTERM, say), nothing is missing.
             return Outcome(True, 0, "completed", self.losses)
+        silent = [] if self.sigterm_nodes or self.finished else self.beats.silent(codes)
+        if silent:  # processes still there, heartbeats gone: a lost or hung machine
+            self.backend.cancel(self.handles, 9)
+            t = self.beats.timeout_s
+            msg = f"no heartbeat from node(s) {silent} for {t:.0f} s"
+            self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
+            return Outcome(False, 1, msg, self.losses, "preempted", silent)
         killed = [n for n, c in enumerate(codes) if c is not None and c < 0]
         if killed:  # a node's process tree vanished: preemption, not a bug
             self.backend.cancel(self.handles, 9)
@@ -148,6 +159,7 @@ class Monitor:
             self.pruning.record(rec)
 
     def _heartbeat(self, rec: dict) -> None:
+        self.beats.saw(rec["node"])
         d = self.detector
         d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
         d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from jobctl.spec import spec_hash
 
 from .actions import Action
+from .channel_client import event_sink
 from .checkpoint import blocks_written_by, load_blocks, read_meta, snapshot_blocks
-from .ckpt_manager import CheckpointManager, EventLog
+from .ckpt_manager import CheckpointManager
 from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
 from .model import Stage, block_seed, model_def
@@ -62,7 +63,7 @@ class Trainer:
         self.data = make_data(spec)
         self.start_step = 0
         self.stop_requested = False
-        self.events = EventLog(run_dir / "metrics.jsonl")
+        self.events = event_sink(run_dir, rank)  # the run's channel, else metrics.jsonl
         root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
         shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
         self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)

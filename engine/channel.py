@@ -1,0 +1,190 @@
+"""The run's event channel: workers post heartbeats and events over HTTP to the run host.
+
+Nodes without a shared run folder (ssh, Slurm, Kubernetes) cannot append to the run's
+``metrics.jsonl``; they post batches of events here instead. The server is a stdlib
+``ThreadingHTTPServer`` in a thread. Every request carries the run's secret as
+``Authorization: Bearer <secret>`` (compared with ``hmac.compare_digest``); a request
+without it or with a wrong one gets 401 and is counted and logged. Accepted events are
+appended, in the order they were accepted and stamped with their sender (``src``), to
+``metrics.jsonl`` in the run folder: the archive that ``logs``, ``status``, ``report``
+and the supervisor's Monitor read.
+
+Each sender numbers its batches (``src``, ``seq``); a batch is retried with the same
+number until it is acknowledged, so a retry whose first try did arrive is dropped here
+and every event is archived exactly once, in each sender's order.
+
+Endpoints: ``POST /v1/events`` (body ``{"src", "seq", "events": [...]}``),
+``GET /v1/health`` (counters). Both need the secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+log = logging.getLogger("jobctl.channel")
+
+SECRET_ENV = "JOBCTL_CHANNEL_SECRET"  # only ever in a process environment
+URL_ENV = "JOBCTL_CHANNEL_URL"
+MAX_BODY = 16 << 20  # one batch; larger requests are refused (413)
+
+
+def new_secret() -> str:
+    """A fresh per-run secret (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+class EventArchive:
+    """Appends accepted events to ``metrics.jsonl``, each sender's batches once, in order."""
+
+    def __init__(self, path: Path, on_events=None):
+        self.path = Path(path)
+        self.on_events = on_events  # optional callback(list[dict]) after each append
+        self._lock = threading.Lock()
+        self._last_seq: dict[str, int] = {}
+        self.accepted = 0
+        self.duplicates = 0
+
+    def add(self, src: str, seq: int, events: list[dict]) -> bool:
+        """Archive one batch; False if this sender's batch ``seq`` was archived already."""
+        with self._lock:
+            if seq <= self._last_seq.get(src, -1):
+                self.duplicates += 1
+                return False
+            lines = "".join(json.dumps({**e, "src": e.get("src", src)}) + "\n" for e in events)
+            with open(self.path, "a") as f:
+                f.write(lines)
+            self._last_seq[src] = seq
+            self.accepted += len(events)
+            if self.on_events is not None:
+                self.on_events(events)
+        return True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection per sender
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.client_address[0], *args)
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorised(self) -> bool:
+        got = self.headers.get("Authorization", "")
+        want = f"Bearer {self.server.secret}"
+        if hmac.compare_digest(got.encode(), want.encode()):
+            return True
+        self.server.note_rejected(self.client_address[0], self.path, bool(got))
+        self._drain()
+        self._reply(401, {"error": "missing or wrong run secret"})
+        return False
+
+    def _drain(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        if 0 < n <= MAX_BODY:
+            self.rfile.read(n)
+        elif n:
+            self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        if not self._authorised():
+            return
+        if self.path != "/v1/health":
+            self._reply(404, {"error": f"no such endpoint {self.path}"})
+            return
+        self._reply(200, self.server.stats())
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        if not self._authorised():
+            return
+        if self.path != "/v1/events":
+            self._drain()
+            self._reply(404, {"error": f"no such endpoint {self.path}"})
+            return
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY:
+            self.close_connection = True
+            self._reply(413, {"error": f"batch over {MAX_BODY} bytes"})
+            return
+        try:
+            body = json.loads(self.rfile.read(n))
+            src, seq, events = str(body["src"]), int(body["seq"]), list(body["events"])
+            if not all(isinstance(e, dict) and "kind" in e for e in events):
+                raise ValueError("every event needs a 'kind'")
+        except (ValueError, KeyError, TypeError) as e:
+            self._reply(400, {"error": f"bad batch: {e}"})
+            return
+        fresh = self.server.archive.add(src, seq, events)
+        self._reply(200, {"accepted": len(events) if fresh else 0, "duplicate": not fresh})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr, secret: str, archive: EventArchive):
+        super().__init__(addr, _Handler)
+        self.secret, self.archive = secret, archive
+        self.rejected = 0
+        self._lock = threading.Lock()
+
+    def note_rejected(self, client: str, path: str, had_header: bool) -> None:
+        with self._lock:
+            self.rejected += 1
+            n = self.rejected
+        why = "wrong secret" if had_header else "no secret"
+        log.warning("channel: rejected %s from %s (%s; %d rejected so far)", path, client, why, n)
+
+    def stats(self) -> dict:
+        a = self.archive
+        return {"accepted": a.accepted, "duplicates": a.duplicates, "rejected": self.rejected}
+
+
+class ChannelServer:
+    """The event channel of one run, served from a background thread."""
+
+    def __init__(self, host: str, port: int, secret: str, metrics: Path, on_events=None):
+        self.archive = EventArchive(metrics, on_events)
+        self._server = _Server((host, port), secret, self.archive)
+        self.host, self.port = host, self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="jobctl-channel", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def rejected(self) -> int:
+        return self._server.rejected
+
+    def start(self) -> ChannelServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> ChannelServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
