@@ -26,8 +26,13 @@ from .model import Tie
 from .pruning_profile import BlockProfiler
 from .pruning_schedule import schedule, target_at
 from .pruning_select import select_masks
+from .pruning_sparse import refresh, use_csr, use_dense
 
 Masks = dict[str, torch.Tensor]
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[str]:
@@ -52,6 +57,7 @@ class Pruner:
         self.profile_at: int | None = None  # loop step that profiles (the one after pruning)
         self.last_profile: dict | None = None
         self.last_pruning: dict | None = None
+        self.sparse: dict[int, list] = {}  # block -> its linear layers now computed in CSR
 
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
@@ -63,9 +69,12 @@ class Pruner:
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """Re-zero pruned weights after the optimizer step (weight decay, momentum)."""
+        """Re-zero pruned weights after the optimizer step (weight decay, momentum) and
+        rebuild the CSR copies of blocks computed sparsely."""
         for name, pruned in self._pruned.items():
             self.named[name].masked_fill_(pruned, 0.0)
+        for layers in self.sparse.values():
+            refresh(layers)
 
     # -- pruning ------------------------------------------------------------------
     def due(self, step: int) -> float | None:
@@ -88,6 +97,7 @@ class Pruner:
         for n, m in masks.items():
             self.adopt(n, m)
         self.profile_at = step
+        self._switch_to_csr()
         self.last_pruning = self._report(step, target, k, total, tau, gather)
         return self.last_pruning
 
@@ -108,7 +118,7 @@ class Pruner:
     @staticmethod
     def _all_gather(t: torch.Tensor) -> list[torch.Tensor]:
         """all_gather of 1-D tensors of different lengths: padded to the longest."""
-        world = dist.get_world_size()
+        world = _world()
         if world == 1:
             return [t.reshape(-1)]
         n = torch.tensor([t.numel()], dtype=torch.int64)
@@ -140,7 +150,7 @@ class Pruner:
             holders = self._all_gather(torch.tensor([int(tie.canonical in masks)]))
             src = next((r for r, h in enumerate(holders) if int(h)), None)
             wants = tie.alias in self.named
-            if src is None or dist.get_world_size() == 1:
+            if src is None or _world() == 1:
                 continue
             buf = masks[tie.canonical].to(torch.uint8) if tie.canonical in masks else None
             if buf is None:
@@ -167,8 +177,10 @@ class Pruner:
             "threshold": tau,
             "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
         }
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (self.topo.replica, blocks))
+        every = [(self.topo.replica, blocks)]
+        if _world() > 1:
+            every = [None] * _world()
+            dist.all_gather_object(every, (self.topo.replica, blocks))
         rec["block_sparsity"] = {b: s for rep, bs in every if rep == 0 for b, s in bs.items()}
         if self.events is not None and self.topo.is_reporter:
             self.events.write("pruning", **rec)
@@ -198,8 +210,24 @@ class Pruner:
             if torch.is_tensor(v) and v.shape == p.shape:
                 v.masked_fill_(self._pruned[name], 0)
 
+    def _switch_to_csr(self) -> None:
+        """Blocks sparser than ``pruning.sparse_threshold`` compute their linears in CSR
+        (opt-in: benchmarks/sparse_crossover.py shows where that pays off)."""
+        limit = self.spec.pruning.sparse_threshold
+        if limit is None:
+            return
+        for b, s in self.block_sparsity().items():
+            if s > limit and b not in self.sparse and str(b) in self.stage.layers:
+                self.sparse[b] = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks)
+            elif b in self.sparse:  # new masks: rebuild the CSR pattern
+                use_dense(self.sparse.pop(b))
+                self.sparse[b] = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks)
+
     def release(self, block_ids) -> Masks:
         """Drop (and return) the masks of blocks leaving this stage."""
+        for b in block_ids:
+            if b in self.sparse:
+                use_dense(self.sparse.pop(b))
         prefixes = tuple(f"layers.{b}." for b in block_ids)
         gone = {n: m for n, m in self.masks.items() if n.startswith(prefixes)}
         for n in gone:

@@ -60,8 +60,10 @@ class PruningSpec(SpecModel):
         None,
         gt=0.0,
         le=1.0,
-        description="Sparsity in (0, 1] above which a layer switches to sparse kernels; "
-        "null never switches.",
+        description="Sparsity in (0, 1] above which a block's linear layers compute with "
+        "torch.sparse CSR kernels; null (default) stays dense. Opt-in: on a 2-core CPU CSR "
+        "forward+backward beat dense only from ~90 % sparsity at hidden 512 and never at "
+        "hidden 64 (measure yours with benchmarks/sparse_crossover.py).",
     )
 
     def _violations(self) -> Iterator[Violation]:

@@ -286,3 +286,48 @@ def test_pruning_records_drive_the_phase_machine(tmp_path):
     assert db.get_run("r1")["phase"] == "training"
     kinds = [e["kind"] for e in db.events("r1")]
     assert "pruning" in kinds
+
+
+# -- sparse compute ------------------------------------------------------------------
+def _train_single(spec, steps: int):
+    """A few steps of one process through a Pruner (pruning at step 0); losses, weights."""
+    pruner, _ = _single_pruner(spec)
+    pruner.maybe_prune(0)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, 32, (4, 8), generator=g)
+        pruner.opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(pruner.stage(x).reshape(-1, 32), x.reshape(-1))
+        loss.backward()
+        pruner.mask_grads()
+        pruner.opt.step()
+        pruner.after_step()
+        losses.append(float(loss.detach()))
+    return pruner, losses, {n: p.detach().clone() for n, p in pruner.named.items()}
+
+
+def test_csr_blocks_train_like_dense_ones():
+    # SGD: Adam would turn the attention key bias' zero-in-exact-arithmetic gradient into
+    # +-lr steps whose sign is rounding noise (see test_parity).
+    base = {
+        "pruning.start_step": 0,
+        "pruning.initial_sparsity": 0.8,
+        "pruning.end_step": 10,
+        "training.optimizer": "sgd",
+        "training.lr": 0.3,
+        "training.momentum": 0.9,
+    }
+    dense_spec = load_spec(PRUNING_YAML, overrides=base)
+    csr_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": 0.5})
+    _, dense_losses, dense_w = _train_single(dense_spec, 3)
+    pruner, csr_losses, csr_w = _train_single(csr_spec, 3)
+    assert sorted(pruner.sparse) == [1, 2]  # both transformer blocks switched
+    assert all(len(layers) == 4 for layers in pruner.sparse.values())
+    assert csr_losses == pytest.approx(dense_losses, abs=1e-5)
+    for n, w in dense_w.items():
+        torch.testing.assert_close(csr_w[n], w, atol=1e-5, rtol=0, msg=n)
+    for n, m in pruner.masks.items():
+        assert bool((csr_w[n][~m] == 0).all())
+    pruner.release([1, 2])
+    assert pruner.sparse == {} and not hasattr(pruner.stage.layers["1"].mlp.fc, "_csr")
