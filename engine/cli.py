@@ -101,6 +101,10 @@ def plan(
         views.print_plan(console, p)
         if explain:
             views.print_explanation(console, p)
+        if spec.pruning.enabled:
+            from .pruning_views import print_pruning
+
+            print_pruning(console, spec, explain)
     if gantt is not None:
         title = f"{spec.name}: {p.summary()}, simulated {sim.step_time:.4g} s/step"
         path = draw_gantt(sim, gantt, title)

@@ -331,3 +331,29 @@ def test_csr_blocks_train_like_dense_ones():
         assert bool((csr_w[n][~m] == 0).all())
     pruner.release([1, 2])
     assert pruner.sparse == {} and not hasattr(pruner.stage.layers["1"].mlp.fc, "_csr")
+
+
+def test_plan_shows_the_sparsity_at_each_pruning_step(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli import app
+
+    r = CliRunner().invoke(
+        app, ["plan", str(PRUNING_YAML), "--explain", "--home", str(tmp_path)], terminal_width=120
+    )
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("│")]
+    got = [(cells[0], cells[1]) for cells in (row.strip("│").split("│") for row in rows)]
+    pruning = [(a.strip(), b.strip()) for a, b in got if b.strip().endswith("%")]
+    assert pruning[-5:] == [
+        ("10", "0.0 %"),
+        ("20", "52.0 %"),
+        ("30", "78.8 %"),
+        ("40", "88.6 %"),
+        ("50", "90.0 %"),
+    ]
+    assert "n=4 (DynPipe eq. 3.1)" in r.output
+    quick = CliRunner().invoke(
+        app, ["plan", str(ROOT / "jobs" / "quickstart.yaml"), "--home", str(tmp_path)]
+    )
+    assert "pruning schedule" not in quick.output
