@@ -29,7 +29,9 @@ class PruningWatch:
                 f"step {rec['step']}: {_pct(rec['achieved_sparsity'])} sparse "
                 f"(target {_pct(rec['target_sparsity'])}); per stage {stages}"
             )
-            self.db.set_phase(self.run_id, "pruning", note)
+            self.db.set_phase(
+                self.run_id, "pruning", f"step {rec['step']} to {_pct(rec['target_sparsity'])}"
+            )
             self.db.add_event(self.run_id, "pruning", note, rec)
             self.pruned_at = rec["step"]
         elif rec["kind"] == "profile" and rec["replica"] == 0:

@@ -107,5 +107,13 @@ class BlockProfiler:
                 "mask_bytes": sum(_tensor_bytes(m) for m in p.masks.values()),
                 "nonzero_params": sum(int(t.count_nonzero()) for t in params),
                 "max_rss_mb": _max_rss_mb(),
+                **_device_peak(next(iter(p.named.values()), None)),
             },
         }
+
+
+def _device_peak(param: torch.Tensor | None) -> dict:
+    """Peak accelerator memory of this process, where there is an accelerator."""
+    if param is not None and param.device.type == "cuda":
+        return {"device_max_allocated_bytes": torch.cuda.max_memory_allocated(param.device)}
+    return {}
