@@ -18,6 +18,7 @@ from rich.console import Console
 from jobctl.backends import get_backend
 
 from .channel import SECRET_ENV
+from .channel_adopt import adopt
 from .channel_host import spawn_run_host, wait_run_host
 from .checkpoint import read_meta
 from .launch import Run, channel_env, new_run_id, prepare_run, read_metrics
@@ -58,10 +59,15 @@ def launch(
     batch, resume from the newest complete checkpoint, keep going.
     """
     run_id = opts.run_id or new_run_id(spec.name)
+    # A run whose supervisor died while its nodes kept training is adopted, not relaunched.
+    adopted = adopt(spec, db, opts, console) if opts.run_id else None
+    if adopted is not None:
+        plan = adopted[0].plan
     devices = plan.world_size
     lost_at: float | None = None
     while True:
-        run, outcome = _attempt(spec, plan, db, spec_path, opts, run_id, console)
+        run, outcome = adopted or _attempt(spec, plan, db, spec_path, opts, run_id, console)
+        adopted = None
         if lost_at is not None:
             _record_recovery(db, run, lost_at)
         if outcome.kind != "preempted" or not spec.elasticity.enabled:

@@ -44,6 +44,7 @@ class RunHost:
     rdzv_endpoint: str
     channel_url: str
     run_dir: Path
+    supervisor: int = 0  # the process that started it
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
@@ -81,7 +82,8 @@ def read_host(run_dir: Path) -> RunHost | None:
     if not path.exists():
         return None
     d = json.loads(path.read_text())
-    return RunHost(int(d["pid"]), d["rdzv_endpoint"], d["channel_url"], Path(run_dir))
+    sup = int(d.get("supervisor", 0))
+    return RunHost(int(d["pid"]), d["rdzv_endpoint"], d["channel_url"], Path(run_dir), sup)
 
 
 def spawn_run_host(
@@ -159,7 +161,12 @@ def main() -> int:
         chost, cport = conf["channel"]
         server = ChannelServer(chost, int(cport), secret, run_dir / "metrics.jsonl", seen).start()
     url = server.url if server else ""
-    info = {"pid": os.getpid(), "rdzv_endpoint": conf["rdzv_endpoint"], "channel_url": url}
+    info = {
+        "pid": os.getpid(),
+        "rdzv_endpoint": conf["rdzv_endpoint"],
+        "channel_url": url,
+        "supervisor": conf["supervisor"],
+    }
     tmp = run_dir / f".{HOST_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(info))
     tmp.replace(run_dir / HOST_FILE)

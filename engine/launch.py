@@ -32,6 +32,9 @@ class Run:
     ctx: RunContext
     rendered: Rendered
     plan: Plan
+    # Where a Monitor starts reading metrics.jsonl; None: its end (earlier attempts'
+    # events are not this attempt's). An adopted run continues where its supervisor died.
+    metrics_offset: int | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

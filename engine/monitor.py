@@ -68,6 +68,8 @@ class Monitor:
         self.on_event = on_event
         metrics = run.dir / "metrics.jsonl"
         self.offset = metrics.stat().st_size if metrics.exists() else 0  # earlier attempts
+        if getattr(run, "metrics_offset", None) is not None:  # adopted: where the last one left
+            self.offset = run.metrics_offset
         self.losses: list[float] = []
         self.last_upload = -1
         self.sigterm_nodes: set[int] = set()

@@ -1,0 +1,133 @@
+"""Adopt a live run after its supervisor died: re-attach instead of relaunching.
+
+The workers do not need the supervisor while they train: the rendezvous store and the
+event channel live in the run's detached run host (engine/channel_host.py), so a
+SIGKILL of ``jobctl apply`` leaves training going and events landing in
+``metrics.jsonl``. ``jobctl resume RUN`` (or ``apply`` of the unfinished job) then
+finds the run host and every recorded node handle alive, and supervises the same
+processes again: a new Monitor follows the archive from just after the last step the
+dead supervisor recorded in the state DB. Nothing is relaunched, so no step is
+trained twice. If the host or any node is gone, it relaunches from the newest
+checkpoint as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jobctl.backends import get_backend
+from jobctl.backends.base import NodeStatus, Rendered
+
+from .channel_host import pid_alive, read_host
+from .launch import Run, run_context
+from .plan import Plan
+from .state import StateDB
+
+ENDED = ("completed", "failed", "stopped")
+
+
+class AdoptError(RuntimeError):
+    """The run is still supervised by a live process."""
+
+
+def archive_offset(metrics: Path, step: int | None) -> int:
+    """Byte offset just after the last ``step`` event for ``step`` (0 if none)."""
+    if not step or not metrics.exists():
+        return 0
+    offset, found = 0, 0
+    with open(metrics, "rb") as f:
+        for line in f:
+            offset += len(line)
+            if b'"step"' in line and line.endswith(b"\n"):
+                rec = json.loads(line)
+                if rec.get("kind") == "step" and rec.get("step") == step:
+                    found = offset
+    return found
+
+
+class _FinishedNodes:
+    """A backend view for handles this process did not start (local pids of a dead
+    supervisor): the exit code of a foreign process cannot be read, so a node whose
+    ranks all logged their clean end (``rank R: done``) counts as succeeded."""
+
+    def __init__(self, backend, run_dir: Path, plan: Plan):
+        self.backend, self.run_dir, self.plan = backend, run_dir, plan
+        self.name = backend.name
+
+    def _done(self, node: int) -> bool:
+        ranks = [r.rank for r in self.plan.ranks if r.node == node]
+        for r in ranks:
+            log = self.run_dir / "logs" / f"rank-{r}.log"
+            tail = log.read_bytes()[-4096:] if log.exists() else b""
+            if f"rank {r}: done".encode() not in tail:
+                return False
+        return bool(ranks)
+
+    def status(self, handles: list[str]) -> list[NodeStatus]:
+        out = self.backend.status(handles)
+        if len(handles) != self.plan.nodes:
+            return out
+        return [
+            NodeStatus("succeeded", 0, "all ranks done") if s.done and self._done(k) else s
+            for k, s in enumerate(out)
+        ]
+
+    def poll(self, handles: list[str]) -> list[int | None]:
+        return [s.exit_code for s in self.status(handles)]
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def live_run(db: StateDB, run_id: str):
+    """(row, host, handles) when the run can be adopted, else None."""
+    row = db.get_run(run_id)
+    if row is None or row["phase"] in ENDED:
+        return None
+    run_dir = Path(row["run_dir"])
+    host = read_host(run_dir)
+    handles = [h for h in (row["pids"] or "").split(",") if h]
+    if host is None or not host.alive() or not handles:
+        return None
+    if host.supervisor and host.supervisor != os.getpid() and pid_alive(host.supervisor):
+        raise AdoptError(
+            f"run {run_id} is still supervised by pid {host.supervisor}; "
+            f"`jobctl status {run_id}` follows it, `jobctl stop {run_id}` stops it"
+        )
+    backend = get_backend(row["backend"] or "local")
+    if any(c is not None for c in backend.poll(handles)):
+        return None  # a node is gone: relaunch from the newest checkpoint
+    return row, host, handles, backend
+
+
+def adopt(spec, db: StateDB, opts, console):
+    """Supervise a live run again; (run, outcome), or None when it must be relaunched."""
+    from .apply import _supervise  # apply imports this module
+
+    found = live_run(db, opts.run_id)
+    if found is None:
+        return None
+    row, host, handles, backend = found
+    run_dir = Path(row["run_dir"])
+    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
+    port = int(host.rdzv_endpoint.rsplit(":", 1)[1])
+    ctx = run_context(spec, plan, row["id"], run_dir, port=port)
+    offset = archive_offset(run_dir / "metrics.jsonl", row["step"])
+    run = Run(row["id"], run_dir, ctx, Rendered(backend.name, {}), plan, metrics_offset=offset)
+    db.add_event(
+        run.id,
+        "adopt",
+        f"pid {os.getpid()} adopted {len(handles)} live node(s) at step {row['step'] or 0}",
+        {"handles": handles, "host_pid": host.pid, "offset": offset},
+    )
+    console.print(f"adopting live run {run.id}: {len(handles)} node(s) still training")
+    view = _FinishedNodes(backend, run_dir, plan)
+    try:
+        outcome = _supervise(run, view, handles, db, spec, row["step"] or 0, opts, console)
+    finally:
+        host.stop()
+    if outcome.kind == "preempted":
+        db.set_phase(run.id, "morphing", outcome.message)
+    return run, outcome

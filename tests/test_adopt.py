@@ -1,0 +1,109 @@
+"""Kill the supervisor mid-run: the workers keep training, `jobctl resume` adopts them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jobctl.backends.local import descendants
+from jobctl.engine.channel_adopt import archive_offset
+from jobctl.engine.channel_host import pid_alive, read_host
+from jobctl.engine.reference import reference_train
+from jobctl.engine.state import StateDB
+
+from .jobrun import ROOT, events, tiny_spec, wait_for, write_spec
+
+STEPS = 150
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+
+
+def _steps(run_dir) -> list[dict]:
+    return [e for e in events(run_dir) if e["kind"] == "step"]
+
+
+def test_archive_offset_points_after_the_last_recorded_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        '{"kind": "step", "step": 1}\n',
+        '{"kind": "heartbeat", "step": 2}\n',
+        '{"kind": "step", "step": 2}\n',
+        '{"kind": "step", "step": 1}\n',  # a later attempt trained step 1 again
+        '{"kind": "step", "step": 2}\n',
+        '{"kind": "heartbeat", "step": 3}\n',
+    ]
+    path.write_text("".join(lines))
+    assert archive_offset(path, 2) == sum(map(len, lines[:5]))
+    assert archive_offset(path, None) == 0
+    assert archive_offset(path, 9) == 0
+    assert archive_offset(tmp_path / "missing.jsonl", 2) == 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
+    spec = tiny_spec(
+        **{
+            "training.optimizer": "sgd",
+            "training.lr": 0.3,
+            "training.momentum": 0.9,
+            "training.steps": STEPS,
+            "checkpoint.interval": 50,
+        }
+    )
+    home = tmp_path / "home"
+    env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
+    env.pop("JOBCTL_CHANNEL", None)
+    spec_file = write_spec(spec, tmp_path / "job.yaml")
+    proc = subprocess.Popen(
+        [*JOBCTL, "apply", str(spec_file)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    run_dir = wait_for(lambda: next(iter((home / "runs").glob("*")), None), what="run folder")
+    wait_for(lambda: len(_steps(run_dir)) >= 5, what="five steps")
+    db = StateDB(home)
+    handles = [int(h) for h in db.get_run(run_dir.name)["pids"].split(",")]
+    workers = {p for h in handles for p in descendants(h)}
+    host = read_host(run_dir)
+
+    os.kill(proc.pid, signal.SIGKILL)  # the supervisor only; nodes and run host live on
+    proc.wait(timeout=30)
+    killed_at = len(_steps(run_dir))
+    # Without any supervisor the workers keep training and reporting.
+    wait_for(lambda: len(_steps(run_dir)) >= killed_at + 5, 120, "training without supervisor")
+    assert pid_alive(host.pid) and all(pid_alive(h) for h in handles)
+    assert db.get_run(run_dir.name)["phase"] == "training"
+
+    r = subprocess.run(
+        [*JOBCTL, "resume", spec.name],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "adopting live run" in r.stdout
+    row = db.get_run(run_dir.name)
+    assert row["phase"] == "completed" and row["step"] == STEPS
+    kinds = [e["kind"] for e in db.events(row["id"])]
+    assert "adopt" in kinds and "resume" not in kinds  # re-attached, nothing relaunched
+    assert not pid_alive(host.pid)
+
+    steps = _steps(run_dir)
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))  # each loss once
+    # The same worker processes reported every step, before and after the adoption.
+    srcs = {e["src"] for e in events(run_dir) if "src" in e}
+    assert {int(s.rsplit("-", 1)[1]) for s in srcs} <= workers
+    assert len({e["src"] for e in steps}) == 1
+    ref_losses, _ = reference_train(spec)
+    for e in steps:
+        assert e["loss"] == pytest.approx(ref_losses[e["step"] - 1], abs=1e-5), e
+    assert row["loss"] == pytest.approx(ref_losses[-1], abs=1e-5)
