@@ -45,13 +45,17 @@ class Topology:
         return self.is_last and self.replica == 0
 
 
-def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology:
-    """Create all process groups (collectively) and return this rank's view."""
-    me = plan.rank(rank)
+def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology | None:
+    """Create all process groups (collectively) and return this rank's view.
+
+    A rank the plan does not use (freed by packing) still takes part in creating the
+    groups, which every process of the world must do, and gets None.
+    """
+    member = rank < len(plan.ranks)
     dp_group = None
     for st in plan.stages:
         group = dist.new_group(st.ranks) if len(st.ranks) > 1 else None
-        if st.index == me.stage:
+        if member and st.index == plan.rank(rank).stage:
             dp_group = group
     tied_ranks: list[int] = []
     tied_group = None
@@ -60,6 +64,9 @@ def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology:
         group = dist.new_group(tied_ranks)
         if rank in tied_ranks:
             tied_group = group
+    if not member:
+        return None
+    me = plan.rank(rank)
     stage = plan.stages[me.stage]
     prev = plan.stages[me.stage - 1].ranks[me.replica] if me.stage > 0 else None
     nxt = plan.stages[me.stage + 1].ranks[me.replica] if me.stage < plan.P - 1 else None
