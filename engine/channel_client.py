@@ -61,6 +61,8 @@ class ChannelSink:
         # Reentrant: a SIGTERM handler may write an event while the main thread is in write().
         self._cond = threading.Condition(threading.RLock())
         self._pending: list[dict] = []
+        self._pending_real = 0  # events of the pending batch that write() queued
+        self._written = self._done = 0  # events written; delivered or dropped
         self._seq = 0
         self._closing = False
         self._conn: http.client.HTTPConnection | None = None
@@ -74,7 +76,9 @@ class ChannelSink:
             if len(self._q) >= self.max_queue:
                 self._q.popleft()
                 self.dropped += 1
+                self._done += 1
             self._q.append(rec)
+            self._written += 1
             if len(self._q) >= self.batch:
                 self._cond.notify_all()
 
@@ -82,8 +86,9 @@ class ChannelSink:
         """Wait until everything written so far is acknowledged (False on timeout)."""
         end = time.monotonic() + timeout
         with self._cond:
+            target = self._written
             self._cond.notify_all()
-            while self._q or self._pending:
+            while self._done < target:
                 left = end - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
@@ -116,12 +121,13 @@ class ChannelSink:
                         if self._closing:
                             return
                         self._cond.wait(self.interval)
-                    if self.dropped:
-                        self._q.append({"kind": "channel_dropped", "ts": time.time(),
-                                        "src": self.src, "count": self.dropped})  # fmt: skip
-                        self.dropped = 0
                     n = min(self.batch, len(self._q))
                     self._pending = [self._q.popleft() for _ in range(n)]
+                    self._pending_real = n
+                    if self.dropped:
+                        lost = {"kind": "channel_dropped", "ts": time.time(), "count": self.dropped}
+                        self._pending.insert(0, lost)
+                        self.dropped = 0
                 batch = self._pending
             if not batch:
                 continue
@@ -140,6 +146,7 @@ class ChannelSink:
             backoff = 0.1
             with self._cond:
                 self._pending = []
+                self._done += self._pending_real
                 self._seq += 1
                 self.sent += len(batch)
                 self._cond.notify_all()

@@ -30,6 +30,7 @@ from .ckpt_upload import Uploader, lower_thread_priority
 from .plan import Plan
 
 BACKGROUND_NICE = 10  # writes, uploads and retention yield the CPU to training
+EVENT_FLUSH_S = 30.0  # longest a checkpoint part waits for this rank's events to be archived
 
 
 class EventLog:
@@ -136,6 +137,11 @@ class CheckpointManager:
         if self.rank == 0:
             files.append(write_meta(staging, job.meta))
         part = f"rank-{self.rank}"
+        # Events first: a step's loss is archived before any checkpoint of that step can
+        # be published (all parts needed), so a node lost right after cannot lose it.
+        flush = getattr(self.events, "flush", None)
+        if flush is not None:
+            flush(EVENT_FLUSH_S)
         published = publish_local(self.root, job.step, part, files, job.meta, self.local_parts)
         if published is None:
             return

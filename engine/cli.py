@@ -382,6 +382,9 @@ app.add_typer(fleet_app, name="fleet")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(scheduler_app, name="scheduler")
 app.command("events")(events)
+from .cli_report import report  # noqa: E402
+
+app.command("report")(report)
 
 
 def main() -> None:
