@@ -31,8 +31,8 @@ from .pruning_sparse import refresh, use_csr, use_dense
 Masks = dict[str, torch.Tensor]
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+def _world(group=None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[str]:
@@ -58,6 +58,8 @@ class Pruner:
         self.last_profile: dict | None = None
         self.last_pruning: dict | None = None
         self.sparse: dict[int, list] = {}  # block -> its linear layers now computed in CSR
+        self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
+        self.group = None  # the ranks still training (None: all; packing frees some)
 
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
@@ -73,6 +75,8 @@ class Pruner:
         rebuild the CSR copies of blocks computed sparsely."""
         for name, pruned in self._pruned.items():
             self.named[name].masked_fill_(pruned, 0.0)
+        if self._csr_stale:
+            self._switch_to_csr()
         for layers in self.sparse.values():
             refresh(layers)
 
@@ -115,20 +119,19 @@ class Pruner:
 
         return gather, me
 
-    @staticmethod
-    def _all_gather(t: torch.Tensor) -> list[torch.Tensor]:
+    def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """all_gather of 1-D tensors of different lengths: padded to the longest."""
-        world = _world()
+        world = _world(self.group)
         if world == 1:
             return [t.reshape(-1)]
         n = torch.tensor([t.numel()], dtype=torch.int64)
         sizes = [torch.zeros_like(n) for _ in range(world)]
-        dist.all_gather(sizes, n)
+        dist.all_gather(sizes, n, group=self.group)
         longest = max(int(s) for s in sizes)
         padded = torch.zeros(longest, dtype=t.dtype)
         padded[: t.numel()] = t.reshape(-1)
         out = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(out, padded)
+        dist.all_gather(out, padded, group=self.group)
         return [o[: int(s)] for o, s in zip(out, sizes, strict=True)]
 
     def _agree_over_replicas(self, masks: Masks) -> Masks:
@@ -150,7 +153,7 @@ class Pruner:
             holders = self._all_gather(torch.tensor([int(tie.canonical in masks)]))
             src = next((r for r, h in enumerate(holders) if int(h)), None)
             wants = tie.alias in self.named
-            if src is None or _world() == 1:
+            if src is None or _world(self.group) == 1:
                 continue
             buf = masks[tie.canonical].to(torch.uint8) if tie.canonical in masks else None
             if buf is None:
@@ -178,9 +181,9 @@ class Pruner:
             "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
         }
         every = [(self.topo.replica, blocks)]
-        if _world() > 1:
-            every = [None] * _world()
-            dist.all_gather_object(every, (self.topo.replica, blocks))
+        if _world(self.group) > 1:
+            every = [None] * _world(self.group)
+            dist.all_gather_object(every, (self.topo.replica, blocks), group=self.group)
         rec["block_sparsity"] = {b: s for rep, bs in every if rep == 0 for b, s in bs.items()}
         if self.events is not None and self.topo.is_reporter:
             self.events.write("pruning", **rec)
@@ -213,14 +216,15 @@ class Pruner:
     def _switch_to_csr(self) -> None:
         """Blocks sparser than ``pruning.sparse_threshold`` compute their linears in CSR
         (opt-in: benchmarks/sparse_crossover.py shows where that pays off)."""
+        self._csr_stale = False
         limit = self.spec.pruning.sparse_threshold
         if limit is None:
             return
+        for layers in self.sparse.values():  # new masks or moved blocks: start over
+            use_dense(layers)
+        self.sparse = {}
         for b, s in self.block_sparsity().items():
-            if s > limit and b not in self.sparse and str(b) in self.stage.layers:
-                self.sparse[b] = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks)
-            elif b in self.sparse:  # new masks: rebuild the CSR pattern
-                use_dense(self.sparse.pop(b))
+            if s > limit and str(b) in self.stage.layers:
                 self.sparse[b] = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks)
 
     def release(self, block_ids) -> Masks:
@@ -234,9 +238,11 @@ class Pruner:
             del self.masks[n], self._pruned[n]
         return gone
 
-    def rebind(self, named, opt) -> None:
-        """Point at the stage's new parameter dict / optimizer (after layers moved)."""
-        self.named, self.opt = named, opt
+    def rebind(self, named, opt, group=None) -> None:
+        """Point at the stage's new parameter dict / optimizer (after layers moved) and the
+        group of ranks still training; blocks that arrived switch to CSR after a step."""
+        self.named, self.opt, self.group = named, opt, group
+        self._csr_stale = self.spec.pruning.sparse_threshold is not None
 
     def masks_of_block(self, block: int) -> Masks:
         prefix = f"layers.{block}."
