@@ -16,6 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .channel_liveness import HeartbeatWatch
 from .launch import Run, failing_rank, last_lines, read_metrics
 from .pruning_events import PruningWatch
+from .rebalance_events import KINDS as REBALANCE_KINDS
+from .rebalance_events import RebalanceWatch
 from .state import StateDB
 from .stragglers import StragglerDetector
 
@@ -78,6 +80,7 @@ class Monitor:
         self.detector = StragglerDetector(threshold=straggler_threshold)
         self.stragglers: list[int] = []
         self.pruning = PruningWatch(db, run.id)
+        self.rebalance = RebalanceWatch(db, run.id)
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
 
@@ -92,6 +95,7 @@ class Monitor:
             # left (a late SIGTERM, say), nothing is missing.
             return Outcome(True, 0, "completed", self.losses)
         silent = [] if self.sigterm_nodes or self.finished else self.beats.silent(codes)
+        silent = [n for n in silent if n not in self.rebalance.freed_nodes]  # packed away
         if silent:  # processes still there, heartbeats gone: a lost or hung machine
             self.backend.cancel(self.handles, 9)
             t = self.beats.timeout_s
@@ -159,6 +163,8 @@ class Monitor:
             self.db.add_event(rid, "upload_error", rec["error"], rec)
         elif kind in ("pruning", "profile"):
             self.pruning.record(rec)
+        elif kind in REBALANCE_KINDS:
+            self.rebalance.record(rec)
 
     def _heartbeat(self, rec: dict) -> None:
         self.beats.saw(rec["node"])

@@ -32,6 +32,7 @@ from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from .p2p import recv_meta, send_meta
 from .plan import Plan
 from .pruning import Pruner
+from .rebalance_runtime import Rebalancer
 from .topology import build_topology
 
 
@@ -72,6 +73,8 @@ class Trainer:
             if spec.pruning.enabled
             else None
         )
+        self.live_group = None  # the ranks still training, once packing freed some
+        self.rebalancer = Rebalancer(self) if spec.rebalancing.enabled else None
 
     def _autocast(self):
         if self.spec.training.precision == "bf16":
@@ -107,16 +110,7 @@ class Trainer:
         if f"rank-{self.rank}" == self.ckpt.local_parts[0]:
             self.ckpt.clear_stale_staging()
         dist.barrier()  # nobody stages before stale staging folders are gone
-        chans = self.probe_shapes()
-        ex = StepExecutor(
-            self.stage,
-            self.topo,
-            self.data,
-            self.shard,
-            chans,
-            self.device,
-            opportunistic=self.spec.parallelism.schedule == "varuna",
-        )
+        ex = self.make_executor()
         total = self.spec.training.steps
         if self.pruner is not None and self.start_step == 0:
             self.pruner.maybe_prune(0)  # a schedule may start before the first step
@@ -125,10 +119,15 @@ class Trainer:
             with self.pruner.profile_step(step) if self.pruner else contextlib.nullcontext():
                 stats = self.train_step(ex, step)
             loss = self.global_loss(stats)
-            self.report(step + 1, loss, time.perf_counter() - t0, stats)
+            seconds = time.perf_counter() - t0
+            self.report(step + 1, loss, seconds, stats)
             done = step + 1
             if self.pruner is not None:
                 self.pruner.maybe_prune(done)  # after step `done`'s optimizer step
+            if self.rebalancer is not None:  # after a profiled step: move layers, or pack
+                ex = self.rebalancer.after_step(done, stats, seconds) or ex
+                if self.rebalancer.freed:  # packed away: this rank's part is done
+                    return
             stopping = self.agree_to_stop()
             if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
                 self.checkpoint(done, final=stopping or done == total)
@@ -141,6 +140,18 @@ class Trainer:
 
     STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
 
+    def make_executor(self) -> StepExecutor:
+        """Probe activation shapes down the pipeline and build the step executor."""
+        return StepExecutor(
+            self.stage,
+            self.topo,
+            self.data,
+            self.shard,
+            self.probe_shapes(),
+            self.device,
+            opportunistic=self.spec.parallelism.schedule == "varuna",
+        )
+
     def request_stop(self) -> None:
         """Ask for a checkpoint-then-exit at the end of the current step (SIGTERM)."""
         self.stop_requested = True
@@ -150,7 +161,7 @@ class Trainer:
     def agree_to_stop(self) -> bool:
         """True on every rank if any rank was asked to stop: all checkpoint the same step."""
         flag = torch.tensor([1 if self.stop_requested else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.live_group)
         return bool(flag.item())
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:

@@ -1,0 +1,80 @@
+"""End to end: a pruned run rebalances (layers move live) and packs, same numerics.
+
+A 3-stage job (7 blocks) prunes at steps 2, 4, 6; after each profiled step the partition
+balancer by nonzero parameters moves blocks between the live ranks, and after the last
+pruning step the packer consolidates onto 2 devices (rank 2 exits cleanly). Losses and
+final weights equal the single-process reference with the same pruning.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from jobctl.engine.plan import Plan
+from jobctl.engine.reference import reference_train
+from jobctl.engine.state import StateDB
+from jobctl.spec import load_spec
+
+from .jobrun import ROOT, events, final_weights, run_job, step_losses
+
+STEPS = 8
+
+
+def _spec(**extra):
+    overrides = {
+        "training.steps": STEPS,
+        "model.layers": 5,  # 7 blocks on 3 stages: pruning shifts the parameter balance
+        "training.optimizer": "sgd",
+        "training.lr": 0.3,
+        "training.momentum": 0.9,
+        "pruning.start_step": 2,
+        "pruning.end_step": 6,
+        "pruning.frequency": 2,
+        "pruning.initial_sparsity": 0.2,
+        "hardware.processes_per_node": 3,
+        "parallelism.pipeline_stages": 3,
+        "parallelism.data_parallel": 1,
+        "rebalancing.enabled": True,
+        "rebalancing.balancer": "partition",
+        "rebalancing.by": "params",
+        "rebalancing.tolerance": 0.0,
+        **extra,
+    }
+    return load_spec(ROOT / "jobs" / "pruning.yaml", overrides=overrides)
+
+
+@pytest.mark.multiproc
+def test_pruned_run_rebalances_and_packs_with_identical_numerics(tmp_path):
+    spec = _spec(**{"rebalancing.pack": True, "rebalancing.target_devices": 2})
+    ref_losses, ref_weights = reference_train(spec, masks={})
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, STEPS)
+    assert set(weights) == set(ref_weights)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+
+    recs = events(run.dir)
+    moved = [r for r in recs if r["kind"] == "rebalanced"]
+    assert moved, "pruning unbalanced the parameter counts: layers must move"
+    first = moved[0]
+    assert first["step"] == 3 and first["moves"]
+    assert max(first["load_after"]) < max(first["load_before"])
+    assert first["stages_after"] != first["stages_before"]
+    packed = [r for r in recs if r["kind"] == "packed"]
+    assert len(packed) == 1 and packed[0]["step"] == 7
+    assert packed[0]["packed_to"] == 2 and packed[0]["freed_ranks"] == [2]
+    assert [r["rank"] for r in recs if r["kind"] == "freed"] == [2]
+    measured = [r for r in recs if r["kind"] == "rebalance_measured"]
+    assert len(measured) == len(moved) + 1
+    assert all(len(m["measured_stage_s_after"]) in (2, 3) for m in measured)
+    # plan.json (what a resume reads) is the packed layout; the last step ran on it.
+    plan = Plan.model_validate_json((run.dir / "plan.json").read_text())
+    assert plan.P == 2 and [b for s in plan.stages for b in s.blocks] == list(range(7))
+    assert json.loads((run.dir / "metrics.jsonl").read_text().splitlines()[-1])
+    kinds = {e["kind"] for e in StateDB(tmp_path).events(run.id)}
+    assert {"rebalanced", "packed"} <= kinds
