@@ -3,9 +3,9 @@
 After the profiled step that follows a pruning step, every live rank contributes its
 per-block forward+backward seconds, nonzero parameter counts and its stage's measured
 compute; rank 0 runs the spec's balancer (``rebalance``), optionally the packer
-(``choose_pack``; only once no pruning step is left, because pruning's collectives
-span the whole world), builds the new Plan and broadcasts it. Every rank then migrates
-its blocks live (``migrate``), the trainer continues on the new stage, optimizer,
+(``choose_pack``; pruning's later collectives then run on the live ranks), builds the
+new Plan and broadcasts it. Every rank then migrates its
+blocks live (``migrate``), the trainer continues on the new stage, optimizer,
 topology and action list, rank 0 rewrites ``plan.json`` (what a resume reads;
 checkpoints are per block, so they are layout-independent) and emits ``rebalanced``
 or ``packed``. The step after a move is measured and reported as
@@ -25,7 +25,6 @@ from .ckpt_manager import CheckpointManager
 from .executor import StepExecutor, StepStats
 from .migrate import migrate
 from .plan import Plan
-from .pruning_schedule import schedule
 from .rebalance import imbalance, loads_of, rebalance
 from .rebalance_plan import (
     choose_pack,
@@ -127,8 +126,7 @@ class Rebalancer:
             memory_model(spec, cal, lay), memory_cap(spec),
         )  # fmt: skip
         new_stages, pack = d.stages, None
-        last_pruning = max((s for s, _ in schedule(spec)), default=-1)
-        if cfg.pack and done > last_pruning:
+        if cfg.pack:
             pack = choose_pack(
                 spec, cal, plan, times, new_stages, cfg.tolerance, cfg.target_devices
             )
