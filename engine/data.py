@@ -29,7 +29,7 @@ class TokenData:
         self.vocab = vocab
         self.seed = seed
         self._bytes: torch.Tensor | None = None
-        self._successor: torch.Tensor | None = None
+        self._successor: list[int] | None = None
         if source == "text":
             raw = Path(path or "").read_bytes()
             if len(raw) < seq_len + 2:
@@ -52,17 +52,19 @@ class TokenData:
     def _synthetic(self, index: int, n: int) -> torch.Tensor:
         # A sparse Markov chain (a fixed random successor per token, 10 % noise): a
         # learnable structure, so the loss visibly falls within a few dozen steps.
+        # The chain walks in Python ints (a tensor index per token costs ten times more):
+        # the same tokens, fetched on the pipeline's critical path every micro-batch.
         if self._successor is None:
             g0 = torch.Generator().manual_seed(self.seed)
-            self._successor = torch.randperm(self.vocab, generator=g0)
+            self._successor = torch.randperm(self.vocab, generator=g0).tolist()
+        succ = self._successor
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        noise = torch.rand(n, generator=g) < 0.1
-        rnd = torch.randint(0, self.vocab, (n,), generator=g)
-        tok = rnd.clone()
+        noise = (torch.rand(n, generator=g) < 0.1).tolist()
+        tok = torch.randint(0, self.vocab, (n,), generator=g).tolist()
         for t in range(1, n):
             if not noise[t]:
-                tok[t] = self._successor[tok[t - 1]]
-        return tok
+                tok[t] = succ[tok[t - 1]]
+        return torch.tensor(tok, dtype=torch.long)
 
     def batch(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of samples ``[start, start + count)``."""
