@@ -105,6 +105,9 @@ def plan(
             from .pruning_views import print_pruning
 
             print_pruning(console, spec, explain)
+            from .rebalance_views import print_rebalancing
+
+            print_rebalancing(console, spec, p, home)
     if gantt is not None:
         title = f"{spec.name}: {p.summary()}, simulated {sim.step_time:.4g} s/step"
         path = draw_gantt(sim, gantt, title)

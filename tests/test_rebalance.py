@@ -144,3 +144,53 @@ def test_simulator_sees_rebalancing_gain_and_packing():
     assert pick is not None and pick.P < plan.P  # a generous tolerance packs
     fixed = choose_pack(spec, cal, plan, costs, d.stages, tolerance=0.0, target_devices=2)
     assert fixed is not None and fixed.P == 2
+
+
+def test_pruned_cost_prediction_dense_and_sparse():
+    from jobctl.engine.rebalance_views import block_shares, pruned_costs
+
+    spec = tiny_spec(**{"pruning.enabled": True, "pruning.end_step": 50})
+    total, prunable = block_shares(spec)
+    assert prunable[0] == 0 and prunable[-1] == 0  # embedding, head (not prunable)
+    assert all(0 < p < t for p, t in zip(prunable[1:-1], total[1:-1], strict=True))
+    times = [1.0] * len(total)
+    secs, nnz = pruned_costs(spec, times, 0.9)
+    assert secs == times  # dense kernels: masked weights cost the same
+    assert nnz[1] == pytest.approx(total[1] - 0.9 * prunable[1]) and nnz[0] == total[0]
+    sparse = tiny_spec(
+        **{"pruning.enabled": True, "pruning.end_step": 50, "pruning.sparse_threshold": 0.5}
+    )
+    secs, _ = pruned_costs(sparse, times, 0.9)
+    share = prunable[1] / total[1]
+    assert secs[1] == pytest.approx(1 - share + share * 0.1 / 0.5) and secs[0] == 1.0
+
+
+def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli import app
+    from jobctl.spec import dump_yaml
+
+    spec = tiny_spec(
+        **{
+            "pruning.enabled": True,
+            "pruning.start_step": 10,
+            "pruning.end_step": 50,
+            "pruning.sparse_threshold": 0.5,
+            "rebalancing.enabled": True,
+            "parallelism.pipeline_stages": 3,
+            "parallelism.data_parallel": 1,
+        }
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(dump_yaml(spec))
+    r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=160)
+    assert r.exit_code == 0, r.output
+    assert "predicted stage load after pruning (rebalancing: partition by time)" in r.output
+    rows = [x for x in r.output.splitlines() if x.startswith("│") and "%)" in x]
+    assert [row.split("│")[1].strip() for row in rows] == [
+        "20 (52 %)",
+        "30 (79 %)",
+        "40 (89 %)",
+        "50 (90 %)",
+    ]
