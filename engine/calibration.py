@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: the runtime's own costs (``runtime``)
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -195,6 +195,32 @@ class HostCalibration(_Frozen):
         return _interpolate(pts, busy)
 
 
+class RuntimeCalibration(_Frozen):
+    """What the runtime pays beyond compute and the wire, from a real pipeline probe.
+
+    ``calibration_probe`` runs a 2-stage 1F1B pipeline of the job's model with the
+    runtime's own executor; ``calibration_fit`` simulates the same probe with the
+    calibrated compute and links, and ``message_s`` is the extra time per message that
+    makes the simulated pipeline match the measured one: waking a receiver that blocked
+    (its core idle), the executor's per-message bookkeeping. ``message_busy_s`` is the
+    same with two probe pipelines at once (more processes than cores on small hosts).
+    ``step_s``: each rank's fixed work per step outside the schedule (seeding,
+    zero_grad, metric lines).
+    """
+
+    source: Source
+    message_s: float = Field(0.0, description="extra seconds per message, cores to spare")
+    message_busy_s: float = Field(0.0, description="extra seconds per message, cores shared")
+    step_s: float = Field(0.0, description="fixed seconds per step on every rank")
+    probe: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="per probe phase: measured and simulated seconds of its pipeline run",
+    )
+
+    def message(self, busy: bool) -> float:
+        return self.message_busy_s if busy else self.message_s
+
+
 class Fingerprint(_Frozen):
     """What a calibration is valid for; any change means measuring again."""
 
@@ -227,6 +253,9 @@ class Calibration(_Frozen):
     allreduce_intra: AllreduceCalibration
     allreduce_inter: AllreduceCalibration
     host: HostCalibration
+    runtime: RuntimeCalibration | None = Field(
+        None, description="the runtime's own per-message and per-step costs (measured only)"
+    )
 
     @property
     def num_blocks(self) -> int:

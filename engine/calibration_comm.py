@@ -39,9 +39,12 @@ def measure_comm(
     probe_m: int,
     repeats: int = 20,
     threads: int = 1,
-) -> tuple[LinkCalibration, AllreduceCalibration, HostCalibration | None]:
+    probe_stages: list[list[int]] | None = None,
+    probe_micro_batches: int = 4,
+) -> tuple[LinkCalibration, AllreduceCalibration, HostCalibration | None, dict]:
     """Run the communication micro-benchmarks; returns the intra-node link, allreduce
-    and (CPU only) host-sharing calibrations."""
+    and (CPU only) host-sharing calibrations, and the pipeline probe's samples
+    (``calibration_probe``; empty without ``probe_stages``)."""
     with tempfile.TemporaryDirectory(prefix="jobctl-calib-") as tmp:
         job = {
             "spec": str(Path(tmp) / "spec.yaml"),
@@ -52,6 +55,8 @@ def measure_comm(
             "repeats": repeats,
             "probe_m": probe_m,
             "threads": threads,
+            "probe_stages": probe_stages or [],
+            "probe_micro_batches": probe_micro_batches,
         }
         Path(job["spec"]).write_text(spec_yaml)
         job_path = Path(tmp) / "job.json"
@@ -59,7 +64,7 @@ def measure_comm(
         _run_group(job_path, world)
         result = json.loads(Path(job["out"]).read_text())
     link = _link(result["p2p"], result["p2p_busy"], max(0, world - 2))
-    return link, _allreduce(result["allreduce"]), _host(result["slowdown"])
+    return link, _allreduce(result["allreduce"]), _host(result["slowdown"]), result["pipeline"]
 
 
 def _run_group(job_path: Path, world: int) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobctl.engine.calibration_probe import probe_pipeline
+
 TIMEOUT_S = 300.0
 WARMUP = 3
 ROUNDS = 3  # of the core-sharing probe
@@ -47,6 +49,7 @@ def main(job: dict) -> None:
         "p2p_busy": _pingpong(rank, job, device, probe) if probe and world > 2 else {},
         "allreduce": _allreduces(rank, job, groups, device),
         "slowdown": _slowdown(rank, world, job, probe) if probe else None,
+        "pipeline": {} if cuda else probe_pipeline(rank, world, job, _spec(job)),
     }
     if rank == 0:
         Path(job["out"]).write_text(json.dumps(out))

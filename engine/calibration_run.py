@@ -23,10 +23,13 @@ from .calibration_analytic import allreduce_from_spec, host_from_spec, link_from
 from .calibration_cache import DEFAULT_THREADS, fingerprint, save
 from .calibration_comm import measure_comm
 from .calibration_compute import measure_blocks, measure_data
+from .calibration_fit import fit_runtime
+from .partition import partition
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done)
 MAX_MICRO_BATCH = 32
 MAX_SIZES = 10
+PROBE_MICRO_BATCHES = 4  # of the pipeline probe (calibration_probe)
 
 
 def micro_batch_sizes(spec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
@@ -83,7 +86,8 @@ def calibrate(
             spec, ms, device, repeats, progress=lambda what, f: report(what, 0.05 + 0.6 * f)
         )
     report("communication and core sharing (process group)", 0.65)
-    link, allreduce, host = _comm(spec, blocks, ms, threads)
+    probe_stages = _probe_stages(blocks, data, ms[0])
+    link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe_stages)
     cal = Calibration(
         source="measured",
         fingerprint=fingerprint(spec, threads),
@@ -98,17 +102,41 @@ def calibrate(
         allreduce_inter=allreduce_from_spec(spec, False),
         host=host or host_from_spec(spec),
     )
+    if probe_stages:
+        runtime = fit_runtime(cal, samples, probe_stages, ms[0], PROBE_MICRO_BATCHES)
+        cal = cal.model_copy(update={"runtime": runtime, "seconds": time.time() - start})
     report("done", 1.0)
     return cal, save(cal, home)
 
 
-def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int):
-    """Links, allreduce and core sharing measured in a process group, where one can run."""
+def _probe_stages(blocks: list[BlockCalibration], data: dict, m: int) -> list[list[int]]:
+    """The pipeline probe's 2 stages, balanced by calibrated time at m (none for a
+    1-block model)."""
+    if len(blocks) < 2:
+        return []
+    costs = [b.forward[m].median + b.backward[m].median for b in blocks]
+    costs[0] += data[m].median if m in data else 0.0
+    costs[-1] += data[m].median if m in data else 0.0
+    return partition(costs, 2)
+
+
+def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, stages):
+    """Links, allreduce, core sharing and the pipeline probe measured in a process
+    group, where one can run."""
     world = comm_world(spec)
     if world < 2:
-        return link_from_spec(spec, True), allreduce_from_spec(spec, True), None
+        return link_from_spec(spec, True), allreduce_from_spec(spec, True), None, {}
     p2p_sizes = _spread({int(b.boundary_bytes * m) for b in blocks for m in ms})
     total = sum(b.param_bytes for b in blocks)
     sizes = {int(b.param_bytes) for b in blocks} | {int(total)} | {4096 * 4**k for k in range(8)}
     ar_sizes = [s for s in _spread(sizes) if s <= max(total, 4096)]
-    return measure_comm(dump_yaml(spec), p2p_sizes, ar_sizes, world, probe_m=ms[0], threads=threads)
+    return measure_comm(
+        dump_yaml(spec),
+        p2p_sizes,
+        ar_sizes,
+        world,
+        probe_m=ms[0],
+        threads=threads,
+        probe_stages=stages if spec.hardware.device == "cpu" else None,
+        probe_micro_batches=PROBE_MICRO_BATCHES,
+    )

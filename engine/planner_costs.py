@@ -9,7 +9,9 @@ between the two ranks (same node or not). Per stage, the gradient allreduce over
 replicas (ring size D, as many rings in flight as share its node), plus the tied
 embedding's allreduce over the first and last stage. Send jitter is the measured
 spread. On CPU workers that share a host's cores, compute is stretched by how many
-processes compute at once (``contend``).
+processes compute at once (``contend``). Where the calibration measured the runtime's
+own costs (``RuntimeCalibration``), every message carries its extra time and every
+stage its fixed per-step work.
 """
 
 from __future__ import annotations
@@ -255,17 +257,20 @@ def stage_costs(
 ) -> StageCosts:
     """Sum the calibrated block costs over each stage's blocks at the layout's m."""
     P, m = layout.P, layout.m
+    rt = cal.runtime
+    message = rt.message(hosting.oversubscribed) if rt else 0.0
     return StageCosts(
         graph=[sum(times.fwd[i] for i in blocks) for blocks in stages],
         nograd=[sum(times.nograd[i] for i in blocks) for blocks in stages],
         fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
         b=[sum(times.bwd[i] for i in blocks) for blocks in stages],
-        opt=[sum(times.opt[i] for i in blocks) for blocks in stages],
+        opt=[sum(times.opt[i] for i in blocks) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
         sends=[
             cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
                 cal.blocks[stages[s][-1]].boundary_bytes * m, busy=hosting.oversubscribed
             )
+            + message
             for s in range(P - 1)
         ],
         jitter=cal.jitter,

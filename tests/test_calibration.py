@@ -9,11 +9,13 @@ import torch
 
 from jobctl.engine import calibration_cache as cache
 from jobctl.engine.calibration import (
+    CALIBRATION_VERSION,
     AllreduceCalibration,
     AllreducePoint,
     Calibration,
     HostCalibration,
     LinkCalibration,
+    RuntimeCalibration,
     Stat,
 )
 from jobctl.engine.calibration_analytic import (
@@ -21,9 +23,11 @@ from jobctl.engine.calibration_analytic import (
     analytic_calibration,
     analytic_fingerprint,
 )
+from jobctl.engine.calibration_fit import fit_message, fit_runtime, simulated_run
 from jobctl.engine.calibration_run import micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
+from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, stage_costs
 
 from .jobrun import tiny_spec
 
@@ -54,7 +58,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == 1 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 2 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -199,3 +203,52 @@ def test_plan_uses_the_cached_record_when_it_matches(tmp_path):
     plan = make_plan(spec, home=tmp_path)
     assert plan.prediction.source == "calibration"
     assert plan.explanation[0].startswith("costs: measured calibration")
+
+
+def test_runtime_costs_reach_every_message_and_step():
+    """The probe-fitted runtime costs: each send carries the extra per-message time (the
+    busy one when ranks outnumber cores), each stage the fixed per-step work."""
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    rt = RuntimeCalibration(source="measured", message_s=1e-3, message_busy_s=3e-3, step_s=2e-3)
+    with_rt = cal.model_copy(update={"runtime": rt})
+    layout = Layout(3, 1, 2, 4, "1f1b")
+    stages = [[0, 1], [2, 3], [4, 5]]
+    times = BlockTimes.at(cal, 2)
+    for busy in (False, True):
+        host = Hosting(3, 1, 3, "stage_major", True, True, busy)
+        base = stage_costs(cal, layout, stages, host, times)
+        more = stage_costs(with_rt, layout, stages, host, times)
+        extra = 3e-3 if busy else 1e-3
+        assert more.sends == pytest.approx([x + extra for x in base.sends])
+        assert more.opt == pytest.approx([x + 2e-3 for x in base.opt])
+        assert more.b == base.b and more.graph == base.graph
+
+
+def test_fit_message_recovers_a_known_per_message_cost():
+    """Simulate the probe with a known extra time per message as if measured: the fit
+    finds that time back (1F1B on 2 stages puts messages on the critical path)."""
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    stages = [[0, 1, 2], [3, 4, 5]]
+    for true in (0.0, 2e-4, 1.5e-3):
+        measured = simulated_run(cal, stages, 2, 4, 1, true)
+        assert fit_message(cal, stages, 2, 4, 1, measured) == pytest.approx(true, abs=2e-6)
+        # Two pipelines sharing the cores: the simulated time is not monotone in the
+        # message time; the fit is the least time that reproduces the measurement.
+        measured = simulated_run(cal, stages, 2, 4, 2, true)
+        fit = fit_message(cal, stages, 2, 4, 2, measured)
+        assert fit <= true + 2e-6
+        assert simulated_run(cal, stages, 2, 4, 2, fit) == pytest.approx(measured, rel=1e-3)
+    slower = simulated_run(cal, stages, 2, 4, 1, 1e-3)
+    assert slower > simulated_run(cal, stages, 2, 4, 1, 0.0) + 2e-3  # >= 2 messages in the way
+    samples = {
+        "idle": {"run": [slower] * 5, "rest": [4e-4, 5e-4, 6e-4]},
+        "busy": {"run": [simulated_run(cal, stages, 2, 4, 2, 3e-3)] * 3, "rest": [1e-3]},
+    }
+    rt = fit_runtime(cal, samples, stages, 2, 4)
+    assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
+    assert rt.message_busy_s == pytest.approx(3e-3, abs=2e-6)  # past the non-monotone part
+    assert rt.step_s == pytest.approx(5e-4)
+    assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
+    assert fit_runtime(cal, {}, stages, 2, 4) is None

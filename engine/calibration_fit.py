@@ -1,0 +1,91 @@
+"""Turn the pipeline probe's samples into the runtime's own costs (``RuntimeCalibration``).
+
+The probe (``calibration_probe``) ran a 2-stage 1F1B pipeline of the job's model with
+the runtime's executor, alone and, on hosts with few cores, two pipelines at once.
+Here the same probe is simulated with the rest of the calibration (compute per block,
+data fetch, links, core sharing), and the extra seconds per message that make the
+simulated run match the measured median are found by bisection (the simulated time
+grows with it). One number per regime, fitted once from one probe layout; every plan
+then uses it for every message it sends (Varuna sec. 4.3: a few primitives,
+calibrated once, predict any configuration).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from .calibration import Calibration, RuntimeCalibration
+from .planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from .schedules import generate
+
+BISECTION_ROUNDS = 30
+SCAN_START_S = 1e-5
+
+
+def probe_hosting(cal: Calibration, pipelines: int) -> Hosting:
+    """The probe's ranks: ``pipelines`` 2-stage pipelines sharing this host's cores."""
+    ranks = 2 * pipelines
+    return Hosting(2, pipelines, ranks, "pipeline_major", True, True, cal.host.cores < ranks)
+
+
+def simulated_run(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float):
+    """Simulated seconds of the probe's executor run with ``extra`` seconds per message."""
+    layout = Layout(2, pipelines, m, M, "1f1b")
+    hosting = probe_hosting(cal, pipelines)
+    costs = stage_costs(cal, layout, stages, hosting, BlockTimes.at(cal, m))
+    sends = [x + extra for x in costs.sends]
+    model = costs.model(layout, [0, 0])
+    model = dataclasses.replace(model, act=sends, grad=sends, ar=(), opt=())
+    actions = generate("1f1b", 2, M)
+    _, result = contend(cal, actions, model, pipelines)
+    return result.pipeline_time
+
+
+def fit_message(cal: Calibration, stages, m: int, M: int, pipelines: int, measured: float):
+    """The least extra seconds per message at which the simulated probe takes ``measured``.
+
+    With cores shared the simulated time is not monotone in the message time (later
+    messages overlap the pipelines' compute less, so it is stretched less): a doubling
+    scan brackets the first crossing, bisection narrows it.
+    """
+    run = lambda extra: simulated_run(cal, stages, m, M, pipelines, extra)  # noqa: E731
+    if run(0.0) >= measured:
+        return 0.0
+    lo, hi = 0.0, SCAN_START_S
+    while run(hi) < measured:
+        if hi > measured:  # no message time explains it (cannot happen: sends are serial)
+            return hi
+        lo, hi = hi, 2 * hi
+    for _ in range(BISECTION_ROUNDS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if run(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_runtime(
+    cal: Calibration, samples: dict, stages: list[list[int]], m: int, M: int
+) -> RuntimeCalibration | None:
+    """The runtime's per-message and per-step costs from the probe samples (None if the
+    probe did not run)."""
+    idle = samples.get("idle")
+    if not idle or not idle.get("run"):
+        return None
+    probe, fitted = {}, {}
+    for phase, pipelines in (("idle", 1), ("busy", 2)):
+        if phase not in samples:
+            continue
+        measured = statistics.median(samples[phase]["run"])
+        fitted[phase] = fit_message(cal, stages, m, M, pipelines, measured)
+        probe[phase] = {
+            "measured_s": measured,
+            "simulated_s": simulated_run(cal, stages, m, M, pipelines, 0.0),
+            "message_s": fitted[phase],
+        }
+    return RuntimeCalibration(
+        source="measured",
+        message_s=fitted["idle"],
+        message_busy_s=fitted.get("busy", fitted["idle"]),
+        step_s=statistics.median(idle["rest"]),
+        probe=probe,
+    )
