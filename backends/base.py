@@ -197,14 +197,25 @@ class StatusCache:
 
 
 def run_command(
-    argv: Sequence[str], *, timeout: float = 60.0, stdin: bytes | None = None, cwd=None
+    argv: Sequence[str],
+    *,
+    timeout: float = 60.0,
+    stdin: bytes | None = None,
+    cwd=None,
+    env: dict[str, str] | None = None,
 ) -> str:
     """Run a backend command (argv, never a shell) and return its stdout as text."""
-    return run_bytes(argv, timeout=timeout, stdin=stdin, cwd=cwd).decode(errors="replace")
+    out = run_bytes(argv, timeout=timeout, stdin=stdin, cwd=cwd, env=env)
+    return out.decode(errors="replace")
 
 
 def run_bytes(
-    argv: Sequence[str], *, timeout: float = 60.0, stdin: bytes | None = None, cwd=None
+    argv: Sequence[str],
+    *,
+    timeout: float = 60.0,
+    stdin: bytes | None = None,
+    cwd=None,
+    env: dict[str, str] | None = None,
 ) -> bytes:
     """Run a backend command (argv, never a shell) and return its stdout.
 
@@ -213,7 +224,7 @@ def run_bytes(
     shown = shlex.join(argv)
     try:
         proc = subprocess.run(
-            list(argv), input=stdin, capture_output=True, timeout=timeout, cwd=cwd
+            list(argv), input=stdin, capture_output=True, timeout=timeout, cwd=cwd, env=env
         )
     except FileNotFoundError:
         raise BackendError(f"{argv[0]}: command not found") from None

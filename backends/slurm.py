@@ -13,6 +13,7 @@ remembers the job (MinJobAge), then from ``sacct``.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 
@@ -80,7 +81,10 @@ class SlurmBackend(BackendBase):
         """``sbatch --parsable`` from the run folder; returns the job id."""
         rendered.write(ctx.run_dir / "scripts")
         (ctx.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        out = run_command(["sbatch", "--parsable", "scripts/job.sbatch"], cwd=ctx.run_dir)
+        # sbatch exports the submitting environment (--export=ALL): the channel secret
+        # reaches the nodes that way and is never written into a script.
+        env = {**os.environ, **ctx.secret_env}
+        out = run_command(["sbatch", "--parsable", "scripts/job.sbatch"], cwd=ctx.run_dir, env=env)
         job_id = out.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
         if not job_id.isdigit():
             raise BackendError(f"sbatch printed {out!r}, not a job id")

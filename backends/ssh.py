@@ -39,6 +39,9 @@ from .base import (
 )
 from .nodes import node_scripts
 
+SECRET_ENV = "JOBCTL_CHANNEL_SECRET"  # as engine/channel.py names it
+SECRET_FILE = "channel.secret"  # exists only between unpacking and starting the node
+
 # Runs detached on the host: the node script's exit code lands in a file nobody has to
 # wait for. "$1".. are the script, log and exit-file paths (never spliced into code).
 _WRAPPER = 'bash "$1" >> "$2" 2>&1; echo $? > "$3"'
@@ -92,7 +95,9 @@ class SshBackend(BackendBase):
         rendered.write(ctx.run_dir / "scripts")
         opts, handles = ctx.hardware.ssh, []
         for k, host in enumerate(hosts_of(ctx)):
-            bundle = _bundle(ctx.inputs, f"scripts/node-{k}.sh", rendered.files[f"node-{k}.sh"])
+            bundle = _bundle(
+                ctx.inputs, f"scripts/node-{k}.sh", rendered.files[f"node-{k}.sh"], ctx.secret_env
+            )
             out = run_command(
                 self._ssh(opts, host, start_command(str(ctx.run_dir), k)), stdin=bundle
             )
@@ -211,6 +216,8 @@ def start_command(run_dir: str, node: int) -> str:
     return (
         f"set -e; mkdir -p {q(run_dir)}/logs {q(run_dir)}/scripts; "
         f"tar -x -f - -C {q(run_dir)}; cd {q(run_dir)}; rm -f {exit_file}; "
+        f"if [ -f {SECRET_FILE} ]; then {SECRET_ENV}=$(cat {SECRET_FILE}); "
+        f"export {SECRET_ENV}; rm -f {SECRET_FILE}; fi; "
         f"setsid bash -c {q(_WRAPPER)} jobctl-node {script} {log} {exit_file} "
         "</dev/null >/dev/null 2>&1 & echo $!"
     )
@@ -226,8 +233,11 @@ def kill_command(pid: int, sig: int) -> str:
     return f"{_TREE}kill -{int(sig)} $(tree {int(pid)}) 2>/dev/null || true"
 
 
-def _bundle(inputs: dict[str, str], script_name: str, script: str) -> bytes:
-    """A tar of the run inputs and one node script (executable)."""
+def _bundle(
+    inputs: dict[str, str], script_name: str, script: str, secrets: dict[str, str] | None = None
+) -> bytes:
+    """A tar of the run inputs and one node script (executable); the channel secret, if
+    any, as a 0600 file that ``start_command`` reads into the environment and deletes."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, text in [*sorted(inputs.items()), (script_name, script)]:
@@ -235,6 +245,11 @@ def _bundle(inputs: dict[str, str], script_name: str, script: str) -> bytes:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
             tar.addfile(info, io.BytesIO(data))
+        secret = (secrets or {}).get(SECRET_ENV)
+        if secret:
+            info = tarfile.TarInfo(SECRET_FILE)
+            info.size, info.mode = len(secret.encode()), 0o600
+            tar.addfile(info, io.BytesIO(secret.encode()))
     return buf.getvalue()
 
 

@@ -34,6 +34,7 @@ from .channel import SECRET_ENV, ChannelServer
 
 CONF_ENV = "JOBCTL_HOST_CONF"
 HOST_FILE = "host.json"
+HOST_LOG = "run-host.log"  # beside host.json; logs/ holds the nodes' and ranks' logs
 
 
 @dataclass
@@ -95,7 +96,7 @@ def spawn_run_host(
 ) -> subprocess.Popen:
     """Start the detached run host (no channel without a secret); see ``wait_run_host``."""
     run_dir = Path(run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         (run_dir / HOST_FILE).unlink()
     if idle_exit_s is None:
@@ -112,7 +113,7 @@ def spawn_run_host(
     env.pop(SECRET_ENV, None)
     if secret:
         env[SECRET_ENV] = secret
-    with open(run_dir / "logs" / "run-host.log", "ab") as log:
+    with open(run_dir / HOST_LOG, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "jobctl.engine.channel_host"],
             env=env,
@@ -132,7 +133,7 @@ def wait_run_host(run_dir: Path, proc: subprocess.Popen, timeout: float = 120.0)
         if got is not None and got.pid == proc.pid:
             return got
         if proc.poll() is not None:
-            tail = (run_dir / "logs" / "run-host.log").read_text(errors="replace")[-2000:]
+            tail = (run_dir / HOST_LOG).read_text(errors="replace")[-2000:]
             raise RuntimeError(f"run host exited {proc.returncode}:\n{tail}")
         time.sleep(0.05)
     proc.kill()

@@ -51,7 +51,7 @@ def test_run_reports_only_over_the_channel(tmp_path, monkeypatch):
     host = read_host(run.dir)
     assert host is not None and host.channel_url.startswith("http://127.0.0.1:")
     assert not pid_alive(host.pid)  # the run host ends with the run
-    assert "0 request(s) rejected" in (run.dir / "logs" / "run-host.log").read_text()
+    assert "0 request(s) rejected" in (run.dir / "run-host.log").read_text()
     scripts = "".join(p.read_text() for p in (run.dir / "scripts").iterdir())
     assert host.channel_url in scripts
 
