@@ -1,13 +1,13 @@
 """Gradual global magnitude pruning of a pipeline stage (DynPipe sec. 3.0.2, Alg. 2).
 
-A :class:`Pruner` lives on every rank. At the schedule's pruning steps all ranks run the
-selection together: the global threshold comes from the gathered local candidates of
-the stages of replica 0 (padded to one length for ``all_gather``), so every replica
-uses the same threshold; replica 0's masks are then broadcast over each stage's
-data-parallel group, so every replica ends with identical masks. Masks (``True`` =
-kept) are a plain dict keyed by the unsplit parameter name; between pruning steps
-they zero the gradients before and the weights after each optimizer step, and pruned
-elements' optimizer state is zeroed, so pruned weights stay exactly zero.
+A :class:`Pruner` lives on every rank. At the schedule's pruning steps replica 0's
+pipeline selects together (its stages gather their local candidates, see
+``pruning_comm``); the other replicas, holding the same weights, receive replica 0's
+masks over each stage's data-parallel group, so every replica ends with identical
+masks. Masks (``True`` = kept) are a plain dict keyed by the unsplit parameter name;
+between pruning steps they zero the gradients before and the weights after each
+optimizer step, and pruned elements' optimizer state is zeroed, so pruned weights stay
+exactly zero.
 
 A tied pair (embedding / head) is pruned when either name is selected; it counts once
 (as its canonical half) and the stage holding the alias receives the canonical's mask.
@@ -23,16 +23,13 @@ import torch.distributed as dist
 
 from .checkpoint import load_masks
 from .model import Tie
+from .pruning_comm import SelectorGroups, broadcast_masks, world
 from .pruning_profile import BlockProfiler
 from .pruning_schedule import schedule, target_at
 from .pruning_select import select_masks
 from .pruning_sparse import refresh, use_csr, use_dense
 
 Masks = dict[str, torch.Tensor]
-
-
-def _world(group=None) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[str]:
@@ -44,6 +41,11 @@ def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[
         return any(fnmatch.fnmatchcase(x, g) for g in globs for x in (n, partner.get(n, n)))
 
     return [n for n in names if n not in aliases and hit(n)]
+
+
+def pair_selected(tie: Tie, globs: list[str]) -> bool:
+    """Whether a tied pair is pruned: either of its names matches a glob."""
+    return any(fnmatch.fnmatchcase(n, g) for g in globs for n in (tie.canonical, tie.alias))
 
 
 class Pruner:
@@ -60,6 +62,7 @@ class Pruner:
         self.sparse: dict[int, list] = {}  # block -> its linear layers now computed in CSR
         self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
         self.group = None  # the ranks still training (None: all; packing frees some)
+        self.selectors = SelectorGroups()
 
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
@@ -89,102 +92,70 @@ class Pruner:
         target = self.due(step)
         if target is None:
             return None
-        names = prunable_names(list(self.named), self.spec.pruning.prunable, self.ties)
-        params = {n: self.named[n] for n in names}
-        gather, me = self._pipeline_gather()
-        masks, k, total, tau = select_masks(params, target, gather, me)
-        for n, m in masks.items():  # sparsity only grows
-            if n in self.masks:
-                masks[n] = m & self.masks[n]
-        masks = self._agree_over_replicas(masks)
-        masks.update(self._alias_masks(masks))
-        for n, m in masks.items():
+        globs = self.spec.pruning.prunable
+        names = prunable_names(list(self.named), globs, self.ties)
+        aliases = [t.alias for t in self.ties if t.alias in self.named and pair_selected(t, globs)]
+        first = min(self.stage.block_ids, default=1 << 40)
+        ranks = self.selectors.pipeline(self.topo.rank, self.topo.replica, first, self.group)
+        summary = None
+        if self.topo.replica == 0:  # replica 0's pipeline selects (Alg. 2)
+            gather = self.selectors.gather_fn(ranks)
+            params = {n: self.named[n] for n in names}
+            masks, k, total, tau = select_masks(params, target, gather, ranks.index(self.topo.rank))
+            masks = {n: m & self.masks[n] if n in self.masks else m for n, m in masks.items()}
+            summary = self._summary(masks, k, total, tau, gather)
+            masks.update(self._alias_masks(masks, aliases, gather))
+        else:  # filled by replica 0's broadcast
+            masks = {n: torch.zeros(self.named[n].shape, dtype=torch.bool) for n in names + aliases}
+        masks = {n: masks[n] for n in names + aliases}
+        for n, m in broadcast_masks(masks, self.topo.dp_ranks[0], self.topo.dp_group).items():
             self.adopt(n, m)
         self.profile_at = step
         self._switch_to_csr()
-        self.last_pruning = self._report(step, target, k, total, tau, gather)
+        self.last_pruning = self._report(step, target, summary)
         return self.last_pruning
 
-    def _pipeline_gather(self):
-        """``gather(t)`` over replica 0's stages in model order, and this stage's position."""
-        first = min(self.stage.block_ids, default=1 << 40)
-        info = self._all_gather(torch.tensor([self.topo.replica, first], dtype=torch.int64))
-        order = sorted((int(t[1]), r) for r, t in enumerate(info) if int(t[0]) == 0)
-        ranks = [r for _, r in order]
-        me = next(i for i, (f, _) in enumerate(order) if f == first)
-
-        def gather(t: torch.Tensor) -> list[torch.Tensor]:
-            got = self._all_gather(t)
-            return [got[r] for r in ranks]
-
-        return gather, me
-
-    def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """all_gather of 1-D tensors of different lengths: padded to the longest."""
-        world = _world(self.group)
-        if world == 1:
-            return [t.reshape(-1)]
-        n = torch.tensor([t.numel()], dtype=torch.int64)
-        sizes = [torch.zeros_like(n) for _ in range(world)]
-        dist.all_gather(sizes, n, group=self.group)
-        longest = max(int(s) for s in sizes)
-        padded = torch.zeros(longest, dtype=t.dtype)
-        padded[: t.numel()] = t.reshape(-1)
-        out = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(out, padded, group=self.group)
-        return [o[: int(s)] for o, s in zip(out, sizes, strict=True)]
-
-    def _agree_over_replicas(self, masks: Masks) -> Masks:
-        """Replica 0's masks on every replica of the stage (one flat broadcast)."""
-        if self.topo.dp_group is None or not masks:
-            return masks
-        flat = torch.cat([m.reshape(-1) for m in masks.values()]).to(torch.uint8)
-        dist.broadcast(flat, src=self.topo.dp_ranks[0], group=self.topo.dp_group)
-        out, at = {}, 0
-        for n, m in masks.items():
-            out[n] = flat[at : at + m.numel()].view(m.shape).bool()
-            at += m.numel()
-        return out
-
-    def _alias_masks(self, masks: Masks) -> Masks:
-        """Send each pruned canonical's mask to the stage holding its alias."""
+    def _alias_masks(self, masks: Masks, aliases: list[str], gather) -> Masks:
+        """Within the selecting pipeline: each pruned canonical's mask to its alias' stage."""
         out: Masks = {}
-        for tie in self.ties:
-            holders = self._all_gather(torch.tensor([int(tie.canonical in masks)]))
-            src = next((r for r, h in enumerate(holders) if int(h)), None)
-            wants = tie.alias in self.named
-            if src is None or _world(self.group) == 1:
+        for tie in self.ties:  # every stage runs every tie, in the same order
+            holders = gather(torch.tensor([int(tie.canonical in masks)]))
+            src = next((i for i, h in enumerate(holders) if int(h)), None)
+            if src is None:
                 continue
-            buf = masks[tie.canonical].to(torch.uint8) if tie.canonical in masks else None
-            if buf is None:
-                shape = self.named[tie.alias].shape if wants else None
-                buf = torch.zeros(shape if shape is not None else (0,), dtype=torch.uint8)
-            got = self._all_gather(buf.reshape(-1))  # alias holders take the source's
-            if wants:
+            empty = torch.zeros(0, dtype=torch.uint8)
+            buf = masks[tie.canonical].to(torch.uint8) if tie.canonical in masks else empty
+            got = gather(buf.reshape(-1))
+            if tie.alias in aliases:
                 out[tie.alias] = got[src].view(self.named[tie.alias].shape).bool()
         return out
 
-    def _report(self, step, target, k, total, tau, gather) -> dict:
-        mine = {n: m for n, m in self.masks.items() if n not in {t.alias for t in self.ties}}
-        pruned = sum(int((~m).sum()) for m in mine.values())
-        size = sum(m.numel() for m in mine.values())
+    @staticmethod
+    def _summary(masks: Masks, k: int, total: int, tau, gather) -> dict:
+        """Global figures of the selection (on replica 0's pipeline)."""
+        pruned = sum(int((~m).sum()) for m in masks.values())
+        size = sum(m.numel() for m in masks.values())
         per_stage = gather(torch.tensor([pruned, size], dtype=torch.int64))
-        blocks = self.block_sparsity()
-        rec = {
-            "step": step,
-            "target_sparsity": target,
-            "achieved_sparsity": sum(int(s[0]) for s in per_stage) / max(1, total),
-            "pruned": sum(int(s[0]) for s in per_stage),
+        done = sum(int(s[0]) for s in per_stage)
+        return {
+            "achieved_sparsity": done / max(1, total),
+            "pruned": done,
             "k": k,
             "prunable": total,
             "threshold": tau,
             "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
         }
-        every = [(self.topo.replica, blocks)]
-        if _world(self.group) > 1:
-            every = [None] * _world(self.group)
-            dist.all_gather_object(every, (self.topo.replica, blocks), group=self.group)
-        rec["block_sparsity"] = {b: s for rep, bs in every if rep == 0 for b, s in bs.items()}
+
+    def _report(self, step: int, target: float, summary: dict | None) -> dict:
+        """The ``pruning`` record, the same on every rank; the reporter rank writes it."""
+        mine = (self.topo.replica, self.block_sparsity(), summary)
+        every = [mine]
+        if world(self.group) > 1:
+            every = [None] * world(self.group)
+            dist.all_gather_object(every, mine, group=self.group)
+        rec = {"step": step, "target_sparsity": target}
+        rec.update(next(s for _, _, s in every if s is not None))
+        rec["block_sparsity"] = {b: s for rep, bs, _ in every if rep == 0 for b, s in bs.items()}
         if self.events is not None and self.topo.is_reporter:
             self.events.write("pruning", **rec)
         return rec

@@ -4,10 +4,11 @@ Pruning to sparsity ``s`` removes the ``k = round(s N)`` smallest-magnitude elem
 all ``N`` prunable elements of the model. No rank ever holds the model: each stage
 offers its local ``k`` smallest magnitudes (the global ``k`` smallest are among them),
 the candidates of all stages are gathered, and the ``k``-th smallest of them is the
-global threshold ``tau``. Everything below ``tau`` is pruned; elements equal to ``tau``
-are pruned in model order (block, parameter, flat index) until ``k`` are gone, so the
-result is exactly that of sorting the assembled model, ties included. Masks are
-``True`` where a weight is kept.
+global threshold ``tau``. Past 50 % sparsity the shorter list is offered instead: each
+stage's ``N - k + 1`` largest, of which the ``(N - k + 1)``-th largest is ``tau``.
+Everything below ``tau`` is pruned; elements equal to ``tau`` are pruned in model order
+(block, parameter, flat index) until ``k`` are gone, so the result is exactly that of
+sorting the assembled model, ties included. Masks are ``True`` where a weight is kept.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def smallest(flat: torch.Tensor, k: int) -> torch.Tensor:
     if k == 0:
         return flat.new_empty(0)
     return torch.topk(flat, k, largest=False, sorted=True).values
+
+
+def largest(flat: torch.Tensor, m: int) -> torch.Tensor:
+    """The ``m`` largest values of ``flat`` (all of them if it has fewer)."""
+    m = min(m, flat.numel())
+    if m == 0:
+        return flat.new_empty(0)
+    return torch.topk(flat, m, largest=True, sorted=False).values
 
 
 def threshold(candidates: list[torch.Tensor], k: int) -> float:
@@ -94,7 +103,13 @@ def select_masks(params: Params, sparsity: float, gather: GatherFn, me: int):
     k = count_to_prune(sparsity, total)
     if k == 0:
         return keep_masks(params, None, 0), 0, total, None
-    tau = threshold(gather(smallest(magnitudes(params), k)), k)
+    flat = magnitudes(params)
+    rest = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
+    if k <= rest:
+        tau = threshold(gather(smallest(flat, k)), k)
+    else:  # offer the shorter list: each stage's `rest` largest
+        offers = torch.cat([c.reshape(-1) for c in gather(largest(flat, rest))])
+        tau = threshold([offers], offers.numel() - rest + 1)
     be = gather(torch.tensor(below_equal(params, tau), dtype=torch.int64))
     below, equal = [int(x[0]) for x in be], [int(x[1]) for x in be]
     return keep_masks(params, tau, equal_share(k, below, equal, me)), k, total, tau
