@@ -166,7 +166,11 @@ def _attempt(
     # The rendezvous store and the event channel live in a detached run host, so the
     # workers keep training if this process dies (engine/channel_host.py).
     proc = spawn_run_host(run.dir, run.ctx.rdzv_endpoint, cport, senv.get(SECRET_ENV))
-    handles = backend.submit(run.rendered, run.ctx)
+    try:
+        handles = backend.submit(run.rendered, run.ctx)
+    except BaseException:
+        proc.kill()
+        raise
     try:
         host = wait_run_host(run.dir, proc)
     except RuntimeError:

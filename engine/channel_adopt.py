@@ -128,6 +128,6 @@ def adopt(spec, db: StateDB, opts, console):
         outcome = _supervise(run, view, handles, db, spec, row["step"] or 0, opts, console)
     finally:
         host.stop()
-    if outcome.kind == "preempted":
+    if outcome.kind in ("preempted", "morph"):
         db.set_phase(run.id, "morphing", outcome.message)
     return run, outcome
