@@ -63,6 +63,7 @@ class Pruner:
         self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
         self.group = None  # the ranks still training (None: all; packing frees some)
         self.selectors = SelectorGroups()
+        self.selectors.prepare(topo.rank, topo.replica, min(stage.block_ids))  # collective
 
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
@@ -96,12 +97,13 @@ class Pruner:
         names = prunable_names(list(self.named), globs, self.ties)
         aliases = [t.alias for t in self.ties if t.alias in self.named and pair_selected(t, globs)]
         first = min(self.stage.block_ids, default=1 << 40)
-        ranks = self.selectors.pipeline(self.topo.rank, self.topo.replica, first, self.group)
+        sel = self.selectors
+        ranks, firsts, live = sel.pipeline(self.topo.rank, self.topo.replica, first, self.group)
+        gather, everyone = sel.gather_fn(ranks, live, self.group)
         summary = None
-        if self.topo.replica == 0:  # replica 0's pipeline selects (Alg. 2)
-            gather = self.selectors.gather_fn(ranks)
+        if self.topo.replica == 0 or everyone:  # replica 0's pipeline selects (Alg. 2)
             params = {n: self.named[n] for n in names}
-            masks, k, total, tau = select_masks(params, target, gather, ranks.index(self.topo.rank))
+            masks, k, total, tau = select_masks(params, target, gather, firsts.index(first))
             masks = {n: m & self.masks[n] if n in self.masks else m for n, m in masks.items()}
             summary = self._summary(masks, k, total, tau, gather)
             masks.update(self._alias_masks(masks, aliases, gather))

@@ -35,33 +35,54 @@ def all_gather_var(t: torch.Tensor, group=None) -> list[torch.Tensor]:
 
 
 class SelectorGroups:
-    """Finds replica 0's pipeline (in model order) and keeps a process group for it."""
+    """Finds replica 0's pipeline (in model order) and the group its stages gather over.
+
+    A plain ``new_group`` must be entered by every rank of the world, so the group of
+    replica 0's pipeline is made once, when all ranks build their Pruner. When the live
+    ranks are replica 0's pipeline alone (D = 1, also after packing), the live group
+    serves. Should packing leave a replica-0 pipeline with no group of its own, every
+    live rank takes part in the gather instead and keeps replica 0's entries.
+    (``use_local_synchronization=True`` groups would avoid this but hang on gloo with
+    three ranks in torch 2.13.)
+    """
 
     def __init__(self) -> None:
-        self._groups: dict[tuple[int, ...], object] = {}
+        self.key: tuple[int, ...] | None = None
+        self.group = None
 
-    def pipeline(self, rank: int, replica: int, first_block: int, live_group=None) -> list[int]:
-        """Global ranks of replica 0's stages, ordered by their first block (collective
-        over ``live_group``)."""
+    def pipeline(self, rank: int, replica: int, first_block: int, live_group=None):
+        """(ranks, first blocks) of replica 0's stages in model order, and the sorted
+        live ranks (collective over ``live_group``)."""
         me = torch.tensor([replica, first_block, rank], dtype=torch.int64)
         info = all_gather_var(me, live_group)
-        return [int(t[2]) for t in sorted(info, key=lambda t: int(t[1])) if int(t[0]) == 0]
+        rep0 = sorted((int(t[1]), int(t[2])) for t in info if int(t[0]) == 0)
+        return [r for _, r in rep0], [f for f, _ in rep0], sorted(int(t[2]) for t in info)
 
-    def gather_fn(self, ranks: list[int]):
-        """``gather(t)``: every stage's ``t`` in model order (members of ``ranks`` only)."""
-        if len(ranks) == 1:
-            return lambda t: [t.reshape(-1)]
+    def prepare(self, rank: int, replica: int, first_block: int) -> None:
+        """Make replica 0's pipeline group (collective over the whole world, once)."""
+        ranks, _, live = self.pipeline(rank, replica, first_block)
+        if 1 < len(ranks) < len(live):
+            self.key = tuple(sorted(ranks))
+            self.group = dist.new_group(list(self.key))
+
+    def gather_fn(self, ranks: list[int], live: list[int], live_group=None):
+        """(``gather(t)`` giving every replica-0 stage's ``t`` in model order, whether
+        every live rank must call it) for this pruning step."""
         key = tuple(sorted(ranks))
-        if key not in self._groups:
-            self._groups[key] = dist.new_group(list(key), use_local_synchronization=True)
-        group = self._groups[key]
-        where = [key.index(r) for r in ranks]  # group ranks are the sorted global ranks
+        if len(ranks) == 1:  # one stage: nothing to gather; other replicas get the broadcast
+            return (lambda t: [t.reshape(-1)]), False
+        if key == tuple(live):
+            group, members, everyone = live_group, key, False
+        elif key == self.key:
+            group, members, everyone = self.group, key, False
+        else:
+            group, members, everyone = live_group, tuple(live), True
 
         def gather(t: torch.Tensor) -> list[torch.Tensor]:
-            got = all_gather_var(t, group)
-            return [got[i] for i in where]
+            got = all_gather_var(t, group)  # group ranks are the sorted global ranks
+            return [got[members.index(r)] for r in ranks]
 
-        return gather
+        return gather, everyone
 
 
 def broadcast_masks(masks: dict[str, torch.Tensor], src: int, group) -> dict[str, torch.Tensor]:

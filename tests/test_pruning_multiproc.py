@@ -89,7 +89,7 @@ def spec_ties(spec):
 
 @pytest.mark.multiproc
 def test_resume_after_pruning_keeps_masks_and_losses(tmp_path):
-    spec = _spec(2, 1, **{"checkpoint.interval": 4})
+    spec = _spec(3, 1, **{"checkpoint.interval": 4})  # 3 stages: gloo groups of 3 ranks
     run, outcome = run_job(spec, tmp_path / "whole")
     assert outcome.ok, outcome.message
     ckpt4 = run.dir / "checkpoints" / "step-00000004"
