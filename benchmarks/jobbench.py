@@ -27,6 +27,7 @@ from jobctl.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
 WARMUP_STEPS = 5
+QUIET_PATIENCE_S = 180.0  # how long ``wait_quiet`` waits by default (benchmarks' --patience)
 
 
 def job_spec(**overrides):
@@ -128,14 +129,14 @@ def cpu_busy(seconds: float = 1.0) -> float:
     return (busy1 - busy0) / max(1, total1 - total0)
 
 
-def wait_quiet(limit: float = 0.05, quiet_s: int = 3, patience_s: float = 180.0) -> float:
-    """Wait (up to ``patience_s``) until other processes left the CPU idle for
-    ``quiet_s`` seconds in a row; returns the busy fraction seen last.
+def wait_quiet(limit: float = 0.05, quiet_s: int = 3, patience_s: float | None = None) -> float:
+    """Wait (up to ``patience_s``, default ``QUIET_PATIENCE_S``) until other processes
+    left the CPU idle for ``quiet_s`` seconds in a row; returns the busy fraction seen last.
 
     The machine is shared; a benchmark that starts while something else computes
     measures that instead.
     """
-    deadline = time.monotonic() + patience_s
+    deadline = time.monotonic() + (QUIET_PATIENCE_S if patience_s is None else patience_s)
     calm = 0
     busy = 1.0
     while calm < quiet_s and time.monotonic() < deadline:

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks import jobbench
 from benchmarks.jobbench import (
     WARMUP_STEPS,
     Interference,
@@ -91,7 +92,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--attempts", type=int, default=2, help="runs until one is undisturbed")
+    parser.add_argument(
+        "--patience", type=float, default=180.0, help="seconds to wait for a quiet CPU per run"
+    )
     args = parser.parse_args()
+    jobbench.QUIET_PATIENCE_S = args.patience
     labels = [f"jobctl {x[0]}" for x in JOBCTL] + ["torch gpipe", "torch 1f1b"]
     results: dict[str, list[float]] = {k: [] for k in [*labels, "other load"]}
     with tempfile.TemporaryDirectory(prefix="jobctl-sched-") as tmp:

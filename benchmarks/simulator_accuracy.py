@@ -24,6 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks import jobbench
 from benchmarks.jobbench import Interference, job_spec, layout, measure_best, wait_quiet
 from jobctl.engine.calibration import Calibration
 from jobctl.engine.calibration_run import calibrate
@@ -66,7 +67,11 @@ def main() -> None:
     parser.add_argument(
         "--attempts", type=int, default=3, help="runs per config until one is undisturbed"
     )
+    parser.add_argument(
+        "--patience", type=float, default=180.0, help="seconds to wait for a quiet CPU per run"
+    )
     args = parser.parse_args()
+    jobbench.QUIET_PATIENCE_S = args.patience
     base = job_spec(**MODEL, **{"training.steps": args.steps})
     with tempfile.TemporaryDirectory(prefix="jobctl-accuracy-") as tmp:
         home = Path(tmp)
