@@ -58,6 +58,7 @@ class Rebalancer:
         self.handled: int | None = None  # profile step already acted on
         self.measure: dict | None = None  # pending "after" measurement
         self.freed = False
+        self.pending: tuple[str, dict, int] | None = None  # held move: plan, record, step
 
     def _group(self):
         return self.t.live_group
@@ -77,10 +78,25 @@ class Rebalancer:
             self._report_after(done, stats, seconds)
         p = self.t.pruner
         prof = p.last_profile if p is not None else None
-        if not self.cfg.enabled or prof is None or prof["step"] != done or self.handled == done:
+        fresh = prof is not None and prof["step"] == done and self.handled != done
+        if self.pending is not None and not fresh and done >= self.pending[2]:
+            new_json, record, _ = self.pending
+            self.pending = None
+            self._measure_before(record, stats, seconds)  # the held layout's last step
+            return self._move(Plan.model_validate_json(new_json), record)
+        if not self.cfg.enabled or not fresh:
             return None
-        self.handled = done
+        self.handled, self.pending = done, None  # a new profile replaces a held move
         return self._rebalance(done, prof, stats, seconds)
+
+    def _measure_before(self, record: dict, stats: StepStats, seconds: float) -> None:
+        every = self._gather({"stage": self.t.topo.stage, "c": _compute_s(stats), "s": seconds})
+        measured = [0.0] * self.t.plan.P
+        for r in every:
+            measured[r["stage"]] = max(measured[r["stage"]], r["c"])
+        record.update(measured_stage_s_before=measured, measured_step_s_before=max(
+            r["s"] for r in every
+        ))  # fmt: skip
 
     # -- deciding -----------------------------------------------------------------
     def _rebalance(self, done: int, prof: dict, stats: StepStats, seconds: float):
@@ -104,7 +120,11 @@ class Rebalancer:
             if self._leader():
                 t.events.write("rebalance", **record)
             return None
-        return self._move(Plan.model_validate_json(new_json), record, every)
+        if self.cfg.hold_steps:
+            record["held_until"] = done + self.cfg.hold_steps
+            self.pending = (new_json, record, done + self.cfg.hold_steps)
+            return None
+        return self._move(Plan.model_validate_json(new_json), record)
 
     def _decide(self, done: int, every: list[dict]) -> tuple[str | None, dict]:
         t, cfg = self.t, self.cfg
@@ -164,7 +184,7 @@ class Rebalancer:
         return replan(spec, plan, new_stages, after, cal).model_dump_json(), record
 
     # -- moving -------------------------------------------------------------------
-    def _move(self, new: Plan, record: dict, every: list[dict]) -> StepExecutor | None:
+    def _move(self, new: Plan, record: dict) -> StepExecutor | None:
         t = self.t
         old = t.plan
         mine_new = set(new.stage_of(t.rank).blocks) if t.rank < new.world_size else set()
@@ -177,7 +197,11 @@ class Rebalancer:
         if got.live_group is not None:
             t.live_group = got.live_group
         t.plan = new
-        record.update(seconds=got.seconds, bytes_moved=got.bytes_sent)
+        record.update(
+            seconds=got.seconds,
+            bytes_moved=got.bytes_sent,
+            moved_at=record.get("held_until", record["step"]),
+        )
         if got.freed:
             self.freed = True
             t.events.write("freed", rank=t.rank, step=record["step"], seconds=got.seconds)

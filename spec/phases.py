@@ -29,6 +29,12 @@ class ElasticitySpec(SpecModel):
     exclude_stragglers: bool = Field(
         False, description="Morph stragglers out of the job instead of only reporting them."
     )
+    regrow_backoff_s: float = Field(
+        60.0,
+        ge=0.0,
+        description="Seconds after a preemption before the lost capacity counts as back "
+        "(local backend); the job then grows back to the pool at its next checkpoint.",
+    )
 
     def _violations(self) -> Iterator[Violation]:
         if self.max_devices is not None and self.max_devices < self.min_devices:
@@ -118,6 +124,20 @@ class RebalancingSpec(SpecModel):
     tolerance: float = Field(
         0.05, ge=0.0, description="Relative imbalance tolerated before layers move."
     )
+    hold_steps: int = Field(
+        0,
+        ge=0,
+        description="Steps to keep training on the old layout after a move is decided, so "
+        "one run measures the unbalanced and the rebalanced pipeline (benchmarks).",
+    )
+
+    def _violations(self) -> Iterator[Violation]:
+        if self.target_devices is not None and not self.pack:
+            yield Violation(
+                "target_devices",
+                f"target_devices {self.target_devices} is set but pack is false",
+                "set rebalancing.pack: true, or remove rebalancing.target_devices",
+            )
 
 
 class CheckpointSpec(SpecModel):

@@ -194,3 +194,12 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
         "40 (89 %)",
         "50 (90 %)",
     ]
+
+
+def test_spec_target_devices_needs_pack():
+    from jobctl.spec.errors import SpecError
+
+    with pytest.raises(SpecError, match="set rebalancing.pack: true"):
+        tiny_spec(**{"rebalancing.target_devices": 2})
+    spec = tiny_spec(**{"rebalancing.pack": True, "rebalancing.target_devices": 2})
+    assert spec.rebalancing.hold_steps == 0

@@ -79,18 +79,21 @@ def test_pruned_run_rebalances_with_identical_numerics(tmp_path):
 
 @pytest.mark.multiproc
 def test_pruned_run_packs_onto_fewer_devices(tmp_path):
-    # Packed after the first profiled step: rank 2 exits cleanly, the two left keep
-    # pruning (their collectives on the live ranks) and training, same numerics.
-    spec = _spec(**{"rebalancing.pack": True, "rebalancing.target_devices": 2})
+    # Decided after the first profiled step (3), held one step, packed after step 4:
+    # rank 2 exits cleanly, the two left keep pruning (their collectives on the live
+    # ranks) and training, same numerics.
+    pack = {"rebalancing.pack": True, "rebalancing.target_devices": 2}
+    spec = _spec(**pack, **{"rebalancing.hold_steps": 1})
     run, recs = _run_and_compare(tmp_path, spec)
     packed = [r for r in recs if r["kind"] == "packed"]
     assert len(packed) == 1 and packed[0]["step"] == 3
     assert packed[0]["packed_to"] == 2 and packed[0]["freed_ranks"] == [2]
+    assert packed[0]["held_until"] == packed[0]["moved_at"] == 4
     assert packed[0]["freed_nodes"] == []  # one node, still in use
     assert [r["rank"] for r in recs if r["kind"] == "freed"] == [2]
     pruning = [r for r in recs if r["kind"] == "pruning"]
-    assert [len(r["stage_sparsity"]) for r in pruning] == [3, 2, 2]
-    assert all(r["rank"] in (0, 1) for r in recs if r["kind"] == "heartbeat" and r["step"] > 3)
+    assert [len(r["stage_sparsity"]) for r in pruning] == [3, 3, 2]
+    assert all(r["rank"] in (0, 1) for r in recs if r["kind"] == "heartbeat" and r["step"] > 4)
     plan = Plan.model_validate_json((run.dir / "plan.json").read_text())
     assert plan.P == 2 and [b for s in plan.stages for b in s.blocks] == list(range(7))
     kinds = {e["kind"] for e in StateDB(tmp_path).events(run.id)}
