@@ -107,7 +107,7 @@ def test_resume_after_pruning_keeps_masks_and_losses(tmp_path):
 
 
 # -- replicas agree (direct gloo processes, replica 1 perturbed) ---------------------
-def _replica_worker(rank: int, world: int, store_path: str, spec, out_path: str) -> None:
+def _replica_worker(rank: int, world: int, store_path: str, spec, out_path: str, everyone: bool):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
@@ -122,6 +122,8 @@ def _replica_worker(rank: int, world: int, store_path: str, spec, out_path: str)
         named = dict(stage.named_parameters())
         opt = build_optimizer(list(named.values()), spec.training)
         pruner = Pruner(spec, stage, named, opt, topo, mdef.ties)
+        if everyone:  # as after packing: no group of replica 0's pipeline, all ranks gather
+            pruner.selectors.key = None
         rec = pruner.maybe_prune(6)
         got = [None] * world
         dist.all_gather_object(got, (topo.replica, pruner.masks, rec))
@@ -132,12 +134,12 @@ def _replica_worker(rank: int, world: int, store_path: str, spec, out_path: str)
 
 
 @pytest.mark.multiproc
-def test_masks_identical_across_replicas_and_equal_to_assembled_model(tmp_path):
+@pytest.mark.parametrize("everyone", [False, True])
+def test_masks_identical_across_replicas_and_equal_to_assembled_model(tmp_path, everyone):
     spec = _spec(2, 2, **{"pruning.prunable": WITH_EMBEDDING})
     out = tmp_path / "masks.pt"
-    mp.spawn(
-        _replica_worker, args=(4, str(tmp_path / "store"), spec, str(out)), nprocs=4, join=True
-    )
+    args = (4, str(tmp_path / "store"), spec, str(out), everyone)
+    mp.spawn(_replica_worker, args=args, nprocs=4, join=True)
     got = torch.load(out, weights_only=False)
     by_replica: dict[int, dict] = {0: {}, 1: {}}
     for replica, masks, _ in got:
