@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 from jobctl.spec import ElasticitySpec, HardwareSpec
 
 Phase = Literal["pending", "running", "succeeded", "failed", "stopped"]
+Cause = Literal["", "preempted", "cancelled", "timeout"]
 DONE: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
 # Exit code of a handle stopped from outside when the backend cannot tell the signal:
 # negative, as subprocess reports "killed by signal N" (-N).
@@ -93,12 +94,17 @@ class NodeStatus:
     (failed; 128 + N when signal N ended it on its own account) or negative (stopped;
     -N for signal N, as subprocess reports it). ``poll`` hands out exactly these codes,
     so a reader of exit codes alone tells stopped (< 0) from failed (> 0).
-    ``detail`` is the backend's own word for the state.
+    ``detail`` is the backend's own word for the state (with a pending job's reason).
+    ``cause`` says, from the backend's own view, why a stopped handle stopped:
+    ``preempted`` (capacity taken away or a node lost: resumable on what is left),
+    ``cancelled`` (a person or jobctl stopped it), ``timeout`` (its time limit ran out)
+    or ``""`` when the backend cannot tell.
     """
 
     phase: Phase
     exit_code: int | None = None
     detail: str = ""
+    cause: Cause = ""
 
     @property
     def done(self) -> bool:
@@ -145,7 +151,8 @@ class BackendBase:
             return NodeStatus("succeeded", 0, detail)
         if handle in self._cancelled or code is None or code < 0:
             stopped_code = code if code is not None and code < 0 else STOPPED_EXIT
-            return NodeStatus("stopped", stopped_code, detail)
+            cause = "cancelled" if handle in self._cancelled else "preempted"
+            return NodeStatus("stopped", stopped_code, detail, cause)
         return NodeStatus("failed", code, detail)
 
     def poll(self, handles: list[str]) -> list[int | None]:

@@ -1,6 +1,6 @@
 """The per-node launch script every shell backend runs (local, Slurm, ssh).
 
-Node ``k``'s script exports the run's environment and execs one torchrun agent for the
+Node ``k``'s script exports the run's environment and runs one torchrun agent for the
 node's processes, joining the c10d rendezvous the supervisor hosts (``is_host=false``).
 """
 

@@ -23,6 +23,7 @@ from .base import (
     STOPPED_EXIT,
     BackendBase,
     BackendError,
+    Cause,
     NodeStatus,
     Phase,
     Rendered,
@@ -53,12 +54,20 @@ SLURM_PHASES: dict[str, Phase] = {
     "PREEMPTED": "stopped",
     "TIMEOUT": "stopped",
     "DEADLINE": "stopped",
+    "NODE_FAIL": "stopped",  # the node died under the job: not the code's fault
     "FAILED": "failed",
-    "NODE_FAIL": "failed",
     "BOOT_FAIL": "failed",
     "OUT_OF_MEMORY": "failed",
     "SPECIAL_EXIT": "failed",
     "REVOKED": "failed",
+}
+# Why a stopped job stopped, from Slurm's own view.
+SLURM_CAUSES: dict[str, Cause] = {
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "preempted",
+    "NODE_FAIL": "preempted",
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
 }
 
 
@@ -146,26 +155,29 @@ def _job_status(job_id: str) -> NodeStatus:
     return node_status(*row)
 
 
-def node_status(state: str, code: int = 0, sig: int = 0) -> NodeStatus:
-    """A Slurm state (``CANCELLED by 0`` included), exit code and signal in jobctl's
-    terms; a job stopped by a signal gets -signal, a failed one 128 + signal."""
+def node_status(state: str, code: int = 0, sig: int = 0, reason: str = "") -> NodeStatus:
+    """A Slurm state (``CANCELLED by 0`` included), exit code, signal and pending reason
+    in jobctl's terms; a job stopped by a signal gets -signal, a failed one 128 + signal."""
     word = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
     phase = SLURM_PHASES.get(word, "failed")
-    if phase in ("pending", "running"):
+    if phase == "pending":  # why it waits: Resources, Priority, BeginTime (requeued), ...
+        shown = reason if reason and reason not in ("None", "(null)") else ""
+        return NodeStatus(phase, None, f"{word} ({shown})" if shown else word)
+    if phase == "running":
         return NodeStatus(phase, None, word)
     if phase == "succeeded":
         return NodeStatus(phase, 0, word)
     if phase == "stopped":
-        return NodeStatus(phase, -sig if sig else STOPPED_EXIT, word)
+        return NodeStatus(phase, -sig if sig else STOPPED_EXIT, word, SLURM_CAUSES[word])
     return NodeStatus(phase, 128 + sig if sig else code or 1, word)
 
 
-def _squeue(job_id: str) -> tuple[str, int, int] | None:
-    """(state, exit code, signal) while slurmctld still holds the job record, else None."""
+def _squeue(job_id: str) -> tuple[str, int, int, str] | None:
+    """(state, exit code, signal, reason) while slurmctld holds the job record, else None."""
     try:
         out = run_command(
             ["squeue", "--noheader", "--states=all", f"--jobs={job_id}",
-             "--Format=JobID:32|,State:32|,exit_code:16"],
+             "--Format=JobID:32|,State:32|,exit_code:16|,Reason:128"],
             timeout=30,
         )  # fmt: skip
     except BackendError as e:
@@ -174,13 +186,13 @@ def _squeue(job_id: str) -> tuple[str, int, int] | None:
         raise
     for line in out.splitlines():
         fields = [f.strip() for f in line.split("|")]
-        if len(fields) == 3 and fields[0] == job_id:
-            return fields[1], *wait_status(fields[2])
+        if len(fields) == 4 and fields[0] == job_id:
+            return fields[1], *wait_status(fields[2]), fields[3]
     return None
 
 
-def _sacct(job_id: str) -> tuple[str, int, int] | None:
-    """(state, exit code, signal) from the accounting database, or None without one."""
+def _sacct(job_id: str) -> tuple[str, int, int, str] | None:
+    """(state, exit code, signal, "") from the accounting database, or None without one."""
     try:
         out = run_command(
             ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}",
@@ -193,7 +205,7 @@ def _sacct(job_id: str) -> tuple[str, int, int] | None:
         fields = line.split("|")
         if len(fields) == 3 and fields[0] == job_id:
             code, _, sig = fields[2].partition(":")  # "exit:signal"
-            return fields[1], int(code or 0), int(sig or 0)
+            return fields[1], int(code or 0), int(sig or 0), ""
     return None
 
 

@@ -24,8 +24,8 @@ from .checkpoint import read_meta
 from .launch import Run, channel_env, new_run_id, prepare_run, read_metrics
 from .monitor import Monitor, Outcome, progress_bar, watch
 from .plan import Plan
-from .planner import PlanError, make_plan
 from .resume import ResumePoint, find_resume_point, local_root
+from .scaling import next_attempt
 from .state import StateDB
 
 
@@ -56,35 +56,25 @@ def launch(
 
     With ``elasticity.enabled``, losing nodes (killed, or told to leave by SIGTERM after a
     checkpoint) morphs the run onto the devices left: re-plan with the same global
-    batch, resume from the newest complete checkpoint, keep going.
+    batch, resume from the newest complete checkpoint, keep going. A scale request
+    (``jobctl scale``, capacity returning) morphs it the same way (engine/scaling.py).
     """
     run_id = opts.run_id or new_run_id(spec.name)
     # A run whose supervisor died while its nodes kept training is adopted, not relaunched.
     adopted = adopt(spec, db, opts, console) if opts.run_id else None
     if adopted is not None:
         plan = adopted[0].plan
-    devices = plan.world_size
     lost_at: float | None = None
     while True:
         run, outcome = adopted or _attempt(spec, plan, db, spec_path, opts, run_id, console)
         adopted = None
         if lost_at is not None:
             _record_recovery(db, run, lost_at)
-        if outcome.kind != "preempted" or not spec.elasticity.enabled:
-            break
-        lost_at = time.time()
-        lost = sum(plan.node_sizes()[n] for n in outcome.lost_nodes)
-        devices -= lost
-        next_plan = _morph_plan(spec, devices)
+        backend = opts.backend or spec.hardware.backend
+        next_plan = next_attempt(spec, plan, outcome, db, run_id, run.dir, backend)
         if next_plan is None:
-            outcome.message += f"; {devices} device(s) left, below elasticity.min_devices"
             break
-        db.add_event(
-            run_id,
-            "preemption",
-            f"{outcome.message}; {devices} device(s) left",
-            {"lost_nodes": outcome.lost_nodes, "devices": devices, "ts": time.time()},
-        )
+        lost_at = time.time() if outcome.kind == "preempted" else None
         plan, opts = next_plan, replace(opts, run_id=run_id, resume_dir=None)
     _finish(db, run.id, outcome)
     return run, outcome
@@ -107,22 +97,6 @@ def _record_recovery(db: StateDB, run: Run, since: float) -> None:
             f"training again {first - since:.1f} s after losing nodes",
             {"seconds": first - since},
         )
-
-
-def _morph_plan(spec, devices: int) -> Plan | None:
-    """The plan for the devices left; P and D become free if the spec fixed them."""
-    if devices < max(1, spec.elasticity.min_devices):
-        return None
-    try:
-        return make_plan(spec, devices)
-    except PlanError:
-        par = spec.parallelism.model_copy(
-            update={"pipeline_stages": "auto", "data_parallel": "auto"}
-        )
-        try:
-            return make_plan(spec.model_copy(update={"parallelism": par}), devices)
-        except PlanError:
-            return None
 
 
 def _finish(db: StateDB, run_id: str, outcome: Outcome) -> None:
@@ -183,7 +157,7 @@ def _attempt(
         outcome = _supervise(run, backend, handles, db, spec, start, opts, console)
     finally:
         host.stop()
-    if outcome.kind == "preempted":
+    if outcome.kind in ("preempted", "morph"):
         db.set_phase(run.id, "morphing", outcome.message)
     return run, outcome
 

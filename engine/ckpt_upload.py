@@ -16,6 +16,9 @@ that fall behind training thus catch up on the newest checkpoint instead of a ba
 Every writer should pass `then_commit`: `CheckpointStore.commit` is idempotent and the
 writer whose part completes the set commits, so no rank has to wait for the others.
 
+While a job uploads, an in-flight marker in the store (`InflightMarkers`) keeps every
+writer's retention from deleting its step; the marker goes when the job ends.
+
 A job that fails after its retries leaves no part record, hence no manifest: the
 previous complete checkpoint stays intact and the latest. The worker records the error
 in `status()` and goes on with the next job.
@@ -33,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from jobctl.engine.ckpt_inflight import DEFAULT_STALE_AFTER_S, InflightMarkers
 from jobctl.engine.ckpt_store import CheckpointStore
 from jobctl.engine.ckpt_store_format import PartRecord, check_file_name, check_part_name
 from jobctl.engine.ckpt_store_local import local_digests
@@ -65,7 +69,9 @@ def lower_thread_priority(nice: int) -> None:
 class Uploader:
     """Upload queued checkpoint parts to `store` in the background (see module doc).
 
-    Retention (`keep_last`, `keep_every`) runs after each commit when `keep_last` is set.
+    Retention (`keep_last`, `keep_every`) runs after each commit when `keep_last` is set;
+    it spares steps any writer is still uploading (markers younger than
+    `inflight_stale_s`).
     Retries: `max_retries` per file, sleeping min(`backoff_cap`, `backoff_base` * 2**n)
     through `sleep` (default: a wait that `close` can interrupt). `nice` lowers the
     worker thread's CPU priority, so uploads yield the CPU to training.
@@ -84,8 +90,10 @@ class Uploader:
         on_progress: ProgressCallback | None = None,
         coalesce: bool = True,
         nice: int = 0,
+        inflight_stale_s: float = DEFAULT_STALE_AFTER_S,
     ) -> None:
         self._store = store
+        self._inflight = InflightMarkers(store, inflight_stale_s)
         self._nice = nice
         self._keep = (keep_last, keep_every)
         self._on_progress = on_progress
@@ -244,6 +252,28 @@ class Uploader:
             self._queue = deque(job for job in self._queue if job.step >= newest)
 
     def _process(self, job: UploadJob) -> None:
+        marked = self._mark(job)
+        try:
+            self._upload(job)
+        finally:
+            if marked:
+                self._clear_marker(job)
+
+    def _mark(self, job: UploadJob) -> bool:
+        try:
+            self._inflight.mark(job.step, job.part)
+        except Exception as exc:  # protection is best effort: upload unprotected
+            logger.warning("step %d: in-flight marker not written: %r", job.step, exc)
+            return False
+        return True
+
+    def _clear_marker(self, job: UploadJob) -> None:
+        try:
+            self._inflight.clear(job.step, job.part)
+        except Exception as exc:  # a leftover marker only delays retention (stale later)
+            logger.warning("step %d: in-flight marker not removed: %r", job.step, exc)
+
+    def _upload(self, job: UploadJob) -> None:
         try:
             total = sum((job.local_dir / name).stat().st_size for name in job.files)
             with self._cond:
@@ -263,10 +293,13 @@ class Uploader:
         except TransferCancelled:
             logger.warning("upload of step %d part %s cancelled by close()", job.step, job.part)
         except Exception as exc:  # the worker outlives one failed job: record it, go on
-            logger.error("upload of step %d part %s failed: %r", job.step, job.part, exc)
-            with self._cond:
-                self._failed_jobs += 1
-                self._last_error = f"step {job.step} part {job.part}: {exc!r}"
+            self._record_job_error(job, exc)
+
+    def _record_job_error(self, job: UploadJob, exc: Exception) -> None:
+        logger.error("upload of step %d part %s failed: %r", job.step, job.part, exc)
+        with self._cond:
+            self._failed_jobs += 1
+            self._last_error = f"step {job.step} part {job.part}: {exc!r}"
 
     def _commit(self, record: PartRecord, parts: tuple[str, ...], meta: dict[str, Any]) -> None:
         step = record.step
@@ -279,7 +312,9 @@ class Uploader:
             self._last_committed = step
         keep_last, keep_every = self._keep
         if keep_last is not None:
-            deleted = self._store.apply_retention(keep_last, keep_every)
+            deleted = self._store.apply_retention(
+                keep_last, keep_every, protect=self._inflight.protected
+            )
             if deleted:
                 logger.info("retention deleted checkpoint steps %s", deleted)
 

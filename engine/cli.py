@@ -15,9 +15,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from jobctl.backends import BackendError
 from jobctl.spec import SpecError, json_schema, load_spec
 
 from . import views
+from .cli_backend import exit_with, fail_launch, render_or_exit
 from .planner import PlanError, make_plan
 from .state import StateDB
 
@@ -147,15 +149,14 @@ def render(
     backend: BackendOpt = None,
 ) -> None:
     """Write the per-node launch scripts without running anything."""
-    from jobctl.backends import get_backend
-
     from .launch import new_run_id, run_context
 
     spec = _load(spec_file)
     p = _plan(spec, spec_file, devices)
     run_id = new_run_id(spec.name)
     ctx = run_context(spec, p, run_id, (out / "run").resolve())
-    for path in get_backend(backend or spec.hardware.backend).render(ctx).write(out):
+    rendered = render_or_exit(err, spec_file, backend or spec.hardware.backend, ctx)
+    for path in rendered.write(out):
         console.print(f"wrote {path}")
     (out / "plan.json").write_text(p.model_dump_json(indent=2))
 
@@ -184,8 +185,6 @@ def apply(
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    from jobctl.backends import get_backend
-
     from .apply import ApplyOptions
     from .launch import run_context
 
@@ -194,7 +193,8 @@ def apply(
     views.print_plan(console, p)
     if dry_run:
         ctx = run_context(spec, p, f"{spec.name}-dry-run", Path("<run-dir>"))
-        for name, text in get_backend(backend or spec.hardware.backend).render(ctx).files.items():
+        rendered = render_or_exit(err, spec_file, backend or spec.hardware.backend, ctx)
+        for name, text in rendered.files.items():
             console.rule(name)
             console.print(text, markup=False, highlight=False)
         return
@@ -284,7 +284,11 @@ def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> Non
     from .apply import launch
 
     t0 = time.monotonic()
-    run, outcome = launch(spec, p, db, spec_path, opts, console)
+    try:
+        run, outcome = launch(spec, p, db, spec_path, opts, console)
+    except BackendError as e:
+        fail_launch(db, spec.name, opts.run_id)
+        exit_with(err, spec_path, opts.backend or spec.hardware.backend, "start", e)
     if outcome.kind == "stopped":
         step = db.get_run(run.id)["step"]
         console.print(
@@ -379,12 +383,14 @@ def _find(db: StateDB, ref: str) -> dict:
 
 # Fleets, schedules and the scheduler daemon live in their own modules (issue 7).
 from .cli_fleet import fleet_app  # noqa: E402
+from .cli_scale import scale  # noqa: E402
 from .cli_schedule import events, schedule_app, scheduler_app  # noqa: E402
 
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(scheduler_app, name="scheduler")
 app.command("events")(events)
+app.command("scale")(scale)
 from .cli_report import report  # noqa: E402
 
 app.command("report")(report)

@@ -6,18 +6,23 @@ around it takes an injectable ``sleep`` so tests can drive it without waiting.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jobctl.backends import BackendError
 
 from .channel_liveness import HeartbeatWatch
 from .launch import Run, failing_rank, last_lines, read_metrics
 from .pruning_events import PruningWatch
 from .rebalance_events import KINDS as REBALANCE_KINDS
 from .rebalance_events import RebalanceWatch
+from .scaling import ScaleRequest, ScaleWatch
 from .state import StateDB
 from .stragglers import StragglerDetector
 
@@ -33,6 +38,8 @@ class Outcome:
     losses: list[float] = field(default_factory=list)
     kind: str = "completed"
     lost_nodes: list[int] = field(default_factory=list)
+    devices: int | None = None  # a morph's target device count
+    straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
 
 
 def progress_bar(console: Console) -> Progress:
@@ -75,6 +82,11 @@ class Monitor:
         self.losses: list[float] = []
         self.last_upload = -1
         self.sigterm_nodes: set[int] = set()
+        self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
+        self.trained = self.checkpointed = False  # in this attempt
+        self.queued: str | None = None  # the scheduler's reason while a handle waits
+        self.scaling = ScaleWatch(run.dir)
+        self.scale_to: ScaleRequest | None = None
         self.stopped_at: float | None = None
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
@@ -87,14 +99,39 @@ class Monitor:
     def poll_once(self) -> Outcome | None:
         """One round: returns the outcome once the attempt has ended, else None."""
         self._consume_metrics()
-        codes = self.backend.poll(self.handles)
+        self._check_scale()
+        outcome = self._poll()
+        if outcome is None:
+            return None
+        if self.scale_to is not None and outcome.kind == "stopped":
+            req = self.scale_to
+            msg = f"{req.reason}: morphing to {req.devices} device(s) after a checkpoint"
+            outcome = Outcome(False, 0, msg, self.losses, "morph", devices=req.devices)
+        outcome.straggler_nodes = self.detector.nodes(self.stragglers)
+        return outcome
+
+    def _check_scale(self) -> None:
+        """A due scale request stops every rank gracefully (checkpoint, then exit)."""
+        if self.scale_to is not None or self.stopped_at is not None or self.finished:
+            return
+        req = self.scaling.due()
+        if req is not None:
+            self.scale_to = req
+            self.db.add_event(self.run.id, "scale", f"{req.reason}: to {req.devices} device(s)")
+            self.backend.cancel(self.handles, signal.SIGTERM)
+
+    def _poll(self) -> Outcome | None:
+        statuses = self.backend.status(self.handles)
+        codes = [s.exit_code for s in statuses]
+        self._follow_queue(statuses)
         if self.stopped_at is not None:
-            return self._stopped(codes)
+            return self._stopped(statuses)
         if self.finished and all(c is not None for c in codes):
             # Every step trained and the final checkpoint is on disk: however the agents
             # left (a late SIGTERM, say), nothing is missing.
             return Outcome(True, 0, "completed", self.losses)
-        silent = [] if self.sigterm_nodes or self.finished else self.beats.silent(codes)
+        quiet = self.sigterm_nodes or self.finished or self.queued is not None
+        silent = [] if quiet else self.beats.silent(codes)
         silent = [n for n in silent if n not in self.rebalance.freed_nodes]  # packed away
         if silent:  # processes still there, heartbeats gone: a lost or hung machine
             self.backend.cancel(self.handles, 9)
@@ -102,11 +139,18 @@ class Monitor:
             msg = f"no heartbeat from node(s) {silent} for {t:.0f} s"
             self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
             return Outcome(False, 1, msg, self.losses, "preempted", silent)
-        killed = [n for n, c in enumerate(codes) if c is not None and c < 0]
-        if killed:  # a node's process tree vanished: preemption, not a bug
+        gone = [n for n, s in enumerate(statuses) if s.phase == "stopped"]
+        if gone:  # ended from outside: cancelled, out of time, preempted or lost
+            self._consume_metrics()  # its last records (stopped?) may have come meanwhile
+            if self.stopped_at is not None:
+                return self._stopped(statuses)
             self.backend.cancel(self.handles, 9)
-            return Outcome(False, 1, f"lost node(s) {killed}", self.losses, "preempted", killed)
+            return self._ended_outside(statuses, gone)
         failed = [c for c in codes if c not in (None, 0)]
+        if failed and self.node_sigterm and not self.trained:
+            # Told to stop while torchrun was still starting: no step trained, none lost.
+            self.backend.cancel(self.handles, 9)
+            return Outcome(False, 0, "stopped before the first step", self.losses, "stopped")
         if failed:
             return self._fail(failed[0])
         if all(c == 0 for c in codes):
@@ -114,13 +158,65 @@ class Monitor:
             return Outcome(True, 0, "completed", self.losses)
         return None
 
-    def _stopped(self, codes: list[int | None]) -> Outcome | None:
+    def _nodes(self, handle_index: int) -> list[int]:
+        """The run's nodes behind one handle (one batch job may hold them all)."""
+        nnodes = self.run.ctx.nnodes
+        return list(range(nnodes)) if len(self.handles) < nnodes else [handle_index]
+
+    def _ended_outside(self, statuses, gone: list[int]) -> Outcome:
+        """Classify a stop from the backend's own view (Slurm's CANCELLED, TIMEOUT,
+        PREEMPTED, NODE_FAIL; a local process tree that vanished)."""
+        causes = {statuses[n].cause for n in gone}
+        what = ", ".join(sorted({statuses[n].detail for n in gone}))
+        if "cancelled" in causes:
+            return Outcome(False, 0, f"cancelled ({what})", self.losses, "stopped")
+        if causes == {"timeout"}:
+            if self.checkpointed or not self.trained:
+                return Outcome(False, 0, f"time limit reached ({what})", self.losses, "stopped")
+            return Outcome(
+                False,
+                1,
+                f"time limit reached ({what}) before any checkpoint of this attempt: raise "
+                "hardware.slurm.time_limit_minutes, or set hardware.slurm.signal_before_s "
+                "so the ranks checkpoint before the limit",
+                self.losses,
+                "failed",
+            )
+        lost = sorted({k for n in gone for k in self._nodes(n)})
+        return Outcome(False, 1, f"lost node(s) {lost} ({what})", self.losses, "preempted", lost)
+
+    def _follow_queue(self, statuses) -> None:
+        """A handle waiting in its scheduler's queue (submitted, or requeued after a
+        preemption) shows as launching with the scheduler's reason, not as a hung run."""
+        pending = [s.detail for s in statuses if s.phase == "pending"]
+        rid = self.run.id
+        if pending and pending[0] != self.queued:
+            self.queued = pending[0]
+            note = f"queued: {self.queued}"
+            if self.db.get_run(rid)["phase"] == "launching":
+                self.db.update_run(rid, message=note)
+                self.db.add_event(rid, "queued", note)
+            else:
+                self.db.set_phase(rid, "launching", note, message=note)
+        elif not pending and self.queued is not None:
+            self.queued = None
+            self.beats.last.clear()  # watched again from each node's first heartbeat
+            self.db.set_phase(rid, "training", "running", message=None)
+
+    def _stopped(self, statuses) -> Outcome | None:
         """Every rank checkpointed and is leaving; some or all nodes were told to stop."""
-        if any(c is None for c in codes):
+        if any(s.phase == "pending" for s in statuses):
+            # Requeued by its scheduler (preemption with requeue, `scontrol requeue`):
+            # the same job runs again and resumes from the newest checkpoint.
+            self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
+            self.trained = self.checkpointed = False
+            self.db.add_event(self.run.id, "requeue", f"requeued: {statuses[0].detail}")
+            return None
+        if any(not s.done for s in statuses):
             if time.monotonic() - self.stopped_at < self.STOP_EXIT_GRACE_S:
                 return None
             self.backend.cancel(self.handles, 9)
-        nodes = set(range(len(self.handles)))
+        nodes = set(range(self.run.ctx.nnodes))
         if self.sigterm_nodes >= nodes or not self.sigterm_nodes:
             return Outcome(False, 0, "stopped after a checkpoint", self.losses, "stopped")
         lost = sorted(self.sigterm_nodes)
@@ -139,12 +235,15 @@ class Monitor:
         """Mirror one worker event into the state DB."""
         kind, rid = rec["kind"], self.run.id
         if kind == "step":
+            self.trained = True
             self.losses.append(rec["loss"])
             self.db.update_run(
                 rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
             )
             self.pruning.step(rec["step"])
         elif kind == "checkpoint":
+            self.checkpointed = True
+            self.scaling.checkpointed(rec.get("ts", 0.0))
             self.finished = self.finished or rec["step"] == self.total
             self.db.update_run(rid, last_checkpoint=rec["step"])
             self.db.add_event(rid, "checkpoint", f"checkpoint at step {rec['step']} (local)")
@@ -154,8 +253,12 @@ class Monitor:
             self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
         elif kind == "heartbeat":
             self._heartbeat(rec)
+        elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
+            self.beats.saw(rec["node"])
         elif kind == "sigterm":
             self.sigterm_nodes.add(rec["node"])
+        elif kind == "node_sigterm":
+            self.node_sigterm.add(rec["node"])
         elif kind == "stopped" and self.stopped_at is None:
             self.stopped_at = time.monotonic()
             self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
@@ -187,17 +290,41 @@ class Monitor:
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)
-        rank = failing_rank(self.run.dir)
+        rank, log, note = self._failure_log()
         where = f"rank {rank}" if rank is not None else "a node"
-        log = self.run.dir / "logs" / (f"rank-{rank}.log" if rank is not None else "node-0.log")
-        tail = "\n".join(last_lines(log))
+        tail = "\n".join(last_lines(log)) if log else ""
         return Outcome(
             False,
             code or 1,
-            f"{where} failed (exit {code}); last lines of {log}:\n{tail}",
+            f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}",
             self.losses,
             "failed",
         )
+
+    def _failure_log(self) -> tuple[int | None, Path | None, str]:
+        """The failing rank and its log, asking the backend for the logs first: on ssh
+        or Kubernetes they live on the nodes until fetched."""
+        note = ""
+        try:
+            fetched = self.backend.logs(self.handles, self.run.dir)
+        except BackendError as e:
+            fetched, note = [], f" (fetching the nodes' logs failed: {e})"
+        rank = failing_rank(self.run.dir)
+        if rank is None:  # no error report on this disk: the first rank log with a traceback
+            rank = next((_rank_of(p) for p in fetched if _has_traceback(p)), None)
+        name = f"rank-{rank}.log" if rank is not None else "node-0.log"
+        found = [p for p in fetched if p.name == name] + [self.run.dir / "logs" / name]
+        log = next((p for p in found if p.exists()), fetched[-1] if fetched else found[-1])
+        return rank, log, note
+
+
+def _rank_of(path: Path) -> int | None:
+    stem = path.stem
+    return int(stem[5:]) if stem.startswith("rank-") and stem[5:].isdigit() else None
+
+
+def _has_traceback(path: Path) -> bool:
+    return _rank_of(path) is not None and "Traceback" in path.read_text(errors="replace")
 
 
 def watch(

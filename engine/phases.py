@@ -52,6 +52,8 @@ ALLOWED: dict[Phase, set[Phase]] = {
 }
 for _p in _ACTIVE:
     ALLOWED[_p] = (_ACTIVE - {_p}) | {Phase.MORPHING, Phase.COMPLETED}
+# A batch job its scheduler requeues (preemption with requeue) waits in the queue again.
+ALLOWED[Phase.TRAINING] |= {Phase.LAUNCHING}
 for _p in _ANY_LIVE:  # anything alive can fail or be stopped
     ALLOWED[_p] = ALLOWED[_p] | {Phase.FAILED, Phase.STOPPED}
 

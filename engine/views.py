@@ -192,7 +192,7 @@ def print_runs(console: Console, rows: list[dict]) -> None:
     for r in rows:
         t.add_row(
             r["id"],
-            r["phase"],
+            _phase_cell(r),
             f"{r['step'] or 0}/{r['total_steps'] or '?'}",
             f"{r['loss']:.4f}" if r["loss"] is not None else "-",
             f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
@@ -203,6 +203,13 @@ def print_runs(console: Console, rows: list[dict]) -> None:
             _ago(r["updated_at"]),
         )
     console.print(t)
+
+
+def _phase_cell(r: dict) -> str:
+    """The phase, with the scheduler's reason while the run waits in its queue."""
+    note = r.get("message") or ""
+    queued = r["phase"] == "launching" and note.startswith("queued: ")
+    return f"{r['phase']} ({note})" if queued else r["phase"]
 
 
 def _upload_cell(r: dict) -> str:

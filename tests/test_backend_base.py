@@ -98,8 +98,8 @@ def test_local_nodes_stopped_from_outside_are_not_failed(tmp_path):
         time.sleep(0.05)
     assert backend.status(handles) == [
         NodeStatus("failed", 4, "exit 4"),
-        NodeStatus("stopped", -signal.SIGTERM, f"exit {-signal.SIGTERM}"),
-        NodeStatus("stopped", -signal.SIGKILL, f"exit {-signal.SIGKILL}"),
+        NodeStatus("stopped", -signal.SIGTERM, f"exit {-signal.SIGTERM}", "cancelled"),
+        NodeStatus("stopped", -signal.SIGKILL, f"exit {-signal.SIGKILL}", "preempted"),
     ]
     assert backend.poll(handles) == [4, -signal.SIGTERM, -signal.SIGKILL]
     assert [p.name for p in backend.logs(handles, tmp_path)] == [

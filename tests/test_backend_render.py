@@ -150,9 +150,12 @@ def _evil_context(backend: str, tmp_path: Path, hardware: dict | None = None):
 
 
 def _run_with_stubs(script: str, tmp_path: Path, stubs: dict[str, str]) -> str:
-    """Run ``script`` with ``exec`` turned into ``echo`` and commands in ``stubs``
-    replaced by shell functions; returns stdout."""
+    """Run ``script`` with ``exec`` turned into ``echo``, the python that runs torchrun
+    echoing its arguments, and commands in ``stubs`` replaced by shell functions;
+    returns stdout."""
     head, _, body = script.partition("set -euo pipefail\n")
+    pythons = ("/usr/bin/python3", "python3")
+    stubs = {**{py: f'echo {py} "$@"' for py in pythons}, **stubs}
     functions = "".join(f"{name}() {{ {code}; }}\n" for name, code in stubs.items())
     path = tmp_path / "script.sh"
     path.write_text(head + "set -euo pipefail\n" + functions + body.replace("exec ", "echo ", 1))

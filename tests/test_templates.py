@@ -32,11 +32,12 @@ def test_local_scripts_exact(tmp_path):
     assert "node 1 of 2" in text
     assert "export JOBCTL_RUN_DIR=/runs/quick-1\n" in text
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n" in text
-    assert "exec /usr/bin/python3 -m torch.distributed.run \\\n" in text
+    assert "\n/usr/bin/python3 -m torch.distributed.run \\\n" in text
     assert "  --nproc-per-node=2 \\\n" in text
     assert "  --rdzv-endpoint=127.0.0.1:29400 \\\n" in text
     assert "  --rdzv-conf=is_host=false \\\n" in text
-    assert text.rstrip().endswith("-m jobctl.engine.worker")
+    assert "  --rdzv-id=\"$rdzv_id\" \\\n" in text
+    assert "  -m jobctl.engine.worker &\n" in text
 
 
 def test_scripts_pass_bash_n(tmp_path):
@@ -53,7 +54,8 @@ def test_metacharacters_stay_inert(tmp_path):
     ctx = _ctx(tmp_path / evil.replace("/", "_"), env={"USER_NOTE": evil})
     r = get_backend("local").render(ctx)
     script = tmp_path / "node-0.sh"
-    script.write_text(r.files["node-0.sh"].replace("exec ", "echo ", 1))
+    python = "/usr/bin/python3() { echo /usr/bin/python3 \"$@\"; }\n"
+    script.write_text(r.files["node-0.sh"].replace("pipefail\n", "pipefail\n" + python, 1))
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert not marker.exists()
     assert "--rdzv-id=quick-1" in out.stdout
