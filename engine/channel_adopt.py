@@ -13,11 +13,13 @@ checkpoint as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 from pathlib import Path
 
-from jobctl.backends import get_backend
+from jobctl.backends import BackendError, get_backend
 from jobctl.backends.base import NodeStatus, Rendered
 
 from .channel_host import pid_alive, read_host
@@ -97,8 +99,17 @@ def live_run(db: StateDB, run_id: str):
             f"`jobctl status {run_id}` follows it, `jobctl stop {run_id}` stops it"
         )
     backend = get_backend(row["backend"] or "local")
-    if any(c is not None for c in backend.poll(handles)):
-        return None  # a node is gone: relaunch from the newest checkpoint
+    try:
+        codes = backend.poll(handles)
+    except BackendError:  # handles this process cannot ask about (ssh settings unknown)
+        codes = None
+    if codes is None or any(c is not None for c in codes):
+        # Not every node is there: relaunch from the newest checkpoint, and first end what
+        # is left of the old attempt (its survivors would keep writing to the archive).
+        with contextlib.suppress(BackendError):
+            backend.cancel(handles, signal.SIGKILL)
+        host.stop()  # the store goes too: torchrun agents still waiting on it exit
+        return None
     return row, host, handles, backend
 
 

@@ -47,6 +47,8 @@ class ChannelSink:
         batch: int = 500,
         interval: float = 0.2,
         timeout: float = 5.0,
+        alive: dict | None = None,
+        alive_s: float = 2.0,
     ):
         u = urllib.parse.urlsplit(url)
         if u.scheme != "http" or not u.hostname:
@@ -66,6 +68,10 @@ class ChannelSink:
         self._seq = 0
         self._closing = False
         self._conn: http.client.HTTPConnection | None = None
+        # Liveness: while nothing else is sent (a rank blocked in a collective on a lost
+        # peer, say), an ``alive`` event with these fields goes out every ``alive_s``.
+        self.alive, self.alive_s = alive, alive_s
+        self._last_post = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="jobctl-events", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -124,6 +130,9 @@ class ChannelSink:
                     n = min(self.batch, len(self._q))
                     self._pending = [self._q.popleft() for _ in range(n)]
                     self._pending_real = n
+                    idle = time.monotonic() - self._last_post >= self.alive_s
+                    if not n and idle and self.alive is not None and not self._closing:
+                        self._pending = [{"kind": "alive", "ts": time.time(), **self.alive}]
                     if self.dropped:
                         lost = {"kind": "channel_dropped", "ts": time.time(), "count": self.dropped}
                         self._pending.insert(0, lost)
@@ -144,6 +153,7 @@ class ChannelSink:
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
+            self._last_post = time.monotonic()
             with self._cond:
                 self._pending = []
                 self._done += self._pending_real
@@ -168,11 +178,15 @@ class ChannelSink:
             self._conn = None
 
 
-def event_sink(run_dir: Path, rank: int):
-    """The channel if this process was given one, else the run folder's metrics file."""
+def event_sink(run_dir: Path, rank: int, node: int | None = None):
+    """The channel if this process was given one, else the run folder's metrics file.
+
+    With ``node``, the channel also sends ``alive`` events (rank, node) while idle.
+    """
     url, secret = os.environ.get(URL_ENV), os.environ.get(SECRET_ENV)
     if url and secret:
-        return ChannelSink(url, secret, src=f"rank-{rank}-{os.getpid()}")
+        alive = None if node is None else {"rank": rank, "node": node}
+        return ChannelSink(url, secret, src=f"rank-{rank}-{os.getpid()}", alive=alive)
     if os.environ.get("JOBCTL_EVENTS") == "network":
         raise RuntimeError(
             f"JOBCTL_EVENTS=network but {URL_ENV} or {SECRET_ENV} is not set in this worker's "

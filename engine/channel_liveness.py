@@ -6,6 +6,11 @@ handle that looks alive. ``HeartbeatWatch`` remembers when each node's last hear
 was received (by the supervisor's clock, so worker clocks do not matter) and names the
 nodes silent for longer than ``timeout_s``. A node is only watched once it has sent a
 heartbeat (start-up, torch import and rendezvous are not counted).
+
+What counts as a sign of life: step heartbeats, and the ``alive`` events each rank's
+channel thread sends while it has nothing else to send. The latter matter because in
+synchronous training every healthy rank blocks in a collective as soon as one machine
+hangs: step heartbeats stop everywhere, but only the hung machine stops pinging.
 """
 
 from __future__ import annotations

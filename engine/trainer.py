@@ -64,7 +64,8 @@ class Trainer:
         self.data = make_data(spec)
         self.start_step = 0
         self.stop_requested = False
-        self.events = event_sink(run_dir, rank)  # the run's channel, else metrics.jsonl
+        # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
+        self.events = event_sink(run_dir, rank, plan.rank(rank).node)
         root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
         shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
         self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)

@@ -154,6 +154,25 @@ def test_bounded_queue_drops_oldest_and_says_so(tmp_path):
     sink.close(0.1)
 
 
+def test_idle_sink_sends_alive_events(server, tmp_path):
+    sink = ChannelSink(
+        server.url, server.secret, "rank-1", interval=0.05, alive={"rank": 1, "node": 0},
+        alive_s=0.2,
+    )  # fmt: skip
+    wait_for(lambda: len(_lines(tmp_path / "metrics.jsonl")) >= 3, 30, "alive events")
+    sink.write("step", step=1)
+    assert sink.close(10)
+    recs = _lines(tmp_path / "metrics.jsonl")
+    alive = [r for r in recs if r["kind"] == "alive"]
+    assert len(alive) >= 3 and all(r["node"] == 0 and r["rank"] == 1 for r in alive)
+    gaps = [b["ts"] - a["ts"] for a, b in zip(alive, alive[1:], strict=False)]
+    assert min(gaps) >= 0.15  # only while idle, every alive_s
+    # A sink without liveness fields never pings.
+    quiet = ChannelSink(server.url, server.secret, "rank-2", interval=0.05, alive_s=0.1)
+    time.sleep(0.5)
+    assert quiet.close(5) and quiet.sent == 0
+
+
 def test_event_sink_falls_back_to_the_file(tmp_path, monkeypatch):
     monkeypatch.delenv("JOBCTL_CHANNEL_URL", raising=False)
     monkeypatch.delenv("JOBCTL_EVENTS", raising=False)
