@@ -285,8 +285,9 @@ SLOW_CHILD = textwrap.dedent(
 
     url, local, release = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 
-    def hold(step, done, total):  # after the first file: wait to be released
-        while not release.exists():
+    def hold(step, done, total):  # after the first file: wait to be released (bounded)
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     store = CheckpointStore(url, workers=1)  # one file at a time
@@ -314,7 +315,9 @@ def _slow_writer(tmp_path: Path, s3_url: str, store: CheckpointStore):
     first = f"{store.root}/step-00000002/{files[0]}"
     deadline = time.monotonic() + 60
     while not store.fs.exists(first):
-        assert time.monotonic() < deadline and child.poll() is None, "no upload started"
+        if time.monotonic() > deadline or child.poll() is not None:
+            child.kill()
+            raise AssertionError("the slow writer never started uploading")
         time.sleep(0.05)
         store.fs.invalidate_cache()
     return child, release, files
@@ -332,13 +335,15 @@ def _commit_newer(s3_url: str, tmp_path: Path, **kwargs) -> None:
 def test_retention_spares_a_step_another_writer_still_uploads(s3_url: str, tmp_path: Path) -> None:
     store = CheckpointStore(s3_url)
     child, release, files = _slow_writer(tmp_path, s3_url, store)
-    _commit_newer(s3_url, tmp_path)
-    # Retention after step 4's commit ran while step 2 was half up: its bytes stay.
-    store.fs.invalidate_cache()
-    assert store.fs.exists(f"{store.root}/step-00000002/{files[0]}")
-    assert store.fs.exists(f"{store.root}/step-00000002/inflight/slow.json")
-    release.touch()
-    out, _ = child.communicate(timeout=120)
+    try:
+        _commit_newer(s3_url, tmp_path)
+        # Retention after step 4's commit ran while step 2 was half up: its bytes stay.
+        store.fs.invalidate_cache()
+        assert store.fs.exists(f"{store.root}/step-00000002/{files[0]}")
+        assert store.fs.exists(f"{store.root}/step-00000002/inflight/slow.json")
+    finally:
+        release.touch()
+        out, _ = child.communicate(timeout=120)
     status = json.loads(out.splitlines()[-1])
     assert (status["failed_jobs"], status["last_committed_step"]) == (0, 2)
     assert store.is_complete(2, verify=True)  # every byte sent was kept
@@ -350,9 +355,11 @@ def test_retention_spares_a_step_another_writer_still_uploads(s3_url: str, tmp_p
 def test_retention_ignores_a_stale_in_flight_marker(s3_url: str, tmp_path: Path) -> None:
     store = CheckpointStore(s3_url)
     child, release, files = _slow_writer(tmp_path, s3_url, store)
-    # This writer takes markers older than 0 s for dead writers: step 2 goes.
-    _commit_newer(s3_url, tmp_path, inflight_stale_s=0.0)
-    store.fs.invalidate_cache()
-    assert not store.fs.exists(f"{store.root}/step-00000002/{files[0]}")
-    release.touch()
-    child.communicate(timeout=120)
+    try:
+        # This writer takes markers older than 0 s for dead writers: step 2 goes.
+        _commit_newer(s3_url, tmp_path, inflight_stale_s=0.0)
+        store.fs.invalidate_cache()
+        assert not store.fs.exists(f"{store.root}/step-00000002/{files[0]}")
+    finally:
+        release.touch()
+        child.communicate(timeout=120)
