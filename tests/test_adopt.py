@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobctl.backends.local import descendants
+from jobctl.backends.local import descendants, kill_tree
 from jobctl.engine.channel_adopt import archive_offset
 from jobctl.engine.channel_host import pid_alive, read_host
 from jobctl.engine.reference import reference_train
@@ -42,18 +42,20 @@ def test_archive_offset_points_after_the_last_recorded_step(tmp_path):
     assert archive_offset(tmp_path / "missing.jsonl", 2) == 0
 
 
-@pytest.mark.multiproc
-@pytest.mark.chaos
-def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
-    spec = tiny_spec(
+def _spec():
+    return tiny_spec(
         **{
             "training.optimizer": "sgd",
             "training.lr": 0.3,
             "training.momentum": 0.9,
             "training.steps": STEPS,
-            "checkpoint.interval": 50,
+            "checkpoint.interval": 25,
         }
     )
+
+
+def _orphan_run(tmp_path, spec):
+    """Start `jobctl apply`, let it train, SIGKILL only it; the workers train on."""
     home = tmp_path / "home"
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
     env.pop("JOBCTL_CHANNEL", None)
@@ -68,29 +70,42 @@ def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
     )
     run_dir = wait_for(lambda: next(iter((home / "runs").glob("*")), None), what="run folder")
     wait_for(lambda: len(_steps(run_dir)) >= 5, what="five steps")
-    db = StateDB(home)
-    handles = [int(h) for h in db.get_run(run_dir.name)["pids"].split(",")]
+    handles = [int(h) for h in StateDB(home).get_run(run_dir.name)["pids"].split(",")]
     workers = {p for h in handles for p in descendants(h)}
     host = read_host(run_dir)
-
     os.kill(proc.pid, signal.SIGKILL)  # the supervisor only; nodes and run host live on
     proc.wait(timeout=30)
     killed_at = len(_steps(run_dir))
     # Without any supervisor the workers keep training and reporting.
     wait_for(lambda: len(_steps(run_dir)) >= killed_at + 5, 120, "training without supervisor")
     assert pid_alive(host.pid) and all(pid_alive(h) for h in handles)
-    assert db.get_run(run_dir.name)["phase"] == "training"
+    assert StateDB(home).get_run(run_dir.name)["phase"] == "training"
+    return env, home, run_dir, handles, workers, host
 
+
+def _resume(env, name):
     r = subprocess.run(
-        [*JOBCTL, "resume", spec.name],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
+        [*JOBCTL, "resume", name], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400
     )
     assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def _check_losses(spec, steps):
+    ref_losses, _ = reference_train(spec)
+    assert sorted({e["step"] for e in steps}) == list(range(1, STEPS + 1))
+    for e in steps:
+        assert e["loss"] == pytest.approx(ref_losses[e["step"] - 1], abs=1e-5), e
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
+    spec = _spec()
+    env, home, run_dir, handles, workers, host = _orphan_run(tmp_path, spec)
+    r = _resume(env, spec.name)
     assert "adopting live run" in r.stdout
+    db = StateDB(home)
     row = db.get_run(run_dir.name)
     assert row["phase"] == "completed" and row["step"] == STEPS
     kinds = [e["kind"] for e in db.events(row["id"])]
@@ -103,7 +118,31 @@ def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
     srcs = {e["src"] for e in events(run_dir) if "src" in e}
     assert {int(s.rsplit("-", 1)[1]) for s in srcs} <= workers
     assert len({e["src"] for e in steps}) == 1
-    ref_losses, _ = reference_train(spec)
-    for e in steps:
-        assert e["loss"] == pytest.approx(ref_losses[e["step"] - 1], abs=1e-5), e
-    assert row["loss"] == pytest.approx(ref_losses[-1], abs=1e-5)
+    _check_losses(spec, steps)
+    assert row["loss"] == pytest.approx(steps[-1]["loss"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_resume_relaunches_when_a_node_died_meanwhile(tmp_path):
+    """Supervisor killed, then a node: no adoption; the rest of the old attempt is ended
+    (its survivors must not keep writing to the archive) and the run relaunches."""
+    spec = _spec()
+    env, home, run_dir, handles, workers, host = _orphan_run(tmp_path, spec)
+    wait_for(lambda: any(e["kind"] == "checkpoint" for e in events(run_dir)), 120, "a checkpoint")
+    kill_tree(handles[1], signal.SIGKILL)
+    wait_for(lambda: not pid_alive(handles[1]), 30, "node 1 gone")
+    r = _resume(env, spec.name)
+    assert "adopting" not in r.stdout
+    assert not pid_alive(host.pid) and not any(pid_alive(p) for p in workers)
+    db = StateDB(home)
+    row = db.get_run(run_dir.name)
+    assert row["phase"] == "completed" and row["step"] == STEPS
+    kinds = [e["kind"] for e in db.events(row["id"])]
+    assert "resume" in kinds and "adopt" not in kinds  # relaunched from the checkpoint
+    # Nothing from the old attempt reached the archive after the relaunch started.
+    old = {f"-{p}" for p in workers}
+    resumed_at = next(e["ts"] for e in db.events(row["id"]) if e["kind"] == "resume")
+    late = [e for e in events(run_dir) if e["ts"] > resumed_at and "src" in e]
+    assert not [e for e in late if any(e["src"].endswith(o) for o in old)]
+    _check_losses(spec, _steps(run_dir))
