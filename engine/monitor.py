@@ -255,8 +255,6 @@ class Monitor:
             self._heartbeat(rec)
         elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
             self.beats.saw(rec["node"])
-        elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
-            self.beats.saw(rec["node"])
         elif kind == "sigterm":
             self.sigterm_nodes.add(rec["node"])
         elif kind == "node_sigterm":
