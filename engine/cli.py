@@ -266,8 +266,8 @@ def resume(
     backend: BackendOpt = None,
     home: HomeOpt = None,
 ) -> None:
-    """Continue a run from its newest complete checkpoint (local or remote), re-planned
-    for the devices available now with the same global batch."""
+    """Continue a run: adopt its nodes if they still train (the supervisor died), else
+    from its newest complete checkpoint, re-planned for the devices available now."""
     from .apply import ApplyOptions
 
     db = StateDB(home)
