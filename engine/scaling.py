@@ -142,6 +142,7 @@ def next_attempt(spec, plan, outcome, db, run_id: str, run_dir: Path, backend: s
     """
     el = spec.elasticity
     sizes = plan.node_sizes()
+    clear_request(run_dir)  # a request not yet due dies with the attempt it was for
     if outcome.kind == "morph":
         target = outcome.devices
     elif outcome.kind == "preempted" and el.enabled:

@@ -57,6 +57,13 @@ def test_a_scale_request_waits_for_its_time_and_a_checkpoint(tmp_path):
     assert watch.due() is None and not (tmp_path / "scale.json").exists()  # taken once
 
 
+SLOW = {
+    "model.import": "tests.slowmodel:factory",
+    "model.import_args": {"slow_rank": 0, "delay_s": 0.05},
+    "model.family": None,
+}
+
+
 def _scale(run: str, devices: int, env: dict) -> subprocess.CompletedProcess:
     argv = [*JOBCTL, "scale", run, str(devices)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -89,8 +96,9 @@ def test_lost_node_shrinks_then_grows_back_to_the_pool(tmp_path):
 @pytest.mark.multiproc
 @pytest.mark.chaos
 def test_jobctl_scale_morphs_a_running_job(tmp_path):
-    # Long enough to be running when the CLI's request lands; scale needs no elasticity.
-    spec = _spec(600, **{"elasticity.enabled": False, "checkpoint.interval": 10})
+    # Rank 0 sleeps in every forward, so the run is still going when the CLI's request
+    # lands (the single-process reference does not sleep). Scale needs no elasticity.
+    spec = _spec(150, **{**SLOW, "elasticity.enabled": False})
     proc, env, home, run_dir = _start(tmp_path, spec)
     r = subprocess.run(
         [*JOBCTL, "scale", run_dir.name, "2"], env=env, capture_output=True, text=True
@@ -104,7 +112,7 @@ def test_jobctl_scale_morphs_a_running_job(tmp_path):
     assert proc.returncode == 0, out
     db = StateDB(home)
     row = db.get_run(run_dir.name)
-    assert (row["phase"], row["step"], row["devices"]) == ("completed", 600, 2), out
+    assert (row["phase"], row["step"], row["devices"]) == ("completed", 150, 2), out
     assert [(m["from"], m["to"]) for m in _morphs(db, row["id"])] == [(4, 2)]
     _check_losses(spec, run_dir)
 
@@ -115,9 +123,8 @@ def test_exclude_stragglers_leaves_the_slow_node_out_at_the_next_morph(tmp_path)
     spec = _spec(
         150,
         **{
-            "model.import": "tests.slowmodel:factory",
+            **SLOW,
             "model.import_args": {"slow_rank": 1, "delay_s": 0.08},
-            "model.family": None,
             "elasticity.straggler_threshold": 0.5,  # 2 busy cores skew times by 20-30 %
             "elasticity.exclude_stragglers": True,
             "parallelism.pipeline_stages": 2,
