@@ -2,8 +2,7 @@
 
 The cluster tests start munged, slurmctld and slurmd from tests/slurm_cluster.py (once
 per module) and skip, with the reason, where Slurm is not installed or cannot start.
-They are marked ``multiproc`` (they run real processes for seconds); once pyproject
-registers a ``slurm`` marker they should carry that too.
+They are marked ``multiproc`` (they run real processes for seconds) and ``slurm``.
 """
 
 from __future__ import annotations
@@ -99,6 +98,7 @@ def _submit_stub(tmp_path: Path, node_script: str):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 @pytest.mark.parametrize(("code", "phase"), [(0, "succeeded"), (3, "failed")])
 def test_batch_script_exit_codes_reach_status(slurm_env, tmp_path, code, phase):
     backend, handles = _submit_stub(tmp_path, f"echo node $SLURM_NODEID; exit {code}\n")
@@ -109,6 +109,7 @@ def test_batch_script_exit_codes_reach_status(slurm_env, tmp_path, code, phase):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_scancel_is_stopped_not_failed(slurm_env, tmp_path):
     backend, handles = _submit_stub(tmp_path, "sleep 120\n")
     deadline = time.monotonic() + WAIT_S
@@ -121,6 +122,7 @@ def test_scancel_is_stopped_not_failed(slurm_env, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_jobctl_run_completes_on_slurm(slurm_env, tmp_path):
     spec = two_process_spec("slurm")
     run, outcome = run_on(spec, tmp_path / "home")
@@ -134,6 +136,7 @@ def test_jobctl_run_completes_on_slurm(slurm_env, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_scancel_of_a_jobctl_run_leaves_it_stopped(slurm_env, tmp_path):
     home = tmp_path / "home"
     db = StateDB(home)  # tables exist before the supervisor thread opens the database
@@ -164,6 +167,7 @@ def _wait_for(db: StateDB, thread: threading.Thread, ready, what: str) -> dict:
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_time_limit_signal_checkpoints_and_stops_the_run(slurm_env, tmp_path):
     # Slurm signals within 60 s of the asked lead time: with a 1-minute limit and a 45 s
     # lead, SIGTERM comes in the first seconds of training.
@@ -182,6 +186,7 @@ def test_time_limit_signal_checkpoints_and_stops_the_run(slurm_env, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path):
     home = tmp_path / "home"
     db = StateDB(home)
@@ -221,6 +226,7 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slurm
 def test_a_queued_run_shows_launching_with_the_reason(slurm_env, tmp_path):
     # A job holding every CPU of the one node keeps the run waiting for Resources.
     out = subprocess.run(

@@ -61,6 +61,7 @@ def _two_hosts(server, run_dir: Path, **kw):
     return context("ssh", hardware, run_dir=run_dir, nproc_per_node=[1, 1], **kw)
 
 
+@pytest.mark.ssh
 def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
     backend = SshBackend(status_ttl_s=0)
     ctx = _two_hosts(server, tmp_path / "run")
@@ -77,6 +78,7 @@ def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
     assert (tmp_path / "run" / "remote-logs" / "1-localhost" / "node-1.log").read_text() == "one\n"
 
 
+@pytest.mark.ssh
 def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
     backend = SshBackend(status_ttl_s=0)
     ctx = _two_hosts(server, tmp_path / "run")
@@ -96,6 +98,7 @@ def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
         assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
 
 
+@pytest.mark.ssh
 def test_an_unreachable_host_reads_as_stopped(server, tmp_path):
     backend = SshBackend(status_ttl_s=0)
     ctx = _two_hosts(server, tmp_path / "run")
@@ -117,6 +120,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.ssh
 def test_metacharacters_in_paths_stay_inert_over_ssh(server, tmp_path):
     short = Path(tempfile.mkdtemp(prefix="jp", dir="/tmp"))  # the path must fit NAME_MAX
     marker = short / "p"
@@ -138,6 +142,7 @@ def test_metacharacters_in_paths_stay_inert_over_ssh(server, tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.ssh
 def test_jobctl_run_completes_over_ssh(server, tmp_path):
     spec = two_process_spec(
         "ssh", **{"hardware.hosts": ["127.0.0.1"], "hardware.ssh": server.ssh_options()}
