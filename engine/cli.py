@@ -13,24 +13,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from jobctl.backends import BackendError
 from jobctl.spec import SpecError, json_schema, load_spec
 
 from . import views
 from .cli_backend import exit_with, fail_launch, render_or_exit
+from .cli_common import HomeOpt, console, err
+from .cli_common import find_run as _find
 from .planner import PlanError, make_plan
 from .state import StateDB
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="job spec YAML file", show_default=False)]
-HomeOpt = Annotated[
-    Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
-]
 DevicesOpt = Annotated[
     int | None, typer.Option("--devices", help="plan for N devices instead of the pool")
 ]
@@ -307,80 +303,6 @@ def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> Non
     )
 
 
-@app.command()
-def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None) -> None:
-    """Stop a run gracefully: every rank checkpoints at the end of its step, then exits."""
-    import signal
-
-    from jobctl.backends import get_backend
-
-    db = StateDB(home)
-    row = _find(db, run)
-    if row["phase"] in ("completed", "failed", "stopped"):
-        console.print(f"run {row['id']} is already {row['phase']}")
-        return
-    handles = [h for h in (row["pids"] or "").split(",") if h]
-    # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
-    get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
-    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s)")
-    console.print(f"asked {len(handles)} node(s) of {row['id']} to checkpoint and stop")
-
-
-@app.command()
-def status(
-    run: Annotated[str | None, typer.Argument(help="run id or name")] = None, home: HomeOpt = None
-) -> None:
-    """Table of runs, or one run's details and recent events."""
-    db = StateDB(home)
-    if run is None:
-        views.print_runs(console, db.list_runs())
-        return
-    row = _find(db, run)
-    views.print_run(console, row, db.events(row["id"], limit=20))
-
-
-@app.command()
-def logs(
-    run: Annotated[str, typer.Argument(help="run id or name")],
-    home: HomeOpt = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
-    lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
-) -> None:
-    """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
-    db = StateDB(home)
-    row = _find(db, run)
-    log_dir = Path(row["run_dir"]) / "logs"
-    files = [log_dir / f"rank-{rank}.log"] if rank is not None else sorted(log_dir.glob("*.log"))
-    offsets = {}
-    for f in files:
-        if not f.exists() and not follow:
-            err.print(f"[red]error:[/red] no log {f}")
-            raise typer.Exit(2)
-        console.rule(f.name)
-        text = f.read_text(errors="replace") if f.exists() else ""
-        offsets[f] = len(text.encode())
-        for line in text.splitlines()[-lines:]:
-            console.print(line, markup=False, highlight=False)
-    while follow and db.get_run(row["id"])["phase"] not in ("completed", "failed", "stopped"):
-        time.sleep(0.5)
-        for f in (f for f in files if f.exists()):
-            with open(f, "rb") as fh:
-                fh.seek(offsets[f])
-                chunk = fh.read()
-            offsets[f] += len(chunk)
-            for line in chunk.decode(errors="replace").splitlines():
-                console.print(f"{f.stem}: {line}", markup=False, highlight=False)
-
-
-def _find(db: StateDB, ref: str) -> dict:
-    row = db.get_run(ref)
-    if row is None:
-        err.print(f"[red]error:[/red] no run {ref!r}; `jobctl status` lists runs")
-        raise typer.Exit(2)
-    return row
-
-
 # Fleets, schedules and the scheduler daemon live in their own modules (issue 7).
 from .cli_fleet import fleet_app  # noqa: E402
 from .cli_scale import scale  # noqa: E402
@@ -392,8 +314,12 @@ app.add_typer(scheduler_app, name="scheduler")
 app.command("events")(events)
 app.command("scale")(scale)
 from .cli_report import report  # noqa: E402
+from .cli_runs import logs, status, stop  # noqa: E402
 
 app.command("report")(report)
+app.command("stop")(stop)
+app.command("status")(status)
+app.command("logs")(logs)
 
 
 def main() -> None:
