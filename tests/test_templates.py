@@ -36,7 +36,7 @@ def test_local_scripts_exact(tmp_path):
     assert "  --nproc-per-node=2 \\\n" in text
     assert "  --rdzv-endpoint=127.0.0.1:29400 \\\n" in text
     assert "  --rdzv-conf=is_host=false \\\n" in text
-    assert "  --rdzv-id=\"$rdzv_id\" \\\n" in text
+    assert '  --rdzv-id="$rdzv_id" \\\n' in text
     assert "  -m jobctl.engine.worker &\n" in text
 
 
@@ -54,7 +54,7 @@ def test_metacharacters_stay_inert(tmp_path):
     ctx = _ctx(tmp_path / evil.replace("/", "_"), env={"USER_NOTE": evil})
     r = get_backend("local").render(ctx)
     script = tmp_path / "node-0.sh"
-    python = "/usr/bin/python3() { echo /usr/bin/python3 \"$@\"; }\n"
+    python = '/usr/bin/python3() { echo /usr/bin/python3 "$@"; }\n'
     script.write_text(r.files["node-0.sh"].replace("pipefail\n", "pipefail\n" + python, 1))
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert not marker.exists()
