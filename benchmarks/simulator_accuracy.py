@@ -77,6 +77,18 @@ def main() -> None:
         home = Path(tmp)
         cal, load = calibrate_quietly(base, home, args.attempts)
         print(f"calibration: {cal.seconds:.1f} s, other load {100 * load:.0f} %")
+        if cal.runtime is not None:
+            rt = cal.runtime
+            probe = ", ".join(
+                f"{k} {1e3 * v['measured_s']:.1f} ms measured / {1e3 * v['simulated_s']:.1f} "
+                "ms simulated bare"
+                for k, v in rt.probe.items()
+            )
+            print(
+                f"runtime costs (pipeline probe: {probe}): per message "
+                f"{1e3 * rt.message_s:.2f} ms (cores shared: {1e3 * rt.message_busy_s:.2f} ms), "
+                f"per step {1e3 * rt.step_s:.2f} ms"
+            )
         print(f"{'config':<44} {'predicted':>10} {'measured':>10} {'error':>8} {'other':>6}")
         errors = []
         for P, D, m, B, schedule, extra in CONFIGS[: args.only]:
