@@ -85,6 +85,7 @@ class Monitor:
         self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
         self.trained = self.checkpointed = False  # in this attempt
         self.queued: str | None = None  # the scheduler's reason while a handle waits
+        self.ran = False  # a handle was seen running in this attempt
         self.scaling = ScaleWatch(run.dir)
         self.scale_to: ScaleRequest | None = None
         self.stopped_at: float | None = None
@@ -190,6 +191,11 @@ class Monitor:
         preemption) shows as launching with the scheduler's reason, not as a hung run."""
         pending = [s.detail for s in statuses if s.phase == "pending"]
         rid = self.run.id
+        if pending and self.ran:
+            # It ran and waits again: requeued by its scheduler (preemption with requeue,
+            # a node failure, `scontrol requeue`), gracefully stopped or not.
+            self._requeued(pending[0])
+        self.ran = self.ran or any(s.phase == "running" for s in statuses)
         if pending and pending[0] != self.queued:
             self.queued = pending[0]
             note = f"queued: {self.queued}"
@@ -203,14 +209,20 @@ class Monitor:
             self.beats.last.clear()  # watched again from each node's first heartbeat
             self.db.set_phase(rid, "training", "running", message=None)
 
+    def _requeued(self, detail: str) -> None:
+        """The same batch job runs again and resumes from the newest checkpoint (the
+        node scripts find it): the old attempt's last records are read, then this
+        monitor follows a fresh attempt."""
+        self._consume_metrics()
+        self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
+        self.trained = self.checkpointed = self.ran = False
+        self.db.add_event(self.run.id, "requeue", f"requeued: {detail}")
+
     def _stopped(self, statuses) -> Outcome | None:
         """Every rank checkpointed and is leaving; some or all nodes were told to stop."""
-        if any(s.phase == "pending" for s in statuses):
-            # Requeued by its scheduler (preemption with requeue, `scontrol requeue`):
-            # the same job runs again and resumes from the newest checkpoint.
-            self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
-            self.trained = self.checkpointed = False
-            self.db.add_event(self.run.id, "requeue", f"requeued: {statuses[0].detail}")
+        pending = [s.detail for s in statuses if s.phase == "pending"]
+        if pending:  # requeued (see ``_follow_queue``) before this monitor saw it run
+            self._requeued(pending[0])
             return None
         if any(not s.done for s in statuses):
             if time.monotonic() - self.stopped_at < self.STOP_EXIT_GRACE_S:

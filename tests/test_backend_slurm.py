@@ -25,6 +25,7 @@ from .jobrun import events
 from .test_backend_render import context
 
 WAIT_S = 60.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -187,9 +188,13 @@ def test_time_limit_signal_checkpoints_and_stops_the_run(slurm_env, tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.slurm
-def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path):
+def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path, monkeypatch):
     home = tmp_path / "home"
     db = StateDB(home)
+    # Rank 0 sleeps 20 ms per forward (8 per step), so the requeue surely lands mid-run:
+    # the plain quickstart trains its 24 steps in under a second, sometimes before
+    # `scontrol requeue` gets there. The reference (no RANK) runs the same model unslowed.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # sbatch exports it: workers find tests/
     spec = two_process_spec(
         "slurm",
         steps=24,
@@ -198,6 +203,9 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path):
             "training.optimizer": "sgd",
             "training.lr": 0.3,
             "hardware.slurm": {"requeue": True},
+            "model.import": "tests.slowmodel:factory",
+            "model.import_args": {"slow_rank": 0, "delay_s": 0.02},
+            "model.family": None,
         },
     )
     result = {}
@@ -211,8 +219,8 @@ def test_requeue_resumes_from_the_newest_checkpoint(slurm_env, tmp_path):
     assert outcome.ok, outcome.message
     row = db.get_run(run.id)
     assert (row["phase"], row["step"]) == ("completed", spec.training.steps)
-    kinds = [e["kind"] for e in db.events(run.id)]
-    assert "requeue" in kinds, kinds
+    evs = [(e["kind"], e["message"]) for e in db.events(run.id)]
+    assert "requeue" in [k for k, _ in evs], "\n".join(map(str, evs))
     recs = events(run.dir)
     steps = [e for e in recs if e["kind"] == "step"]
     ref, _ = reference_train(spec)
