@@ -85,8 +85,10 @@ def main() -> None:
                 for k, v in rt.probe.items()
             )
             print(
-                f"runtime costs (pipeline probe: {probe}): per message "
-                f"{1e3 * rt.message_s:.2f} ms (cores shared: {1e3 * rt.message_busy_s:.2f} ms), "
+                f"runtime costs (pipeline probe: {probe}): per action "
+                f"{1e3 * rt.action_s:.3f} ms, per message "
+                f"{1e3 * rt.message_s:.2f} ms at load {rt.load_idle:.2f} (cores shared: "
+                f"{1e3 * rt.message_busy_s:.2f} ms at load {rt.load_busy:.2f}), "
                 f"per step {1e3 * rt.step_s:.2f} ms"
             )
         print(f"{'config':<44} {'predicted':>10} {'measured':>10} {'error':>8} {'other':>6}")

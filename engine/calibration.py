@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 2  # 2: the runtime's own costs (``runtime``)
+CALIBRATION_VERSION = 3  # 2: the runtime's own costs (``runtime``); 3: + compute, load
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -205,13 +205,22 @@ class RuntimeCalibration(_Frozen):
     (its core idle), the executor's per-message bookkeeping. ``message_busy_s`` is the
     same with two probe pipelines at once (more processes than cores on small hosts).
     ``step_s``: each rank's fixed work per step outside the schedule (seeding,
-    zero_grad, metric lines).
+    zero_grad, metric lines). ``action_s``: what each forward, recompute and backward
+    of the executor takes beyond the calibrated time of its blocks (its own timing in
+    the probe: autograd set-up, the loss, caches shared with the message threads); a
+    per-action cost, as the probe at the smallest micro-batch showed (a factor found
+    there over-predicted larger micro-batches by a third).
+    ``load_idle`` / ``load_busy``: how many processes computed at once, on average, in
+    each probe; a plan's messages cost what its own load says (``message_at``).
     """
 
     source: Source
     message_s: float = Field(0.0, description="extra seconds per message, cores to spare")
     message_busy_s: float = Field(0.0, description="extra seconds per message, cores shared")
     step_s: float = Field(0.0, description="fixed seconds per step on every rank")
+    action_s: float = Field(0.0, description="extra seconds per forward/backward action")
+    load_idle: float = Field(0.0, description="mean processes computing, idle probe")
+    load_busy: float = Field(0.0, description="mean processes computing, busy probe")
     probe: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="per probe phase: measured and simulated seconds of its pipeline run",
@@ -219,6 +228,14 @@ class RuntimeCalibration(_Frozen):
 
     def message(self, busy: bool) -> float:
         return self.message_busy_s if busy else self.message_s
+
+    def message_at(self, load: float) -> float:
+        """Extra seconds per message when ``load`` processes compute at once on average:
+        linear between the two probes' loads, held at their values outside."""
+        if self.load_busy <= self.load_idle:
+            return self.message_s
+        w = min(1.0, max(0.0, (load - self.load_idle) / (self.load_busy - self.load_idle)))
+        return self.message_s + w * (self.message_busy_s - self.message_s)
 
 
 class Fingerprint(_Frozen):

@@ -6,8 +6,10 @@ Here the same probe is simulated with the rest of the calibration (compute per b
 data fetch, links, core sharing), and the extra seconds per message that make the
 simulated run match the measured median are found by bisection (the simulated time
 grows with it). One number per regime, fitted once from one probe layout; every plan
-then uses it for every message it sends (Varuna sec. 4.3: a few primitives,
-calibrated once, predict any configuration).
+then uses it for every message it sends, by how many processes compute at once
+(Varuna sec. 4.3: a few primitives, calibrated once, predict any configuration).
+Before that, the executor's own compute times in the probe give what each of its
+forward and backward actions costs beyond the calibrated block times.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def probe_hosting(cal: Calibration, pipelines: int) -> Hosting:
 
 
 def simulated_run(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float):
-    """Simulated seconds of the probe's executor run with ``extra`` seconds per message."""
+    """Simulated probe run (the executor's part, no allreduce or optimizer) with
+    ``extra`` seconds per message: ``(costs after core sharing, result)``."""
     layout = Layout(2, pipelines, m, M, "1f1b")
     hosting = probe_hosting(cal, pipelines)
     costs = stage_costs(cal, layout, stages, hosting, BlockTimes.at(cal, m))
@@ -38,8 +41,18 @@ def simulated_run(cal: Calibration, stages, m: int, M: int, pipelines: int, extr
     model = costs.model(layout, [0, 0])
     model = dataclasses.replace(model, act=sends, grad=sends, ar=(), opt=())
     actions = generate("1f1b", 2, M)
-    _, result = contend(cal, actions, model, pipelines)
-    return result.pipeline_time
+    stretched, result = contend(cal, actions, model, pipelines, messages=False)
+    return stretched, result
+
+
+def probe_time(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float) -> float:
+    return simulated_run(cal, stages, m, M, pipelines, extra)[1].pipeline_time
+
+
+def probe_load(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float) -> float:
+    """Processes computing at once, on average, in the simulated probe."""
+    _, result = simulated_run(cal, stages, m, M, pipelines, extra)
+    return pipelines * sum(result.busy) / result.pipeline_time
 
 
 def fit_message(cal: Calibration, stages, m: int, M: int, pipelines: int, measured: float):
@@ -49,7 +62,7 @@ def fit_message(cal: Calibration, stages, m: int, M: int, pipelines: int, measur
     messages overlap the pipelines' compute less, so it is stretched less): a doubling
     scan brackets the first crossing, bisection narrows it.
     """
-    run = lambda extra: simulated_run(cal, stages, m, M, pipelines, extra)  # noqa: E731
+    run = lambda extra: probe_time(cal, stages, m, M, pipelines, extra)  # noqa: E731
     if run(0.0) >= measured:
         return 0.0
     lo, hi = 0.0, SCAN_START_S
@@ -63,29 +76,52 @@ def fit_message(cal: Calibration, stages, m: int, M: int, pipelines: int, measur
     return (lo + hi) / 2
 
 
+def action_cost(cal: Calibration, samples: dict, stages, m: int, M: int) -> float:
+    """Seconds per forward or backward action of the executor beyond the calibrated
+    compute, from the probe's own compute timings (idle phase: one pipeline; core
+    sharing simulated on the calibrated side). Never below zero."""
+    stretched, _ = simulated_run(cal, stages, m, M, 1, 0.0)
+    fetch = BlockTimes.at(cal, m).data
+    simulated = sum(M * (f - fetch + b) for f, b in zip(stretched.f, stretched.b, strict=True))
+    real = sum(statistics.median(xs) for xs in samples["compute"])
+    return max(0.0, (real - simulated) / (2 * M * len(stages)))
+
+
 def fit_runtime(
     cal: Calibration, samples: dict, stages: list[list[int]], m: int, M: int
 ) -> RuntimeCalibration | None:
-    """The runtime's per-message and per-step costs from the probe samples (None if the
-    probe did not run)."""
+    """The runtime's per-action, per-message and per-step costs from the probe samples
+    (None if the probe did not run).
+
+    The per-action cost comes first (the executor's own compute times, no messages in
+    them); the message time is then what explains the rest of each probe's run.
+    """
     idle = samples.get("idle")
     if not idle or not idle.get("run"):
         return None
-    probe, fitted = {}, {}
+    action = action_cost(cal, idle, stages, m, M) if idle.get("compute") else 0.0
+    base = RuntimeCalibration(source="measured", action_s=action)
+    cal = cal.model_copy(update={"runtime": base})
+    probe, fitted, loads = {}, {}, {}
     for phase, pipelines in (("idle", 1), ("busy", 2)):
         if phase not in samples:
             continue
         measured = statistics.median(samples[phase]["run"])
         fitted[phase] = fit_message(cal, stages, m, M, pipelines, measured)
+        loads[phase] = probe_load(cal, stages, m, M, pipelines, fitted[phase])
         probe[phase] = {
             "measured_s": measured,
-            "simulated_s": simulated_run(cal, stages, m, M, pipelines, 0.0),
+            "simulated_s": probe_time(cal, stages, m, M, pipelines, 0.0),
             "message_s": fitted[phase],
+            "load": loads[phase],
         }
-    return RuntimeCalibration(
-        source="measured",
-        message_s=fitted["idle"],
-        message_busy_s=fitted.get("busy", fitted["idle"]),
-        step_s=statistics.median(idle["rest"]),
-        probe=probe,
+    return base.model_copy(
+        update={
+            "message_s": fitted["idle"],
+            "message_busy_s": fitted.get("busy", fitted["idle"]),
+            "step_s": statistics.median(idle["rest"]),
+            "load_idle": loads["idle"],
+            "load_busy": loads.get("busy", loads["idle"]),
+            "probe": probe,
+        }
     )

@@ -10,7 +10,8 @@ micro-batches" for real; this does the same with jobctl's ``StepExecutor``: rank
 (0, 1) form a 2-stage pipeline of the job's model, running 1F1B, alone ("idle") and,
 where the group has 4 ranks, while ranks (2, 3) run a second pipeline at the same
 time ("busy": more processes than cores on small hosts). Each rank records per step
-the wall seconds of the executor's run and of everything else in its step loop.
+the wall seconds of the executor's run, of its compute alone (forward and backward
+as the executor times them) and of everything else in its step loop.
 ``calibration_fit`` turns the samples into per-message and per-step costs by
 simulating the same probe with the calibrated compute.
 """
@@ -32,8 +33,9 @@ PROBE_WARMUP = 4
 
 def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     """Run the probe phases; returns on every rank, per phase, the seconds per step of
-    the pipeline's executor run (the later of its two stages) and of the rest of the
-    step loop: ``{phase: {"run": [...], "rest": [...]}}``."""
+    the pipeline's executor run (the later of its two stages), of the rest of the step
+    loop, and of each stage's compute: ``{phase: {"run": [...], "rest": [...],
+    "compute": [[stage 0...], [stage 1...]]}}``."""
     out: dict[str, dict] = {}
     stages = job.get("probe_stages")
     if not stages:
@@ -48,8 +50,16 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     gathered: list = [None] * world
     dist.all_gather_object(gathered, out)  # rank 0 writes the results
     first, last = gathered[0], gathered[1]
-    # The pipeline's run lasts until its later stage is done (steps start together).
-    return {name: {k: _later(first[name][k], last[name][k]) for k in last[name]} for name in last}
+    # The pipeline's run lasts until its later stage is done (steps start together);
+    # compute is per stage.
+    return {
+        name: {
+            "run": _later(first[name]["run"], last[name]["run"]),
+            "rest": _later(first[name]["rest"], last[name]["rest"]),
+            "compute": [first[name]["compute"], last[name]["compute"]],
+        }
+        for name in last
+    }
 
 
 def _later(a: list[float], b: list[float]) -> list[float]:
@@ -99,7 +109,7 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     ex = StepExecutor(stage, topo, data, shard, chans, torch.device("cpu"))
     actions = generate("1f1b", 2, M)[stage_index]
     log = Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl"
-    runs, rests = [], []
+    runs, rests, computes = [], [], []
     try:
         for step in range(PROBE_WARMUP + PROBE_STEPS):
             t0 = time.perf_counter()
@@ -107,7 +117,7 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
             for p in params:
                 p.grad = None
             t1 = time.perf_counter()
-            ex.run(actions, step)
+            stats = ex.run(actions, step)
             t2 = time.perf_counter()
             # The trainer's per-step metric lines (its collectives are calibrated apart).
             with open(log, "a") as f:
@@ -117,9 +127,10 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
             if step >= PROBE_WARMUP:
                 runs.append(t2 - t1)
                 rests.append(t3 - t2 + t1 - t0)
+                computes.append(sum(stats.fwd_s) + sum(stats.bwd_s))
     finally:
         log.unlink(missing_ok=True)
-    return {"run": runs, "rest": rests}
+    return {"run": runs, "rest": rests, "compute": computes}
 
 
 def _pair_sync(rank: int, pair: int) -> None:

@@ -258,12 +258,14 @@ def stage_costs(
     """Sum the calibrated block costs over each stage's blocks at the layout's m."""
     P, m = layout.P, layout.m
     rt = cal.runtime
-    message = rt.message(hosting.oversubscribed) if rt else 0.0
+    # Messages at the idle probe's cost; ``contend`` moves it with the plan's load.
+    message = rt.message_s if rt else 0.0
+    a = rt.action_s if rt else 0.0  # the executor's own cost per action
     return StageCosts(
-        graph=[sum(times.fwd[i] for i in blocks) for blocks in stages],
-        nograd=[sum(times.nograd[i] for i in blocks) for blocks in stages],
+        graph=[a + sum(times.fwd[i] for i in blocks) for blocks in stages],
+        nograd=[a + sum(times.nograd[i] for i in blocks) for blocks in stages],
         fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
-        b=[sum(times.bwd[i] for i in blocks) for blocks in stages],
+        b=[a + sum(times.bwd[i] for i in blocks) for blocks in stages],
         opt=[sum(times.opt[i] for i in blocks) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
         sends=[
@@ -329,28 +331,45 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
 
 
 def contend(
-    cal: Calibration, actions: list[list[Action]], base: CostModel, D: int, seed: int = 0
+    cal: Calibration,
+    actions: list[list[Action]],
+    base: CostModel,
+    D: int,
+    seed: int = 0,
+    messages: bool = True,
 ) -> tuple[CostModel, SimResult]:
     """Simulate with compute stretched by core sharing, to a fixed point.
 
     Each round simulates, then gives each stage the time-averaged slowdown its compute
     saw (``host.factor`` of D x the stages computing at each instant: replicas run in
     step) and simulates again; optimizer steps, which all ranks run together, get the
-    factor of all P x D ranks. Damped, a few rounds settle it.
+    factor of all P x D ranks. With ``messages`` (and a measured runtime), each message
+    also costs what the plan's mean load (processes computing at once) says
+    (``RuntimeCalibration.message_at``; ``base`` carries the idle cost). Damped, a few
+    rounds settle it.
     """
-    host = cal.host
+    host, rt = cal.host, cal.runtime
+    adjust = messages and rt is not None and rt.load_busy > rt.load_idle
     factors = [1.0] * base.P
     costs, result = base, simulate(actions, base, seed)
     opt = [x * host.factor(base.P * D) for x in base.opt]
+    load = None
     for _ in range(CONTENTION_ROUNDS):
         seen = _compute_factors(result, base.P, D, host.factor)
         factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
+        update = {}
+        if adjust and result.pipeline_time > 0:
+            now = D * sum(result.busy) / result.pipeline_time
+            load = now if load is None else (load + now) / 2
+            extra = rt.message_at(load) - rt.message_s
+            update = {"act": [x + extra for x in base.act], "grad": [x + extra for x in base.grad]}
         costs = dataclasses.replace(
             base,
             f=[x * k for x, k in zip(base.f, factors, strict=True)],
             b=[x * k for x, k in zip(base.b, factors, strict=True)],
             r=[x * k for x, k in zip(base.r, factors, strict=True)],
             opt=opt,
+            **update,
         )
         result = simulate(actions, costs, seed)
     return costs, result

@@ -23,11 +23,12 @@ from jobctl.engine.calibration_analytic import (
     analytic_calibration,
     analytic_fingerprint,
 )
-from jobctl.engine.calibration_fit import fit_message, fit_runtime, simulated_run
+from jobctl.engine.calibration_fit import fit_message, fit_runtime, probe_time, simulated_run
 from jobctl.engine.calibration_run import micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, stage_costs
+from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from jobctl.engine.schedules import generate
 
 from .jobrun import tiny_spec
 
@@ -58,7 +59,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 2 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 3 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -206,11 +207,14 @@ def test_plan_uses_the_cached_record_when_it_matches(tmp_path):
 
 
 def test_runtime_costs_reach_every_message_and_step():
-    """The probe-fitted runtime costs: each send carries the extra per-message time (the
-    busy one when ranks outnumber cores), each stage the fixed per-step work."""
+    """The probe-fitted runtime costs: each forward and backward carries the executor's
+    per-action time, each send the idle extra per-message time, each stage the fixed
+    per-step work."""
     spec = tiny_spec()
     cal = measured_like(spec)
-    rt = RuntimeCalibration(source="measured", message_s=1e-3, message_busy_s=3e-3, step_s=2e-3)
+    rt = RuntimeCalibration(
+        source="measured", message_s=1e-3, message_busy_s=3e-3, step_s=2e-3, action_s=1e-4
+    )
     with_rt = cal.model_copy(update={"runtime": rt})
     layout = Layout(3, 1, 2, 4, "1f1b")
     stages = [[0, 1], [2, 3], [4, 5]]
@@ -219,10 +223,40 @@ def test_runtime_costs_reach_every_message_and_step():
         host = Hosting(3, 1, 3, "stage_major", True, True, busy)
         base = stage_costs(cal, layout, stages, host, times)
         more = stage_costs(with_rt, layout, stages, host, times)
-        extra = 3e-3 if busy else 1e-3
-        assert more.sends == pytest.approx([x + extra for x in base.sends])
+        assert more.sends == pytest.approx([x + 1e-3 for x in base.sends])
         assert more.opt == pytest.approx([x + 2e-3 for x in base.opt])
-        assert more.b == base.b and more.graph == base.graph
+        assert more.b == pytest.approx([x + 1e-4 for x in base.b])
+        assert more.graph == pytest.approx([x + 1e-4 for x in base.graph])
+        assert more.nograd == pytest.approx([x + 1e-4 for x in base.nograd])
+        assert more.fetch == base.fetch
+
+
+def test_message_cost_follows_the_plan_load():
+    """Between the two probes' loads the per-message time is interpolated, outside it is
+    held; ``contend`` gives a plan the time its own simulated load says."""
+    rt = RuntimeCalibration(
+        source="measured", message_s=1e-3, message_busy_s=3e-3, load_idle=1.0, load_busy=2.0
+    )
+    assert rt.message_at(0.5) == rt.message_at(1.0) == pytest.approx(1e-3)
+    assert rt.message_at(1.5) == pytest.approx(2e-3)
+    assert rt.message_at(2.0) == rt.message_at(9.0) == pytest.approx(3e-3)
+    assert RuntimeCalibration(source="measured", message_s=1e-3).message_at(5.0) == 1e-3
+    spec = tiny_spec()
+    cal = measured_like(spec).model_copy(update={"runtime": rt})
+    stages = [[0, 1], [2, 3], [4, 5]]
+    actions = generate("1f1b", 3, 6)
+    for D, want in ((4, 2e-3), (1, None)):  # 12 processes: busy; 3 in a pipeline: less
+        layout = Layout(3, D, 2, 6, "1f1b")
+        host = Hosting(3, D, 3 * D, "stage_major", True, True, True)
+        model = stage_costs(cal, layout, stages, host, BlockTimes.at(cal, 2)).model(layout, [0] * 3)
+        costs, result = contend(cal, actions, model, D)
+        load = D * sum(result.busy) / result.pipeline_time
+        extra = costs.act[0] - model.act[0]
+        if want is not None:
+            assert load > rt.load_busy and extra == pytest.approx(want)
+        assert 0.0 <= extra <= 2e-3 + 1e-12
+        plain, _ = contend(cal, actions, model, D, messages=False)
+        assert plain.act == model.act
 
 
 def test_fit_message_recovers_a_known_per_message_cost():
@@ -232,23 +266,35 @@ def test_fit_message_recovers_a_known_per_message_cost():
     cal = measured_like(spec)
     stages = [[0, 1, 2], [3, 4, 5]]
     for true in (0.0, 2e-4, 1.5e-3):
-        measured = simulated_run(cal, stages, 2, 4, 1, true)
+        measured = probe_time(cal, stages, 2, 4, 1, true)
         assert fit_message(cal, stages, 2, 4, 1, measured) == pytest.approx(true, abs=2e-6)
         # Two pipelines sharing the cores: the simulated time is not monotone in the
         # message time; the fit is the least time that reproduces the measurement.
-        measured = simulated_run(cal, stages, 2, 4, 2, true)
+        measured = probe_time(cal, stages, 2, 4, 2, true)
         fit = fit_message(cal, stages, 2, 4, 2, measured)
         assert fit <= true + 2e-6
-        assert simulated_run(cal, stages, 2, 4, 2, fit) == pytest.approx(measured, rel=1e-3)
-    slower = simulated_run(cal, stages, 2, 4, 1, 1e-3)
-    assert slower > simulated_run(cal, stages, 2, 4, 1, 0.0) + 2e-3  # >= 2 messages in the way
+        assert probe_time(cal, stages, 2, 4, 2, fit) == pytest.approx(measured, rel=1e-3)
+    slower = probe_time(cal, stages, 2, 4, 1, 1e-3)
+    assert slower > probe_time(cal, stages, 2, 4, 1, 0.0) + 2e-3  # >= 2 messages in the way
     samples = {
         "idle": {"run": [slower] * 5, "rest": [4e-4, 5e-4, 6e-4]},
-        "busy": {"run": [simulated_run(cal, stages, 2, 4, 2, 3e-3)] * 3, "rest": [1e-3]},
+        "busy": {"run": [probe_time(cal, stages, 2, 4, 2, 3e-3)] * 3, "rest": [1e-3]},
     }
     rt = fit_runtime(cal, samples, stages, 2, 4)
     assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
     assert rt.message_busy_s == pytest.approx(3e-3, abs=2e-6)  # past the non-monotone part
     assert rt.step_s == pytest.approx(5e-4)
     assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
+    assert rt.action_s == 0.0  # no compute samples
+    assert 0 < rt.load_idle < rt.load_busy <= 2.0
+    # The executor's compute 0.2 ms per action above the calibrated (4 forwards and 4
+    # backwards per stage): the fit finds it, and the message time explains only what
+    # compute does not.
+    stretched, _ = simulated_run(cal, stages, 2, 4, 1, 0.0)
+    fetch = BlockTimes.at(cal, 2).data
+    per_stage = [4 * (f - fetch + b) for f, b in zip(stretched.f, stretched.b, strict=True)]
+    samples["idle"]["compute"] = [[x + 8 * 2e-4] * 5 for x in per_stage]
+    slow = fit_runtime(cal, samples, stages, 2, 4)
+    assert slow.action_s == pytest.approx(2e-4, rel=1e-6)
+    assert slow.message_s < rt.message_s
     assert fit_runtime(cal, {}, stages, 2, 4) is None
