@@ -15,6 +15,13 @@ The machine has 2 cores shared with other work: absolute times are noisy. Each r
 waits (up to 3 minutes) for the CPU to be quiet before it starts; a run during which
 other processes took more than 5 % of the CPU is repeated (up to ``--attempts``), and
 the least disturbed one counts. The "other" column is that share.
+
+The VM itself also changes speed over minutes (its host's other tenants; no steal time
+shows inside): the same compute took 30 % longer in one run than in the one before.
+So a fixed speed probe (the model's forward and backward in this process) is timed
+around the calibration and around every real run; "speed" is its time now over
+at calibration, and the "drift-corrected" error compares the prediction with the
+measured time divided by it. Both errors are printed; the raw one is the figure.
 """
 
 from __future__ import annotations
@@ -22,12 +29,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
+
+import torch
 
 from benchmarks import jobbench
 from benchmarks.jobbench import Interference, job_spec, layout, measure_best, wait_quiet
 from jobctl.engine.calibration import Calibration
 from jobctl.engine.calibration_run import calibrate
+from jobctl.engine.data import make_data
+from jobctl.engine.model import Stage, lm_loss, model_def
 from jobctl.engine.planner import make_plan
 
 MODEL = {"model.hidden": 96, "model.layers": 4, "model.seq_len": 48, "model.heads": 4}
@@ -60,6 +72,24 @@ def calibrate_quietly(spec, home: Path, attempts: int) -> tuple[Calibration, flo
     return best
 
 
+def speed_probe(spec, seconds: float = 0.6) -> float:
+    """Median seconds of one forward and backward of the whole model at m=2, one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mdef = model_def(spec.model, spec.training.seed)
+        stage = Stage(mdef, range(mdef.num_blocks))
+        x, y = make_data(spec).batch(0, 2)
+        times, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end or len(times) < 5:
+            t0 = time.perf_counter()
+            lm_loss(stage(x), y).backward()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
+    finally:
+        torch.set_num_threads(before)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="steps per real run")
@@ -75,7 +105,9 @@ def main() -> None:
     base = job_spec(**MODEL, **{"training.steps": args.steps})
     with tempfile.TemporaryDirectory(prefix="jobctl-accuracy-") as tmp:
         home = Path(tmp)
+        reference = speed_probe(base)
         cal, load = calibrate_quietly(base, home, args.attempts)
+        reference = (reference + speed_probe(base)) / 2  # around the calibration
         print(f"calibration: {cal.seconds:.1f} s, other load {100 * load:.0f} %")
         if cal.runtime is not None:
             rt = cal.runtime
@@ -91,8 +123,11 @@ def main() -> None:
                 f"{1e3 * rt.message_busy_s:.2f} ms at load {rt.load_busy:.2f}), "
                 f"per step {1e3 * rt.step_s:.2f} ms"
             )
-        print(f"{'config':<44} {'predicted':>10} {'measured':>10} {'error':>8} {'other':>6}")
-        errors = []
+        print(
+            f"{'config':<44} {'predicted':>10} {'measured':>10} {'error':>8} {'other':>6} "
+            f"{'speed':>6} {'corrected':>9}"
+        )
+        errors, corrected = [], []
         for P, D, m, B, schedule, extra in CONFIGS[: args.only]:
             spec = job_spec(
                 **MODEL,
@@ -101,14 +136,23 @@ def main() -> None:
             )
             plan = make_plan(spec, calibration=cal)
             predicted = plan.prediction.step_time_s
+            before = speed_probe(base)
             real = measure_best(spec, plan, home, attempts=args.attempts)
+            speed = (before + speed_probe(base)) / 2 / reference
             err = (predicted - real.step_s) / real.step_s
+            fixed = (predicted - real.step_s / speed) / (real.step_s / speed)
             errors.append(abs(err))
+            corrected.append(abs(fixed))
             print(
                 f"{plan.summary() + (' +R' if extra else ''):<44} {1e3 * predicted:>8.1f}ms "
-                f"{1e3 * real.step_s:>8.1f}ms {100 * err:>+7.1f}% {100 * real.interference:>5.0f}%",
+                f"{1e3 * real.step_s:>8.1f}ms {100 * err:>+7.1f}% {100 * real.interference:>5.0f}% "
+                f"{speed:>6.2f} {100 * fixed:>+8.1f}%",
                 flush=True,
             )
+    print(
+        f"drift-corrected (measured / speed): median |error| "
+        f"{100 * statistics.median(corrected):.1f} %, max {100 * max(corrected):.1f} %"
+    )
     med, worst = statistics.median(errors), max(errors)
     print(
         f"simulator vs real runtime, {len(errors)} configs from one calibration: "
