@@ -20,6 +20,8 @@ from .scaling import ScaleRequest, check_devices, write_request
 from .state import StateDB
 
 LIVE = {"launching", "training", "pruning", "rebalancing", "checkpointing", "uploading"}
+# Phases of a live run between two attempts: a request now would die with the old one.
+BETWEEN = {"pending", "calibrating", "planning", "morphing"}
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -37,11 +39,8 @@ def scale(
     row = db.get_run(run)
     if row is None:
         _fail(f"no run {run!r}: `jobctl status` lists the runs")
-    if row["phase"] not in LIVE:
-        _fail(
-            f"run {row['id']} is {row['phase']}, not running: `jobctl resume {row['id']} "
-            f"--devices {devices}` continues it on {devices} device(s)"
-        )
+    # The request is checked on its own first: one the spec can never satisfy gets the
+    # same answer whatever the run is doing at this moment.
     spec_file = Path(row["run_dir"]) / "spec.yaml"
     try:
         spec = load_spec(spec_file)
@@ -50,6 +49,16 @@ def scale(
     problem = check_devices(spec, devices)
     if problem is not None:
         _fail(f"cannot scale run {row['id']} ({spec_file}): {problem}")
+    if row["phase"] in BETWEEN:
+        _fail(
+            f"run {row['id']} is {row['phase']} (between two attempts): run `jobctl scale "
+            f"{row['id']} {devices}` again once `jobctl status {row['id']}` shows it training"
+        )
+    if row["phase"] not in LIVE:
+        _fail(
+            f"run {row['id']} is {row['phase']}, not running: `jobctl resume {row['id']} "
+            f"--devices {devices}` continues it on {devices} device(s)"
+        )
     write_request(Path(row["run_dir"]), ScaleRequest(devices, "jobctl scale"))
     console.print(
         f"run {row['id']}: scaling from {row['devices']} to {devices} device(s) after the "

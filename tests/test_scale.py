@@ -20,7 +20,7 @@ from jobctl.engine.cli import app
 from jobctl.engine.scaling import ScaleRequest, ScaleWatch, check_devices, write_request
 from jobctl.engine.state import StateDB
 
-from .jobrun import tiny_spec, wait_for
+from .jobrun import QUICKSTART, tiny_spec, wait_for
 from .test_chaos_elastic import JOBCTL, _check_losses, _node_pids, _spec, _start
 
 
@@ -35,11 +35,26 @@ def test_scale_targets_are_checked_against_the_spec():
 
 def test_scale_of_a_run_that_is_not_running_exits_2(tmp_path):
     db = StateDB(tmp_path)
-    db.create_run("r-1", "r", tmp_path / "runs" / "r-1", total_steps=10, devices=4)
-    db.set_phase("r-1", "launching")
+    run_dir = tmp_path / "runs" / "r-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(QUICKSTART.read_text())  # 2 nodes x 2 processes
+    db.create_run("r-1", "r", run_dir, total_steps=10, devices=4)
+
+    def scale(n):
+        return CliRunner().invoke(app, ["scale", "r-1", str(n), "--home", str(tmp_path)])
+
+    for phase in ("launching", "training", "morphing"):
+        db.set_phase("r-1", phase)
+    r = scale(2)  # between two attempts: a request now would die with the old attempt
+    assert r.exit_code == 2 and "morphing (between two attempts)" in r.output, r.output
+    assert "jobctl scale r-1 2` again" in r.output and not (run_dir / "scale.json").exists()
+    r = scale(9)  # a request the pool can never meet says so whatever the phase
+    assert r.exit_code == 2 and "more than the hardware pool has (4" in r.output, r.output
     db.set_phase("r-1", "stopped")
-    r = CliRunner().invoke(app, ["scale", "r-1", "2", "--home", str(tmp_path)])
+    r = scale(2)
     assert r.exit_code == 2 and "jobctl resume r-1 --devices 2" in r.output, r.output
+    r = scale(9)
+    assert r.exit_code == 2 and "hardware pool" in r.output, r.output
     r = CliRunner().invoke(app, ["scale", "nope", "2", "--home", str(tmp_path)])
     assert r.exit_code == 2 and "no run 'nope'" in r.output
 
