@@ -24,6 +24,13 @@ from .jobrun import ROOT, events, tiny_spec, wait_for, write_spec
 
 STEPS = 30
 JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+# Rank 0 sleeps 50 ms in every forward, so a CLI request (a new Python process) lands
+# mid-run even on a fast machine; the single-process reference does not sleep.
+SLOW = {
+    "model.import": "tests.slowmodel:factory",
+    "model.import_args": {"slow_rank": 0, "delay_s": 0.05},
+    "model.family": None,
+}
 
 
 def _spec(steps: int = STEPS, **extra):
@@ -113,7 +120,7 @@ def test_sigterm_node_checkpoints_first_then_morphs(tmp_path):
 @pytest.mark.multiproc
 @pytest.mark.chaos
 def test_stop_then_resume(tmp_path):
-    spec = _spec(150, **{"elasticity.enabled": False})  # long enough to stop mid-way
+    spec = _spec(150, **{**SLOW, "elasticity.enabled": False})  # long enough to stop mid-way
     proc, env, home, run_dir = _start(tmp_path, spec)
     r = subprocess.run([*JOBCTL, "stop", run_dir.name], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "checkpoint and stop" in r.stdout

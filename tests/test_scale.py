@@ -21,7 +21,7 @@ from jobctl.engine.scaling import ScaleRequest, ScaleWatch, check_devices, write
 from jobctl.engine.state import StateDB
 
 from .jobrun import QUICKSTART, tiny_spec, wait_for
-from .test_chaos_elastic import JOBCTL, _check_losses, _node_pids, _spec, _start
+from .test_chaos_elastic import JOBCTL, SLOW, _check_losses, _node_pids, _spec, _start
 
 
 def test_scale_targets_are_checked_against_the_spec():
@@ -70,13 +70,6 @@ def test_a_scale_request_waits_for_its_time_and_a_checkpoint(tmp_path):
     watch.checkpointed(112.0)
     assert watch.due() == ScaleRequest(4, "capacity returned", 110.0, True)
     assert watch.due() is None and not (tmp_path / "scale.json").exists()  # taken once
-
-
-SLOW = {
-    "model.import": "tests.slowmodel:factory",
-    "model.import_args": {"slow_rank": 0, "delay_s": 0.05},
-    "model.family": None,
-}
 
 
 def _scale(run: str, devices: int, env: dict) -> subprocess.CompletedProcess:
