@@ -26,7 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 3  # 2: the runtime's own costs (``runtime``); 3: + compute, load
+CALIBRATION_VERSION = 4  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
+# 4: loads are compute demand (plain simulation), no longer fitted along with the message
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -210,8 +211,9 @@ class RuntimeCalibration(_Frozen):
     the probe: autograd set-up, the loss, caches shared with the message threads); a
     per-action cost, as the probe at the smallest micro-batch showed (a factor found
     there over-predicted larger micro-batches by a third).
-    ``load_idle`` / ``load_busy``: how many processes computed at once, on average, in
-    each probe; a plan's messages cost what its own load says (``message_at``).
+    ``load_idle`` / ``load_busy``: each probe's compute demand (processes computing at
+    once, on average, in its plain simulation with the idle message time); a plan's
+    messages cost what its own demand, taken the same way, says (``message_at``).
     """
 
     source: Source

@@ -18,8 +18,9 @@ import dataclasses
 import statistics
 
 from .calibration import Calibration, RuntimeCalibration
-from .planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from .planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
 from .schedules import generate
+from .simulator import simulate
 
 BISECTION_ROUNDS = 30
 SCAN_START_S = 1e-5
@@ -31,18 +32,23 @@ def probe_hosting(cal: Calibration, pipelines: int) -> Hosting:
     return Hosting(2, pipelines, ranks, "pipeline_major", True, True, cal.host.cores < ranks)
 
 
-def simulated_run(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float):
-    """Simulated probe run (the executor's part, no allreduce or optimizer) with
-    ``extra`` seconds per message: ``(costs after core sharing, result)``."""
+def _probe_model(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float):
+    """The probe's cost model (the executor's part, no allreduce or optimizer) with
+    ``extra`` seconds per message, and its actions."""
     layout = Layout(2, pipelines, m, M, "1f1b")
     hosting = probe_hosting(cal, pipelines)
     costs = stage_costs(cal, layout, stages, hosting, BlockTimes.at(cal, m))
     sends = [x + extra for x in costs.sends]
     model = costs.model(layout, [0, 0])
     model = dataclasses.replace(model, act=sends, grad=sends, ar=(), opt=())
-    actions = generate("1f1b", 2, M)
-    stretched, result = contend(cal, actions, model, pipelines, messages=False)
-    return stretched, result
+    return model, generate("1f1b", 2, M)
+
+
+def simulated_run(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float):
+    """Simulated probe run with ``extra`` seconds per message: ``(costs after core
+    sharing, result)``."""
+    model, actions = _probe_model(cal, stages, m, M, pipelines, extra)
+    return contend(cal, actions, model, pipelines, messages=False)
 
 
 def probe_time(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float) -> float:
@@ -50,9 +56,10 @@ def probe_time(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: 
 
 
 def probe_load(cal: Calibration, stages, m: int, M: int, pipelines: int, extra: float) -> float:
-    """Processes computing at once, on average, in the simulated probe."""
-    _, result = simulated_run(cal, stages, m, M, pipelines, extra)
-    return pipelines * sum(result.busy) / result.pipeline_time
+    """The probe's compute demand (processes computing at once in its plain simulation,
+    as ``contend`` measures a plan's) with ``extra`` seconds per message."""
+    model, actions = _probe_model(cal, stages, m, M, pipelines, extra)
+    return demand(simulate(actions, model), pipelines)
 
 
 def fit_message(cal: Calibration, stages, m: int, M: int, pipelines: int, measured: float):
@@ -108,7 +115,10 @@ def fit_runtime(
             continue
         measured = statistics.median(samples[phase]["run"])
         fitted[phase] = fit_message(cal, stages, m, M, pipelines, measured)
-        loads[phase] = probe_load(cal, stages, m, M, pipelines, fitted[phase])
+        # As a plan's demand is taken (base costs: idle message time), never from the
+        # fitted busy time: a load that moved with its own fit made the two probes'
+        # loads land anywhere from 1.4 to 3.1 and the slope between them unstable.
+        loads[phase] = probe_load(cal, stages, m, M, pipelines, fitted["idle"])
         probe[phase] = {
             "measured_s": measured,
             "simulated_s": probe_time(cal, stages, m, M, pipelines, 0.0),

@@ -330,6 +330,11 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
     return max(own, through + costs.ar[0] + costs.opt[0])
 
 
+def demand(result: SimResult, D: int) -> float:
+    """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
+    return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
+
+
 def contend(
     cal: Calibration,
     actions: list[list[Action]],
@@ -344,25 +349,23 @@ def contend(
     saw (``host.factor`` of D x the stages computing at each instant: replicas run in
     step) and simulates again; optimizer steps, which all ranks run together, get the
     factor of all P x D ranks. With ``messages`` (and a measured runtime), each message
-    also costs what the plan's mean load (processes computing at once) says
-    (``RuntimeCalibration.message_at``; ``base`` carries the idle cost). Damped, a few
-    rounds settle it.
+    also costs what the plan's compute demand says (``RuntimeCalibration.message_at``;
+    ``base`` carries the idle cost): the processes computing at once in the plain
+    simulation of ``base``, measured as the probes' loads were, so it depends on the
+    plan alone, never on the message time it selects. Damped, a few rounds settle it.
     """
     host, rt = cal.host, cal.runtime
     adjust = messages and rt is not None and rt.load_busy > rt.load_idle
     factors = [1.0] * base.P
     costs, result = base, simulate(actions, base, seed)
     opt = [x * host.factor(base.P * D) for x in base.opt]
-    load = None
+    update = {}
+    if adjust:
+        extra = rt.message_at(demand(result, D)) - rt.message_s
+        update = {"act": [x + extra for x in base.act], "grad": [x + extra for x in base.grad]}
     for _ in range(CONTENTION_ROUNDS):
         seen = _compute_factors(result, base.P, D, host.factor)
         factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
-        update = {}
-        if adjust and result.pipeline_time > 0:
-            now = D * sum(result.busy) / result.pipeline_time
-            load = now if load is None else (load + now) / 2
-            extra = rt.message_at(load) - rt.message_s
-            update = {"act": [x + extra for x in base.act], "grad": [x + extra for x in base.grad]}
         costs = dataclasses.replace(
             base,
             f=[x * k for x, k in zip(base.f, factors, strict=True)],

@@ -27,8 +27,9 @@ from jobctl.engine.calibration_fit import fit_message, fit_runtime, probe_time, 
 from jobctl.engine.calibration_run import micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
 from jobctl.engine.schedules import generate
+from jobctl.engine.simulator import simulate
 
 from .jobrun import tiny_spec
 
@@ -59,7 +60,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 3 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 4 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -249,8 +250,8 @@ def test_message_cost_follows_the_plan_load():
         layout = Layout(3, D, 2, 6, "1f1b")
         host = Hosting(3, D, 3 * D, "stage_major", True, True, True)
         model = stage_costs(cal, layout, stages, host, BlockTimes.at(cal, 2)).model(layout, [0] * 3)
-        costs, result = contend(cal, actions, model, D)
-        load = D * sum(result.busy) / result.pipeline_time
+        costs, _ = contend(cal, actions, model, D)
+        load = demand(simulate(actions, model), D)  # the plan's own, not the message's
         extra = costs.act[0] - model.act[0]
         if want is not None:
             assert load > rt.load_busy and extra == pytest.approx(want)
@@ -286,7 +287,8 @@ def test_fit_message_recovers_a_known_per_message_cost():
     assert rt.step_s == pytest.approx(5e-4)
     assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
     assert rt.action_s == 0.0  # no compute samples
-    assert 0 < rt.load_idle < rt.load_busy <= 2.0
+    # Loads are compute demand at the idle message time: two pipelines demand twice one.
+    assert 0 < rt.load_idle <= 2.0 and rt.load_busy == pytest.approx(2 * rt.load_idle)
     # The executor's compute 0.2 ms per action above the calibrated (4 forwards and 4
     # backwards per stage): the fit finds it, and the message time explains only what
     # compute does not.
