@@ -17,6 +17,7 @@ list. Values are copied bit for bit, so training continues with identical numeri
 
 from __future__ import annotations
 
+import copy
 import io
 import time
 from dataclasses import dataclass, field
@@ -124,7 +125,12 @@ class _Reuse(ModelDef):
         if i in self.kept:
             return self.kept[i]
         with torch.device("meta"):  # shapes only: the values arrive from the old owner
-            return self.build(i)
+            block = self.build(i)
+        if any(not p.is_meta for p in block.parameters()):
+            # A user factory (model.import) hands back the modules it built once, with
+            # their initial values: a copy of the shapes, so the sent values fill it.
+            block = copy.deepcopy(block).to("meta")
+        return block
 
 
 def migrate(

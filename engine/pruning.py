@@ -20,10 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from .checkpoint import load_masks
 from .model import Tie
 from .pruning_comm import SelectorGroups, broadcast_masks, world
+from .pruning_crossover import Shape, resolve, shape_key
 from .pruning_profile import BlockProfiler
 from .pruning_schedule import schedule, target_at
 from .pruning_select import select_masks
@@ -51,8 +53,11 @@ def pair_selected(tie: Tie, globs: list[str]) -> bool:
 class Pruner:
     """Masks of one stage and the collective pruning step (see the module docstring)."""
 
-    def __init__(self, spec, stage, named, opt, topo, ties: list[Tie], events=None):
+    def __init__(
+        self, spec, stage, named, opt, topo, ties: list[Tie], events=None, micro_batch=None
+    ):
         self.spec, self.stage, self.named, self.opt, self.topo = spec, stage, named, opt, topo
+        self.micro_batch = micro_batch  # the plan's m (the spec's may be ``auto``)
         self.ties, self.events = ties, events
         self.masks: Masks = {}
         self._pruned: Masks = {}  # ~mask, cached for the per-step masked_fill_
@@ -60,6 +65,7 @@ class Pruner:
         self.last_profile: dict | None = None
         self.last_pruning: dict | None = None
         self.sparse: dict[int, list] = {}  # block -> its linear layers now computed in CSR
+        self.crossovers: dict[str, float | None] | None = None  # auto: shape -> crossover
         self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
         self.group = None  # the ranks still training (None: all; packing frees some)
         self.selectors = SelectorGroups()
@@ -112,6 +118,8 @@ class Pruner:
         masks = {n: masks[n] for n in names + aliases}
         for n, m in broadcast_masks(masks, self.topo.dp_ranks[0], self.topo.dp_group).items():
             self.adopt(n, m)
+        if self.crossovers is None and self.spec.pruning.sparse_threshold == "auto":
+            self.crossovers = self._crossovers()
         self.profile_at = step
         self._switch_to_csr()
         self.last_pruning = self._report(step, target, summary)
@@ -150,14 +158,15 @@ class Pruner:
 
     def _report(self, step: int, target: float, summary: dict | None) -> dict:
         """The ``pruning`` record, the same on every rank; the reporter rank writes it."""
-        mine = (self.topo.replica, self.block_sparsity(), summary)
+        mine = (self.topo.replica, self.block_sparsity(), self.layer_sparsity(), summary)
         every = [mine]
         if world(self.group) > 1:
             every = [None] * world(self.group)
             dist.all_gather_object(every, mine, group=self.group)
         rec = {"step": step, "target_sparsity": target}
-        rec.update(next(s for _, _, s in every if s is not None))
-        rec["block_sparsity"] = {b: s for rep, bs, _ in every if rep == 0 for b, s in bs.items()}
+        rec.update(next(s for *_, s in every if s is not None))
+        rec["block_sparsity"] = {b: s for rep, bs, _, _ in every if rep == 0 for b, s in bs.items()}
+        rec["layer_sparsity"] = {n: s for rep, _, ls, _ in every if rep == 0 for n, s in ls.items()}
         if self.events is not None and self.topo.is_reporter:
             self.events.write("pruning", **rec)
         return rec
@@ -171,6 +180,11 @@ class Pruner:
             acc[0] += int((~m).sum())
             acc[1] += m.numel()
         return {b: p / max(1, t) for b, (p, t) in sorted(out.items())}
+
+    def layer_sparsity(self) -> dict[str, float]:
+        """Fraction of pruned elements per masked parameter of this stage (global pruning
+        leaves them uneven; ``jobctl plan`` predicts the next run's stage load from it)."""
+        return {n: _sparsity(m) for n, m in self.masks.items()}
 
     # -- masks coming and going (checkpoints, migration) ---------------------------
     @torch.no_grad()
@@ -187,18 +201,78 @@ class Pruner:
                 v.masked_fill_(self._pruned[name], 0)
 
     def _switch_to_csr(self) -> None:
-        """Blocks sparser than ``pruning.sparse_threshold`` compute their linears in CSR
-        (opt-in: benchmarks/sparse_crossover.py shows where that pays off)."""
+        """Masked linears compute in CSR where that pays off (``pruning.sparse_threshold``):
+        with ``auto``, a layer at or above the measured crossover of its shape class;
+        with a number, a layer sparser than it."""
         self._csr_stale = False
-        limit = self.spec.pruning.sparse_threshold
-        if limit is None:
-            return
         for layers in self.sparse.values():  # new masks or moved blocks: start over
             use_dense(layers)
         self.sparse = {}
-        for b, s in self.block_sparsity().items():
-            if s > limit and str(b) in self.stage.layers:
-                self.sparse[b] = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks)
+        choose = self._csr_choice()
+        if choose is None:
+            return
+        for b in sorted({int(n.split(".")[1]) for n in self.masks}):
+            if str(b) in self.stage.layers:
+                layers = use_csr(self.stage.layers[str(b)], f"layers.{b}.", self.masks, choose)
+                if layers:
+                    self.sparse[b] = layers
+
+    def _csr_choice(self):
+        """(layer, mask) -> CSR?, or None when everything stays dense."""
+        limit = self.spec.pruning.sparse_threshold
+        if limit is None:
+            return None
+        if limit != "auto":
+            return lambda mod, mask: _sparsity(mask) > limit
+        cross = self.crossovers  # after a resume: what the cache holds, nothing measured
+        if cross is None:
+            cross = resolve(self._shapes(), self._per_step(), device=self._device(),
+                            measure_missing=False)  # fmt: skip
+
+        def choose(mod: nn.Linear, mask: torch.Tensor) -> bool:
+            x = cross.get(shape_key(self._shape(mod)))
+            return x is not None and _sparsity(mask) >= x
+
+        return choose
+
+    def _crossovers(self) -> dict[str, float | None]:
+        """Crossover per shape class of the whole model: rank 0 (always live) looks them
+        up in the cache or measures the missing ones, and tells every live rank, so all
+        replicas of a layer make the same choice (collective over the live ranks)."""
+        mine = self._shapes()
+        if world(self.group) == 1:
+            return resolve(mine, self._per_step(), device=self._device())
+        every: list = [None] * world(self.group)
+        dist.all_gather_object(every, mine, group=self.group)
+        box: list = [None]
+        if self.topo.rank == 0:
+            box = [resolve(set().union(*every), self._per_step(), device=self._device())]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _micro_batch(self) -> int:
+        """The plan's m; without a plan, the spec's (an ``auto`` one taken as 1)."""
+        if self.micro_batch is not None:
+            return self.micro_batch
+        m = self.spec.training.micro_batch_size
+        return m if isinstance(m, int) else 1
+
+    def _shape(self, mod: nn.Linear) -> Shape:
+        return (mod.out_features, mod.in_features, self.spec.model.seq_len * self._micro_batch())
+
+    def _shapes(self) -> set[Shape]:
+        """Shape classes of this stage's prunable linear layers."""
+        names = prunable_names(list(self.named), self.spec.pruning.prunable, self.ties)
+        mods = [self.stage.get_submodule(n.rpartition(".")[0]) for n in names]
+        return {self._shape(m) for m in mods if isinstance(m, nn.Linear)}
+
+    def _per_step(self) -> int:
+        """Micro-batches per optimizer step of one replica (the CSR gather amortises)."""
+        m = self._micro_batch() * self.topo.D
+        return max(1, self.spec.training.global_batch_size // m)
+
+    def _device(self) -> torch.device:
+        return next(iter(self.named.values())).device
 
     def release(self, block_ids) -> Masks:
         """Drop (and return) the masks of blocks leaving this stage."""
@@ -225,6 +299,7 @@ class Pruner:
         """Masks from a checkpoint (written with the block files) for this stage."""
         for n, m in load_masks(ckpt_dir, list(self.named), self.ties).items():
             self.adopt(n, m)
+        self._csr_stale = self.spec.pruning.sparse_threshold is not None and bool(self.masks)
         if any(t == step for t, _ in schedule(self.spec)) and self.masks:
             self.profile_at = step  # the first step after resuming profiles
 
@@ -233,3 +308,7 @@ class Pruner:
         """Context for loop step ``step``: profiles it if it follows a pruning step."""
         active = self.profile_at is not None and step == self.profile_at
         return BlockProfiler(self, step + 1, active)
+
+
+def _sparsity(mask: torch.Tensor) -> float:
+    return 1.0 - int(mask.sum()) / max(1, mask.numel())

@@ -77,9 +77,17 @@ def print_pruning(console: Console, spec, explain: bool = False) -> None:
             highlight=False,
             markup=False,
         )
-        if p.sparse_threshold is not None:
+        if p.sparse_threshold == "auto":
             console.print(
-                f"  blocks above {100 * p.sparse_threshold:.0f} % sparsity compute in CSR "
+                "  a pruned linear layer computes in CSR once its sparsity reaches the CSR/dense "
+                "crossover measured on this device for its shape (benchmarks/sparse_crossover.py "
+                "prints it); below that it stays dense",
+                soft_wrap=True,
+                highlight=False,
+            )
+        elif p.sparse_threshold is not None:
+            console.print(
+                f"  linear layers above {100 * p.sparse_threshold:.0f} % sparsity compute in CSR "
                 "(benchmarks/sparse_crossover.py measures whether that pays off here)",
                 soft_wrap=True,
                 highlight=False,

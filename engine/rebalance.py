@@ -14,6 +14,8 @@ parameter counts after pruning) and a stage map (contiguous runs of blocks):
 
 ``rebalance`` applies the tolerance (nothing moves while max/mean - 1 is below it)
 and returns a :class:`Decision` with the new map and the block moves.
+``first_fit_pack`` is Alg. 4 (packing onto fewer devices), on a pipeline;
+``rebalance_plan.pack_to`` runs it and then the balancer over the stages left.
 """
 
 from __future__ import annotations

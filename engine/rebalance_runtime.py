@@ -9,13 +9,15 @@ blocks live (``migrate``), the trainer continues on the new stage, optimizer,
 topology and action list, rank 0 rewrites ``plan.json`` (what a resume reads;
 checkpoints are per block, so they are layout-independent) and emits ``rebalanced``
 or ``packed``. The step after a move is measured and reported as
-``rebalance_measured`` (stage compute and step time, before vs after). Freed ranks
+``rebalance_measured`` (stage compute and step time, before vs after); a move's record
+carries its cost (``decide_s`` + ``migrate_s`` + ``resume_s`` = ``seconds``). Freed ranks
 (after a pack) close their checkpoint writer and leave the training loop cleanly.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -100,7 +102,7 @@ class Rebalancer:
 
     # -- deciding -----------------------------------------------------------------
     def _rebalance(self, done: int, prof: dict, stats: StepStats, seconds: float):
-        t = self.t
+        t, t0 = self.t, time.perf_counter()
         mine = {
             "rank": t.rank,
             "replica": t.topo.replica,
@@ -116,6 +118,7 @@ class Rebalancer:
             box = list(self._decide(done, every))
         dist.broadcast_object_list(box, src=0, group=self._group())
         new_json, record = box
+        record["decide_s"] = time.perf_counter() - t0  # gather, balancer, packer, broadcast
         if new_json is None:
             if self._leader():
                 t.events.write("rebalance", **record)
@@ -148,8 +151,9 @@ class Rebalancer:
         new_stages, pack = d.stages, None
         if cfg.pack:
             pack = choose_pack(
-                spec, cal, plan, times, new_stages, cfg.tolerance, cfg.target_devices
-            )
+                spec, cal, plan, times, new_stages, cfg.tolerance, cfg.target_devices,
+                cfg.balancer, costs,
+            )  # fmt: skip
             if pack is not None:
                 new_stages = pack.stages
         before = simulate_stages(spec, cal, lay, stages, times)
@@ -198,13 +202,13 @@ class Rebalancer:
             t.live_group = got.live_group
         t.plan = new
         record.update(
-            seconds=got.seconds,
+            migrate_s=got.seconds,
             bytes_moved=got.bytes_sent,
             moved_at=record.get("held_until", record["step"]),
         )
         if got.freed:
             self.freed = True
-            t.events.write("freed", rank=t.rank, step=record["step"], seconds=got.seconds)
+            t.events.write("freed", rank=t.rank, step=record["step"], migrate_s=got.seconds)
             return None
         t.stage, t.named, t.opt, t.topo, t.actions = (
             got.stage,
@@ -218,6 +222,14 @@ class Rebalancer:
             root = Path(t.spec.checkpoint.local_dir or t.run_dir / "checkpoints")
             shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
             t.ckpt = CheckpointManager(t.spec, new, t.rank, root, t.events, shared)
+        t1 = time.perf_counter()
+        ex = t.make_executor()  # the pipeline probes its new activation shapes
+        # Every live rank can train again: the next step would wait for the slowest rank
+        # anyway, so the leader's clock now holds the move's whole cost.
+        dist.barrier(group=t.live_group)
+        record["resume_s"] = time.perf_counter() - t1
+        # the rebalancing's whole cost (DynPipe Table 4.1: decision and transfer)
+        record["seconds"] = record["decide_s"] + record["migrate_s"] + record["resume_s"]
         if self._leader():
             tmp = t.run_dir / "plan.json.tmp"
             tmp.write_text(new.model_dump_json(indent=2))
@@ -229,7 +241,7 @@ class Rebalancer:
                 record.update(freed_ranks=freed_ranks, freed_nodes=freed_nodes)
             t.events.write("packed" if packed else "rebalanced", **record)
         self.measure = record
-        return t.make_executor()
+        return ex
 
     def _rebind_pruner(self, got) -> None:
         p = self.t.pruner

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -62,14 +62,14 @@ class PruningSpec(SpecModel):
         default=DEFAULT_PRUNABLE,
         description="fnmatch globs on full parameter names selecting what may be pruned.",
     )
-    sparse_threshold: float | None = Field(
-        None,
-        gt=0.0,
-        le=1.0,
-        description="Sparsity in (0, 1] above which a block's linear layers compute with "
-        "torch.sparse CSR kernels; null (default) stays dense. Opt-in: on a 2-core CPU CSR "
-        "forward+backward beat dense only from ~90 % sparsity at hidden 512 and never at "
-        "hidden 64 (measure yours with benchmarks/sparse_crossover.py).",
+    sparse_threshold: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="When a pruned linear layer computes with torch.sparse CSR kernels instead "
+        "of dense ones. 'auto' (default): when its sparsity reaches the CSR/dense crossover "
+        "measured on this device for its shape (measured once, cached beside the "
+        "calibrations; benchmarks/sparse_crossover.py prints it), so a layer switches only "
+        "where CSR is faster; a number in (0, 1]: when its sparsity exceeds it; null: "
+        "always dense.",
     )
 
     def _violations(self) -> Iterator[Violation]:

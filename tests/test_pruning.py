@@ -324,7 +324,7 @@ def test_csr_blocks_train_like_dense_ones():
         "training.lr": 0.3,
         "training.momentum": 0.9,
     }
-    dense_spec = load_spec(PRUNING_YAML, overrides=base)
+    dense_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": None})
     csr_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": 0.5})
     _, dense_losses, dense_w = _train_single(dense_spec, 3)
     pruner, csr_losses, csr_w = _train_single(csr_spec, 3)
@@ -363,3 +363,105 @@ def test_plan_shows_the_sparsity_at_each_pruning_step(tmp_path):
         app, ["plan", str(ROOT / "jobs" / "quickstart.yaml"), "--home", str(tmp_path)]
     )
     assert "pruning schedule" not in quick.output
+
+
+# -- realised sparsity per layer (Alg. 2) --------------------------------------------
+def test_every_layer_follows_the_global_threshold_at_each_pruning_step():
+    # Depth-scaled magnitudes, so global pruning leaves layers unevenly sparse; three
+    # pruning steps as in the benchmark (52 %, 85.25 %, 90 %), pruned weights zeroed in
+    # between as the trainer does.
+    params = _model_params(seed=3)
+    for n, p in params.items():
+        p.mul_(0.25 * int(n.split(".")[1]))
+    prev = None
+    for s in (0.52, 0.8525, 0.9):
+        before = {n: p.clone() for n, p in params.items()}
+        results = _run_stages(list(_split(params, 3)), s)
+        masks = {**results[0][0], **results[1][0]}
+        _, k, total, tau = results[0]
+        pruned = {n: int((~m).sum()) for n, m in masks.items()}
+        # Globally exact: k = round(s N) elements, within half an element of s N.
+        assert sum(pruned.values()) == k == count_to_prune(s, total)
+        assert abs(k - s * total) <= 0.5
+        for n, w in before.items():
+            a = w.abs()
+            # Per layer: everything below the global threshold goes, nothing above it,
+            # ties at the threshold in model order (the only freedom Alg. 2 leaves).
+            assert int((a < tau).sum()) <= pruned[n] <= int((a <= tau).sum()), n
+            assert bool((a[~masks[n]] <= tau).all()) and bool((a[masks[n]] >= tau).all()), n
+            if prev is not None:  # a pruned weight is zero, so it stays pruned
+                assert not bool((masks[n] & ~prev[n]).any()), n
+        for n, p in params.items():
+            p.mul_(masks[n])
+        prev = masks
+    layer = [int((~m).sum()) / m.numel() for m in prev.values()]
+    assert max(layer) - min(layer) > 0.3  # uneven per layer, exact globally
+
+
+# -- sparse_threshold: auto (measured crossover per shape class) ----------------------
+def _crossover_record(home, spec, crossovers: dict[tuple[int, int], float | None]):
+    from jobctl.engine.pruning_crossover import record_path, save, shape_key
+
+    tokens = spec.model.seq_len * spec.training.micro_batch_size
+    shapes = {
+        shape_key((o, i, tokens)): {"crossover": x, "ratios": {"0.5": 0.8, "0.9": 0.5}}
+        for (o, i), x in crossovers.items()
+    }
+    save(record_path(home, torch.device("cpu")), shapes, torch.device("cpu"))
+
+
+def test_auto_computes_in_csr_only_above_the_measured_crossover(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))  # where the Pruner looks
+    base = {
+        "pruning.start_step": 0,
+        "pruning.initial_sparsity": 0.8,
+        "pruning.end_step": 10,
+        "training.optimizer": "sgd",
+        "training.lr": 0.3,
+        "training.momentum": 0.9,
+    }
+    spec = load_spec(PRUNING_YAML, overrides=base)
+    assert spec.pruning.sparse_threshold == "auto"  # the default
+    # hidden 16: qkv 48x16, proj 16x16, fc 64x16, mlp proj 16x64
+    crossovers = {(48, 16): 0.5, (16, 16): None, (64, 16): 0.99, (16, 64): None}
+    _crossover_record(tmp_path, spec, crossovers)
+    dense_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": None})
+    _, dense_losses, dense_w = _train_single(dense_spec, 3)
+    pruner, losses, weights = _train_single(spec, 3)
+    csr = {m for layers in pruner.sparse.values() for m in layers}
+    for b in (1, 2):
+        block = pruner.stage.layers[str(b)]
+        sp = pruner.layer_sparsity()
+        assert sp[f"layers.{b}.attn.qkv.weight"] >= 0.5 and block.attn.qkv in csr  # above
+        assert sp[f"layers.{b}.mlp.fc.weight"] < 0.99 and block.mlp.fc not in csr  # below
+        assert block.attn.proj not in csr and block.mlp.proj not in csr  # CSR never wins
+    assert pruner.crossovers is not None
+    assert losses == pytest.approx(dense_losses, abs=1e-5)
+    for n, w in dense_w.items():
+        torch.testing.assert_close(weights[n], w, atol=1e-5, rtol=0, msg=n)
+
+
+def test_crossover_is_measured_once_then_cached(tmp_path, monkeypatch):
+    from jobctl.engine import pruning_crossover as pc
+
+    shape = (48, 16, 32)
+    got = pc.resolve([shape], 4, home=tmp_path)
+    assert pc.shape_key(shape) in got
+    record = pc.load(pc.record_path(tmp_path, torch.device("cpu")))[pc.shape_key(shape)]
+    assert record["ratios"] and record["crossover"] == pc.crossover(
+        {float(s): r for s, r in record["ratios"].items()}
+    )
+    monkeypatch.setattr(pc, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert pc.resolve([shape], 4, home=tmp_path) == got
+    assert pc.resolve([(8, 8, 8)], 4, home=tmp_path, measure_missing=False) == got
+
+
+def test_crossover_is_the_lowest_sparsity_from_which_csr_always_wins():
+    from jobctl.engine.pruning_crossover import crossover, ratio_at
+
+    assert crossover({0.5: 2.0, 0.9: 0.8, 0.95: 0.6, 0.99: 0.5}) == 0.9
+    assert crossover({0.5: 0.5, 0.9: 1.2, 0.99: 0.5}) == 0.99  # must win at every higher
+    assert crossover({0.9: 0.95, 0.99: 0.92}) is None  # within noise of dense: stay dense
+    rec = {"ratios": {"0.9": 0.8, "0.99": 0.5}}
+    assert ratio_at(rec, 0.95) == 0.8 and ratio_at(rec, 0.995) == 0.5
+    assert ratio_at(rec, 0.5) is None

@@ -48,7 +48,8 @@ def test_pipeline_pruning_matches_single_process(tmp_path):
     # SGD keeps the weights comparable to 1e-5 (see test_parity); the tied embedding is
     # prunable too, so its mask must reach the head on the last stage.
     sgd = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
-    spec = _spec(2, 2, **sgd, **{"pruning.prunable": WITH_EMBEDDING})
+    every_pruning = {"checkpoint.interval": 2, "checkpoint.keep_last": 4}  # right after each
+    spec = _spec(2, 2, **sgd, **every_pruning, **{"pruning.prunable": WITH_EMBEDDING})
     ref_masks: dict = {}
     ref_losses, ref_weights = reference_train(spec, masks=ref_masks)
     run, outcome = run_job(spec, tmp_path)
@@ -81,6 +82,29 @@ def test_pipeline_pruning_matches_single_process(tmp_path):
     phases = [e["message"] for e in StateDB(tmp_path).events(run.id) if e["kind"] == "phase"]
     assert sum(p.startswith("pruning: step") for p in phases) == 3
     assert sum(p.startswith("training: profiled step") for p in phases) == 3
+    _assert_realised_sparsity(run.dir, pruning, spec_ties(spec))
+
+
+def _assert_realised_sparsity(run_dir, pruning: list[dict], ties) -> None:
+    """At every pruning step (checkpointed right after it), per layer: the zeros in the
+    weights are exactly the pruned elements, the recorded sparsity is theirs, nothing
+    below the global threshold survives anywhere (Alg. 2), and what was pruned stays
+    pruned; globally exactly round(s N) elements are gone."""
+    prev: dict = {}
+    for r in pruning:
+        weights = final_weights(run_dir, r["step"])
+        names = prunable_names(list(weights), WITH_EMBEDDING, ties)
+        masks = load_masks(run_dir / "checkpoints" / f"step-{r['step']:08d}", names, ties)
+        pruned = {n: int((~masks[n]).sum()) for n in names}
+        assert sum(pruned.values()) == count_to_prune(r["target_sparsity"], r["prunable"])
+        assert abs(sum(pruned.values()) - r["target_sparsity"] * r["prunable"]) <= 0.5
+        for n in names:
+            w, m = weights[n], masks[n]
+            assert int((w == 0).sum()) == pruned[n], n
+            assert r["layer_sparsity"][n] == pytest.approx(pruned[n] / m.numel()), n
+            assert bool((w[m].abs() >= r["threshold"]).all()), n
+            assert n not in prev or not bool((m & ~prev[n]).any()), n
+        prev = masks
 
 
 def spec_ties(spec):

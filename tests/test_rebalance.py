@@ -9,6 +9,7 @@ import pytest
 from jobctl.engine.calibration_cache import calibration_for
 from jobctl.engine.partition import bottleneck
 from jobctl.engine.planner import make_plan
+from jobctl.engine.planner_costs import BlockTimes
 from jobctl.engine.rebalance import (
     Move,
     diffusion,
@@ -109,6 +110,35 @@ def test_first_fit_pack_alg4():
     assert first_fit_pack([3.0, 3.0], cap=4.0, target=1) == [[0], [1]]
 
 
+def test_packing_is_first_fit_then_the_balancer():
+    from jobctl.engine.planner_search import GB
+    from jobctl.engine.rebalance_plan import pack_to
+
+    spec = tiny_spec(**{"parallelism.pipeline_stages": 3, "parallelism.data_parallel": 1})
+    plan, cal = make_plan(spec), calibration_for(spec)
+    current = [list(s.blocks) for s in plan.stages]
+    costs = [1.0, 4.0, 4.0, 1.0, 1.0, 1.0]
+    # Ample memory: Alg. 4 merges stage 0 into its neighbour; the balancer then evens
+    # the two stages out (partition: the optimal cut; diffusion: from the merged map).
+    merged = [current[0] + current[1], current[2]]
+    assert first_fit_pack([1.0, 1.0, 1.0], cap=10.0, target=2) == [[0, 1], [2]]
+    got = pack_to(spec, cal, plan, current, 2, costs, "partition")
+    assert max(loads_of(costs, got)) == pytest.approx(bottleneck(costs, 2))
+    mem2 = memory_model(spec, cal, layout_of(plan, 2))
+    got = pack_to(spec, cal, plan, current, 2, costs, "diffusion")
+    assert got == diffusion(costs, merged, mem2, cap=spec.hardware.memory_gb * GB)[0]
+    assert pack_to(spec, cal, plan, current, 1, costs, "diffusion") == [list(range(6))]
+    # Two neighbouring stages never fit one device: first fit cannot reach 2 devices.
+    mem = memory_model(spec, cal, layout_of(plan))(current)
+    cap = (max(mem) + min(a + b for a, b in itertools.pairwise(mem))) / 2
+    hw = spec.hardware.model_copy(update={"memory_gb": cap / GB})
+    small = spec.model_copy(update={"hardware": hw})
+    assert pack_to(small, cal, plan, current, 2, costs, "partition") is None
+    assert choose_pack(small, cal, plan, costs, current, 10.0, target_devices=2) is None
+    pick = choose_pack(spec, cal, plan, costs, current, 10.0, target_devices=2)
+    assert pick is not None and pick.P == 2 and pick.considered[-1][2] == "chosen"
+
+
 def test_replan_same_P_keeps_ranks_and_actions():
     spec = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})
     plan = make_plan(spec)
@@ -146,23 +176,104 @@ def test_simulator_sees_rebalancing_gain_and_packing():
     assert fixed is not None and fixed.P == 2
 
 
-def test_pruned_cost_prediction_dense_and_sparse():
-    from jobctl.engine.rebalance_views import block_shares, pruned_costs
+def _block_layers(spec, block: int):
+    from jobctl.engine.rebalance_views import model_layers
 
-    spec = tiny_spec(**{"pruning.enabled": True, "pruning.end_step": 50})
-    total, prunable = block_shares(spec)
-    assert prunable[0] == 0 and prunable[-1] == 0  # embedding, head (not prunable)
-    assert all(0 < p < t for p, t in zip(prunable[1:-1], total[1:-1], strict=True))
-    times = [1.0] * len(total)
-    secs, nnz = pruned_costs(spec, times, 0.9)
-    assert secs == times  # dense kernels: masked weights cost the same
-    assert nnz[1] == pytest.approx(total[1] - 0.9 * prunable[1]) and nnz[0] == total[0]
-    sparse = tiny_spec(
-        **{"pruning.enabled": True, "pruning.end_step": 50, "pruning.sparse_threshold": 0.5}
+    totals, layers = model_layers(spec)
+    return totals, {x.name.split(".", 2)[2]: x for x in layers if x.block == block}
+
+
+def test_pruned_cost_prediction_per_layer_by_hand():
+    from jobctl.engine.rebalance_views import pruned_costs
+
+    spec = tiny_spec(**{"pruning.enabled": True, "pruning.end_step": 50})  # hidden 64
+    totals, layers = _block_layers(spec, 1)
+    qkv, rest = layers["attn.qkv.weight"], ["attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight"]
+    assert (qkv.shape, qkv.numel, totals[1]) == ((192, 64), 12288, 49984)
+    assert totals[0] == 18432 and totals[-1] == 16512  # embedding, head: not prunable
+    times = [1.0] * len(totals)
+    sparsity = {x.name: 0.3 for b in range(1, 5) for x in _block_layers(spec, b)[1].values()}
+    sparsity["layers.1.attn.qkv.weight"] = 0.95
+    # Dense kernels: masked weights cost the same; nonzeros drop per layer.
+    dense = spec.model_copy(
+        update={"pruning": spec.pruning.model_copy(update={"sparse_threshold": None})}
     )
-    secs, _ = pruned_costs(sparse, times, 0.9)
-    share = prunable[1] / total[1]
-    assert secs[1] == pytest.approx(1 - share + share * 0.1 / 0.5) and secs[0] == 1.0
+    secs, nnz = pruned_costs(dense, times, sparsity, {}, 64)
+    assert secs == times
+    others = sum(layers[n].numel for n in rest)
+    assert nnz[1] == pytest.approx(49984 - 12288 * 0.95 - others * 0.3) and nnz[0] == 18432
+    # A fixed threshold: a CSR layer's time is proportional to its nonzeros, equal at 0.5.
+    fixed = spec.model_copy(
+        update={"pruning": spec.pruning.model_copy(update={"sparse_threshold": 0.5})}
+    )
+    secs, _ = pruned_costs(fixed, times, sparsity, {}, 64)
+    assert secs[1] == pytest.approx(1 - 12288 / 49984 * (1 - 0.05 / 0.5)) and secs[2] == 1.0
+    # auto: the measured ratio of the shape at the nearest sparsity measured below.
+    records = {
+        "192x64@64": {"crossover": 0.9, "ratios": {"0.9": 0.6, "0.99": 0.3}},
+        "256x64@64": {"crossover": None, "ratios": {"0.99": 1.4}},
+    }
+    secs, _ = pruned_costs(spec, times, sparsity, records, 64)
+    assert secs[1] == pytest.approx(1 - 12288 / 49984 * (1 - 0.6)) and secs[2] == 1.0
+    secs, _ = pruned_costs(spec, times, sparsity, records, 128)  # another shape class
+    assert secs[1] == 1.0
+
+
+def test_idle_fraction_of_a_simulated_step_by_hand():
+    from jobctl.engine.rebalance_views import idle_fractions
+    from jobctl.engine.schedules import generate
+    from jobctl.engine.simulator import CostModel, simulate
+
+    # Uniform stages, no communication: every stage idles (P - 1) / (M + P - 1).
+    P, M = 3, 4
+    sim = simulate(generate("1f1b", P, M), CostModel.uniform(P, f=1.0, b=2.0))
+    assert idle_fractions(sim) == pytest.approx([(P - 1) / (M + P - 1)] * P)
+    # GPipe, 2 stages, stage 1 twice as slow (f 1/2, b 2/4), 4 micro-batches: stage 1
+    # forwards 1-9, backwards 9-25; stage 0's last backward ends at 27. Busy 12 and 24.
+    sim = simulate(generate("gpipe", 2, 4), CostModel(f=(1.0, 2.0), b=(2.0, 4.0)))
+    assert sim.step_time == pytest.approx(27.0)
+    assert idle_fractions(sim) == pytest.approx([1 - 12 / 27, 1 - 24 / 27])
+
+
+def test_prediction_uses_the_recorded_per_layer_sparsity(tmp_path):
+    import json
+
+    from jobctl.engine.rebalance_views import model_layers, predict, pruned_costs
+    from jobctl.engine.state import StateDB
+
+    spec = tiny_spec(
+        **{
+            "pruning.enabled": True,
+            "pruning.start_step": 10,
+            "pruning.end_step": 50,
+            "pruning.sparse_threshold": 0.5,
+            "rebalancing.enabled": True,
+            "parallelism.pipeline_stages": 3,
+            "parallelism.data_parallel": 1,
+        }
+    )
+    plan = make_plan(spec)
+    rows = predict(spec, plan, tmp_path)
+    assert {r.source for r in rows} == {"uniform"}  # no earlier run: the schedule
+    # An earlier run of this job recorded step 20: global pruning hit block 1 hardest.
+    _, layers = model_layers(spec)
+    recorded = {x.name: 0.99 if x.block == 1 else 0.4 for x in layers}
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    rec = {"kind": "pruning", "step": 20, "target_sparsity": rows[0].sparsity}
+    (run_dir / "metrics.jsonl").write_text(json.dumps({**rec, "layer_sparsity": recorded}) + "\n")
+    StateDB(tmp_path).create_run("r1", spec.name, run_dir)
+    rows = predict(spec, plan, tmp_path)
+    assert [r.source for r in rows] == ["profile", "uniform", "uniform", "uniform"]
+    cal = calibration_for(spec, tmp_path)
+    times = BlockTimes.at(cal, plan.micro_batch_size)
+    base = [f + b for f, b in zip(times.fwd, times.bwd, strict=True)]
+    tokens = plan.micro_batch_size * spec.model.seq_len
+    secs, _ = pruned_costs(spec, base, recorded, {}, tokens)
+    stages = [s.blocks for s in plan.stages]
+    assert rows[0].static == pytest.approx(loads_of(secs, stages))
+    assert secs[1] < 0.5 * base[1] and secs[2] == base[2]  # only block 1 runs CSR
+    assert len(rows[0].idle_static) == 3 and max(rows[0].idle_balanced) <= max(rows[0].idle_static)
 
 
 def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
@@ -186,7 +297,7 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
     path.write_text(dump_yaml(spec))
     r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=160)
     assert r.exit_code == 0, r.output
-    assert "predicted stage load after pruning (rebalancing: partition by time)" in r.output
+    assert "predicted stage idle after pruning (rebalancing: partition by time)" in r.output
     rows = [x for x in r.output.splitlines() if x.startswith("│") and "%)" in x]
     assert [row.split("│")[1].strip() for row in rows] == [
         "20 (52 %)",
@@ -194,6 +305,8 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
         "40 (89 %)",
         "50 (90 %)",
     ]
+    assert all(row.split("│")[2].strip() == "uniform" for row in rows)
+    assert "idle % = 1 - busy / step time of the simulated step" in r.output
 
 
 def test_spec_target_devices_needs_pack():

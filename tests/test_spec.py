@@ -110,7 +110,7 @@ def test_phase_defaults() -> None:
     )
     pr = spec.pruning
     assert (pr.enabled, pr.initial_sparsity, pr.final_sparsity) == (False, 0.0, 0.9)
-    assert (pr.start_step, pr.end_step, pr.frequency, pr.sparse_threshold) == (0, 100, 10, None)
+    assert (pr.start_step, pr.end_step, pr.frequency, pr.sparse_threshold) == (0, 100, 10, "auto")
     assert pr.prunable == ["layers.*.attn.*.weight", "layers.*.mlp.*.weight"]
     r = spec.rebalancing
     assert (r.enabled, r.balancer, r.by, r.pack, r.target_devices, r.tolerance) == (
