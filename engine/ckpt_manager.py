@@ -174,10 +174,19 @@ class CheckpointManager:
                 write_bytes_atomic(self._marker, json.dumps({"step": step}).encode())
 
     def _progress(self, step: int, done: int, total: int) -> None:
+        """An ``upload`` event: bytes of this local group's part of ``step`` sent so far
+        (at most every 0.5 s, and always the last one, done == total)."""
         now = time.monotonic()
         if now - self._last_progress >= 0.5 or done >= total:
             self._last_progress = now
-            self.events.write("upload", step=step, bytes_done=done, bytes_total=total)
+            self.events.write(
+                "upload",
+                step=step,
+                part=self.group,
+                rank=self.rank,
+                bytes_done=done,
+                bytes_total=total,
+            )
 
     def poll(self) -> None:
         """Report a newly committed remote step or an upload error (cheap, per step)."""
@@ -187,7 +196,7 @@ class CheckpointManager:
         if st["last_committed_step"] not in (None, self._committed):
             self._committed = st["last_committed_step"]
             self._mark_uploaded(self._committed)
-            self.events.write("uploaded", step=self._committed)
+            self.events.write("uploaded", step=self._committed, rank=self.rank)
         if st["last_error"] and st["last_error"] != self._reported_error:
             self._reported_error = st["last_error"]
             self.events.write("upload_error", error=st["last_error"], failures=st["failures"])

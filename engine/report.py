@@ -2,15 +2,16 @@
 
 Throughput (samples/s, and samples/s per device) over wall-clock time with morph,
 preemption, checkpoint and upload events marked (Varuna Fig. 10), the loss curve,
-the simulated pipeline timeline of the plan for the run's current devices
-(engine/gantt.py, embedded as a base64 PNG), and the run's events. Charts are inline
-SVG drawn here (engine/report_svg.py); the page loads nothing from anywhere.
+the simulated pipeline timeline of the run's own plan (its ``plan.json``; re-planned,
+and said so, only when that is missing: engine/gantt.py, embedded as a base64 PNG),
+and the run's events. Charts are inline SVG (engine/report_svg.py); the same charts
+and the timeline are also written as PNG files beside the page (engine/report_png.py),
+which lists them. The page loads nothing from anywhere.
 """
 
 from __future__ import annotations
 
 import base64
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ from html import escape
 from pathlib import Path
 
 from .launch import read_metrics
+from .plan import Plan
+from .report_png import draw_png, slug
 from .report_svg import Chart, Marker, Series, render
+from .simulator import SimResult, simulate
 
 # State-DB event kinds drawn as markers, by the marker family they belong to.
 DB_MARKERS = {
@@ -110,17 +114,64 @@ def charts(s: RunSeries) -> list[Chart]:
     ]
 
 
-def gantt_png(spec, devices: int | None, home: Path | None) -> tuple[str, str]:
-    """(base64 PNG, caption) of the simulated step of the plan for ``devices``."""
-    from .gantt import draw_gantt
+@dataclass
+class Timeline:
+    """The simulated step drawn on the page, and where its plan came from."""
+
+    png: Path
+    caption: str
+    note: str  # the run's plan.json, or why the page re-planned instead
+
+
+def simulate_plan(spec, plan: Plan, cal) -> SimResult:
+    """The simulator's step of ``plan`` as it is (its stages, ranks and action lists),
+    costed from ``cal`` the way the planner costs a candidate."""
+    from .planner_costs import BlockTimes, contend, recompute_counts, stage_costs
+    from .planner_search import hosting
+    from .rebalance_plan import layout_of
+
+    lay = layout_of(plan)
+    host = hosting(spec, plan.P, plan.D, cal.host.cores)
+    stages = [st.blocks for st in plan.stages]
+    actions = [st.action_list() for st in plan.stages]
+    costs = stage_costs(cal, lay, stages, host, BlockTimes.at(cal, lay.m))
+    model = costs.model(lay, recompute_counts(actions))
+    return contend(cal, actions, model, plan.D)[1] if host.share_cores else simulate(actions, model)
+
+
+def run_plan(spec, run_dir: Path, devices: int | None, home: Path | None):
+    """(plan, simulated step, note): the run's own ``plan.json`` (what its workers ran,
+    rewritten by a rebalance), or a fresh plan for ``devices`` when that is missing or
+    no longer matches the model."""
+    from .calibration_cache import calibration_for
     from .planner import plan_and_simulate
 
-    plan, sim = plan_and_simulate(spec, devices, home=home)
-    title = f"{spec.name}: {plan.summary()}, simulated {sim.step_time:.4g} s/step"
-    with tempfile.TemporaryDirectory() as d:
-        path = draw_gantt(sim, Path(d) / "gantt.png", title)
-        data = base64.b64encode(path.read_bytes()).decode()
-    return data, title
+    cal = calibration_for(spec, home)
+    path = Path(run_dir) / "plan.json"
+    if path.exists():
+        plan = Plan.model_validate_json(path.read_text())
+        if plan.block_names == cal.names:
+            return plan, simulate_plan(spec, plan, cal), f"the run's plan ({path})"
+        why = f"{path} names blocks {plan.block_names}, the model now has {cal.names}"
+    else:
+        why = f"the run has no {path.name}"
+    plan, sim = plan_and_simulate(spec, devices, calibration=cal)
+    target = f"{devices} device(s)" if devices else "the spec's pool"
+    return plan, sim, f"re-planned for {target}: {why}"
+
+
+def draw_timeline(spec, run_dir: Path, devices: int | None, home, path: Path) -> Timeline:
+    """Simulate the run's plan and draw its step as a Gantt chart PNG at ``path``."""
+    from .gantt import draw_gantt
+
+    plan, sim, note = run_plan(spec, run_dir, devices, home)
+    caption = f"{spec.name}: {plan.summary()}, simulated {sim.step_time:.4g} s/step"
+    return Timeline(draw_gantt(sim, path, caption), caption, note)
+
+
+def write_pngs(s: RunSeries, stem: Path) -> list[Path]:
+    """One PNG per chart, ``<stem>-<chart>.png``."""
+    return [draw_png(c, stem.with_name(f"{stem.name}-{slug(c)}.png")) for c in charts(s)]
 
 
 CSS = """
@@ -136,8 +187,14 @@ svg.chart{display:block;margin:8px 0} .plot{fill:#fafafa;stroke:#ccc}
 """
 
 
-def render_html(row: dict, s: RunSeries, db_events: list[dict], gantt: tuple[str, str] | None):
-    """The page: summary, charts, timeline, events."""
+def render_html(
+    row: dict,
+    s: RunSeries,
+    db_events: list[dict],
+    timeline: Timeline | None,
+    pngs: list[Path] | None = None,
+) -> str:
+    """The page: summary, charts, timeline, the PNG files beside it, events."""
     summary = [
         ("run", row["id"]),
         ("phase", row["phase"]),
@@ -161,15 +218,8 @@ def render_html(row: dict, s: RunSeries, db_events: list[dict], gantt: tuple[str
     for chart in charts(s):
         parts.append(f"<h2>{escape(chart.title)}</h2>")
         parts.append(render(chart))
-    parts.append("<h2>Simulated pipeline timeline</h2>")
-    if gantt is None:
-        parts.append("<p>no simulated timeline (the plan could not be simulated)</p>")
-    else:
-        data, caption = gantt
-        parts.append(
-            f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{escape(caption)}</figcaption></figure>"
-        )
+    parts += _timeline_html(timeline)
+    parts += _files_html(pngs or [])
     parts.append("<h2>Events</h2><table><tr><th>time</th><th>kind</th><th>message</th></tr>")
     for e in db_events:
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
@@ -181,19 +231,49 @@ def render_html(row: dict, s: RunSeries, db_events: list[dict], gantt: tuple[str
     return "\n".join(parts) + "\n"
 
 
+def _timeline_html(t: Timeline | None) -> list[str]:
+    """The Gantt PNG embedded as a data: URL (the page stays one file), and its source."""
+    out = ["<h2>Simulated pipeline timeline</h2>"]
+    if t is None:
+        return [*out, "<p>no simulated timeline (the plan could not be simulated)</p>"]
+    data = base64.b64encode(t.png.read_bytes()).decode()
+    return [
+        *out,
+        f'<p class="plan-source">plan: {escape(t.note)}</p>',
+        f'<figure><img alt="{escape(t.caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{escape(t.caption)}</figcaption></figure>",
+    ]
+
+
+def _files_html(pngs: list[Path]) -> list[str]:
+    """The PNGs written beside the page (relative links: the page needs none of them)."""
+    if not pngs:
+        return []
+    items = [
+        f'<li><a href="{escape(p.name)}">{escape(p.name)}</a> ({p.stat().st_size:,} bytes)</li>'
+        for p in pngs
+    ]
+    return ['<h2>Pictures</h2><ul class="pngs">', *items, "</ul>"]
+
+
 def write_report(db, row: dict, out: Path | None = None, home: Path | None = None) -> Path:
-    """Write the report of the run in ``row``; returns its path."""
-    from jobctl.spec import load_spec
+    """Write the report of the run in ``row`` and its PNGs beside it (``<name>-*.png``);
+    returns the page's path."""
+    from jobctl.spec import SpecError, load_spec
 
     run_dir = Path(row["run_dir"])
+    path = Path(out) if out else run_dir / "report.html"
+    stem = path.with_suffix("")
     db_events = db.events(row["id"])
     s = collect(run_dir, db_events, row.get("devices"))
-    gantt = None
+    pngs = write_pngs(s, stem)
+    timeline = None
     try:
         spec = load_spec(run_dir / "spec.yaml")
-        gantt = gantt_png(spec, row.get("devices"), home)
-    except (ValueError, OSError) as e:  # a plan that no longer fits, a missing spec
+        timeline_png = stem.with_name(f"{stem.name}-timeline.png")
+        timeline = draw_timeline(spec, run_dir, row.get("devices"), home, timeline_png)
+        pngs.append(timeline.png)
+    except (ValueError, OSError, SpecError) as e:  # a plan that no longer fits, no spec
         db_events = [*db_events, {"ts": time.time(), "kind": "report", "message": str(e)}]
-    path = Path(out) if out else run_dir / "report.html"
-    path.write_text(render_html(row, s, db_events, gantt))
+    path.write_text(render_html(row, s, db_events, timeline, pngs))
     return path

@@ -1,10 +1,11 @@
 """Fail-stutter detection (Varuna sec. 4.6): a device persistently slower than its peers.
 
 Data-parallel replicas of one stage run the same computation, so their per-micro-batch
-compute times should match. Each heartbeat carries a rank's median forward+backward
-time per micro-batch for one step; a rank whose time exceeds the median of its stage
-peers by more than ``threshold`` in at least ``persistence`` of the last ``window``
-steps is a straggler.
+compute times should match. Each heartbeat carries a rank's mean forward+backward
+compute time per micro-batch for one step (``fwd_ms`` + ``bwd_ms``, and their sum in
+seconds as ``compute_s``; ``per_micro_batch_s`` reads either); a rank whose time
+exceeds the median of its stage peers by more than ``threshold`` in at least
+``persistence`` of the last ``window`` steps is a straggler.
 """
 
 from __future__ import annotations
@@ -12,6 +13,14 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+
+
+def per_micro_batch_s(heartbeat: dict) -> float:
+    """A heartbeat's forward+backward compute seconds per micro-batch (older workers
+    sent only ``compute_s``)."""
+    if "fwd_ms" in heartbeat and "bwd_ms" in heartbeat:
+        return (heartbeat["fwd_ms"] + heartbeat["bwd_ms"]) / 1e3
+    return heartbeat["compute_s"]
 
 
 @dataclass

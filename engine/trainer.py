@@ -41,6 +41,64 @@ def _max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_mb() -> float:
+    """Resident memory of this process now, in MiB (/proc; the peak where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return _max_rss_mb()
+    return pages * resource.getpagesize() / 2**20
+
+
+def memory_fields(device: torch.device) -> dict:
+    """A heartbeat's memory: the CUDA allocator's peak on a GPU, the process RSS on CPU."""
+    out = {"max_rss_mb": _max_rss_mb()}
+    if device.type == "cuda":
+        out.update(mem_mb=torch.cuda.max_memory_allocated(device) / 2**20, mem_kind="cuda_peak")
+    else:
+        out.update(mem_mb=_rss_mb(), mem_kind="rss")
+    return out
+
+
+def compute_fields(stats: StepStats, micro_batches: int) -> dict:
+    """Per-micro-batch compute of one step: forward (recomputes included) and backward
+    means in ms, and their sum in seconds (``compute_s``, what the straggler detector
+    compares with the stage peers). Waits for peers are not compute and not counted."""
+    n = max(1, micro_batches)
+    fwd, bwd = sum(stats.fwd_s) / n, sum(stats.bwd_s) / n
+    return {"fwd_ms": 1e3 * fwd, "bwd_ms": 1e3 * bwd, "compute_s": fwd + bwd}
+
+
+class StopVote:
+    """Do all ranks stop? Agreed one step behind, off the critical path.
+
+    A rank asked to stop (SIGTERM, ``jobctl stop``) votes at the end of a step; the vote
+    (an asynchronous MAX all-reduce over the training ranks) runs while the next step
+    trains, and its result is read after that step. Every rank reads the same result
+    after the same step, so all checkpoint the same step, one step after the request,
+    and no rank waits for the others between steps (a blocking vote after every step
+    made each rank wait for the pipeline's slowest rank there).
+    """
+
+    def __init__(self, device: torch.device):
+        # NCCL reduces device tensors only; gloo CPU tensors.
+        self.device = device if device.type == "cuda" else torch.device("cpu")
+        self.flag: torch.Tensor | None = None
+        self.work = None
+
+    def start(self, want: bool, group=None) -> None:
+        self.flag = torch.tensor([1 if want else 0], dtype=torch.int32, device=self.device)
+        self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
+
+    def result(self) -> bool:
+        """The vote started after the previous step (False if none was)."""
+        if self.work is None:
+            return False
+        self.work.wait()
+        self.work = None
+        return bool(self.flag.item())
+
+
 class Trainer:
     """Everything one rank needs to train its stage."""
 
@@ -70,12 +128,22 @@ class Trainer:
         shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
         self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)
         self.pruner = (
-            Pruner(spec, self.stage, self.named, self.opt, self.topo, self.mdef.ties, self.events)
+            Pruner(
+                spec,
+                self.stage,
+                self.named,
+                self.opt,
+                self.topo,
+                self.mdef.ties,
+                self.events,
+                micro_batch=self.plan.micro_batch_size,
+            )
             if spec.pruning.enabled
             else None
         )
         self.live_group = None  # the ranks still training, once packing freed some
         self.rebalancer = Rebalancer(self) if spec.rebalancing.enabled else None
+        self.stop_vote = StopVote(self.device)
 
     def _autocast(self):
         if self.spec.training.precision == "bf16":
@@ -115,21 +183,29 @@ class Trainer:
         total = self.spec.training.steps
         if self.pruner is not None and self.start_step == 0:
             self.pruner.maybe_prune(0)  # a schedule may start before the first step
+        last_report = None  # when the previous step was reported (its period's start)
         for step in range(self.start_step, total):
             t0 = time.perf_counter()
             with self.pruner.profile_step(step) if self.pruner else contextlib.nullcontext():
                 stats = self.train_step(ex, step)
             loss = self.global_loss(stats)
-            seconds = time.perf_counter() - t0
-            self.report(step + 1, loss, seconds, stats)
+            now = time.perf_counter()
+            seconds = now - t0
+            # What users see (step_time_s, samples/s) is the step's period: report to
+            # report, so the previous step's checkpoint, pruning and rebalancing work and
+            # this rank's wait for the pipeline's tail all count.
+            self.report(step + 1, loss, now - (last_report or t0), stats)
+            last_report = now
             done = step + 1
+            stopping = self.stop_vote.result()  # asked before the previous step ended
             if self.pruner is not None:
                 self.pruner.maybe_prune(done)  # after step `done`'s optimizer step
             if self.rebalancer is not None:  # after a profiled step: move layers, or pack
                 ex = self.rebalancer.after_step(done, stats, seconds) or ex
                 if self.rebalancer.freed:  # packed away: this rank's part is done
                     return
-            stopping = self.agree_to_stop()
+            if not stopping and done < total:
+                self.stop_vote.start(self.stop_requested, self.live_group)
             if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
                 self.checkpoint(done, final=stopping or done == total)
             self.ckpt.poll()
@@ -154,16 +230,11 @@ class Trainer:
         )
 
     def request_stop(self) -> None:
-        """Ask for a checkpoint-then-exit at the end of the current step (SIGTERM)."""
+        """Ask for a checkpoint-then-exit (SIGTERM): all ranks stop together, at the end
+        of the step after the one this lands in (see :class:`StopVote`)."""
         self.stop_requested = True
         me = self.plan.rank(self.rank)
         self.events.write("sigterm", rank=self.rank, node=me.node)
-
-    def agree_to_stop(self) -> bool:
-        """True on every rank if any rank was asked to stop: all checkpoint the same step."""
-        flag = torch.tensor([1 if self.stop_requested else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.live_group)
-        return bool(flag.item())
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:
         # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
@@ -192,15 +263,14 @@ class Trainer:
 
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         me = self.plan.rank(self.rank)
-        per_micro = (sum(stats.fwd_s) + sum(stats.bwd_s)) / max(1, self.plan.micro_batches)
         self.events.write(
             "heartbeat",
             step=step,
             rank=self.rank,
             stage=me.stage,
             node=me.node,
-            compute_s=per_micro,
-            max_rss_mb=_max_rss_mb(),
+            **compute_fields(stats, self.plan.micro_batches),
+            **memory_fields(self.device),
         )
         if not self.topo.is_reporter:
             return

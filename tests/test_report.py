@@ -5,36 +5,51 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
-from jobctl.engine.report import collect, render_html
+from jobctl.engine.planner import make_plan
+from jobctl.engine.report import collect, render_html, write_report
 from jobctl.engine.state import StateDB
+from jobctl.spec import load_spec
 
-from .jobrun import ROOT, events, run_job, tiny_spec
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "rect", "line", "polyline", "path", "col"}
 
 
 class _Checker(HTMLParser):
-    """Tag balance (every non-void element closed, in order) and every URL attribute."""
+    """Tag balance (every non-void element closed, in order) and every URL attribute;
+    ``<a href>`` links apart (following one is the reader's choice, not a fetch)."""
 
     def __init__(self):
         super().__init__()
         self.stack: list[str] = []
         self.errors: list[str] = []
         self.urls: list[str] = []
+        self.links: list[str] = []
+
+    def _attrs(self, tag, attrs):
+        urls = [v for k, v in attrs if k in ("src", "href", "xlink:href") and v]
+        if tag == "a":
+            self.links += urls
+        else:
+            self.urls += urls
 
     def handle_starttag(self, tag, attrs):
-        self.urls += [v for k, v in attrs if k in ("src", "href", "xlink:href") and v]
+        self._attrs(tag, attrs)
         if tag not in VOID:
             self.stack.append(tag)
 
     def handle_startendtag(self, tag, attrs):
-        self.urls += [v for k, v in attrs if k in ("src", "href", "xlink:href") and v]
+        self._attrs(tag, attrs)
 
     def handle_endtag(self, tag):
         if tag in VOID:
@@ -53,6 +68,8 @@ def check_html(text: str) -> _Checker:
     assert c.errors == [] and c.stack == [], (c.errors, c.stack)
     # Self-contained: nothing is fetched (images are data: URLs), no scripts at all.
     assert all(u.startswith(("data:", "#")) for u in c.urls), c.urls
+    # Links only to the PNG files written beside the page.
+    assert all(re.fullmatch(r"[\w.-]+\.png", u) for u in c.links), c.links
     assert "<script" not in text and "<link" not in text
     assert not re.search(r"url\(\s*['\"]?https?:", text)
     return c
@@ -88,7 +105,7 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
                 "loss": 5.0 - step,
                 "step_time_s": 0.5,
                 "samples_per_s": 32.0,
-            }  # fmt: skip
+            }
         )
         if step == 2:
             lines.append({"kind": "checkpoint", "ts": ts + 0.1, "step": 2, "path": "x"})
@@ -118,8 +135,96 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     assert text.count('data-kind="checkpoint"') == 2  # on both throughput charts
 
 
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG, after checking its signature and header chunk."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def check_pngs(text: str, html: Path) -> dict[str, Path]:
+    """The page lists and links every PNG beside it; each is a real, non-empty PNG."""
+    names = {
+        k: html.with_name(f"{html.stem}-{k}.png")
+        for k in ("throughput", "throughput-per-device", "loss", "timeline")
+    }
+    for p in names.values():
+        assert p.exists() and p.stat().st_size > 1000, p
+        w, h = png_size(p)
+        assert w > 100 and h > 100
+        assert f'<a href="{p.name}">{p.name}</a>' in text
+    return names
+
+
+def _run_with_plan(tmp_path, plan_overrides: dict | None):
+    """A run folder (quickstart spec: P=2 x D=2) with an archive of 6 steps and, unless
+    ``plan_overrides`` is None, a plan.json planned from the spec with those overrides."""
+    db = StateDB(tmp_path / "home", clock=lambda: 1000.0)
+    run_dir = db.runs_dir / "quick-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(QUICKSTART.read_text())
+    if plan_overrides is not None:
+        plan = make_plan(load_spec(QUICKSTART, plan_overrides), 4)
+        (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    recs = [
+        {
+            "kind": "step",
+            "ts": 1000.0 + s,
+            "step": s,
+            "loss": 6.0 - 0.5 * s,
+            "step_time_s": 1.0,
+            "samples_per_s": 16.0,
+        }
+        for s in range(1, 7)
+    ]
+    recs.append({"kind": "checkpoint", "ts": 1003.5, "step": 3, "path": "x"})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    db.create_run("quick-1", "quickstart", run_dir, total_steps=6, devices=4, plan="P=1 D=4")
+    return db, db.get_run("quick-1")
+
+
+def test_report_writes_pngs_and_draws_the_runs_own_plan(tmp_path):
+    # Re-planning the spec gives P=2 x D=2; the run's plan.json says P=1 x D=4.
+    db, row = _run_with_plan(
+        tmp_path, {"parallelism.pipeline_stages": 1, "parallelism.data_parallel": 4}
+    )
+    out = tmp_path / "out" / "r.html"
+    out.parent.mkdir()
+    path = write_report(db, row, out, tmp_path / "home")
+    text = path.read_text()
+    check_html(text)
+    pngs = check_pngs(text, path)
+    assert "P=1 D=4 m=2 N_m=2 1f1b, simulated" in text and "P=2 D=2" not in text
+    assert f"plan: the run&#x27;s plan ({row['run_dir']}/plan.json)" in text
+    assert "re-planned" not in text
+    one_stage = png_size(pngs["timeline"])[1]
+
+    # Without plan.json the page re-plans (P=2 x D=2) and says so.
+    (Path(row["run_dir"]) / "plan.json").unlink()
+    text = write_report(db, row, out, tmp_path / "home").read_text()
+    check_html(text)
+    check_pngs(text, path)
+    assert "P=2 D=2 m=2 N_m=4 1f1b, simulated" in text
+    assert "plan: re-planned for 4 device(s): the run has no plan.json" in text
+    assert png_size(pngs["timeline"])[1] > one_stage  # a Gantt row per stage: taller
+
+
+def test_report_png_charts_carry_the_archive(tmp_path):
+    """The throughput PNG differs with the event markers: they are drawn, not only SVG."""
+    from jobctl.engine.report_png import draw_png
+    from jobctl.engine.report_svg import Chart, Marker, Series
+
+    plain = Chart("Throughput", "t", "samples/s", [Series("s", [0, 1, 2], [1, 2, 3])])
+    marked = Chart(**{**plain.__dict__, "markers": [Marker(1.0, "checkpoint", "ckpt 1")]})
+    a, b = draw_png(plain, tmp_path / "a.png"), draw_png(marked, tmp_path / "b.png")
+    assert png_size(a) == png_size(b) == (960, 280)
+    assert a.read_bytes() != b.read_bytes()
+
+
 @pytest.mark.multiproc
 def test_report_of_a_real_run(tmp_path):
+    from .jobrun import events, run_job, tiny_spec
+
     steps = 12
     spec = tiny_spec(
         **{
@@ -150,11 +255,21 @@ def test_report_of_a_real_run(tmp_path):
     ckpts = sum(e["kind"] == "checkpoint" for e in recs)
     ups = sum(e["kind"] == "uploaded" for e in recs)
     assert ckpts >= 3 and ups >= 1
+    # Upload progress: bytes of each (step, part) as they go, the last one complete.
+    progress = [e for e in recs if e["kind"] == "upload"]
+    for e in progress:
+        assert e["part"] == "all" and 0 <= e["rank"] < 4
+        assert 0 <= e["bytes_done"] <= e["bytes_total"] and e["bytes_total"] > 0
+    for up in (e for e in recs if e["kind"] == "uploaded"):
+        last = [e for e in progress if e["step"] == up["step"]][-1]
+        assert last["bytes_done"] == last["bytes_total"], last
     assert text.count('data-kind="checkpoint"') == 2 * ckpts
     assert text.count('data-kind="upload"') == 2 * ups
     assert 'src="data:image/png;base64,' in text and "simulated" in text
     row = StateDB(home).get_run(run.id)
     assert row["plan"].split()[0] in text
+    check_pngs(text, path)
+    assert "plan: the run&#x27;s plan" in text
 
     out = tmp_path / "elsewhere.html"
     r = subprocess.run(
@@ -168,6 +283,7 @@ def test_report_of_a_real_run(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"wrote {out}" in r.stdout
     assert _points(check_html(out.read_text()) and out.read_text(), "loss") == steps
+    check_pngs(out.read_text(), out)  # elsewhere-*.png beside it
 
     bad = subprocess.run(
         [sys.executable, "-m", "jobctl.engine.cli", "report", "nope"],
