@@ -6,9 +6,10 @@ then submits, reports status, cancels and finds logs. jobctl never manages a clu
 itself: backends hand processes to torchrun, Slurm, Kubernetes or ssh.
 
 Handles are opaque printable strings that go into the state DB as they are: a pid,
-a Slurm job id, ``host:pid`` (ssh), ``namespace/kind/name`` (Kubernetes). Slurm and
-Kubernetes handles are complete on their own, so any process can ask about them; the
-local and ssh backends also remember what they started (processes, ssh settings).
+a Slurm job id, ``host:pid@run-folder`` (ssh), ``namespace/kind/name`` (Kubernetes).
+Slurm, Kubernetes and ssh handles are complete on their own (an ssh handle names the
+run folder whose record holds the node's ssh settings), so any process can ask about,
+stop or fetch the logs of them; the local backend also remembers its processes.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class RunContext:
     env: dict[str, str] = field(default_factory=dict)
     threads: int = 1
     python: str = sys.executable
-    max_restarts: int = 0
     hardware: HardwareSpec = field(default_factory=HardwareSpec)
     elasticity: ElasticitySpec = field(default_factory=ElasticitySpec)
     # Run-folder files every node reads (spec.yaml, plan.json), shipped by backends whose
@@ -62,6 +62,11 @@ class RunContext:
     @property
     def rdzv_port(self) -> int:
         return int(self.rdzv_endpoint.rsplit(":", 1)[1])
+
+    @property
+    def max_restarts(self) -> int:
+        """In-place restarts of a failed node (torchrun's, a JobSet's), from the spec."""
+        return self.hardware.max_restarts
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Objects: a ConfigMap with the run's inputs and the pod script; a selector-less S
 pods reach the c10d rendezvous the supervisor hosts; and the workload, either a
 Kubeflow ``PyTorchJob`` with an ``elasticPolicy`` or a ``JobSet`` of one indexed Job.
 Manifests are dicts dumped by PyYAML, so no value is ever spliced into YAML text;
-secrets appear by name only (``envFrom.secretRef``).
+secrets appear by name only: the user's through ``envFrom.secretRef``, the run's event
+channel secret through a ``secretKeyRef`` to ``<name>-channel``, a Secret that
+``channel-secret.sh`` creates from the submitting process's environment.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ import re
 
 import yaml
 
+from jobctl.engine.channel import SECRET_ENV, URL_ENV
 from jobctl.spec.sections import KubernetesSpec
 from jobctl.templates import render
 
 from .base import BackendError, RunContext
 from .nodes import node_env
+from .rendezvous import require_reachable
 
 INPUTS_DIR = "/etc/jobctl"
 RUN_ROOT = "/jobctl"
 RUN_LABEL = "jobctl.dev/run"
 PORT_NAME = "c10d"
+SECRET_KEY = "secret"  # the key of the channel secret in its Secret
 
 
 def k8s_name(run_id: str, limit: int = 40) -> str:
@@ -111,6 +116,32 @@ def pod_script(ctx: RunContext, nnodes: tuple[int, int], name: str) -> str:
     )
 
 
+def has_channel(ctx: RunContext) -> bool:
+    """Whether the pods post their events to the supervisor's channel (with its secret)."""
+    return URL_ENV in ctx.env
+
+
+def channel_secret_ref(name: str) -> dict:
+    """Where the pods read the channel secret: a key of the run's own Secret."""
+    return {"name": f"{name}-channel", "key": SECRET_KEY}
+
+
+def channel_secret_script(ctx: RunContext) -> str:
+    """``channel-secret.sh``: creates the Secret behind ``channel_secret_ref`` from the
+    JOBCTL_CHANNEL_SECRET of the shell that runs it; the value is in no artifact."""
+    opts, name = options(ctx), k8s_name(ctx.run_id)
+    ref = channel_secret_ref(name)
+    return render(
+        "k8s-secret.sh.j2",
+        run_id=ctx.run_id,
+        secret_env=SECRET_ENV,
+        secret=ref["name"],
+        key=ref["key"],
+        namespace=opts.namespace,
+        labels=[f"{k}={v}" for k, v in _meta(ref["name"], opts, name)["labels"].items()],
+    )
+
+
 def _meta(name: str, opts: KubernetesSpec, run: str) -> dict:
     labels = {"app.kubernetes.io/managed-by": "jobctl", RUN_LABEL: run}
     return {"name": name, "namespace": opts.namespace, "labels": labels}
@@ -125,17 +156,13 @@ def config_map(ctx: RunContext, opts: KubernetesSpec, name: str, script: str) ->
 def rendezvous(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
     """A Service named ``<name>-rdzv`` in front of the supervisor's c10d store."""
     host, port = ctx.rdzv_host, ctx.rdzv_port
+    require_reachable(ctx, "kubernetes", "the pods")
     meta = _meta(f"{name}-rdzv", opts, name)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:  # a DNS name: the Service is an alias for it
         spec = {"type": "ExternalName", "externalName": host, "ports": [_port(port)]}
         return [{"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}]
-    if ip.is_loopback or ip.is_unspecified:
-        raise BackendError(
-            f"pods cannot reach the rendezvous at {host}: set hardware.rendezvous_host to "
-            "an address of the supervisor's machine that the cluster can reach"
-        )
     service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
                "spec": {"ports": [{**_port(port), "targetPort": port}]}}  # fmt: skip
     slice_meta = _meta(f"{name}-rdzv", opts, name)
@@ -159,22 +186,26 @@ def pod_template(ctx: RunContext, opts: KubernetesSpec, name: str, restart: str)
     """One node's pod: the pod script in a container sized for the node's processes."""
     nproc, hw = ctx.nproc_per_node[0], ctx.hardware
     memory = f"{math.ceil(hw.memory_gb * 1024 * nproc)}Mi"
-    limits: dict[str, str | int] = {"memory": memory}
-    if hw.device == "cuda":
-        limits[opts.gpu_resource] = nproc
+    limits = {"memory": memory}
+    if hw.device == "cuda":  # quantities as strings, as the core OpenAPI types them
+        limits[opts.gpu_resource] = str(nproc)
     container = {
         "name": "pytorch",  # the training operator requires this container name
         "image": opts.image,
         "imagePullPolicy": opts.image_pull_policy,
         "command": ["bash", f"{INPUTS_DIR}/pod.sh"],
+        "env": [{"name": SECRET_ENV, "valueFrom": {"secretKeyRef": channel_secret_ref(name)}}]
+        if has_channel(ctx)
+        else [],
         "envFrom": [{"secretRef": {"name": s}} for s in opts.secrets],
         "resources": {"requests": {"cpu": str(nproc * ctx.threads), "memory": memory},
                       "limits": limits},
         "volumeMounts": [{"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True},
                          {"name": "run", "mountPath": RUN_ROOT}],
     }  # fmt: skip
-    if not container["envFrom"]:
-        del container["envFrom"]
+    for key in ("env", "envFrom"):
+        if not container[key]:
+            del container[key]
     run_volume = (
         {"name": "run", "persistentVolumeClaim": {"claimName": opts.volume_claim}}
         if opts.volume_claim

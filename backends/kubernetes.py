@@ -1,7 +1,8 @@
 """Kubernetes backend: a PyTorchJob (or JobSet) applied and watched through ``kubectl``.
 
-Rendering needs no cluster (``manifests.yaml`` is the whole dry run). Submitting needs
-``kubectl`` with a current context; the handle is ``<namespace>/<kind>/<name>``.
+Rendering needs no cluster (``manifests.yaml``, with ``channel-secret.sh`` when the pods
+post events, is the whole dry run). Submitting needs ``kubectl`` with a current context;
+the handle is ``<namespace>/<kind>/<name>``.
 Status reads the workload's conditions; cancel deletes every object of the run (by its
 ``jobctl.dev/run`` label); logs are the pods' output, fetched with ``kubectl logs``.
 """
@@ -9,8 +10,11 @@ Status reads the workload's conditions; cancel deletes every object of the run (
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
+
+from jobctl.engine.channel import SECRET_ENV
 
 from .base import (
     STOPPED_EXIT,
@@ -22,10 +26,19 @@ from .base import (
     StatusCache,
     run_command,
 )
-from .k8s_manifests import RUN_LABEL, dump, k8s_name, manifests, options
+from .k8s_manifests import (
+    RUN_LABEL,
+    channel_secret_script,
+    dump,
+    has_channel,
+    k8s_name,
+    manifests,
+    options,
+)
 
 RESOURCES = {"pytorchjob": "pytorchjobs.kubeflow.org", "jobset": "jobsets.jobset.x-k8s.io"}
-OWNED = "configmaps,services,endpointslices.discovery.k8s.io"
+OWNED = "configmaps,services,endpointslices.discovery.k8s.io,secrets"
+SECRET_SCRIPT = "channel-secret.sh"
 
 
 class KubernetesBackend(BackendBase):
@@ -38,16 +51,29 @@ class KubernetesBackend(BackendBase):
         self._cache = StatusCache(status_ttl_s)
 
     def render(self, ctx: RunContext) -> Rendered:
-        """``manifests.yaml``: ConfigMap, rendezvous Service, and the workload."""
-        return Rendered(self.name, {"manifests.yaml": dump(manifests(ctx))})
+        """``manifests.yaml`` (ConfigMap, rendezvous Service, the workload) and, when the
+        pods post to the event channel, ``channel-secret.sh`` creating its Secret."""
+        files = {"manifests.yaml": dump(manifests(ctx))}
+        if has_channel(ctx):
+            files[SECRET_SCRIPT] = channel_secret_script(ctx)
+        return Rendered(self.name, files)
 
     def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]:
-        """``kubectl apply`` the manifests; returns ``namespace/kind/name``."""
+        """Create the channel Secret, ``kubectl apply`` the manifests; returns
+        ``namespace/kind/name``."""
         if not ctx.inputs:
             raise BackendError("kubernetes pods need the run inputs (spec.yaml, plan.json)")
         require_context()
-        path = rendered.write(ctx.run_dir / "scripts")[0]
-        run_command(["kubectl", "apply", "-f", str(path)])
+        folder = ctx.run_dir / "scripts"
+        rendered.write(folder)
+        if SECRET_SCRIPT in rendered.files:
+            secret = ctx.secret_env.get(SECRET_ENV)
+            if not secret:
+                raise BackendError(f"the pods need the run's channel secret, but {SECRET_ENV} "
+                                   "was not handed to the backend")  # fmt: skip
+            env = {**os.environ, SECRET_ENV: secret}
+            run_command(["bash", str(folder / SECRET_SCRIPT)], env=env)
+        run_command(["kubectl", "apply", "-f", str(folder / "manifests.yaml")])
         opts = options(ctx)
         self._cache.clear()
         return [f"{opts.namespace}/{opts.kind}/{k8s_name(ctx.run_id)}"]

@@ -32,6 +32,7 @@ from .base import (
     run_command,
 )
 from .nodes import node_scripts
+from .rendezvous import require_reachable
 
 # Slurm job states (squeue %T / sacct State) in jobctl's terms. A job that is requeued
 # after preemption waits again, so it is pending, not done.
@@ -82,6 +83,7 @@ class SlurmBackend(BackendBase):
 
     def render(self, ctx: RunContext) -> Rendered:
         """``job.sbatch`` plus one ``node-<k>.sh`` per node (run by srun on node k)."""
+        require_reachable(ctx, self.name, "Slurm's nodes", loopback_ok_if_set=True)
         files = {"job.sbatch": render("job.sbatch.j2", **sbatch_context(ctx))}
         files.update(node_scripts(ctx))
         return Rendered(self.name, files)

@@ -9,23 +9,30 @@ its exit code to ``logs/node-<k>.exit``. Cancel signals the whole remote process
 
 Metrics and checkpoints reach the supervisor when the run folder is on a shared file
 system; ``logs`` copies each host's ``logs/`` back into ``remote-logs/<k>-<host>/``.
-Handles are ``host:pid``; the backend remembers how to reach the hosts it started.
-Connections are multiplexed (one ssh handshake per host per minute, not per poll).
+Handles are ``host:pid@run-folder`` (the folder percent-encoded): what any later process
+(``jobctl stop``, ``jobctl logs``, a supervisor adopting the run) needs to reach a node,
+its ssh settings and its node number, is in ``ssh-nodes.json`` in that folder, written
+at submit. Connections are multiplexed (one ssh handshake per host per minute, not per
+poll).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
 import shlex
 import signal
 import stat
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote
 
-from jobctl.spec.sections import SshSpec
+from jobctl.engine.channel import SECRET_ENV
+from jobctl.spec.sections import SshSpec, is_loopback
 
 from .base import (
     BackendBase,
@@ -38,8 +45,9 @@ from .base import (
     run_command,
 )
 from .nodes import node_scripts
+from .rendezvous import require_reachable
 
-SECRET_ENV = "JOBCTL_CHANNEL_SECRET"  # as engine/channel.py names it
+RECORD = "ssh-nodes.json"  # in the run folder: how to reach each node, by handle
 SECRET_FILE = "channel.secret"  # exists only between unpacking and starting the node
 
 # Runs detached on the host: the node script's exit code lands in a file nobody has to
@@ -73,6 +81,13 @@ class Node:
     def exit_file(self) -> str:
         return f"{self.run_dir}/logs/node-{self.node}.exit"
 
+    @property
+    def handle(self) -> str:
+        return f"{self.host}:{self.pid}@{quote(self.run_dir, safe='/')}"
+
+    def record(self) -> dict:
+        return {**asdict(self), "opts": self.opts.model_dump(mode="json")}
+
 
 class SshBackend(BackendBase):
     """Runs node ``k``'s launch script on ``hardware.hosts[k]`` over ssh."""
@@ -87,28 +102,38 @@ class SshBackend(BackendBase):
 
     def render(self, ctx: RunContext) -> Rendered:
         """``node-<k>.sh`` per host, as the local backend renders it."""
-        hosts_of(ctx)
+        remote = [h for h in hosts_of(ctx) if not is_loopback(h)]
+        if remote:
+            require_reachable(ctx, self.name, f"the remote host(s) {', '.join(remote)}")
         return Rendered(self.name, node_scripts(ctx, python=ctx.hardware.ssh.python))
 
     def submit(self, rendered: Rendered, ctx: RunContext) -> list[str]:
-        """Copy each node's files to its host and start its script; returns host:pid."""
+        """Copy each node's files to its host and start its script; returns the handles.
+        A node that does not start takes down the ones started before it."""
         rendered.write(ctx.run_dir / "scripts")
-        opts, handles = ctx.hardware.ssh, []
-        for k, host in enumerate(hosts_of(ctx)):
-            bundle = _bundle(
-                ctx.inputs, f"scripts/node-{k}.sh", rendered.files[f"node-{k}.sh"], ctx.secret_env
-            )
-            out = run_command(
-                self._ssh(opts, host, start_command(str(ctx.run_dir), k)), stdin=bundle
-            )
-            pid = out.strip().splitlines()[-1] if out.strip() else ""
-            if not pid.isdigit():
-                raise BackendError(f"{host}: node {k} did not start (printed {out!r})")
-            handle = f"{host}:{pid}"
-            self._nodes[handle] = Node(host, int(pid), str(ctx.run_dir), k, opts)
-            handles.append(handle)
+        started: list[Node] = []
+        try:
+            for k, host in enumerate(hosts_of(ctx)):
+                started.append(self._start(rendered, ctx, k, host))
+        except BackendError:
+            with contextlib.suppress(BackendError):  # the first error is the one to report
+                self.cancel([n.handle for n in started], signal.SIGKILL)
+            raise
+        finally:
+            save_records(ctx.run_dir, started)
         self._cache.clear()
-        return handles
+        return [n.handle for n in started]
+
+    def _start(self, rendered: Rendered, ctx: RunContext, k: int, host: str) -> Node:
+        opts, name = ctx.hardware.ssh, f"node-{k}.sh"
+        bundle = _bundle(ctx.inputs, f"scripts/{name}", rendered.files[name], ctx.secret_env)
+        out = run_command(self._ssh(opts, host, start_command(str(ctx.run_dir), k)), stdin=bundle)
+        pid = out.strip().splitlines()[-1] if out.strip() else ""
+        if not pid.isdigit():
+            raise BackendError(f"{host}: node {k} did not start (printed {out!r})")
+        node = Node(host, int(pid), str(ctx.run_dir), k, opts)
+        self._nodes[node.handle] = node
+        return node
 
     def status(self, handles: list[str]) -> list[NodeStatus]:
         """Each node's state, probed over ssh (at most once per ``status_ttl_s``)."""
@@ -132,7 +157,7 @@ class SshBackend(BackendBase):
         for handle in handles:
             node = self._node(handle)
             self._cancelled.add(handle)
-            run_command(self._ssh(node.opts, node.host, kill_command(node.pid, sig)), timeout=30)
+            run_command(self._ssh(node.opts, node.host, kill_command(node, sig)), timeout=30)
         self._cache.clear()
 
     def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
@@ -152,13 +177,37 @@ class SshBackend(BackendBase):
         return ssh_argv(opts, host, command, self._control)
 
     def _node(self, handle: str) -> Node:
-        try:
-            return self._nodes[handle]
-        except KeyError:
-            raise BackendError(
-                f"ssh node {handle!r} was not started by this process; its connection "
-                "settings are unknown"
-            ) from None
+        """The node behind ``handle``: remembered, or read from its run folder's record
+        (a node started by another process)."""
+        if handle not in self._nodes:
+            self._nodes[handle] = load_record(handle)
+        return self._nodes[handle]
+
+
+def save_records(run_dir: Path, nodes: list[Node]) -> None:
+    """Add ``nodes`` to the run folder's record (atomically: a reader never sees half)."""
+    path = run_dir / RECORD
+    records = json.loads(path.read_text()) if path.exists() else {}
+    records.update({n.handle: n.record() for n in nodes})
+    tmp = path.with_name(f".{RECORD}.tmp")
+    tmp.write_text(json.dumps(records, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def load_record(handle: str) -> Node:
+    """The node of ``handle`` as ``save_records`` wrote it."""
+    _, sep, folder = handle.rpartition("@")
+    if not sep:
+        raise BackendError(f"{handle!r} is not an ssh handle (host:pid@run-folder)")
+    path = Path(unquote(folder)) / RECORD
+    try:
+        fields = json.loads(path.read_text())[handle]
+    except (OSError, ValueError, KeyError) as e:
+        raise BackendError(
+            f"ssh node {handle!r}: how to reach it is not recorded in {path} ({e!r}); "
+            "jobctl writes it when it starts the node"
+        ) from None
+    return Node(**{**fields, "opts": SshSpec.model_validate(fields["opts"])})
 
 
 def hosts_of(ctx: RunContext) -> list[str]:
@@ -228,9 +277,14 @@ def probe_command(node: Node) -> str:
     return f"sh -c {shlex.quote(_PROBE)} jobctl-probe {node.pid} {shlex.quote(node.exit_file)}"
 
 
-def kill_command(pid: int, sig: int) -> str:
-    """Remote shell command sending ``sig`` to ``pid`` and all its descendants."""
-    return f"{_TREE}kill -{int(sig)} $(tree {int(pid)}) 2>/dev/null || true"
+def kill_command(node: Node, sig: int) -> str:
+    """Remote shell command sending ``sig`` to the node's process and all its
+    descendants, if that pid is still the node's (a pid is reused once it ends)."""
+    pid, mark = int(node.pid), shlex.quote(f"jobctl-node scripts/node-{node.node}.sh")
+    return (
+        f"{_TREE}if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
+        f"then kill -{int(sig)} $(tree {pid}) 2>/dev/null || true; fi"
+    )
 
 
 def _bundle(

@@ -3,11 +3,13 @@ launcher backend's settings), parallelism."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WrapValidator, field_validator, model_validator
+from pydantic import Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from .base import SpecModel, Violation, friendly_error, int_or_auto
 
@@ -267,6 +269,28 @@ class SshSpec(SpecModel):
     )
 
 
+def is_loopback(host: str) -> bool:
+    """True for names and addresses that reach only the machine using them: localhost,
+    127.x, ::1 (and 0.0.0.0, which no other machine can dial)."""
+    name = host.strip().lower().rstrip(".")
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return name.endswith(".localhost")
+    return ip.is_loopback or ip.is_unspecified
+
+
+def default_rendezvous_host(data: dict[str, Any]) -> str:
+    """127.0.0.1 when every node runs on this machine, else this machine's host name (no
+    DNS lookup while a spec loads; set hardware.rendezvous_host where nodes need another)."""
+    backend, hosts = data.get("backend", "local"), data.get("hosts", [])
+    if backend == "local" or (backend == "ssh" and all(map(is_loopback, hosts))):
+        return "127.0.0.1"
+    return socket.gethostname()
+
+
 class HardwareSpec(SpecModel):
     """The device pool and how processes are launched on it."""
 
@@ -291,9 +315,24 @@ class HardwareSpec(SpecModel):
         default=[],
         description="Node addresses (ssh backend); when given, one per node.",
     )
-    rendezvous_host: str = Field("127.0.0.1", description="torchrun rendezvous host.")
+    rendezvous_host: str = Field(
+        None,
+        validate_default=True,
+        description="Address of the supervisor's machine where every node reaches the "
+        "torchrun rendezvous and the event channel; null: 127.0.0.1 when every node runs "
+        "on this machine (backend 'local', or 'ssh' to localhost/127.x hosts only), else "
+        "this machine's host name.",
+    )
     rendezvous_port: int | None = Field(
         None, ge=1024, le=65535, description="torchrun rendezvous port; null picks a free port."
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Restarts in place after a failure before the run fails: torchrun's "
+        "--max-restarts on every backend (and the PyTorchJob's elasticPolicy.maxRestarts), "
+        "a JobSet's failurePolicy.maxRestarts. 0: jobctl itself resumes the run from its "
+        "newest checkpoint (a restart in place starts from the checkpoint it launched with).",
     )
     slurm: SlurmSpec = Field(
         default_factory=SlurmSpec, description="Slurm backend settings (sbatch options)."
@@ -302,6 +341,11 @@ class HardwareSpec(SpecModel):
         None, description="Kubernetes backend settings; needed for backend 'kubernetes'."
     )
     ssh: SshSpec = Field(default_factory=SshSpec, description="ssh backend settings.")
+
+    @field_validator("rendezvous_host", mode="before")
+    @classmethod
+    def _rendezvous_defaults_by_where_nodes_run(cls, value: Any, info: ValidationInfo) -> Any:
+        return default_rendezvous_host(info.data) if value is None else value
 
     @property
     def devices(self) -> int:

@@ -23,6 +23,8 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("JOBCTL_UPDATE_GOLDEN") == "1"
 INPUTS = {"spec.yaml": "name: quick\n", "plan.json": '{"P": 2, "D": 2}\n'}
 KUBE = {"image": "ghcr.io/acme/jobctl:0.1"}
+CHANNEL_SECRET = "s3cr3t-Value_of-the-channel"  # must appear in no rendered artifact
+SHELLCHECK = shutil.which("shellcheck")
 
 CASES: dict[str, tuple[str, dict, dict]] = {
     # case: (backend, hardware fields, other RunContext fields)
@@ -41,6 +43,7 @@ CASES: dict[str, tuple[str, dict, dict]] = {
                 "signal_before_s": 300,
                 "sbatch_args": ["--exclusive", "--constraint=a100&ib"],
             },
+            "max_restarts": 2,
         },
         {"threads": 4},
     ),
@@ -61,12 +64,16 @@ CASES: dict[str, tuple[str, dict, dict]] = {
                 "volume_claim": "runs",
             },
         },
-        {"elasticity": ElasticitySpec(enabled=True, min_devices=2, max_devices=8)},
+        {
+            "elasticity": ElasticitySpec(enabled=True, min_devices=2, max_devices=8),
+            "env": {"JOBCTL_CHANNEL_URL": "http://10.0.0.5:29500"},  # pods post events
+            "secret_env": {"JOBCTL_CHANNEL_SECRET": CHANNEL_SECRET},
+        },
     ),
     "kubernetes-jobset": (
         "kubernetes",
-        {"kubernetes": {**KUBE, "kind": "jobset"}},
-        {"rdzv_endpoint": "supervisor.example.com:29400", "max_restarts": 3},
+        {"kubernetes": {**KUBE, "kind": "jobset"}, "max_restarts": 3},
+        {"rdzv_endpoint": "supervisor.example.com:29400"},
     ),
 }
 
@@ -119,17 +126,20 @@ def test_golden(case):
         assert text == (folder / name).read_text(), f"{case}/{name} differs from golden"
 
 
+@pytest.mark.skipif(not SHELLCHECK, reason="shellcheck not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_scripts_pass_bash_n_and_shellcheck(case, tmp_path):
     found = scripts(rendered(case).files)
     assert found, "every backend renders at least one script"
+    expected = {"local": 2, "slurm": 3, "slurm-defaults": 3, "ssh": 2,
+                "kubernetes-pytorchjob": 2, "kubernetes-jobset": 1}  # fmt: skip
+    assert len(found) == expected[case], sorted(found)  # none is missed
     for name, text in found.items():
         path = tmp_path / name.replace(":", "-")
         path.write_text(text)
         subprocess.run(["bash", "-n", str(path)], check=True)
-        if shutil.which("shellcheck"):
-            check = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
-            assert check.returncode == 0, f"{case}/{name}:\n{check.stdout}"
+        check = subprocess.run([SHELLCHECK, str(path)], capture_output=True, text=True)
+        assert check.returncode == 0, f"{case}/{name}:\n{check.stdout}"
 
 
 EVIL = "x'; touch {m}; echo '$(touch {m})`touch {m}`\ntouch {m}\n#SBATCH --wrap=touch {m}"
@@ -236,16 +246,14 @@ def test_cli_renders_every_backend(backend, tmp_path):
 
     from jobctl.engine.cli import app
 
-    from .backend_jobs import launching
     from .jobrun import tiny_spec
 
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(dump_yaml(tiny_spec(**CLI_SPEC_HARDWARE)))
     out = tmp_path / "out"
-    with launching():
-        result = CliRunner().invoke(
-            app, ["render", str(spec_file), "--backend", backend, "--out", str(out)]
-        )
+    result = CliRunner().invoke(
+        app, ["render", str(spec_file), "--backend", backend, "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == sorted([*CLI_FILES[backend], "plan.json"])
     for name, text in scripts({p.name: p.read_text() for p in out.iterdir()}).items():

@@ -2,6 +2,8 @@
 
 Two "hosts" (127.0.0.1 and localhost) reach the same server, so one machine stands in
 for two. The tests skip, with the reason, where sshd is not installed or cannot start.
+"Another process" is a fresh ``SshBackend`` (or a ``jobctl`` subprocess) that knows
+only the handles, as ``jobctl stop``, ``jobctl logs`` and an adopting supervisor do.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from jobctl.backends import BackendError, Rendered
-from jobctl.backends.ssh import SshBackend, kill_command, ssh_argv, start_command
+from jobctl.backends.ssh import Node, SshBackend, kill_command, ssh_argv, start_command
 from jobctl.engine.state import StateDB
 from jobctl.spec.sections import SshSpec
 
@@ -43,7 +48,14 @@ def test_remote_commands_quote_every_path():
     cmd = start_command("/runs/it's here", 1)
     assert "mkdir -p '/runs/it'\"'\"'s here'/logs" in cmd
     assert cmd.endswith("</dev/null >/dev/null 2>&1 & echo $!")
-    assert kill_command(42, 15).endswith("kill -15 $(tree 42) 2>/dev/null || true")
+    node = Node("gpu-a", 42, "/runs/it's here", 1, SshSpec())
+    # Only while pid 42 is still node 1's wrapper: a later `jobctl stop` may come after
+    # the pid was reused.
+    assert kill_command(node, 15).endswith(
+        "if ps -ww -o args= -p 42 | grep -qF -- 'jobctl-node scripts/node-1.sh'; "
+        "then kill -15 $(tree 42) 2>/dev/null || true; fi"
+    )
+    assert node.handle == "gpu-a:42@/runs/it%27s%20here"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +90,22 @@ def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
     assert (tmp_path / "run" / "remote-logs" / "1-localhost" / "node-1.log").read_text() == "one\n"
 
 
+def _start_sleepers(server, run_dir: Path, pids: Path) -> tuple[list[str], list[Path]]:
+    """Two stub nodes, each a shell whose child sleeps in a session of its own (as
+    torchrun's workers do) after printing a line; (handles, the children's pid files)."""
+    ctx = _two_hosts(server, run_dir)
+    tree = 'echo "up $1"; setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1; wait\n'
+    script = f'JOBCTL_PIDS={pids}\nset -- "$(basename "$0")"\n{tree}'
+    stub = Rendered("ssh", {"node-0.sh": script, "node-1.sh": script})
+    handles = SshBackend(status_ttl_s=0).submit(stub, ctx)
+    pid_files = [pids.with_name(f"{pids.name}-node-{k}.sh") for k in (0, 1)]
+    deadline = time.monotonic() + WAIT_S
+    while not all(p.exists() and p.read_text().strip() for p in pid_files):
+        assert time.monotonic() < deadline, "the stub nodes never started"
+        time.sleep(0.2)
+    return handles, pid_files
+
+
 @pytest.mark.ssh
 def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
     backend = SshBackend(status_ttl_s=0)
@@ -94,8 +122,53 @@ def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
     backend.cancel(handles)
     statuses = wait_done(backend, handles, WAIT_S)
     assert [s.phase for s in statuses] == ["stopped", "stopped"]
+    assert [s.cause for s in statuses] == ["cancelled", "cancelled"]
     for pid_file in pid_files:
         assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
+
+
+@pytest.mark.ssh
+def test_another_process_follows_fetches_logs_of_and_cancels_the_nodes(server, tmp_path):
+    run_dir = tmp_path / "run"
+    handles, pid_files = _start_sleepers(server, run_dir, tmp_path / "pid")
+    later = SshBackend(status_ttl_s=0)  # nothing in memory: only the handles
+    assert [s.phase for s in later.status(handles)] == ["running", "running"]
+    fetched = {p.relative_to(run_dir / "remote-logs").as_posix(): p.read_text()
+               for p in later.logs(handles, run_dir)}  # fmt: skip
+    assert fetched["0-127.0.0.1/node-0.log"] == "up node-0.sh\n"
+    assert fetched["1-localhost/node-1.log"] == "up node-1.sh\n"
+    later.cancel(handles)
+    assert [s.phase for s in wait_done(later, handles, WAIT_S)] == ["stopped", "stopped"]
+    for pid_file in pid_files:
+        assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
+
+
+@pytest.mark.ssh
+def test_jobctl_stop_in_a_new_shell_stops_an_ssh_run(server, tmp_path):
+    home = tmp_path / "home"
+    run_dir = home / "runs" / "quick-1"
+    handles, pid_files = _start_sleepers(server, run_dir, tmp_path / "pid")
+    db = StateDB(home)
+    db.create_run("quick-1", "quick", run_dir, backend="ssh", pids=",".join(handles))
+    db.set_phase("quick-1", "launching")
+    db.set_phase("quick-1", "training")
+    out = subprocess.run(
+        [sys.executable, "-m", "jobctl.engine.cli", "stop", "quick-1", "--home", str(home)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "asked 2 node(s) of quick-1 to checkpoint and stop" in out.stdout
+    statuses = wait_done(SshBackend(status_ttl_s=0), handles, WAIT_S)
+    assert [s.phase for s in statuses] == ["stopped", "stopped"]
+    for pid_file in pid_files:
+        assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
+
+
+def test_a_handle_without_a_record_is_a_clear_error(tmp_path):
+    with pytest.raises(BackendError, match="not an ssh handle"):
+        SshBackend().cancel(["gpu-a:42"])
+    with pytest.raises(BackendError, match="is not recorded in .*ssh-nodes.json"):
+        SshBackend().status([f"gpu-a:42@{tmp_path}"])
 
 
 @pytest.mark.ssh
@@ -154,3 +227,29 @@ def test_jobctl_run_completes_over_ssh(server, tmp_path):
     assert row["pids"].startswith("127.0.0.1:")
     logs = sorted(p.name for p in (run.dir / "logs").iterdir())
     assert logs == ["node-0.exit", "node-0.log", "rank-0.log", "rank-1.log"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine/cli_runs.py `logs` reads only the run folder's logs/ and never asks the "
+    "backend to fetch the nodes' logs (fix: call backend.logs for ssh and kubernetes runs; "
+    "see the issue 8 report)",
+)
+@pytest.mark.ssh
+def test_jobctl_logs_shows_what_the_nodes_wrote_on_their_hosts(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli import app
+
+    home = tmp_path / "home"
+    here = home / "runs" / "quick-1"  # the supervisor's run folder: no node writes there
+    here.mkdir(parents=True)
+    handles, _ = _start_sleepers(server, tmp_path / "on-the-hosts", tmp_path / "pid")
+    try:
+        db = StateDB(home)
+        db.create_run("quick-1", "quick", here, backend="ssh", pids=",".join(handles))
+        result = CliRunner().invoke(app, ["logs", "quick-1", "--home", str(home)])
+    finally:
+        SshBackend().cancel(handles, signal.SIGKILL)
+    assert result.exit_code == 0, result.output
+    assert "up node-0.sh" in result.output and "up node-1.sh" in result.output

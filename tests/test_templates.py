@@ -40,12 +40,16 @@ def test_local_scripts_exact(tmp_path):
     assert "  -m jobctl.engine.worker &\n" in text
 
 
-def test_scripts_pass_bash_n(tmp_path):
+@pytest.mark.skipif(
+    not shutil.which("shellcheck"), reason="shellcheck not installed (apt-get install shellcheck)"
+)
+def test_scripts_pass_bash_n_and_shellcheck(tmp_path):
     r = get_backend("local").render(_ctx(tmp_path))
-    for path in r.write(tmp_path / "scripts"):
+    paths = r.write(tmp_path / "scripts")
+    assert [p.name for p in paths] == ["node-0.sh", "node-1.sh"]
+    for path in paths:
         subprocess.run(["bash", "-n", str(path)], check=True)
-        if shutil.which("shellcheck"):
-            subprocess.run(["shellcheck", str(path)], check=True)
+        subprocess.run(["shellcheck", str(path)], check=True)
 
 
 def test_metacharacters_stay_inert(tmp_path):
