@@ -5,10 +5,10 @@ event channel live in the run's detached run host (engine/channel_host.py), so a
 SIGKILL of ``jobctl apply`` leaves training going and events landing in
 ``metrics.jsonl``. ``jobctl resume RUN`` (or ``apply`` of the unfinished job) then
 finds the run host and every recorded node handle alive, and supervises the same
-processes again: a new Monitor follows the archive from just after the last step the
-dead supervisor recorded in the state DB. Nothing is relaunched, so no step is
-trained twice. If the host or any node is gone, it relaunches from the newest
-checkpoint as before.
+processes again (``engine/supervisor.py`` uses what is here): a new Monitor follows
+the archive from just after the last step the dead supervisor recorded in the state
+DB. Nothing is relaunched, so no step is trained twice. If the host or any node is
+gone, it relaunches from the newest checkpoint as before.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import signal
 from pathlib import Path
 
 from jobctl.backends import BackendError, get_backend
-from jobctl.backends.base import NodeStatus, Rendered
+from jobctl.backends.base import NodeStatus
 
 from .channel_host import pid_alive, read_host
-from .launch import Run, run_context
 from .plan import Plan
 from .state import StateDB
 
@@ -49,7 +48,7 @@ def archive_offset(metrics: Path, step: int | None) -> int:
     return found
 
 
-class _FinishedNodes:
+class FinishedNodes:
     """A backend view for handles this process did not start (local pids of a dead
     supervisor): the exit code of a foreign process cannot be read, so a node whose
     ranks all logged their clean end (``rank R: done``) counts as succeeded."""
@@ -111,34 +110,3 @@ def live_run(db: StateDB, run_id: str):
         host.stop()  # the store goes too: torchrun agents still waiting on it exit
         return None
     return row, host, handles, backend
-
-
-def adopt(spec, db: StateDB, opts, console):
-    """Supervise a live run again; (run, outcome), or None when it must be relaunched."""
-    from .apply import _supervise  # apply imports this module
-
-    found = live_run(db, opts.run_id)
-    if found is None:
-        return None
-    row, host, handles, backend = found
-    run_dir = Path(row["run_dir"])
-    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
-    port = int(host.rdzv_endpoint.rsplit(":", 1)[1])
-    ctx = run_context(spec, plan, row["id"], run_dir, port=port)
-    offset = archive_offset(run_dir / "metrics.jsonl", row["step"])
-    run = Run(row["id"], run_dir, ctx, Rendered(backend.name, {}), plan, metrics_offset=offset)
-    db.add_event(
-        run.id,
-        "adopt",
-        f"pid {os.getpid()} adopted {len(handles)} live node(s) at step {row['step'] or 0}",
-        {"handles": handles, "host_pid": host.pid, "offset": offset},
-    )
-    console.print(f"adopting live run {run.id}: {len(handles)} node(s) still training")
-    view = _FinishedNodes(backend, run_dir, plan)
-    try:
-        outcome = _supervise(run, view, handles, db, spec, row["step"] or 0, opts, console)
-    finally:
-        host.stop()
-    if outcome.kind in ("preempted", "morph"):
-        db.set_phase(run.id, "morphing", outcome.message)
-    return run, outcome

@@ -278,6 +278,7 @@ def resume(
 
 def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> None:
     from .apply import launch
+    from .channel_adopt import AdoptError
 
     t0 = time.monotonic()
     try:
@@ -285,6 +286,9 @@ def _launch_and_report(spec, p, db: StateDB, spec_path: str | None, opts) -> Non
     except BackendError as e:
         fail_launch(db, spec.name, opts.run_id)
         exit_with(err, spec_path, opts.backend or spec.hardware.backend, "start", e)
+    except AdoptError as e:  # another live process supervises the run: nothing started
+        err.print(f"error: {e}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
     if outcome.kind == "stopped":
         step = db.get_run(run.id)["step"]
         console.print(

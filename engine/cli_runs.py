@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -14,33 +15,61 @@ from .state import StateDB
 
 
 def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None) -> None:
-    """Stop a run gracefully: every rank checkpoints at the end of its step, then exits."""
+    """Stop a run gracefully: every rank checkpoints at the end of its step, then exits.
+
+    A supervised run gets the request through the state DB: its supervisor signals the
+    nodes running at that moment (after a morph, the new ones), or stops the run there
+    if it is between two attempts. Without a live supervisor the recorded nodes are
+    signalled directly.
+    """
     import signal
 
     from jobctl.backends import get_backend
+
+    from .channel_host import pid_alive
 
     db = StateDB(home)
     row = find_run(db, run)
     if row["phase"] in ("completed", "failed", "stopped"):
         console.print(f"run {row['id']} is already {row['phase']}")
         return
+    sup = row["supervisor_pid"]
+    if sup and pid_alive(sup):
+        db.request_stop(row["id"], f"stop requested from pid {os.getpid()}")
+        console.print(
+            f"asked the supervisor (pid {sup}) of {row['id']} to have its nodes checkpoint and stop"
+        )
+        return
+    if row["phase"] in ("pending", "calibrating", "planning", "morphing"):
+        # Between two attempts and nobody supervising: no node runs that could checkpoint.
+        db.set_phase(row["id"], "stopped", "stopped between attempts (no supervisor)")
+        console.print(f"run {row['id']} stopped; `jobctl resume {row['id']}` continues it")
+        return
     handles = [h for h in (row["pids"] or "").split(",") if h]
     # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
     get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
-    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s)")
+    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s) (no supervisor)")
     console.print(f"asked {len(handles)} node(s) of {row['id']} to checkpoint and stop")
 
 
 def status(
     run: Annotated[str | None, typer.Argument(help="run id or name")] = None, home: HomeOpt = None
 ) -> None:
-    """Table of runs, or one run's details and recent events."""
+    """Table of runs (phase, step, loss, samples/s, ETA, devices, plan, checkpoints,
+    upload lag, $ so far), or one run's details, ranks and recent events."""
+    from .run_figures import rank_compute, run_figures, tail_records
+
     db = StateDB(home)
+    now = time.time()
     if run is None:
-        views.print_runs(console, db.list_runs())
+        rows = db.list_runs()
+        figures = {r["id"]: run_figures(r, db.events(r["id"]), now) for r in rows}
+        views.print_runs(console, rows, figures, now)
         return
     row = find_run(db, run)
-    views.print_run(console, row, db.events(row["id"], limit=20))
+    evs, recs = db.events(row["id"]), tail_records(row["run_dir"])
+    figures = run_figures(row, evs, now, recs)
+    views.print_run(console, row, evs[-20:], figures, rank_compute(recs), now)
 
 
 def logs(
@@ -53,8 +82,12 @@ def logs(
     """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
     db = StateDB(home)
     row = find_run(db, run)
-    log_dir = Path(row["run_dir"]) / "logs"
-    files = [log_dir / f"rank-{rank}.log"] if rank is not None else sorted(log_dir.glob("*.log"))
+    run_dir = Path(row["run_dir"])
+    found = _log_files(row, run_dir)
+    if rank is not None:
+        files = [found.get(f"rank-{rank}.log", run_dir / "logs" / f"rank-{rank}.log")]
+    else:
+        files = [found[name] for name in sorted(found)]
     offsets = {}
     for f in files:
         if not f.exists() and not follow:
@@ -74,3 +107,22 @@ def logs(
             offsets[f] += len(chunk)
             for line in chunk.decode(errors="replace").splitlines():
                 console.print(f"{f.stem}: {line}", markup=False, highlight=False)
+
+
+def _log_files(row: dict, run_dir: Path) -> dict[str, Path]:
+    """The run's ``*.log`` files by name: the run folder's, and for nodes that write on
+    their own machines (ssh, Kubernetes) the copies their backend fetches now; the run
+    folder's copy wins (on a shared file system it is the live one)."""
+    from jobctl.backends import BackendError, get_backend
+
+    found: dict[str, Path] = {}
+    backend = row["backend"] or "local"
+    if backend in ("ssh", "kubernetes"):
+        handles = [h for h in (row["pids"] or "").split(",") if h]
+        try:
+            found = {p.name: p for p in get_backend(backend).logs(handles, run_dir)
+                     if p.suffix == ".log"}  # fmt: skip
+        except BackendError as e:
+            err.print(f"warning: the nodes' logs were not fetched: {e}", markup=False)
+    found.update({p.name: p for p in (run_dir / "logs").glob("*.log")})
+    return found

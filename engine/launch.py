@@ -1,8 +1,10 @@
-"""Prepare a run folder, host its rendezvous, launch it, and watch it to the end.
+"""A run's folder and launch context: register the run, prepare each attempt's plan
+and node scripts, and read back what the workers write (metrics, error reports).
 
-The rendezvous store lives in the launching process (a ``TCPStore`` server), and
-every torchrun agent joins it as a client (``is_host=false``): losing any worker node
-never takes the store with it.
+Launching the processes and supervising them is the supervisor's (engine/
+supervisor.py). The rendezvous store of every attempt lives in the run's detached run
+host (engine/channel_host.py), which every torchrun agent joins as a client
+(``is_host=false``): losing any worker node, or the supervisor, never takes it along.
 """
 
 from __future__ import annotations
@@ -38,9 +40,20 @@ class Run:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port free on this machine, for a server that listens for ``host``.
+
+    ``host`` may be no address of this machine (a NAT or load-balancer address the
+    nodes dial, or a supervisor's name while rendering elsewhere): the port is then
+    one free on all of this machine's interfaces, and ``host`` is never bound.
+    """
+    for address in (host, ""):
+        with socket.socket() as s:
+            try:
+                s.bind((address, 0))
+            except OSError:  # not this machine's address, or a name it cannot resolve
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free TCP port on this machine for {host}")
 
 
 def new_run_id(name: str) -> str:
@@ -75,46 +88,47 @@ def run_context(
     )
 
 
+def register_run(spec, db: StateDB, spec_path: str | None, run_id: str, **fields) -> Path:
+    """Create a new run's folder (with its spec) and its DB row, in phase ``pending``."""
+    run_dir = db.runs_dir / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)  # a remote download may have made it
+    (run_dir / "spec.yaml").write_text(dump_yaml(spec))
+    db.create_run(
+        run_id,
+        spec.name,
+        run_dir,
+        spec_path=spec_path,
+        spec_hash=spec_hash(spec),
+        total_steps=spec.training.steps,
+        **fields,
+    )
+    return run_dir
+
+
 def prepare_run(
     spec,
     plan: Plan,
     db: StateDB,
-    spec_path: str | None,
     backend: str,
+    run_id: str,
     env: dict[str, str] | None = None,
-    run_id: str | None = None,
     secret_env: dict[str, str] | None = None,
 ) -> Run:
-    """Create (or, for ``run_id``, re-plan) the run folder, its scripts and its DB row.
+    """Write one attempt of a registered run: its plan, node scripts and DB fields.
 
-    Re-planning an existing run keeps its folder, metrics and checkpoints; the previous
-    attempt's plan and errors move to ``attempts/<n>/`` so every layout stays visible.
+    A later attempt (a morph, a resume) keeps the folder, metrics and checkpoints; the
+    previous attempt's plan and errors move to ``attempts/<n>/`` so every layout stays
+    visible.
     """
-    run_id = run_id or new_run_id(spec.name)
-    fresh = db.get_run(run_id) is None
     run_dir = db.runs_dir / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)  # a remote download may have made it
-    if fresh:
-        (run_dir / "spec.yaml").write_text(dump_yaml(spec))
-    else:
+    if (run_dir / "plan.json").exists():
         _archive_plan(run_dir)
     (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
     ctx = run_context(spec, plan, run_id, run_dir, env, secret_env=secret_env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
     fields = {"devices": plan.world_size, "plan": plan.summary(), "backend": backend}
-    if fresh:
-        db.create_run(
-            run_id,
-            spec.name,
-            run_dir,
-            spec_path=spec_path,
-            spec_hash=spec_hash(spec),
-            total_steps=spec.training.steps,
-            **fields,
-        )
-    else:
-        db.update_run(run_id, exit_code=None, message=None, **fields)
+    db.update_run(run_id, exit_code=None, message=None, **fields)
     return Run(run_id, run_dir, ctx, rendered, plan)
 
 
@@ -146,14 +160,6 @@ def channel_env(host: str) -> tuple[dict[str, str], dict[str, str], int]:
         return {}, {}, 0
     port = free_port(host)
     return {URL_ENV: f"http://{host}:{port}"}, {SECRET_ENV: new_secret()}, port
-
-
-def host_rendezvous(endpoint: str):
-    """Start the c10d rendezvous store server that torchrun agents join."""
-    from torch.distributed import TCPStore
-
-    host, port = endpoint.rsplit(":", 1)
-    return TCPStore(host, int(port), is_master=True, wait_for_workers=False)
 
 
 def read_metrics(path: Path, offset: int) -> tuple[list[dict], int]:

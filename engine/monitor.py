@@ -1,7 +1,8 @@
-"""Watch a launched run: metrics into the state DB and a progress bar, failures out.
+"""Watch a launched attempt: worker records into the state DB, how it ended out.
 
-``Monitor.poll_once()`` does one round (read new metrics, check every node); the loop
-around it takes an injectable ``sleep`` so tests can drive it without waiting.
+``Monitor.poll_once()`` does one round (read new metrics, check every node) and returns
+how the attempt ended once it has; the supervisor (engine/supervisor.py) calls it once
+per step in a steady phase. Its clock is injected so tests drive time.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from jobctl.backends import BackendError
 
 from .channel_liveness import HeartbeatWatch
+from .crash import bug_ranks, lost_process_nodes
 from .launch import Run, failing_rank, last_lines, read_metrics
 from .pruning_events import PruningWatch
 from .rebalance_events import KINDS as REBALANCE_KINDS
 from .rebalance_events import RebalanceWatch
+from .recovery import Loss, LossClock
 from .scaling import ScaleRequest, ScaleWatch
 from .state import StateDB
 from .stragglers import StragglerDetector
@@ -30,7 +30,7 @@ from .stragglers import StragglerDetector
 @dataclass
 class Outcome:
     """How an attempt ended: completed, stopped (checkpointed on request), preempted
-    (nodes lost or told to leave; ``lost_nodes``), or failed."""
+    (nodes lost or told to leave; ``lost_nodes``, and ``loss``: when), or failed."""
 
     ok: bool
     exit_code: int
@@ -40,20 +40,7 @@ class Outcome:
     lost_nodes: list[int] = field(default_factory=list)
     devices: int | None = None  # a morph's target device count
     straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[sps]} samples/s"),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    loss: Loss | None = None
 
 
 class Monitor:
@@ -70,8 +57,10 @@ class Monitor:
         straggler_threshold: float = 0.15,
         heartbeat_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        activity=None,
     ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
+        self.clock, self.activity = clock, activity  # activity: engine/activity.py
         self.beats = HeartbeatWatch(heartbeat_timeout_s, clock)
         self.total = total_steps
         self.on_event = on_event
@@ -86,7 +75,7 @@ class Monitor:
         self.trained = self.checkpointed = False  # in this attempt
         self.queued: str | None = None  # the scheduler's reason while a handle waits
         self.ran = False  # a handle was seen running in this attempt
-        self.scaling = ScaleWatch(run.dir)
+        self.scaling = ScaleWatch(run.dir, db.clock)
         self.scale_to: ScaleRequest | None = None
         self.stopped_at: float | None = None
         self.finished = False
@@ -94,8 +83,13 @@ class Monitor:
         self.stragglers: list[int] = []
         self.pruning = PruningWatch(db, run.id)
         self.rebalance = RebalanceWatch(db, run.id)
+        self.lost = LossClock()
+        self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
+        self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
+        self.failed_at: float | None = None
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
+    PEER_FAILURE_GRACE_S = 10.0  # for the node that lost a process to fail after its peers
 
     def poll_once(self) -> Outcome | None:
         """One round: returns the outcome once the attempt has ended, else None."""
@@ -109,6 +103,8 @@ class Monitor:
             msg = f"{req.reason}: morphing to {req.devices} device(s) after a checkpoint"
             outcome = Outcome(False, 0, msg, self.losses, "morph", devices=req.devices)
         outcome.straggler_nodes = self.detector.nodes(self.stragglers)
+        if outcome.kind == "preempted" and outcome.loss is None:
+            outcome.loss = self.lost.loss(outcome.lost_nodes)
         return outcome
 
     def _check_scale(self) -> None:
@@ -153,7 +149,7 @@ class Monitor:
             self.backend.cancel(self.handles, 9)
             return Outcome(False, 0, "stopped before the first step", self.losses, "stopped")
         if failed:
-            return self._fail(failed[0])
+            return self._failed(codes)
         if all(c == 0 for c in codes):
             self._consume_metrics()
             return Outcome(True, 0, "completed", self.losses)
@@ -225,7 +221,7 @@ class Monitor:
             self._requeued(pending[0])
             return None
         if any(not s.done for s in statuses):
-            if time.monotonic() - self.stopped_at < self.STOP_EXIT_GRACE_S:
+            if self.clock() - self.stopped_at < self.STOP_EXIT_GRACE_S:
                 return None
             self.backend.cancel(self.handles, 9)
         nodes = set(range(self.run.ctx.nnodes))
@@ -240,14 +236,19 @@ class Monitor:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
         for rec in recs:
             self._record(rec)
+            if self.activity is not None:  # after pruning and rebalancing had their say
+                self.activity.record(rec)
             if self.on_event:
                 self.on_event(rec)
 
     def _record(self, rec: dict) -> None:
         """Mirror one worker event into the state DB."""
         kind, rid = rec["kind"], self.run.id
+        if "node" in rec and "ts" in rec and kind in ("heartbeat", "alive"):
+            self.lost.saw(rec["node"], rec["ts"])
         if kind == "step":
             self.trained = True
+            self.first_step_ts = self.first_step_ts or rec.get("ts")
             self.losses.append(rec["loss"])
             self.db.update_run(
                 rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
@@ -258,21 +259,27 @@ class Monitor:
             self.scaling.checkpointed(rec.get("ts", 0.0))
             self.finished = self.finished or rec["step"] == self.total
             self.db.update_run(rid, last_checkpoint=rec["step"])
-            self.db.add_event(rid, "checkpoint", f"checkpoint at step {rec['step']} (local)")
+            self.db.add_event(
+                rid,
+                "checkpoint",
+                f"checkpoint at step {rec['step']} (local)",
+                {"step": rec["step"]},
+            )
         elif kind == "uploaded":  # ranks commit different steps, not in order
             self.last_upload = max(self.last_upload, rec["step"])
             self.db.update_run(rid, last_upload=self.last_upload)
-            self.db.add_event(rid, "upload", f"checkpoint step {rec['step']} uploaded")
+            self.db.add_event(
+                rid, "upload", f"checkpoint step {rec['step']} uploaded", {"step": rec["step"]}
+            )
         elif kind == "heartbeat":
             self._heartbeat(rec)
         elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
             self.beats.saw(rec["node"])
-        elif kind == "sigterm":
-            self.sigterm_nodes.add(rec["node"])
-        elif kind == "node_sigterm":
-            self.node_sigterm.add(rec["node"])
+        elif kind in ("sigterm", "node_sigterm"):
+            (self.sigterm_nodes if kind == "sigterm" else self.node_sigterm).add(rec["node"])
+            self._notice(rec)
         elif kind == "stopped" and self.stopped_at is None:
-            self.stopped_at = time.monotonic()
+            self.stopped_at = self.clock()
             self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)
@@ -281,8 +288,17 @@ class Monitor:
         elif kind in REBALANCE_KINDS:
             self.rebalance.record(rec)
 
+    def _notice(self, rec: dict) -> None:
+        """A node's SIGTERM (preemption notice, stop): persisted with its own time, which
+        the recovery time of a morph that drops the node starts from."""
+        node, ts = rec["node"], rec.get("ts", self.db.clock())
+        if self.lost.announced(node, ts):
+            msg = f"node {node} got SIGTERM: checkpoint at the end of the step, then leave"
+            self.db.add_event(self.run.id, "sigterm", msg, {"node": node, "ts": ts})
+
     def _heartbeat(self, rec: dict) -> None:
         self.beats.saw(rec["node"])
+        self.started.add(rec["rank"])
         d = self.detector
         d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
         d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two
@@ -299,6 +315,29 @@ class Monitor:
                     f"their stage peers by > {100 * d.threshold:.0f} %",
                     {"ranks": slow, "nodes": nodes},
                 )
+
+    def _failed(self, codes: list[int | None]) -> Outcome | None:
+        """Nodes failed: a bug in the code fails the run; a worker process that died
+        without an error report (killed) loses its node, as a preemption does
+        (engine/crash.py). The node that lost the process may fail a little after the
+        peers it took down: they get a grace period to show which one it was."""
+        code = next(c for c in codes if c not in (None, 0))
+        if bug_ranks(self.run.dir):
+            return self._fail(code)
+        failed = {k for n, c in enumerate(codes) if c not in (None, 0) for k in self._nodes(n)}
+        plan = getattr(self.run, "plan", None)
+        ranks = {r.rank: r.node for r in plan.ranks} if plan is not None else {}
+        lost = lost_process_nodes(self.run.dir, ranks, failed, self.started)
+        if not lost:
+            self.failed_at = self.failed_at if self.failed_at is not None else self.clock()
+            running = any(c is None for c in codes)
+            if running and self.clock() - self.failed_at < self.PEER_FAILURE_GRACE_S:
+                return None
+            return self._fail(code)
+        self.backend.cancel(self.handles, 9)
+        msg = f"node(s) {lost} lost a worker process without an error report (killed)"
+        self.db.add_event(self.run.id, "process_lost", msg, {"nodes": lost})
+        return Outcome(False, 1, msg, self.losses, "preempted", lost)
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)
@@ -337,19 +376,3 @@ def _rank_of(path: Path) -> int | None:
 
 def _has_traceback(path: Path) -> bool:
     return _rank_of(path) is not None and "Traceback" in path.read_text(errors="replace")
-
-
-def watch(
-    monitor: Monitor,
-    interval: float = 0.25,
-    sleep: Callable[[float], None] = time.sleep,
-    deadline: float | None = None,
-) -> Outcome:
-    """Poll until the run ends (or ``deadline`` seconds pass: then it is stopped)."""
-    start = time.monotonic()
-    while (outcome := monitor.poll_once()) is None:
-        if deadline is not None and time.monotonic() - start > deadline:
-            monitor.backend.cancel(monitor.handles, 9)
-            return Outcome(False, 124, f"timed out after {deadline:.0f} s", monitor.losses)
-        sleep(interval)
-    return outcome

@@ -2,7 +2,19 @@
 
 Every transition is persisted (``StateDB.set_phase``) as the run's phase plus an
 event, so ``jobctl status`` and ``jobctl events`` tell the whole story of a run and a
-restarted supervisor knows where it stands.
+restarted supervisor knows where it stands. The supervisor (engine/supervisor.py)
+walks a run through them:
+
+    pending -> calibrating -> planning -> launching -> training -> completed
+    training <-> checkpointing | pruning | rebalancing; the final upload: uploading
+    (any active phase, or launching) -> morphing -> planning -> launching -> ...
+    anything alive -> failed | stopped; failed / stopped -> (resume) calibrating ...
+
+The active phases (training and what the workers do between steps) follow the
+workers' records, which different ranks deliver in any order, so any active phase may
+follow any other. ``uploading`` is the final upload the ranks wait for before they
+exit; an upload in the background while training goes on is not a phase but the run's
+``uploading_step`` field (engine/activity.py).
 """
 
 from __future__ import annotations
@@ -29,31 +41,33 @@ class Phase(str, enum.Enum):
 
 
 TERMINAL = {Phase.COMPLETED, Phase.FAILED}
-_ACTIVE = {Phase.TRAINING, Phase.PRUNING, Phase.REBALANCING, Phase.CHECKPOINTING, Phase.UPLOADING}
+ACTIVE = {Phase.TRAINING, Phase.PRUNING, Phase.REBALANCING, Phase.CHECKPOINTING, Phase.UPLOADING}
 _ANY_LIVE = {
     Phase.PENDING,
     Phase.CALIBRATING,
     Phase.PLANNING,
     Phase.LAUNCHING,
     Phase.MORPHING,
-    *_ACTIVE,
+    *ACTIVE,
 }
+# A stopped (or failed) run can be resumed: calibrated, planned and launched again.
+_RESUME = {Phase.CALIBRATING, Phase.PLANNING, Phase.LAUNCHING, Phase.MORPHING}
 
 ALLOWED: dict[Phase, set[Phase]] = {
     Phase.PENDING: {Phase.CALIBRATING, Phase.PLANNING, Phase.LAUNCHING},
     Phase.CALIBRATING: {Phase.PLANNING},
     Phase.PLANNING: {Phase.LAUNCHING},
-    Phase.LAUNCHING: {Phase.TRAINING},
+    # Nodes lost (or the supervisor gone) before the first step: morph and relaunch.
+    Phase.LAUNCHING: {Phase.TRAINING, Phase.MORPHING},
+    # A morph re-plans with the calibration it has (it is scale-invariant).
     Phase.MORPHING: {Phase.PLANNING, Phase.LAUNCHING},
-    # A stopped (or failed) run can be resumed: it is planned and launched again.
-    Phase.STOPPED: {Phase.PLANNING, Phase.LAUNCHING, Phase.MORPHING},
-    Phase.FAILED: {Phase.PLANNING, Phase.LAUNCHING, Phase.MORPHING},
+    Phase.STOPPED: set(_RESUME),
+    Phase.FAILED: set(_RESUME),
     Phase.COMPLETED: set(),
 }
-for _p in _ACTIVE:
-    ALLOWED[_p] = (_ACTIVE - {_p}) | {Phase.MORPHING, Phase.COMPLETED}
-# A batch job its scheduler requeues (preemption with requeue) waits in the queue again.
-ALLOWED[Phase.TRAINING] |= {Phase.LAUNCHING}
+for _p in ACTIVE:
+    # A batch job its scheduler requeues (preemption with requeue) waits in the queue again.
+    ALLOWED[_p] = (ACTIVE - {_p}) | {Phase.MORPHING, Phase.COMPLETED, Phase.LAUNCHING}
 for _p in _ANY_LIVE:  # anything alive can fail or be stopped
     ALLOWED[_p] = ALLOWED[_p] | {Phase.FAILED, Phase.STOPPED}
 

@@ -3,6 +3,11 @@
 The state directory is ``./.jobctl`` unless ``JOBCTL_HOME`` or ``--home`` says
 otherwise; the database URL defaults to ``sqlite:///<home>/state.db`` (WAL mode) and
 can be any SQLAlchemy URL through ``JOBCTL_DB_URL``.
+
+A phase transition is one transaction: the legality check, a compare-and-set update of
+the phase and its event commit together or not at all, so two supervisors (or a
+supervisor and a CLI command) can never both move a run out of the same phase.
+Timestamps come from an injectable wall clock (``clock``) so tests control time.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from .phases import check_transition
+from .phases import PhaseError, check_transition
 
 metadata = sa.MetaData()
 
@@ -42,6 +48,11 @@ runs = sa.Table(
     sa.Column("message", sa.Text),
     sa.Column("pids", sa.Text),  # backend handles of the nodes (pids, job ids, host:pid)
     sa.Column("backend", sa.String(32)),
+    # Added after the first release: ``_add_missing_columns`` upgrades older databases.
+    sa.Column("supervisor_pid", sa.Integer),  # the process supervising the run, if any
+    sa.Column("stop_requested", sa.Float),  # wall time of a pending `jobctl stop`
+    sa.Column("recovery_s", sa.Float),  # last recovery: node lost -> next training step
+    sa.Column("uploading_step", sa.Integer),  # checkpoint step uploading in the background
 )
 
 events = sa.Table(
@@ -54,6 +65,8 @@ events = sa.Table(
     sa.Column("message", sa.Text, nullable=False),
     sa.Column("data", sa.Text),
 )
+
+CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (never seen)
 
 
 def default_home() -> Path:
@@ -68,24 +81,41 @@ def _sqlite_wal(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _add_missing_columns(engine: sa.Engine) -> None:
+    """Add columns this version knows and an older database lacks (all nullable)."""
+    have = {c["name"] for c in sa.inspect(engine).get_columns("runs")}
+    with engine.begin() as c:
+        for col in runs.columns:
+            if col.name not in have:
+                kind = col.type.compile(dialect=engine.dialect)
+                c.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {col.name} {kind}"))
+
+
 class StateDB:
     """Persistent record of runs and events."""
 
-    def __init__(self, home: Path | None = None, url: str | None = None):
+    def __init__(
+        self,
+        home: Path | None = None,
+        url: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.home = Path(home) if home else default_home()
         self.home.mkdir(parents=True, exist_ok=True)
         self.url = url or os.environ.get("JOBCTL_DB_URL") or f"sqlite:///{self.home / 'state.db'}"
+        self.clock = clock
         self.engine = sa.create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)
         metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
 
     @property
     def runs_dir(self) -> Path:
         return self.home / "runs"
 
     def create_run(self, run_id: str, name: str, run_dir: Path, **fields) -> None:
-        now = time.time()
+        now = self.clock()
         with self.engine.begin() as c:
             c.execute(
                 runs.insert().values(
@@ -98,20 +128,87 @@ class StateDB:
                     **fields,
                 )
             )
-        self.add_event(run_id, "phase", "pending")
+            self._event(c, run_id, "phase", "pending")
 
     def update_run(self, run_id: str, **fields) -> None:
         with self.engine.begin() as c:
             c.execute(
-                runs.update().where(runs.c.id == run_id).values(updated_at=time.time(), **fields)
+                runs.update().where(runs.c.id == run_id).values(updated_at=self.clock(), **fields)
             )
 
     def set_phase(self, run_id: str, phase: str, note: str = "", **fields) -> None:
-        """Record a legal phase transition (and any run fields) with its event."""
-        row = self.get_run(run_id)
-        check_transition(row["phase"] if row else "pending", phase)
-        self.update_run(run_id, phase=phase, **fields)
-        self.add_event(run_id, "phase", f"{phase}{': ' + note if note else ''}")
+        """Record a legal phase transition (and any run fields) with its event.
+
+        Raises ``PhaseError`` when the run's current phase may not go to ``phase``.
+        """
+        self._transition(run_id, phase, note, fields, None)
+
+    def set_phase_if(
+        self, run_id: str, expected: Collection[str], phase: str, note: str = "", **fields
+    ) -> bool:
+        """``set_phase`` only while the run is in one of ``expected``; False otherwise."""
+        return self._transition(run_id, phase, note, fields, set(expected))
+
+    def _transition(
+        self, run_id: str, phase: str, note: str, fields: dict, expected: set[str] | None
+    ) -> bool:
+        # Read, check and write in one transaction; the update only matches the phase that
+        # was read, so a concurrent transition makes it match nothing and this one re-reads.
+        for _ in range(CAS_RETRIES):
+            with self.engine.begin() as c:
+                current = c.execute(sa.select(runs.c.phase).where(runs.c.id == run_id)).scalar()
+                if current is None:
+                    raise PhaseError(f"no run {run_id!r} to move to {phase!r}")
+                if expected is not None and current not in expected:
+                    return False
+                check_transition(current, phase)
+                done = c.execute(
+                    runs.update()
+                    .where(runs.c.id == run_id, runs.c.phase == current)
+                    .values(phase=phase, updated_at=self.clock(), **fields)
+                )
+                if done.rowcount == 1:
+                    self._event(c, run_id, "phase", f"{phase}{': ' + note if note else ''}")
+                    return True
+        raise PhaseError(f"run {run_id}: the phase kept changing underneath {phase!r}")
+
+    def claim_supervisor(self, run_id: str, pid: int, alive: Callable[[int], bool]) -> int | None:
+        """Make ``pid`` the run's supervisor unless another live process is.
+
+        Returns None once claimed (a pending stop request is dropped with it: resuming a
+        run is asking it to run), else the pid of the live supervisor that holds it.
+        """
+        for _ in range(CAS_RETRIES):
+            row = self.get_run(run_id)
+            old = row["supervisor_pid"] if row else None
+            if old not in (None, pid) and alive(old):
+                return old
+            with self.engine.begin() as c:
+                done = c.execute(
+                    runs.update()
+                    .where(runs.c.id == run_id, _is(runs.c.supervisor_pid, old))
+                    .values(supervisor_pid=pid, stop_requested=None, updated_at=self.clock())
+                )
+            if done.rowcount == 1:
+                return None
+        raise RuntimeError(f"run {run_id}: its supervisor kept changing underneath")
+
+    def release_supervisor(self, run_id: str, pid: int) -> None:
+        """Forget ``pid`` as the run's supervisor (if it still is)."""
+        with self.engine.begin() as c:
+            c.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.supervisor_pid == pid)
+                .values(supervisor_pid=None)
+            )
+
+    def request_stop(self, run_id: str, note: str) -> float:
+        """Record a stop request for the run's supervisor to apply; its time."""
+        now = self.clock()
+        with self.engine.begin() as c:
+            c.execute(runs.update().where(runs.c.id == run_id).values(stop_requested=now))
+            self._event(c, run_id, "stop", note)
+        return now
 
     def get_run(self, ref: str) -> dict | None:
         """A run by id, or the newest run with that name."""
@@ -129,15 +226,18 @@ class StateDB:
 
     def add_event(self, run_id: str, kind: str, message: str, data: dict | None = None) -> None:
         with self.engine.begin() as c:
-            c.execute(
-                events.insert().values(
-                    run_id=run_id,
-                    ts=time.time(),
-                    kind=kind,
-                    message=message,
-                    data=json.dumps(data) if data else None,
-                )
+            self._event(c, run_id, kind, message, data)
+
+    def _event(self, c, run_id: str, kind: str, message: str, data: dict | None = None) -> None:
+        c.execute(
+            events.insert().values(
+                run_id=run_id,
+                ts=self.clock(),
+                kind=kind,
+                message=message,
+                data=json.dumps(data) if data else None,
             )
+        )
 
     def events(self, run_id: str, limit: int | None = None) -> list[dict]:
         q = events.select().where(events.c.run_id == run_id).order_by(events.c.id.desc())
@@ -146,3 +246,8 @@ class StateDB:
         with self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [dict(r) for r in reversed(rows)]
+
+
+def _is(column, value):
+    """``column = value`` that also matches NULL for None."""
+    return column.is_(None) if value is None else column == value

@@ -104,13 +104,6 @@ def test_kubernetes_refuses_any_loopback_rendezvous():
             get_backend("kubernetes").render(chosen)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="engine/launch.py free_port() binds the rendezvous address to pick a port; "
-    "an address of another machine raises OSError (fix: fall back to a port free on all "
-    "of this machine's interfaces; see the issue 8 report)",
-)
 def test_render_picks_a_port_for_a_rendezvous_on_another_address(tmp_path):
     from typer.testing import CliRunner
 

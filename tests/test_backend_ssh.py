@@ -229,12 +229,6 @@ def test_jobctl_run_completes_over_ssh(server, tmp_path):
     assert logs == ["node-0.exit", "node-0.log", "rank-0.log", "rank-1.log"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/cli_runs.py `logs` reads only the run folder's logs/ and never asks the "
-    "backend to fetch the nodes' logs (fix: call backend.logs for ssh and kubernetes runs; "
-    "see the issue 8 report)",
-)
 @pytest.mark.ssh
 def test_jobctl_logs_shows_what_the_nodes_wrote_on_their_hosts(server, tmp_path):
     from typer.testing import CliRunner

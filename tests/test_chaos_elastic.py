@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from jobctl.backends.local import kill_tree
+from jobctl.backends.local import descendants, kill_tree
 from jobctl.engine.reference import reference_train
 from jobctl.engine.state import StateDB
 
@@ -97,6 +97,65 @@ def test_lost_node_morphs_onto_the_rest(tmp_path):
     assert row["devices"] == 2 and row["plan"].startswith("P=1 D=2")  # morphed: 2x2 -> 1x2
     kinds = [e["kind"] for e in db.events(row["id"])]
     assert "preemption" in kinds and "resume" in kinds and "recovery" in kinds
+    assert row["recovery_s"] > 0
+    _check_losses(spec, run_dir)
+
+
+def _workers(node_pid: int) -> list[int]:
+    """The worker processes (not the torchrun agent) under one node's process tree."""
+    out = []
+    for pid in descendants(node_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"jobctl.engine.worker" in argv and b"torch.distributed.run" not in argv:
+            out.append(pid)
+    return sorted(out)
+
+
+def _resumed_from_last_checkpoint(db, run_dir, checkpointed: int) -> None:
+    """The relaunch continued from a checkpoint at least as new as ``checkpointed`` (its
+    ``checkpoint`` record may have died with the node that wrote it: the manifest on
+    disk is what commits a checkpoint)."""
+    evs = db.events(run_dir.name)
+    resumed = json.loads(next(e for e in evs if e["kind"] == "resume")["data"])
+    assert resumed["step"] >= checkpointed
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_losing_node_0_with_rank_0_morphs_onto_the_rest(tmp_path):
+    spec = _spec()
+    proc, _, home, run_dir = _start(tmp_path, spec)
+    done = max(e["step"] for e in events(run_dir) if e["kind"] == "checkpoint")
+    kill_tree(_node_pids(home, run_dir)[0], signal.SIGKILL)  # rank 0, the reporter
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    db = StateDB(home)
+    row = db.get_run(run_dir.name)
+    assert row["phase"] == "completed" and row["step"] == STEPS
+    assert row["devices"] == 2 and row["recovery_s"] > 0
+    _resumed_from_last_checkpoint(db, run_dir, done)
+    _check_losses(spec, run_dir)  # the loss sequence goes on from the checkpoint
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_a_killed_worker_process_drops_its_node(tmp_path):
+    spec = _spec()
+    proc, _, home, run_dir = _start(tmp_path, spec)
+    node1 = _node_pids(home, run_dir)[1]
+    workers = wait_for(lambda: _workers(node1), 60, "node 1's workers")
+    os.kill(workers[0], signal.SIGKILL)  # one process dies; its node's agent fails
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    db = StateDB(home)
+    row = db.get_run(run_dir.name)
+    assert row["phase"] == "completed" and row["step"] == STEPS and row["devices"] == 2
+    kinds = [e["kind"] for e in db.events(row["id"])]
+    assert "process_lost" in kinds and "recovery" in kinds
     _check_losses(spec, run_dir)
 
 

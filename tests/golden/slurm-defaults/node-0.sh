@@ -17,13 +17,17 @@ if [ "$requeue" != 0 ]; then
   export JOBCTL_RESUME_DIR
 fi
 # A SIGTERM (preemption notice, time limit, cancel) is passed on to the agent, which
-# passes it to the workers (they checkpoint, then exit), and noted, so a stop that comes
-# before the first step (the agent still in rendezvous) reads as a stop, not a failure.
+# passes it to the workers (they checkpoint, then exit), and noted with its own time:
+# a stop that comes before the first step (the agent still in rendezvous) reads as a
+# stop, not a failure, and the recovery time of a morph that drops this node starts
+# from the notice. EPOCHREALTIME is bash 5's (its decimal mark follows the locale);
+# older shells note whole seconds.
 # shellcheck disable=SC2317 # run by the TERM trap
 on_term() {
   told_to_stop=1
   if [ -n "$agent" ]; then kill -TERM "$agent" 2>/dev/null || true; fi
-  printf '{"kind": "node_sigterm", "node": %s, "ts": %s}\n' 0 "$EPOCHREALTIME" \
+  local ts="${EPOCHREALTIME:-$(date +%s)}"
+  printf '{"kind": "node_sigterm", "node": %s, "ts": %s}\n' 0 "${ts/,/.}" \
     >>"$JOBCTL_RUN_DIR/metrics.jsonl"
 }
 told_to_stop=0
@@ -39,6 +43,8 @@ trap on_term TERM
   --max-restarts=0 \
   -m jobctl.engine.worker &
 agent=$!
+# A SIGTERM that came while the agent was being started is passed on now.
+if [ "$told_to_stop" = 1 ]; then kill -TERM "$agent" 2>/dev/null || true; fi
 status=0
 while :; do
   wait "$agent" && status=0 || status=$?
