@@ -313,17 +313,21 @@ def _train_single(spec, steps: int):
     return pruner, losses, {n: p.detach().clone() for n, p in pruner.named.items()}
 
 
+# Pruned to 80 % from the first step, SGD: the CSR-vs-dense comparisons.
+CSR_BASE = {
+    "pruning.start_step": 0,
+    "pruning.initial_sparsity": 0.8,
+    "pruning.end_step": 10,
+    "training.optimizer": "sgd",
+    "training.lr": 0.3,
+    "training.momentum": 0.9,
+}
+
+
 def test_csr_blocks_train_like_dense_ones():
     # SGD: Adam would turn the attention key bias' zero-in-exact-arithmetic gradient into
     # +-lr steps whose sign is rounding noise (see test_parity).
-    base = {
-        "pruning.start_step": 0,
-        "pruning.initial_sparsity": 0.8,
-        "pruning.end_step": 10,
-        "training.optimizer": "sgd",
-        "training.lr": 0.3,
-        "training.momentum": 0.9,
-    }
+    base = dict(CSR_BASE)
     dense_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": None})
     csr_spec = load_spec(PRUNING_YAML, overrides={**base, "pruning.sparse_threshold": 0.5})
     _, dense_losses, dense_w = _train_single(dense_spec, 3)
@@ -412,14 +416,7 @@ def _crossover_record(home, spec, crossovers: dict[tuple[int, int], float | None
 
 def test_auto_computes_in_csr_only_above_the_measured_crossover(tmp_path, monkeypatch):
     monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))  # where the Pruner looks
-    base = {
-        "pruning.start_step": 0,
-        "pruning.initial_sparsity": 0.8,
-        "pruning.end_step": 10,
-        "training.optimizer": "sgd",
-        "training.lr": 0.3,
-        "training.momentum": 0.9,
-    }
+    base = dict(CSR_BASE)
     spec = load_spec(PRUNING_YAML, overrides=base)
     assert spec.pruning.sparse_threshold == "auto"  # the default
     # hidden 16: qkv 48x16, proj 16x16, fc 64x16, mlp proj 16x64

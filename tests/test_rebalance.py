@@ -30,6 +30,17 @@ from jobctl.engine.schedules import validate
 
 from .jobrun import tiny_spec
 
+# Pruning from step 10 to 50 on 3 stages with rebalancing (plan-prediction tests).
+PRUNED_3_STAGES = {
+    "pruning.enabled": True,
+    "pruning.start_step": 10,
+    "pruning.end_step": 50,
+    "pruning.sparse_threshold": 0.5,
+    "rebalancing.enabled": True,
+    "parallelism.pipeline_stages": 3,
+    "parallelism.data_parallel": 1,
+}
+
 
 def test_imbalance_and_loads():
     assert imbalance([1.0, 1.0]) == 0.0
@@ -241,17 +252,7 @@ def test_prediction_uses_the_recorded_per_layer_sparsity(tmp_path):
     from jobctl.engine.rebalance_views import model_layers, predict, pruned_costs
     from jobctl.engine.state import StateDB
 
-    spec = tiny_spec(
-        **{
-            "pruning.enabled": True,
-            "pruning.start_step": 10,
-            "pruning.end_step": 50,
-            "pruning.sparse_threshold": 0.5,
-            "rebalancing.enabled": True,
-            "parallelism.pipeline_stages": 3,
-            "parallelism.data_parallel": 1,
-        }
-    )
+    spec = tiny_spec(**PRUNED_3_STAGES)
     plan = make_plan(spec)
     rows = predict(spec, plan, tmp_path)
     assert {r.source for r in rows} == {"uniform"}  # no earlier run: the schedule
@@ -282,17 +283,7 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
     from jobctl.engine.cli import app
     from jobctl.spec import dump_yaml
 
-    spec = tiny_spec(
-        **{
-            "pruning.enabled": True,
-            "pruning.start_step": 10,
-            "pruning.end_step": 50,
-            "pruning.sparse_threshold": 0.5,
-            "rebalancing.enabled": True,
-            "parallelism.pipeline_stages": 3,
-            "parallelism.data_parallel": 1,
-        }
-    )
+    spec = tiny_spec(**PRUNED_3_STAGES)
     path = tmp_path / "job.yaml"
     path.write_text(dump_yaml(spec))
     r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=160)
