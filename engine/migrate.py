@@ -29,6 +29,7 @@ from torch import nn
 from .actions import Action
 from .model import ModelDef, Stage
 from .optim import build_optimizer
+from .p2p import comm_device
 from .plan import Plan
 from .topology import Topology, build_topology
 
@@ -101,17 +102,19 @@ def _pack(stage: Stage, opt, extras: Tensors, blocks: list[int]) -> bytes:
 
 
 def _send_bytes(data: bytes, dst: int) -> None:
-    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    dist.send(torch.tensor([t.numel()], dtype=torch.int64), dst)
+    dev = comm_device()
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    dist.send(torch.tensor([t.numel()], dtype=torch.int64, device=dev), dst)
     dist.send(t, dst)
 
 
 def _recv_bytes(src: int) -> bytes:
-    n = torch.zeros(1, dtype=torch.int64)
+    dev = comm_device()
+    n = torch.zeros(1, dtype=torch.int64, device=dev)
     dist.recv(n, src)
-    t = torch.empty(int(n), dtype=torch.uint8)
+    t = torch.empty(int(n), dtype=torch.uint8, device=dev)
     dist.recv(t, src)
-    return t.numpy().tobytes()
+    return t.cpu().numpy().tobytes()
 
 
 class _Reuse(ModelDef):

@@ -20,18 +20,27 @@ import torch.distributed as dist
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
 
 
+def comm_device() -> torch.device:
+    """Where small control tensors of a collective or send must live: the current GPU
+    under NCCL (it moves device memory only), else the CPU (gloo)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def send_meta(t: torch.Tensor, dst: int) -> None:
     """Blocking send of a tensor's shape and dtype (startup shape propagation)."""
     meta = torch.zeros(8, dtype=torch.int64)
     meta[0], meta[1] = t.dim(), _DTYPES.index(t.dtype)
     meta[2 : 2 + t.dim()] = torch.tensor(t.shape)
-    dist.send(meta, dst)
+    dist.send(meta.to(comm_device()), dst)
 
 
 def recv_meta(src: int) -> tuple[tuple[int, ...], torch.dtype]:
     """Counterpart of :func:`send_meta`."""
-    meta = torch.zeros(8, dtype=torch.int64)
+    meta = torch.zeros(8, dtype=torch.int64, device=comm_device())
     dist.recv(meta, src)
+    meta = meta.cpu()
     ndim = int(meta[0])
     return tuple(int(x) for x in meta[2 : 2 + ndim]), _DTYPES[int(meta[1])]
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .p2p import comm_device
+
 
 def world(group=None) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
@@ -23,15 +25,16 @@ def all_gather_var(t: torch.Tensor, group=None) -> list[torch.Tensor]:
     n_ranks = world(group)
     if n_ranks == 1:
         return [t.reshape(-1)]
-    n = torch.tensor([t.numel()], dtype=torch.int64)
+    dev = comm_device()
+    n = torch.tensor([t.numel()], dtype=torch.int64, device=dev)
     sizes = [torch.zeros_like(n) for _ in range(n_ranks)]
     dist.all_gather(sizes, n, group=group)
     longest = max(int(s) for s in sizes)
-    padded = torch.zeros(longest, dtype=t.dtype)
-    padded[: t.numel()] = t.reshape(-1)
+    padded = torch.zeros(longest, dtype=t.dtype, device=dev)
+    padded[: t.numel()] = t.reshape(-1).to(dev)
     out = [torch.empty_like(padded) for _ in range(n_ranks)]
     dist.all_gather(out, padded, group=group)
-    return [o[: int(s)] for o, s in zip(out, sizes, strict=True)]
+    return [o[: int(s)].to(t.device) for o, s in zip(out, sizes, strict=True)]
 
 
 class SelectorGroups:

@@ -256,7 +256,7 @@ class Trainer:
         """Global-batch mean loss, on last-stage ranks."""
         if not self.topo.is_last:
             return None
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64)
+        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=self.stop_vote.device)
         if self.topo.dp_group is not None:
             dist.all_reduce(total, group=self.topo.dp_group)
         return float(total)
