@@ -78,6 +78,7 @@ class Monitor:
         self.scaling = ScaleWatch(run.dir, db.clock)
         self.scale_to: ScaleRequest | None = None
         self.stopped_at: float | None = None
+        self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
         self.stragglers: list[int] = []
@@ -89,6 +90,9 @@ class Monitor:
         self.failed_at: float | None = None
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
+    # Every rank checkpointed and said so: what still runs is at most torchrun's exit
+    # barrier, waiting for the agent of a node that left (a SIGTERM'd one) for minutes.
+    ALL_STOPPED_GRACE_S = 2.0
     PEER_FAILURE_GRACE_S = 10.0  # for the node that lost a process to fail after its peers
 
     def poll_once(self) -> Outcome | None:
@@ -211,6 +215,7 @@ class Monitor:
         monitor follows a fresh attempt."""
         self._consume_metrics()
         self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
+        self.stopped_ranks = set()
         self.trained = self.checkpointed = self.ran = False
         self.db.add_event(self.run.id, "requeue", f"requeued: {detail}")
 
@@ -221,7 +226,13 @@ class Monitor:
             self._requeued(pending[0])
             return None
         if any(not s.done for s in statuses):
-            if self.clock() - self.stopped_at < self.STOP_EXIT_GRACE_S:
+            # (Only where jobctl runs the node processes itself: a batch system may be
+            # requeueing the job, and cancelling it now would end it for good.)
+            everyone = len(self.stopped_ranks) >= self.run.plan.world_size and (
+                self.backend.name in ("local", "ssh")
+            )
+            grace = self.ALL_STOPPED_GRACE_S if everyone else self.STOP_EXIT_GRACE_S
+            if self.clock() - self.stopped_at < grace:
                 return None
             self.backend.cancel(self.handles, 9)
         nodes = set(range(self.run.ctx.nnodes))
@@ -278,9 +289,12 @@ class Monitor:
         elif kind in ("sigterm", "node_sigterm"):
             (self.sigterm_nodes if kind == "sigterm" else self.node_sigterm).add(rec["node"])
             self._notice(rec)
-        elif kind == "stopped" and self.stopped_at is None:
-            self.stopped_at = self.clock()
-            self.db.add_event(rid, "stopped", f"all ranks checkpointed step {rec['step']}")
+        elif kind == "stopped":
+            self.stopped_ranks.add(rec.get("rank", -1))
+            if self.stopped_at is None:
+                self.stopped_at = self.clock()
+                note = f"all ranks checkpointed step {rec['step']}"
+                self.db.add_event(rid, "stopped", note, {"step": rec["step"]})
         elif kind == "upload_error":
             self.db.add_event(rid, "upload_error", rec["error"], rec)
         elif kind in ("pruning", "profile"):
