@@ -29,7 +29,7 @@ from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
 from .model import Stage, block_seed, model_def
 from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
-from .p2p import recv_meta, send_meta
+from .p2p import comm_device, recv_meta, send_meta
 from .plan import Plan
 from .pruning import Pruner
 from .rebalance_runtime import Rebalancer
@@ -80,14 +80,12 @@ class StopVote:
     made each rank wait for the pipeline's slowest rank there).
     """
 
-    def __init__(self, device: torch.device):
-        # NCCL reduces device tensors only; gloo CPU tensors.
-        self.device = device if device.type == "cuda" else torch.device("cpu")
+    def __init__(self) -> None:
         self.flag: torch.Tensor | None = None
         self.work = None
 
     def start(self, want: bool, group=None) -> None:
-        self.flag = torch.tensor([1 if want else 0], dtype=torch.int32, device=self.device)
+        self.flag = torch.tensor([1 if want else 0], dtype=torch.int32, device=comm_device())
         self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
 
     def result(self) -> bool:
@@ -143,7 +141,7 @@ class Trainer:
         )
         self.live_group = None  # the ranks still training, once packing freed some
         self.rebalancer = Rebalancer(self) if spec.rebalancing.enabled else None
-        self.stop_vote = StopVote(self.device)
+        self.stop_vote = StopVote()
 
     def _autocast(self):
         if self.spec.training.precision == "bf16":
@@ -256,7 +254,7 @@ class Trainer:
         """Global-batch mean loss, on last-stage ranks."""
         if not self.topo.is_last:
             return None
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=self.stop_vote.device)
+        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=comm_device())
         if self.topo.dp_group is not None:
             dist.all_reduce(total, group=self.topo.dp_group)
         return float(total)
