@@ -20,16 +20,13 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from jobctl.backends.local import kill_tree
 from jobctl.engine.state import StateDB
-from tests.jobrun import ROOT, events, tiny_spec, wait_for, write_spec
-
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+from tests.jobrun import events, start_apply, tiny_spec, wait_for, write_spec
 
 
 def _spec(steps: int, P: int = 2, D: int = 2, nodes: int = 2):
@@ -47,16 +44,7 @@ def _spec(steps: int, P: int = 2, D: int = 2, nodes: int = 2):
 
 
 def _apply(home: Path, spec) -> tuple[subprocess.Popen, Path]:
-    env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
-    spec_file = write_spec(spec, home / "job.yaml")
-    proc = subprocess.Popen(
-        [*JOBCTL, "apply", str(spec_file)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_apply(write_spec(spec, home / "job.yaml"), home)
     runs = home / "runs"
     run_dir = wait_for(lambda: next(runs.glob("*"), None) if runs.exists() else None)
     return proc, run_dir

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -52,6 +55,27 @@ def write_spec(spec, path: Path) -> Path:
 
     path.write_text(dump_yaml(spec))
     return path
+
+
+def start_apply(
+    spec_file: Path, home: Path, output: bool = False, unset: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """``jobctl apply spec_file`` as its own process group (a supervisor tests can kill),
+    with ``JOBCTL_HOME=home``; its output is captured as text with ``output``, else
+    dropped. ``unset``: environment variables it must not inherit."""
+    env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
+    for name in unset:
+        env.pop(name, None)
+    out = subprocess.PIPE if output else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobctl.engine.cli", "apply", str(spec_file)],
+        env=env,
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT if output else subprocess.DEVNULL,
+        text=output,
+        start_new_session=True,
+    )
 
 
 def events(run_dir: Path) -> list[dict]:

@@ -15,7 +15,7 @@ from jobctl.engine.channel_host import pid_alive, read_host
 from jobctl.engine.reference import reference_train
 from jobctl.engine.state import StateDB
 
-from .jobrun import ROOT, events, tiny_spec, wait_for, write_spec
+from .jobrun import ROOT, events, start_apply, tiny_spec, wait_for, write_spec
 
 STEPS = 150
 JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
@@ -60,14 +60,7 @@ def _orphan_run(tmp_path, spec):
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
     env.pop("JOBCTL_CHANNEL", None)
     spec_file = write_spec(spec, tmp_path / "job.yaml")
-    proc = subprocess.Popen(
-        [*JOBCTL, "apply", str(spec_file)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_apply(spec_file, home, unset=("JOBCTL_CHANNEL",))
     run_dir = wait_for(lambda: next(iter((home / "runs").glob("*")), None), what="run folder")
     wait_for(lambda: len(_steps(run_dir)) >= 5, what="five steps")
     handles = [int(h) for h in StateDB(home).get_run(run_dir.name)["pids"].split(",")]

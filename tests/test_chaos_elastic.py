@@ -20,7 +20,7 @@ from jobctl.backends.local import descendants, kill_tree
 from jobctl.engine.reference import reference_train
 from jobctl.engine.state import StateDB
 
-from .jobrun import ROOT, events, tiny_spec, wait_for, write_spec
+from .jobrun import events, start_apply, tiny_spec, wait_for, write_spec
 
 STEPS = 30
 JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
@@ -49,17 +49,8 @@ def _spec(steps: int = STEPS, **extra):
 
 def _start(tmp_path, spec):
     env = {**os.environ, "JOBCTL_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    spec_file = write_spec(spec, tmp_path / "job.yaml")
-    proc = subprocess.Popen(
-        [*JOBCTL, "apply", str(spec_file)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     home = tmp_path / "home"
+    proc = start_apply(write_spec(spec, tmp_path / "job.yaml"), home, output=True)
     run_dir = wait_for(
         lambda: next((home / "runs").glob("*"), None) if (home / "runs").exists() else None,
         what="the run folder",

@@ -19,7 +19,7 @@ from jobctl.engine.reference import reference_train
 from jobctl.engine.state import StateDB
 from jobctl.spec import dump_yaml
 
-from .jobrun import ROOT, final_weights, tiny_spec
+from .jobrun import ROOT, final_weights, start_apply, tiny_spec
 
 STEPS = 40
 
@@ -62,14 +62,7 @@ def test_kill_everything_then_resume(tmp_path, s3_url, again):
     home = tmp_path / "home"
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
     jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
-    proc = subprocess.Popen(
-        [*jobctl, "apply", str(spec_file)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_apply(spec_file, home)
     run_dir = _wait_for_upload(home, proc)
     row = StateDB(home).get_run(run_dir.name)
     for pid in [proc.pid, *map(int, row["pids"].split(","))]:
