@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, BackendError, NodeStatus, Rendered, RunContext
+from .base import Backend, BackendError, NodeStatus, Released, Rendered, RunContext
 from .kubernetes import KubernetesBackend
 from .local import LocalBackend
 from .slurm import SlurmBackend
@@ -25,4 +25,12 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}: valid backends are {valid}") from None
 
 
-__all__ = ["Backend", "BackendError", "NodeStatus", "Rendered", "RunContext", "get_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "NodeStatus",
+    "Released",
+    "Rendered",
+    "RunContext",
+    "get_backend",
+]

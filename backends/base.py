@@ -137,6 +137,21 @@ class Backend(Protocol):
 
     def logs(self, handles: list[str], run_dir: Path) -> list[Path]: ...
 
+    def release(self, handles: list[str], nodes: list[int]) -> Released: ...
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a backend did with nodes a packed run no longer uses.
+
+    ``handles``: indices of handles that now end on their own, exit 0 (a node's own
+    process tree); their end is expected, not a loss. ``note``: what happened to the
+    machines, for the run's events (released to the scheduler, or kept and why).
+    """
+
+    handles: list[int]
+    note: str
+
 
 class BackendBase:
     """What every backend shares: ``poll`` derived from ``status``, logs read from the
@@ -163,6 +178,13 @@ class BackendBase:
     def poll(self, handles: list[str]) -> list[int | None]:
         """Exit code of each handle, None while it runs (what engine.monitor reads)."""
         return [s.exit_code for s in self.status(handles)]
+
+    def release(self, handles: list[str], nodes: list[int]) -> Released:
+        """Hand back ``nodes`` once packing freed them (their workers have exited 0).
+
+        Where the backend cannot give part of a run's machines back, they stay held until
+        the run ends; the note says so."""
+        return Released([], f"{self.name} keeps node(s) {nodes} until the run ends")
 
     def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
         """The run's log files, written straight into ``run_dir/logs`` (local disk, or a

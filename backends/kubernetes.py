@@ -21,6 +21,7 @@ from .base import (
     BackendBase,
     BackendError,
     NodeStatus,
+    Released,
     Rendered,
     RunContext,
     StatusCache,
@@ -103,6 +104,12 @@ class KubernetesBackend(BackendBase):
             run_command(argv)
             self._cancelled.add(handle)
         self._cache.clear()
+
+    def release(self, handles: list[str], nodes: list[int]) -> Released:
+        """Pods stay until the run ends: an elastic PyTorchJob counts a worker that exits
+        0 as the whole job's success, and scaling its replicas down removes pods by
+        index, not the nodes packing freed."""
+        return Released([], f"Kubernetes keeps the pods of node(s) {nodes} until the run ends")
 
     def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
         """Every pod's output, prefixed with its name, in ``remote-logs/<name>.log``."""

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 
-from .base import BackendBase, NodeStatus, Rendered, RunContext
+from .base import BackendBase, NodeStatus, Released, Rendered, RunContext
 from .nodes import node_scripts
 
 
@@ -63,6 +63,14 @@ class LocalBackend(BackendBase):
         for pid in handles:
             self._cancelled.add(pid)
             kill_tree(int(pid), sig)
+
+    def release(self, handles: list[str], nodes: list[int]) -> Released:
+        """Tell each freed node's script (SIGUSR1, to the script alone) to end its agent,
+        which waits in torchrun's exit barrier, and exit 0."""
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(handles[node]), signal.SIGUSR1)
+        return Released(list(nodes), f"the processes of node(s) {nodes} were told to end")
 
 
 def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 from jobctl.templates import render
 
@@ -26,6 +27,7 @@ from .base import (
     Cause,
     NodeStatus,
     Phase,
+    Released,
     Rendered,
     RunContext,
     StatusCache,
@@ -76,6 +78,7 @@ class SlurmBackend(BackendBase):
     """Submits a run as one Slurm batch job."""
 
     name = "slurm"
+    RELEASE_TIMEOUT_S = 30.0  # a freed node's workers are gone: its agent ends in ~1 s
 
     def __init__(self, status_ttl_s: float = 2.0) -> None:
         super().__init__()
@@ -116,6 +119,57 @@ class SlurmBackend(BackendBase):
         else:
             run_command(["scancel", f"--signal={int(sig)}", "--full", *handles])
         self._cache.clear()
+
+    def release(self, handles: list[str], nodes: list[int]) -> Released:
+        """Shrink the job to the nodes still training (``scontrol update NodeList=``).
+
+        Slurm kills a step's tasks on nodes a job gives up, and ``--kill-on-bad-exit``
+        would then end the whole step, so each freed node's script is first told to
+        leave (SIGUSR1 through ``srun --overlap`` on that node; it ends its agent, which
+        waits in torchrun's exit barrier, and exits 0). The shrunk job is no longer
+        requeued in place: its node scripts were rendered for the full allocation, so a
+        preemption now ends it and the supervisor resumes the run as a new job."""
+        if not handles or not nodes:
+            return Released([], "nothing to release")
+        job = handles[0]
+        info = job_fields(job)
+        hosts = run_command(["scontrol", "show", "hostnames", info["NodeList"]]).split()
+        freed = [hosts[k] for k in nodes if k < len(hosts)]
+        kept = [h for h in hosts if h not in freed]
+        if not freed or not kept:
+            return Released([], f"Slurm job {job} keeps {info['NodeList']}")
+        scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
+        pid_files = [os.path.join(scripts, f"node-{k}.pid") for k in nodes]
+        for pid_file, host in zip(pid_files, freed, strict=False):
+            with open(pid_file) as f:
+                pid = int(f.read().strip())
+            run_command(
+                ["srun", f"--jobid={job}", "--overlap", f"--nodelist={host}", "--nodes=1",
+                 "--ntasks=1", "--output=/dev/null", "kill", "-USR1", str(pid)],
+                timeout=60,
+            )  # fmt: skip
+        # A released node script removes its pid file as it exits 0 (a task that Slurm
+        # killed instead would fail the step).
+        deadline = time.monotonic() + self.RELEASE_TIMEOUT_S
+        while any(os.path.exists(f) for f in pid_files):
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"node(s) {nodes} of Slurm job {job} did not leave within "
+                    f"{self.RELEASE_TIMEOUT_S:.0f} s of their release; the job keeps them"
+                )
+            time.sleep(0.2)
+        # (Requeue first: slurmctld refuses job updates for a while after a resize.)
+        run_command(["scontrol", "update", f"JobId={job}", "Requeue=0"])
+        run_command(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(kept)}"])
+        self._cache.clear()
+        note = f"Slurm job {job} gave back {','.join(freed)}; it runs on {','.join(kept)}"
+        return Released([], note)
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o``'s ``Key=Value`` fields of one job."""
+    out = run_command(["scontrol", "show", "job", "-o", job_id])
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
 def sbatch_context(ctx: RunContext) -> dict:

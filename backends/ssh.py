@@ -38,6 +38,7 @@ from .base import (
     BackendBase,
     BackendError,
     NodeStatus,
+    Released,
     Rendered,
     RunContext,
     StatusCache,
@@ -159,6 +160,17 @@ class SshBackend(BackendBase):
             self._cancelled.add(handle)
             run_command(self._ssh(node.opts, node.host, kill_command(node, sig)), timeout=30)
         self._cache.clear()
+
+    def release(self, handles: list[str], nodes: list[int]) -> Released:
+        """Tell each freed node's script (SIGUSR1) to end its agent and exit 0; the host
+        is then free for other work."""
+        hosts = []
+        for k in nodes:
+            node = self._node(handles[k])
+            run_command(self._ssh(node.opts, node.host, release_command(node)), timeout=30)
+            hosts.append(node.host)
+        self._cache.clear()
+        return Released(list(nodes), f"node(s) {nodes} on {', '.join(hosts)} were told to end")
 
     def logs(self, handles: list[str], run_dir: Path) -> list[Path]:
         """Copy each host's ``logs/`` into ``remote-logs/<k>-<host>/``; returns the files."""
@@ -284,6 +296,16 @@ def kill_command(node: Node, sig: int) -> str:
     return (
         f"{_TREE}if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
         f"then kill -{int(sig)} $(tree {pid}) 2>/dev/null || true; fi"
+    )
+
+
+def release_command(node: Node) -> str:
+    """Remote shell command sending SIGUSR1 to the node's script alone (the child of
+    the ``jobctl-node`` wrapper whose pid is the handle's), if that pid is still the node's."""
+    pid, mark = int(node.pid), shlex.quote(f"jobctl-node scripts/node-{node.node}.sh")
+    return (
+        f"if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
+        f"then kill -USR1 $(pgrep -P {pid}) 2>/dev/null || true; fi"
     )
 
 

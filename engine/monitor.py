@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobctl.backends import BackendError
+from jobctl.backends import BackendError, NodeStatus
 
 from .channel_liveness import HeartbeatWatch
 from .crash import bug_ranks, lost_process_nodes
@@ -88,6 +88,10 @@ class Monitor:
         self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
         self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
         self.failed_at: float | None = None
+        self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
+        self.released: set[int] = set()  # nodes handed back to the backend
+        self.released_handles: set[int] = set()  # handles that end on their own, exit 0
+        self.left: set[int] = set()  # released handles seen ended
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
     # Every rank checkpointed and said so: what still runs is at most torchrun's exit
@@ -98,6 +102,7 @@ class Monitor:
     def poll_once(self) -> Outcome | None:
         """One round: returns the outcome once the attempt has ended, else None."""
         self._consume_metrics()
+        self._release_freed()
         self._check_scale()
         outcome = self._poll()
         if outcome is None:
@@ -121,8 +126,41 @@ class Monitor:
             self.db.add_event(self.run.id, "scale", f"{req.reason}: to {req.devices} device(s)")
             self.backend.cancel(self.handles, signal.SIGTERM)
 
+    def _release_freed(self) -> None:
+        """Nodes packing freed go back to the backend once every rank on them has left
+        (each wrote ``freed`` with the node script it ran under): their processes end on
+        their own, which is expected."""
+        per_node = self.run.ctx.nproc_per_node
+        left: dict[int, int] = {}
+        for node in self.freed_ranks.values():
+            left[node] = left.get(node, 0) + 1
+        done = sorted(
+            n
+            for n, count in left.items()
+            if n not in self.released and n < len(per_node) and count >= per_node[n]
+        )
+        if not done:
+            return
+        self.released |= set(done)
+        try:
+            got = self.backend.release(self.handles, done)
+        except (BackendError, OSError) as e:
+            msg = f"node(s) {done} were freed but could not be released: {e}"
+            self.db.add_event(self.run.id, "release_error", msg, {"nodes": done})
+            return
+        self.released_handles |= set(got.handles)
+        msg = f"released node(s) {done} freed by packing: {got.note}"
+        self.db.add_event(self.run.id, "released", msg, {"nodes": done, "note": got.note})
+
     def _poll(self) -> Outcome | None:
         statuses = self.backend.status(self.handles)
+        for n in self.released_handles:  # a released node's end is expected (exit 0)
+            if statuses[n].done:
+                if n not in self.left:
+                    self.left.add(n)
+                    msg = f"node {n} left after its release ({statuses[n].detail})"
+                    self.db.add_event(self.run.id, "node_left", msg, {"node": n})
+                statuses[n] = NodeStatus("succeeded", 0, statuses[n].detail)
         codes = [s.exit_code for s in statuses]
         self._follow_queue(statuses)
         if self.stopped_at is not None:
@@ -228,9 +266,8 @@ class Monitor:
         if any(not s.done for s in statuses):
             # (Only where jobctl runs the node processes itself: a batch system may be
             # requeueing the job, and cancelling it now would end it for good.)
-            everyone = len(self.stopped_ranks) >= self.run.plan.world_size and (
-                self.backend.name in ("local", "ssh")
-            )
+            live = self.run.plan.world_size - len(self.freed_ranks)
+            everyone = len(self.stopped_ranks) >= live and (self.backend.name in ("local", "ssh"))
             grace = self.ALL_STOPPED_GRACE_S if everyone else self.STOP_EXIT_GRACE_S
             if self.clock() - self.stopped_at < grace:
                 return None
@@ -301,6 +338,8 @@ class Monitor:
             self.pruning.record(rec)
         elif kind in REBALANCE_KINDS:
             self.rebalance.record(rec)
+        elif kind == "freed":
+            self.freed_ranks[rec["rank"]] = rec.get("host_node", rec.get("node", -1))
 
     def _notice(self, rec: dict) -> None:
         """A node's SIGTERM (preemption notice, stop): persisted with its own time, which

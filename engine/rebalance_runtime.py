@@ -208,7 +208,12 @@ class Rebalancer:
         )
         if got.freed:
             self.freed = True
-            t.events.write("freed", rank=t.rank, step=record["step"], migrate_s=got.seconds)
+            # host_node: the node script this process runs under (what the backend
+            # releases), which torchrun's rendezvous order may map differently from the plan
+            host = int(os.environ.get("JOBCTL_NODE", old.rank(t.rank).node))
+            t.events.write(
+                "freed", rank=t.rank, step=record["step"], migrate_s=got.seconds, host_node=host
+            )
             return None
         t.stage, t.named, t.opt, t.topo, t.actions = (
             got.stage,

@@ -75,6 +75,15 @@ def main() -> int:
         raise
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
+    if trainer.rebalancer is not None and trainer.rebalancer.freed:
+        # Packed away: nothing of this rank is left to finish once its events are
+        # delivered. Leave at once (interpreter teardown took seconds at times), so the
+        # supervisor can hand this node back to the backend while the others train.
+        close = getattr(trainer.events, "close", None)
+        if close is not None:
+            close()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

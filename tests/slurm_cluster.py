@@ -94,8 +94,12 @@ def missing() -> str | None:
     return None
 
 
-def start(timeout: float = START_TIMEOUT_S) -> Cluster:
-    """Start a private cluster and wait (bounded) until its node is idle."""
+def start(timeout: float = START_TIMEOUT_S, nodes: int = 1) -> Cluster:
+    """Start a private cluster and wait (bounded) until its nodes are idle.
+
+    ``nodes`` > 1 runs that many slurmd daemons on this machine, each a Slurm node of its
+    own (``n0``, ``n1``, ...; own port, spool and pid file), for multi-node jobs.
+    """
     reason = missing()
     if reason:
         raise ClusterUnavailable(reason)
@@ -103,8 +107,8 @@ def start(timeout: float = START_TIMEOUT_S) -> Cluster:
     root = Path(tempfile.mkdtemp(prefix="jobctl-slurm-", dir="/tmp"))
     cluster = Cluster(root, root / "slurm.conf", [])
     try:
-        _prepare(root)
-        _start_daemons(cluster)
+        _prepare(root, nodes)
+        _start_daemons(cluster, nodes)
         _wait_idle(cluster, timeout)
     except BaseException:
         cluster.stop()
@@ -112,14 +116,17 @@ def start(timeout: float = START_TIMEOUT_S) -> Cluster:
     return cluster
 
 
-def _prepare(root: Path) -> None:
+def _prepare(root: Path, nodes: int = 1) -> None:
     for sub in ("state", "spool", "munge"):
         (root / sub).mkdir()
     (root / "munge").chmod(0o700)
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    (root / "slurm.conf").write_text(slurm_conf(root, free_port(), free_port()))
+    conf = slurm_conf(root, free_port(), free_port())
+    if nodes > 1:
+        conf = _multi_node(conf, root, nodes)
+    (root / "slurm.conf").write_text(conf)
 
 
 def slurm_conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
@@ -160,7 +167,24 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _start_daemons(cluster: Cluster) -> None:
+def _multi_node(conf: str, root: Path, nodes: int) -> str:
+    """``conf`` with ``nodes`` Slurm nodes on this machine instead of one."""
+    per_node = ("NodeName=", "SlurmdPidFile=", "SlurmdSpoolDir=", "SlurmdLogFile=")
+    lines = [x for x in conf.splitlines() if not x.startswith(per_node)]
+    (node_line,) = [x for x in conf.splitlines() if x.startswith("NodeName=")]
+    resources = node_line.split(" CPUs=", 1)[1]
+    host = socket.gethostname()
+    lines += [f"SlurmdSpoolDir={root}/spool/%n", f"SlurmdPidFile={root}/slurmd-%n.pid",
+              f"SlurmdLogFile={root}/slurmd-%n.log"]  # fmt: skip
+    for k in range(nodes):
+        lines.append(f"NodeName=n{k} NodeHostname={host} NodeAddr=127.0.0.1 "
+                     f"Port={free_port()} CPUs={resources}")  # fmt: skip
+    partition = next(i for i, x in enumerate(lines) if x.startswith("PartitionName="))
+    lines.append(lines.pop(partition))  # after the nodes it names
+    return "\n".join(lines) + "\n"
+
+
+def _start_daemons(cluster: Cluster, nodes: int = 1) -> None:
     root, env = cluster.root, {**os.environ, **cluster.env}
     munge = root / "munge"
     commands = [
@@ -168,10 +192,12 @@ def _start_daemons(cluster: Cluster) -> None:
          f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
          f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"],
         ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
-        ["slurmd", "-D", "-f", str(cluster.conf)],
     ]  # fmt: skip
+    commands += [["slurmd", "-D", "-f", str(cluster.conf)]] if nodes == 1 else [
+        ["slurmd", "-D", "-N", f"n{k}", "-f", str(cluster.conf)] for k in range(nodes)]  # fmt: skip
     for cmd in commands:
-        log = open(root / f"{cmd[0]}.out", "wb")  # noqa: SIM115 - handed to the daemon
+        name = cmd[0] + (f"-{cmd[3]}" if "-N" in cmd else "")
+        log = open(root / f"{name}.out", "wb")  # noqa: SIM115 - handed to the daemon
         cluster.procs.append(
             subprocess.Popen(
                 cmd,
@@ -195,7 +221,7 @@ def _wait_idle(cluster: Cluster, timeout: float) -> None:
             ["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True, env=env,
             timeout=10,
         )  # fmt: skip
-        return out.returncode == 0 and out.stdout.strip() == "idle"
+        return out.returncode == 0 and set(out.stdout.split()) == {"idle"}
 
     _wait_for(idle, timeout, "an idle Slurm node", cluster)
 

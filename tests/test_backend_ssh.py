@@ -8,6 +8,7 @@ only the handles, as ``jobctl stop``, ``jobctl logs`` and an adopting supervisor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -125,6 +126,37 @@ def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
     assert [s.cause for s in statuses] == ["cancelled", "cancelled"]
     for pid_file in pid_files:
         assert not _alive(int(pid_file.read_text())), "a process in its own session survived"
+
+
+@pytest.mark.ssh
+def test_release_tells_only_the_freed_nodes_script(server, tmp_path):
+    # As node.sh does, the stub ends on SIGUSR1 with exit 0; the release must reach the
+    # script itself (not its wrapper, not its children) on the freed node only.
+    tree = ('trap \'echo released; exit 0\' USR1\n'
+            'setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1\nwhile :; do wait; done\n')  # fmt: skip
+    script = f'JOBCTL_PIDS={tmp_path}/pid\nset -- "$(basename "$0")"\n{tree}'
+    backend = SshBackend(status_ttl_s=0)
+    ctx = _two_hosts(server, tmp_path / "run")
+    handles = backend.submit(Rendered("ssh", {"node-0.sh": script, "node-1.sh": script}), ctx)
+    pid_files = [tmp_path / f"pid-node-{k}.sh" for k in (0, 1)]
+    deadline = time.monotonic() + WAIT_S
+    while not all(p.exists() and p.read_text().strip() for p in pid_files):
+        assert time.monotonic() < deadline, "the stub nodes never started"
+        time.sleep(0.2)
+    try:
+        got = SshBackend(status_ttl_s=0).release(handles, [1])  # another process, as adopt
+        assert got.handles == [1] and "localhost" in got.note
+        deadline = time.monotonic() + WAIT_S
+        while backend.status(handles)[1].phase == "running":
+            assert time.monotonic() < deadline, "the released node never ended"
+            time.sleep(0.2)
+        assert [s.phase for s in backend.status(handles)] == ["running", "succeeded"]
+        assert (tmp_path / "run" / "logs" / "node-1.log").read_text() == "released\n"
+    finally:
+        backend.cancel(handles, signal.SIGKILL)
+        for pid_file in pid_files:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 @pytest.mark.ssh

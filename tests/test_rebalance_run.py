@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,32 @@ def test_rebalancing_changes_only_where_layers_run(tmp_path, unbalanced, balance
     for name, st in ref_state.items():
         assert set(st) == {"step", "exp_avg", "exp_avg_sq"}, name
         assert all(torch.equal(state[name][k], v) for k, v in st.items()), name
+
+
+@pytest.mark.multiproc
+def test_packing_releases_the_freed_node(tmp_path):
+    # Three nodes of one device: packing onto 2 frees rank 2 and so its node. Once the
+    # rank has left, the backend is told: that node's script ends its agent (waiting in
+    # torchrun's exit barrier) and exits 0 while the other two train; the run completes.
+    steps = 150
+    pack = {"rebalancing.pack": True, "rebalancing.target_devices": 2}
+    layout = {"hardware.nodes": 3, "hardware.processes_per_node": 1, "training.steps": steps}
+    run, outcome = run_job(_spec(**pack, **layout, **{"rebalancing.hold_steps": 1}), tmp_path)
+    assert outcome.ok, outcome.message
+    assert len(step_losses(run.dir)) == steps
+    recs = events(run.dir)
+    packed = [r for r in recs if r["kind"] == "packed"]
+    assert packed[0]["freed_ranks"] == [2] and packed[0]["freed_nodes"] == [2]
+    (freed,) = [r for r in recs if r["kind"] == "freed"]
+    node = freed["host_node"]  # torchrun's rendezvous order picks which script hosts rank 2
+    db_events = StateDB(tmp_path).events(run.id)
+    released = [e for e in db_events if e["kind"] == "released"]
+    assert len(released) == 1 and json.loads(released[0]["data"])["nodes"] == [node]
+    assert "told to end" in released[0]["message"]
+    log = (run.dir / "logs" / f"node-{node}.log").read_text()
+    assert f"node {node} released after packing" in log
+    # that node ended while the others trained: steps came after it left
+    left = [e for e in db_events if e["kind"] == "node_left"]
+    assert len(left) == 1 and "exit 0" in left[0]["message"]
+    assert [r for r in recs if r["kind"] == "step" and r["ts"] > left[0]["ts"]]
+    assert not any(e["kind"] in ("preempted", "heartbeat_timeout") for e in db_events)

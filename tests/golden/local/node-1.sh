@@ -7,6 +7,10 @@ export JOBCTL_THREADS=1
 export OMP_NUM_THREADS=1
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 rdzv_id=quick-1
+node=1
+# Which node script started a worker: torchrun numbers the agents in rendezvous order,
+# so a rank's node in the plan need not be this one.
+export JOBCTL_NODE="$node"
 # A relaunch of the same batch job (Slurm sets JOBCTL_REQUEUE to its restart count when
 # it requeues one) continues from the newest complete checkpoint, in a rendezvous round
 # of its own: the one rendered here is stale by then.
@@ -30,9 +34,32 @@ on_term() {
   printf '{"kind": "node_sigterm", "node": %s, "ts": %s}\n' 1 "${ts/,/.}" \
     >>"$JOBCTL_RUN_DIR/metrics.jsonl"
 }
+# A SIGUSR1 says this node was packed away (engine/rebalance_runtime.py): its workers
+# have handed their layers on and exited 0, and its agent waits in torchrun's exit
+# barrier for the nodes still training. Once the agent has no workers left (it then
+# counts itself at that barrier within its monitor interval), it is ended and the node
+# exits 0, so the backend can hand the machine back while the others go on.
+# shellcheck disable=SC2317 # run by the USR1 trap
+on_release() { released=1; }
+# shellcheck disable=SC2317 # called from the main loop after a USR1
+release_agent() {
+  local waited=0
+  while pgrep -P "$agent" >/dev/null 2>&1; do  # workers still leaving
+    sleep 0.2
+    waited=$((waited + 1))
+    if [ "$waited" -ge 300 ]; then return 1; fi  # a minute: not packed away after all
+  done
+  sleep 1  # its arrival at the exit barrier is counted by then (torchrun checks every 0.1 s)
+  kill -KILL "$agent" 2>/dev/null || true
+  wait "$agent" 2>/dev/null || true
+}
 told_to_stop=0
+released=0
 agent=""
 trap on_term TERM
+trap on_release USR1
+# Where a release finds this script on its machine (Slurm: `srun --overlap` on that node).
+echo "$$" >"$JOBCTL_RUN_DIR/scripts/node-$node.pid" 2>/dev/null || true
 /usr/bin/python3 -m torch.distributed.run \
   --nnodes=2 \
   --nproc-per-node=2 \
@@ -48,7 +75,15 @@ if [ "$told_to_stop" = 1 ]; then kill -TERM "$agent" 2>/dev/null || true; fi
 status=0
 while :; do
   wait "$agent" && status=0 || status=$?
-  kill -0 "$agent" 2>/dev/null || break  # still alive: the trap cut the wait short
+  if [ "$released" = 1 ] && [ "$told_to_stop" = 0 ]; then
+    released=0
+    if release_agent; then
+      echo "jobctl: node $node released after packing; its agent ended" >&2
+      rm -f "$JOBCTL_RUN_DIR/scripts/node-$node.pid"  # says so to whoever released it
+      exit 0
+    fi
+  fi
+  kill -0 "$agent" 2>/dev/null || break  # still alive: a trap cut the wait short
 done
 if [ "$told_to_stop" = 1 ]; then  # end as a stopped node does: by the signal
   trap - TERM
