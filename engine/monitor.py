@@ -130,6 +130,8 @@ class Monitor:
         """Nodes packing freed go back to the backend once every rank on them has left
         (each wrote ``freed`` with the node script it ran under): their processes end on
         their own, which is expected."""
+        if not self.freed_ranks:
+            return
         per_node = self.run.ctx.nproc_per_node
         left: dict[int, int] = {}
         for node in self.freed_ranks.values():
