@@ -134,13 +134,16 @@ class SlurmBackend(BackendBase):
         job = handles[0]
         info = job_fields(job)
         hosts = run_command(["scontrol", "show", "hostnames", info["NodeList"]]).split()
-        freed = [hosts[k] for k in nodes if k < len(hosts)]
+        scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
+        pairs = [
+            (os.path.join(scripts, f"node-{k}.pid"), hosts[k]) for k in nodes if k < len(hosts)
+        ]
+        freed = [host for _, host in pairs]
         kept = [h for h in hosts if h not in freed]
         if not freed or not kept:
             return Released([], f"Slurm job {job} keeps {info['NodeList']}")
-        scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
-        pid_files = [os.path.join(scripts, f"node-{k}.pid") for k in nodes]
-        for pid_file, host in zip(pid_files, freed, strict=False):
+        pid_files = [pid_file for pid_file, _ in pairs]
+        for pid_file, host in pairs:
             with open(pid_file) as f:
                 pid = int(f.read().strip())
             run_command(

@@ -292,20 +292,22 @@ def probe_command(node: Node) -> str:
 def kill_command(node: Node, sig: int) -> str:
     """Remote shell command sending ``sig`` to the node's process and all its
     descendants, if that pid is still the node's (a pid is reused once it ends)."""
-    pid, mark = int(node.pid), shlex.quote(f"jobctl-node scripts/node-{node.node}.sh")
-    return (
-        f"{_TREE}if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
-        f"then kill -{int(sig)} $(tree {pid}) 2>/dev/null || true; fi"
-    )
+    return _if_still_node(node, f"kill -{int(sig)} $(tree {int(node.pid)})", _TREE)
 
 
 def release_command(node: Node) -> str:
     """Remote shell command sending SIGUSR1 to the node's script alone (the child of
     the ``jobctl-node`` wrapper whose pid is the handle's), if that pid is still the node's."""
+    return _if_still_node(node, f"kill -USR1 $(pgrep -P {int(node.pid)})")
+
+
+def _if_still_node(node: Node, action: str, prelude: str = "") -> str:
+    """``action`` (errors ignored), only while the handle's pid still runs this node's
+    wrapper: a pid is reused once it ends."""
     pid, mark = int(node.pid), shlex.quote(f"jobctl-node scripts/node-{node.node}.sh")
     return (
-        f"if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
-        f"then kill -USR1 $(pgrep -P {pid}) 2>/dev/null || true; fi"
+        f"{prelude}if ps -ww -o args= -p {pid} | grep -qF -- {mark}; "
+        f"then {action} 2>/dev/null || true; fi"
     )
 
 

@@ -341,7 +341,7 @@ class Monitor:
         elif kind in REBALANCE_KINDS:
             self.rebalance.record(rec)
         elif kind == "freed":
-            self.freed_ranks[rec["rank"]] = rec.get("host_node", rec.get("node", -1))
+            self.freed_ranks[rec["rank"]] = rec["host_node"]
 
     def _notice(self, rec: dict) -> None:
         """A node's SIGTERM (preemption notice, stop): persisted with its own time, which

@@ -26,6 +26,31 @@ def tiny_spec(**overrides):
     return load_spec(QUICKSTART, overrides=overrides)
 
 
+def rebalancing_spec(**extra):
+    """jobs/pruning.yaml as a 3-stage job of 7 blocks (3 processes on one node) that
+    prunes at steps 2, 4, 6 and rebalances by parameters (partition) after each
+    profiled step, with dotted overrides."""
+    overrides = {
+        "model.layers": 5,  # 7 blocks on 3 stages: pruning shifts the parameter balance
+        "training.optimizer": "sgd",
+        "training.lr": 0.3,
+        "training.momentum": 0.9,
+        "pruning.start_step": 2,
+        "pruning.end_step": 6,
+        "pruning.frequency": 2,
+        "pruning.initial_sparsity": 0.2,
+        "hardware.processes_per_node": 3,
+        "parallelism.pipeline_stages": 3,
+        "parallelism.data_parallel": 1,
+        "rebalancing.enabled": True,
+        "rebalancing.balancer": "partition",
+        "rebalancing.by": "params",
+        "rebalancing.tolerance": 0.0,
+        **extra,
+    }
+    return load_spec(ROOT / "jobs" / "pruning.yaml", overrides=overrides)
+
+
 def run_job(
     spec,
     home: Path,

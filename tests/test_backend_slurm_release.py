@@ -14,18 +14,14 @@ import os
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from jobctl.engine.state import StateDB
-from jobctl.spec import load_spec
 
 from . import slurm_cluster
 from .backend_jobs import run_on
-from .jobrun import events
-
-ROOT = Path(__file__).resolve().parents[1]
+from .jobrun import events, rebalancing_spec
 
 
 @pytest.fixture(scope="module")
@@ -55,33 +51,19 @@ def test_packing_gives_the_freed_node_back_to_slurm(cluster3, tmp_path, monkeypa
     for name, value in cluster3.env.items():
         monkeypatch.setenv(name, value)
     steps = 800  # ~15 s after packing; a release (srun, ~1 s agent wait, scontrol) takes ~2
-    spec = load_spec(
-        ROOT / "jobs" / "pruning.yaml",
-        overrides={
+    spec = rebalancing_spec(
+        **{
             "training.steps": steps,
-            "model.layers": 5,
-            "training.optimizer": "sgd",
-            "training.lr": 0.3,
-            "pruning.start_step": 2,
-            "pruning.end_step": 6,
-            "pruning.frequency": 2,
-            "pruning.initial_sparsity": 0.2,
             "hardware.backend": "slurm",
             "hardware.rendezvous_host": "127.0.0.1",
             "hardware.nodes": 3,
             "hardware.processes_per_node": 1,
             "hardware.memory_gb": 1,
-            "parallelism.pipeline_stages": 3,
-            "parallelism.data_parallel": 1,
-            "rebalancing.enabled": True,
-            "rebalancing.balancer": "partition",
-            "rebalancing.by": "params",
-            "rebalancing.tolerance": 0.0,
             "rebalancing.pack": True,
             "rebalancing.target_devices": 2,
             "rebalancing.hold_steps": 1,
             "checkpoint.interval": steps,
-        },
+        }
     )
     home = tmp_path / "home"
     db = StateDB(home)

@@ -91,12 +91,15 @@ def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
     assert (tmp_path / "run" / "remote-logs" / "1-localhost" / "node-1.log").read_text() == "one\n"
 
 
-def _start_sleepers(server, run_dir: Path, pids: Path) -> tuple[list[str], list[Path]]:
+def _start_sleepers(
+    server, run_dir: Path, pids: Path, prelude: str = ""
+) -> tuple[list[str], list[Path]]:
     """Two stub nodes, each a shell whose child sleeps in a session of its own (as
-    torchrun's workers do) after printing a line; (handles, the children's pid files)."""
+    torchrun's workers do) after printing a line; (handles, the children's pid files).
+    ``prelude`` runs first in each (a trap, say)."""
     ctx = _two_hosts(server, run_dir)
     tree = 'echo "up $1"; setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1; wait\n'
-    script = f'JOBCTL_PIDS={pids}\nset -- "$(basename "$0")"\n{tree}'
+    script = f'JOBCTL_PIDS={pids}\nset -- "$(basename "$0")"\n{prelude}{tree}'
     stub = Rendered("ssh", {"node-0.sh": script, "node-1.sh": script})
     handles = SshBackend(status_ttl_s=0).submit(stub, ctx)
     pid_files = [pids.with_name(f"{pids.name}-node-{k}.sh") for k in (0, 1)]
@@ -109,17 +112,9 @@ def _start_sleepers(server, run_dir: Path, pids: Path) -> tuple[list[str], list[
 
 @pytest.mark.ssh
 def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
-    backend = SshBackend(status_ttl_s=0)
-    ctx = _two_hosts(server, tmp_path / "run")
     # Like torchrun's workers, the grandchild starts its own session.
-    tree = 'setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1; wait\n'
-    script = f'JOBCTL_PIDS={tmp_path}/pid\nset -- "$(basename "$0")"\n{tree}'
-    handles = backend.submit(Rendered("ssh", {"node-0.sh": script, "node-1.sh": script}), ctx)
-    pid_files = [tmp_path / f"pid-node-{k}.sh" for k in (0, 1)]
-    deadline = time.monotonic() + WAIT_S
-    while not all(p.exists() and p.read_text().strip() for p in pid_files):
-        assert time.monotonic() < deadline, "the stub nodes never started"
-        time.sleep(0.2)
+    handles, pid_files = _start_sleepers(server, tmp_path / "run", tmp_path / "pid")
+    backend = SshBackend(status_ttl_s=0)
     backend.cancel(handles)
     statuses = wait_done(backend, handles, WAIT_S)
     assert [s.phase for s in statuses] == ["stopped", "stopped"]
@@ -132,17 +127,9 @@ def test_cancel_kills_the_remote_tree_and_reads_as_stopped(server, tmp_path):
 def test_release_tells_only_the_freed_nodes_script(server, tmp_path):
     # As node.sh does, the stub ends on SIGUSR1 with exit 0; the release must reach the
     # script itself (not its wrapper, not its children) on the freed node only.
-    tree = ('trap \'echo released; exit 0\' USR1\n'
-            'setsid sleep 300 & echo $! > "$JOBCTL_PIDS"-$1\nwhile :; do wait; done\n')  # fmt: skip
-    script = f'JOBCTL_PIDS={tmp_path}/pid\nset -- "$(basename "$0")"\n{tree}'
+    trap = "trap 'echo released; exit 0' USR1\n"
+    handles, pid_files = _start_sleepers(server, tmp_path / "run", tmp_path / "pid", trap)
     backend = SshBackend(status_ttl_s=0)
-    ctx = _two_hosts(server, tmp_path / "run")
-    handles = backend.submit(Rendered("ssh", {"node-0.sh": script, "node-1.sh": script}), ctx)
-    pid_files = [tmp_path / f"pid-node-{k}.sh" for k in (0, 1)]
-    deadline = time.monotonic() + WAIT_S
-    while not all(p.exists() and p.read_text().strip() for p in pid_files):
-        assert time.monotonic() < deadline, "the stub nodes never started"
-        time.sleep(0.2)
     try:
         got = SshBackend(status_ttl_s=0).release(handles, [1])  # another process, as adopt
         assert got.handles == [1] and "localhost" in got.note
@@ -151,7 +138,7 @@ def test_release_tells_only_the_freed_nodes_script(server, tmp_path):
             assert time.monotonic() < deadline, "the released node never ended"
             time.sleep(0.2)
         assert [s.phase for s in backend.status(handles)] == ["running", "succeeded"]
-        assert (tmp_path / "run" / "logs" / "node-1.log").read_text() == "released\n"
+        assert (tmp_path / "run" / "logs" / "node-1.log").read_text() == "up node-1.sh\nreleased\n"
     finally:
         backend.cancel(handles, signal.SIGKILL)
         for pid_file in pid_files:

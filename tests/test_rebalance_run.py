@@ -23,32 +23,13 @@ from jobctl.engine.reference import reference_train
 from jobctl.engine.state import StateDB
 from jobctl.spec import load_spec
 
-from .jobrun import ROOT, events, final_weights, run_job, step_losses
+from .jobrun import ROOT, events, final_weights, rebalancing_spec, run_job, step_losses
 
 STEPS = 8
 
 
 def _spec(**extra):
-    overrides = {
-        "training.steps": STEPS,
-        "model.layers": 5,  # 7 blocks on 3 stages: pruning shifts the parameter balance
-        "training.optimizer": "sgd",
-        "training.lr": 0.3,
-        "training.momentum": 0.9,
-        "pruning.start_step": 2,
-        "pruning.end_step": 6,
-        "pruning.frequency": 2,
-        "pruning.initial_sparsity": 0.2,
-        "hardware.processes_per_node": 3,
-        "parallelism.pipeline_stages": 3,
-        "parallelism.data_parallel": 1,
-        "rebalancing.enabled": True,
-        "rebalancing.balancer": "partition",
-        "rebalancing.by": "params",
-        "rebalancing.tolerance": 0.0,
-        **extra,
-    }
-    return load_spec(ROOT / "jobs" / "pruning.yaml", overrides=overrides)
+    return rebalancing_spec(**{"training.steps": STEPS, **extra})
 
 
 def _run_and_compare(tmp_path, spec):
