@@ -104,9 +104,25 @@ def descendants(root: int) -> list[int]:
 
 
 def _poll_foreign(pid: int) -> int | None:
-    """Exit state of a process this object did not start: None while alive."""
+    """Exit state of a process this object did not start: None while alive. A zombie
+    has ended: the node scripts of a supervisor that was killed are reparented to a
+    process that may never reap them."""
+    return None if pid_alive(pid) else -1
+
+
+def pid_alive(pid: int | None, token: str | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, given a token, is the same process."""
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return -1
-    return None
+        return False
+    except PermissionError:  # alive, but another user's
+        return token is None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # no /proc (macOS): the signal check is all we have
+        return True
+    return fields[0] != "Z" and (token is None or fields[19] == token)

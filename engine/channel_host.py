@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobctl.backends.local import pid_alive
+
 from .channel import SECRET_ENV, ChannelServer
 
 CONF_ENV = "JOBCTL_HOST_CONF"
@@ -62,15 +64,6 @@ class RunHost:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         _reap(self.pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _reap(pid: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from jobctl.backends.local import kill_tree
+from jobctl.backends.local import kill_tree, pid_alive
 
 
 class Child(Protocol):
@@ -55,24 +55,6 @@ def process_token(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
-
-
-def pid_alive(pid: int | None, token: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given a token, is the same process."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return token is None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:  # no /proc (macOS): the signal check is all we have
-        return True
-    return fields[0] != "Z" and (token is None or fields[19] == token)
 
 
 def jobctl_argv(*args: str) -> list[str]:

@@ -4,8 +4,13 @@ Data-parallel replicas of one stage run the same computation, so their per-micro
 compute times should match. Each heartbeat carries a rank's mean forward+backward
 compute time per micro-batch for one step (``fwd_ms`` + ``bwd_ms``, and their sum in
 seconds as ``compute_s``; ``per_micro_batch_s`` reads either); a rank whose time
-exceeds the median of its stage peers by more than ``threshold`` in at least
-``persistence`` of the last ``window`` steps is a straggler.
+exceeds the median of its stage peers by more than ``threshold``, and by at least
+``min_excess_s`` (about one CPU scheduling slice: a sub-millisecond stage that ran 0.7 ms
+late behind a descheduled peer is noise, not a slow device), in at least
+``persistence`` of the last ``window`` steps is a straggler. It stays one until it is
+slow in at most ``1 - persistence`` of a window (hysteresis): on busy shared cores a
+straggler's peers have slow steps too, and a flag that flickers would let the next
+morph keep the slow node it was meant to leave out.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ class StragglerDetector:
     threshold: float = 0.15
     window: int = 10
     persistence: float = 0.7
+    min_excess_s: float = 0.002
     _times: dict[int, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     _stage_of: dict[int, int] = field(default_factory=dict)
     _node_of: dict[int, int] = field(default_factory=dict)
     _slow: dict[int, deque] = field(default_factory=dict)
+    _flagged: set[int] = field(default_factory=set)
 
     def observe(self, step: int, rank: int, stage: int, node: int, compute_s: float) -> None:
         """Record one rank's per-micro-batch compute time at ``step``."""
@@ -50,17 +57,21 @@ class StragglerDetector:
             if len(ranks) < 2:
                 continue  # no peer to compare with
             for rank in ranks:
-                peers = [times[r] for r in ranks if r != rank]
-                slow = times[rank] > (1 + self.threshold) * statistics.median(peers)
-                self._slow.setdefault(rank, deque(maxlen=self.window)).append(slow)
+                peer = statistics.median(times[r] for r in ranks if r != rank)
+                slow = times[rank] > max((1 + self.threshold) * peer, peer + self.min_excess_s)
+                hist = self._slow.setdefault(rank, deque(maxlen=self.window))
+                hist.append(slow)
+                if len(hist) < self.window:
+                    continue
+                if sum(hist) >= self.persistence * self.window:
+                    self._flagged.add(rank)
+                elif sum(hist) <= (1 - self.persistence) * self.window:
+                    self._flagged.discard(rank)
 
     def stragglers(self) -> list[int]:
-        """Ranks slow in at least ``persistence`` of a full window of steps."""
-        return sorted(
-            r
-            for r, hist in self._slow.items()
-            if len(hist) == self.window and sum(hist) >= self.persistence * self.window
-        )
+        """Ranks slow in at least ``persistence`` of a full window of steps (and not
+        mostly fast since)."""
+        return sorted(self._flagged)
 
     def nodes(self, ranks: list[int]) -> list[int]:
         """The nodes hosting ``ranks``."""

@@ -44,20 +44,50 @@ def _device(kind: str) -> torch.device:
     return torch.device("cpu")
 
 
+def plan_rank(plan, env: dict) -> int:
+    """This process's rank in the plan: the plan's rank at (node script, local rank).
+
+    torchrun's c10d rendezvous numbers the agents in its own order (sorted host, then
+    agent pid), so its RANK need not fall on the node the plan placed that rank on; the
+    plan's placement (stages spread so allreduce stays intra-node, which node a
+    heartbeat, a loss or a straggler is on, which node packing releases) holds only if
+    each worker takes the plan's rank for the node script it runs under (JOBCTL_NODE).
+    torch.distributed ranks are labels in the agent's store, so any permutation works.
+    (The workers then reach the agents' shared store as clients; where they would host a
+    store of their own, at rank 0's address, RANK stands too.) Without JOBCTL_NODE
+    (pods), or when the launch does not match the plan, RANK stands.
+    """
+    rank = int(env["RANK"])
+    node, local = env.get("JOBCTL_NODE"), int(env.get("LOCAL_RANK", "0"))
+    if node is None or not node.isdigit() or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return rank
+    if int(env.get("WORLD_SIZE", "0")) != plan.world_size:
+        return rank
+    mine = [r for r in plan.ranks if r.node == int(node)]
+    if len(mine) != int(env.get("LOCAL_WORLD_SIZE", "0")):
+        return rank
+    return next((r.rank for r in mine if r.local_rank == local), rank)
+
+
 def main() -> int:
     run_dir = Path(os.environ["JOBCTL_RUN_DIR"])
-    rank = int(os.environ["RANK"])
-    _redirect_output(run_dir, rank)
-    torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
     from jobctl.spec import load_spec
 
     from .plan import Plan
+
+    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
+    rank = plan_rank(plan, os.environ)
+    # Code that reads RANK (user models do) sees the rank torch.distributed will use.
+    os.environ["JOBCTL_TORCHRUN_RANK"], os.environ["RANK"] = os.environ["RANK"], str(rank)
+    _redirect_output(run_dir, rank)
+    torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
     from .trainer import Trainer
 
     spec = load_spec(run_dir / "spec.yaml")
-    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
     timeout = timedelta(seconds=float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")))
-    dist.init_process_group("nccl" if plan.device == "cuda" else "gloo", timeout=timeout)
+    backend = "nccl" if plan.device == "cuda" else "gloo"
+    world = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
         trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
         # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.

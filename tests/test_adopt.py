@@ -42,6 +42,24 @@ def test_archive_offset_points_after_the_last_recorded_step(tmp_path):
     assert archive_offset(tmp_path / "missing.jsonl", 2) == 0
 
 
+def test_a_foreign_zombie_node_counts_as_ended():
+    """The node scripts of a SIGKILLed supervisor are reparented to a process that may
+    never reap them: `jobctl resume` must not adopt a run whose node is such a zombie."""
+    from jobctl.backends.local import LocalBackend
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: not pid_alive(child.pid), 30, "the child's end")
+    os.kill(child.pid, 0)  # a zombie: still signalable, not yet reaped
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        got = [s.exit_code for s in LocalBackend().status([str(child.pid), str(live.pid)])]
+        assert got == [-1, None]
+    finally:
+        live.kill()
+        live.wait()
+        child.wait()
+
+
 def _spec():
     return tiny_spec(
         **{

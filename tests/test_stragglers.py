@@ -40,6 +40,30 @@ def test_small_or_brief_slowness_is_not_flagged():
     assert d.stragglers() == []
 
 
+def test_an_excess_below_a_scheduling_slice_is_noise():
+    # 1.6x a sub-millisecond stage (0.6 ms late): not a slow device; 1.6x of 10 ms is.
+    d = StragglerDetector(threshold=0.5, window=10, persistence=0.7)
+    for step in range(12):
+        for rank, t in enumerate([0.001, 0.0016, 0.010, 0.016]):
+            d.observe(step, rank, stage=rank // 2, node=rank // 2, compute_s=t)
+        d.close_step(step)
+    assert d.stragglers() == [3]
+
+
+def test_a_flagged_rank_stays_flagged_until_it_is_mostly_fast():
+    d = StragglerDetector(threshold=0.15, window=10, persistence=0.7)
+    _feed(d, range(10), slow_rank=3, factor=1.5)
+    assert d.stragglers() == [3]
+    _feed(d, range(10, 16), slow_rank=None, factor=1.0)  # 4 of the last 10 still slow
+    assert d.stragglers() == [3]
+    _feed(d, range(16, 17), slow_rank=None, factor=1.0)  # 3 of 10: mostly fast now
+    assert d.stragglers() == []
+    _feed(d, range(17, 23), slow_rank=3, factor=1.5)  # 6 of 10: not yet persistent again
+    assert d.stragglers() == []
+    _feed(d, range(23, 24), slow_rank=3, factor=1.5)
+    assert d.stragglers() == [3]
+
+
 def test_heartbeat_compute_is_per_micro_batch_forward_and_backward():
     # 4 micro-batches: forwards (one recomputed: 5 actions) and backwards of one step.
     stats = StepStats(fwd_s=[0.010, 0.010, 0.012, 0.008, 0.004], bwd_s=[0.02] * 4)
