@@ -18,6 +18,7 @@ _early_sigterm: list[int] = []
 signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
 
 import traceback  # noqa: E402
+import uuid  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -52,21 +53,48 @@ def plan_rank(plan, env: dict) -> int:
     plan's placement (stages spread so allreduce stays intra-node, which node a
     heartbeat, a loss or a straggler is on, which node packing releases) holds only if
     each worker takes the plan's rank for the node script it runs under (JOBCTL_NODE).
-    torch.distributed ranks are labels in the agent's store, so any permutation works.
-    (The workers then reach the agents' shared store as clients; where they would host a
-    store of their own, at rank 0's address, RANK stands too.) Without JOBCTL_NODE
-    (pods), or when the launch does not match the plan, RANK stands.
+    torch.distributed ranks are labels in the store, so any permutation works (see
+    ``_store`` for who hosts it). Without JOBCTL_NODE (pods), or when the launch does
+    not match the plan, RANK stands.
     """
     rank = int(env["RANK"])
     node, local = env.get("JOBCTL_NODE"), int(env.get("LOCAL_RANK", "0"))
-    if node is None or not node.isdigit() or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return rank
-    if int(env.get("WORLD_SIZE", "0")) != plan.world_size:
+    if node is None or not node.isdigit() or int(env.get("WORLD_SIZE", "0")) != plan.world_size:
         return rank
     mine = [r for r in plan.ranks if r.node == int(node)]
     if len(mine) != int(env.get("LOCAL_WORLD_SIZE", "0")):
         return rank
     return next((r.rank for r in mine if r.local_rank == local), rank)
+
+
+_KEEP: list = []
+
+
+def _store(env: dict, timeout: timedelta) -> dist.Store:
+    """The store the process group meets in.
+
+    As ``env://`` does, torchrun's rank 0 (the worker on MASTER_ADDR's host, whichever
+    plan rank it took) hosts a store at MASTER_ADDR:MASTER_PORT. That store dies with
+    its worker, and packing may free exactly that worker while the ranks left still
+    create groups, so with the run host's store at hand (JOBCTL_RDZV_ENDPOINT, which
+    outlives every worker) the group meets there instead, under a prefix fresh for
+    this worker group: a nonce that torchrun's rank 0 hands out through its own store.
+    """
+    host, port, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    first = env.get("JOBCTL_TORCHRUN_RANK", env["RANK"]) == "0"
+    boot = dist.TCPStore(host, port, world, is_master=first, timeout=timeout, multi_tenant=True)
+    lasting = env.get("JOBCTL_RDZV_ENDPOINT")
+    if not lasting:
+        return boot
+    _KEEP.append(boot)  # rank 0's server must outlive the other workers' reads
+    if first:
+        boot.set("jobctl/group", f"{env.get('TORCHELASTIC_RUN_ID', '')}/{uuid.uuid4().hex}")
+    prefix = boot.get("jobctl/group").decode()
+    rdzv_host, rdzv_port = lasting.rsplit(":", 1)
+    store = dist.TCPStore(rdzv_host, int(rdzv_port), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"jobctl/pg/{prefix}/", store)
 
 
 def main() -> int:
@@ -80,6 +108,8 @@ def main() -> int:
     # Code that reads RANK (user models do) sees the rank torch.distributed will use.
     os.environ["JOBCTL_TORCHRUN_RANK"], os.environ["RANK"] = os.environ["RANK"], str(rank)
     _redirect_output(run_dir, rank)
+    node = os.environ.get("JOBCTL_NODE", "?")
+    print(f"rank {rank} on node {node} (torchrun rank {os.environ['JOBCTL_TORCHRUN_RANK']})")
     torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
     from .trainer import Trainer
 
@@ -87,7 +117,8 @@ def main() -> int:
     timeout = timedelta(seconds=float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")))
     backend = "nccl" if plan.device == "cuda" else "gloo"
     world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    store = _store(os.environ, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
         # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.

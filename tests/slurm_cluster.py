@@ -7,7 +7,9 @@ side. Clients find the cluster through ``SLURM_CONF``.
 
 ``python tests/slurm_cluster.py install`` installs Debian's ``slurm-wlm`` and ``munge``
 (root, apt); ``python tests/slurm_cluster.py start`` starts a cluster and prints the
-``SLURM_CONF`` to export (for trying jobctl by hand).
+``SLURM_CONF`` to export (for trying jobctl by hand). With ``JOBCTL_KEEP_SLURM=DIR``
+set, a stopped cluster's folder (slurmctld and slurmd logs, state) is copied under DIR
+first, for a look at what Slurm did in a failed test.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        keep = os.environ.get("JOBCTL_KEEP_SLURM")
+        if keep:
+            shutil.copytree(
+                self.root,
+                Path(keep) / f"cluster-{os.getpid()}-{time.time():.0f}",
+                ignore=shutil.ignore_patterns("*.socket", "*.sock", "munge*"),
+            )
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _drain(self, timeout: float = 30.0) -> None:

@@ -45,5 +45,3 @@ def test_torchruns_rank_stands_when_the_launch_does_not_match_the_plan():
     assert plan_rank(plan, _env(3, 0, 1, WORLD_SIZE="6")) == 3  # another world size
     assert plan_rank(plan, _env(3, 0, 1, LOCAL_WORLD_SIZE="3")) == 3
     assert plan_rank(plan, _env(3, 7, 1)) == 3  # a node the plan lacks
-    # Workers that would host their own store at rank 0's address keep torchrun's rank.
-    assert plan_rank(plan, _env(3, 0, 1, TORCHELASTIC_USE_AGENT_STORE="False")) == 3

@@ -2,6 +2,7 @@
 # jobctl launch script for run quick-1, node 0 of 2.
 # Rendered by jobctl: every value is shell-quoted. Re-running it re-joins the run.
 set -euo pipefail
+export JOBCTL_RDZV_ENDPOINT=10.0.0.5:29400
 export JOBCTL_RUN_DIR=/runs/quick-1
 export JOBCTL_THREADS=1
 export OMP_NUM_THREADS=1
