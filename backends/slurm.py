@@ -135,13 +135,18 @@ class SlurmBackend(BackendBase):
         info = job_fields(job)
         hosts = run_command(["scontrol", "show", "hostnames", info["NodeList"]]).split()
         scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
+        batch = info.get("BatchHost")  # runs the batch script: Slurm cannot drop it
         pairs = [
-            (os.path.join(scripts, f"node-{k}.pid"), hosts[k]) for k in nodes if k < len(hosts)
+            (os.path.join(scripts, f"node-{k}.pid"), hosts[k])
+            for k in nodes
+            if k < len(hosts) and hosts[k] != batch
         ]
         freed = [host for _, host in pairs]
         kept = [h for h in hosts if h not in freed]
         if not freed or not kept:
-            return Released([], f"Slurm job {job} keeps {info['NodeList']}")
+            asked = [hosts[k] for k in nodes if k < len(hosts)]
+            why = f" ({batch} runs its batch script)" if batch in asked else ""
+            return Released([], f"Slurm job {job} keeps {info['NodeList']}{why}")
         pid_files = [pid_file for pid_file, _ in pairs]
         for pid_file, host in pairs:
             with open(pid_file) as f:

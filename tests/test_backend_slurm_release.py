@@ -97,3 +97,26 @@ def test_packing_gives_the_freed_node_back_to_slurm(cluster3, tmp_path, monkeypa
     info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
                           text=True, timeout=30)  # fmt: skip
     assert "Requeue=0" in info.stdout, info.stdout
+
+
+@pytest.mark.slurm
+def test_the_batch_host_is_never_given_back(cluster3, tmp_path, monkeypatch):
+    """Slurm cannot drop the node running a job's batch script: a release of it keeps
+    the whole allocation, and says why."""
+    from jobctl.backends.slurm import SlurmBackend
+
+    for name, value in cluster3.env.items():
+        monkeypatch.setenv(name, value)
+    out = subprocess.run(["sbatch", "--parsable", "--nodes=3", f"--chdir={tmp_path}",
+                          "--output=/dev/null", "--wrap", "sleep 120"],
+                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    job = out.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while _job_nodes(job) != "n[0-2]" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        released = SlurmBackend().release([job], [0])
+        assert released.handles == [] and "(n0 runs its batch script)" in released.note
+        assert _job_nodes(job) == "n[0-2]"
+    finally:
+        subprocess.run(["scancel", job], timeout=30, check=False)
