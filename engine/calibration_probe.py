@@ -71,6 +71,7 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     from .executor import Channels, StepExecutor
     from .model import Stage, model_def
     from .p2p import recv_meta, send_meta
+    from .p2p_shm import connect_neighbours
     from .schedules import generate
     from .topology import Topology
 
@@ -106,7 +107,9 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     if stage_index == 0:
         send_meta(y, pair + 1)
     chans = Channels(in_shape, in_dtype, tuple(y.shape), y.dtype)
-    ex = StepExecutor(stage, topo, data, shard, chans, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    links = connect_neighbours(topo, chans, cpu, lambda peer: True, 300.0, M)  # as the runtime
+    ex = StepExecutor(stage, topo, data, shard, chans, cpu, links=links)
     actions = generate("1f1b", 2, M)[stage_index]
     log = Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl"
     runs, rests, computes = [], [], []
@@ -130,6 +133,7 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
                 computes.append(sum(stats.fwd_s) + sum(stats.bwd_s))
     finally:
         log.unlink(missing_ok=True)
+        ex.close()
     return {"run": runs, "rest": rests, "compute": computes}
 
 

@@ -23,6 +23,7 @@ from .actions import Action, Op, recomputed
 from .data import Sharding, TokenData
 from .model import Stage, lm_loss
 from .p2p import Inbox, Outbox
+from .p2p_shm import ShmInbox, ShmOutbox
 from .schedules_check import ActivationPeak, peak_activations
 from .topology import Topology
 
@@ -60,9 +61,20 @@ class StepExecutor:
         chans: Channels,
         device: torch.device,
         opportunistic: bool = False,
+        links: dict | None = None,
     ):
         self.stage, self.topo, self.data, self.shard = stage, topo, data, shard
         self.chans, self.device, self.opportunistic = chans, device, opportunistic
+        # Shared-memory links to same-machine neighbours (engine/p2p_shm.py); a peer
+        # without one is reached through the process group.
+        self.links = links or {}
+
+    def close(self) -> None:
+        """Give up the shared-memory links (a rebalanced pipeline gets new ones)."""
+        for link in self.links.values():
+            if link is not None:
+                link.close()
+        self.links = {}
 
     def run(self, actions: list[Action], step: int) -> StepStats:
         """Execute ``actions`` for training step ``step``; returns measurements."""
@@ -72,18 +84,20 @@ class StepExecutor:
         bwd_order = [a.micro_batch for a in actions if a.op is Op.BACKWARD]
         window = max(2, self.topo.P)
         t, c = self.topo, self.chans
-        self.acts_in = (
-            Inbox(t.prev, c.in_shape, c.in_dtype, self.device, 0, fwd_order, window)
-            if t.prev is not None
-            else None
-        )
-        self.grads_in = (
-            Inbox(t.next, c.out_shape, c.out_dtype, self.device, 1, bwd_order, window)
-            if t.next is not None
-            else None
-        )
-        self.acts_out = Outbox(t.next, 0) if t.next is not None else None
-        self.grads_out = Outbox(t.prev, 1) if t.prev is not None else None
+        prev, nxt = self.links.get(t.prev), self.links.get(t.next)
+        self.acts_in = self.grads_out = self.grads_in = self.acts_out = None
+        if prev is not None:
+            self.acts_in, self.grads_out = ShmInbox(prev.into, fwd_order), ShmOutbox(prev.out)
+        elif t.prev is not None:
+            self.acts_in = Inbox(t.prev, c.in_shape, c.in_dtype, self.device, 0, fwd_order, window)
+            self.grads_out = Outbox(t.prev, 1)
+        if nxt is not None:
+            self.grads_in, self.acts_out = ShmInbox(nxt.into, bwd_order), ShmOutbox(nxt.out)
+        elif t.next is not None:
+            self.grads_in = Inbox(
+                t.next, c.out_shape, c.out_dtype, self.device, 1, bwd_order, window
+            )
+            self.acts_out = Outbox(t.next, 0)
         self.saved: dict[int, dict] = {}
         stats = StepStats()
         for action in self._ordered(actions, stats):

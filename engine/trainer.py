@@ -30,6 +30,7 @@ from .executor import Channels, StepExecutor, StepStats
 from .model import Stage, block_seed, model_def
 from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from .p2p import comm_device, recv_meta, send_meta
+from .p2p_shm import connect_neighbours
 from .plan import Plan
 from .pruning import Pruner
 from .rebalance_runtime import Rebalancer
@@ -140,6 +141,7 @@ class Trainer:
             else None
         )
         self.live_group = None  # the ranks still training, once packing freed some
+        self._executor: StepExecutor | None = None  # the latest make_executor's
         self.rebalancer = Rebalancer(self) if spec.rebalancing.enabled else None
         self.stop_vote = StopVote()
 
@@ -216,16 +218,31 @@ class Trainer:
     STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
 
     def make_executor(self) -> StepExecutor:
-        """Probe activation shapes down the pipeline and build the step executor."""
-        return StepExecutor(
+        """Probe activation shapes down the pipeline and build the step executor, with
+        shared-memory links to the neighbours on this machine (replacing any earlier)."""
+        chans = self.probe_shapes()
+        if self._executor is not None:
+            self._executor.close()
+        me = self.plan.rank(self.rank).node
+        links = connect_neighbours(
+            self.topo,
+            chans,
+            self.device,
+            lambda peer: self.plan.rank(peer).node == me,
+            float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")),
+            self.shard.micro_batches,
+        )
+        self._executor = StepExecutor(
             self.stage,
             self.topo,
             self.data,
             self.shard,
-            self.probe_shapes(),
+            chans,
             self.device,
             opportunistic=self.spec.parallelism.schedule == "varuna",
+            links=links,
         )
+        return self._executor
 
     def request_stop(self) -> None:
         """Ask for a checkpoint-then-exit (SIGTERM): all ranks stop together, at the end
