@@ -56,8 +56,9 @@ def _wait_readable(fd: int, timeout_s: float, what: str) -> None:
 
 
 class Ring:
-    """One direction of a pair: ``SLOTS`` tensors in shared memory, a FIFO saying a slot
-    was filled and a FIFO giving slots back."""
+    """One direction of a pair: ``slots`` tensors in shared memory, a FIFO saying a slot
+    was filled and a FIFO giving slots back. The FIFO's write and read are system calls,
+    which order the slot's copy before the receiver reads it."""
 
     def __init__(self, path: str, shape, dtype, slots: int, sender: bool, timeout_s: float):
         self.shape, self.dtype, self.sender, self.timeout_s = tuple(shape), dtype, sender, timeout_s
