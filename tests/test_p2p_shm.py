@@ -30,6 +30,7 @@ def _exchange(rank: int, port: int, out: str, n: int) -> None:
     _init(rank, port)
     peer = 1 - rank
     link = connect(peer, SHAPE, torch.float32, torch.device("cpu"), True, 30.0, 4)
+    dist.barrier()  # both have returned: the lower rank unlinks the names before it does
     rec = {"linked": link is not None, "left": os.path.exists(link.out.path + ".data")}
     order = list(range(n))
     if rank == 0:  # sends n activations (more than the ring holds), then takes n back
