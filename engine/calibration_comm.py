@@ -41,6 +41,7 @@ def measure_comm(
     threads: int = 1,
     probe_stages: list[list[int]] | None = None,
     probe_micro_batches: int = 4,
+    probe_stages_busy: list[list[int]] | None = None,
 ) -> tuple[LinkCalibration, AllreduceCalibration, HostCalibration | None, dict]:
     """Run the communication micro-benchmarks; returns the intra-node link, allreduce
     and (CPU only) host-sharing calibrations, and the pipeline probe's samples
@@ -56,6 +57,7 @@ def measure_comm(
             "probe_m": probe_m,
             "threads": threads,
             "probe_stages": probe_stages or [],
+            "probe_stages_busy": probe_stages_busy or [],
             "probe_micro_batches": probe_micro_batches,
         }
         Path(job["spec"]).write_text(spec_yaml)

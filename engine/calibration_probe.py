@@ -1,24 +1,31 @@
-"""A tiny real pipeline run with the runtime's own code, for the calibration.
+"""Tiny real pipeline runs with the runtime's own code, for the calibration.
 
 Point-to-point ping-pong and compute measured apart miss what the runtime pays when
 both meet: a stage that blocks on a receive lets its core go idle and must be woken
-when the message lands (on a VM a halted vCPU wakes slowly, and the woken process may
-first share the sender's core), the executor's own bookkeeping per message, and the
-fixed work of every step (seeding, zero_grad, the executor's setup, the step-end
-stop-flag allreduce and metric writes). Varuna's calibration runs "a few
-micro-batches" for real; this does the same with jobctl's ``StepExecutor``: ranks
-(0, 1) form a 2-stage pipeline of the job's model, running 1F1B, alone ("idle") and,
-where the group has 4 ranks, while ranks (2, 3) run a second pipeline at the same
-time ("busy": more processes than cores on small hosts). Each rank records per step
-the wall seconds of the executor's run, of its compute alone (forward and backward
-as the executor times them) and of everything else in its step loop.
-``calibration_fit`` turns the samples into per-message and per-step costs by
-simulating the same probe with the calibrated compute.
+when the message lands (on a VM a halted vCPU wakes slowly, and with more processes
+than cores the woken process, or the one it preempted, waits for a core), the
+executor's own bookkeeping per action and message, and the fixed work of every step
+(seeding, zero_grad, the optimizer's per-step overhead beyond its per-block cost, the
+step-end collectives and metric lines). Varuna's calibration runs "a few
+micro-batches" for real; this does the same with jobctl's ``StepExecutor`` and the
+trainer's per-step work, in three phases, each 1F1B over the job's model:
+
+* ``solo``: rank 0 alone runs every block as one stage: the executor's cost per
+  action and the fixed cost per step, with no message in the way;
+* ``idle``: ranks (0, 1) run a 2-stage pipeline: the cost per message with cores to
+  spare;
+* ``busy``: ranks 0-3 run a 4-stage pipeline (a model of at least 4 blocks, a group of
+  4 ranks): the cost per message when a host has more pipeline processes than cores
+  (on small hosts), where every message may wake a process that must wait for a core.
+
+Each rank records per step the wall seconds of the executor's run, of its compute
+alone (forward and backward as the executor times them), of the optimizer step and of
+everything else in its step loop. ``calibration_fit`` turns the samples into per-action,
+per-message and per-step costs by simulating the same runs with the calibrated compute.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -31,63 +38,75 @@ PROBE_STEPS = 14
 PROBE_WARMUP = 4
 
 
-def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
-    """Run the probe phases; returns on every rank, per phase, the seconds per step of
-    the pipeline's executor run (the later of its two stages), of the rest of the step
-    loop, and of each stage's compute: ``{phase: {"run": [...], "rest": [...],
-    "compute": [[stage 0...], [stage 1...]]}}``."""
-    out: dict[str, dict] = {}
+def probe_phases(job: dict, world: int) -> list[tuple[str, list[list[int]]]]:
+    """The phases this group runs: (name, blocks per stage); ``probe_stages`` is the
+    2-stage split, ``probe_stages_busy`` the 4-stage one."""
     stages = job.get("probe_stages")
     if not stages:
-        return out
-    phases = [("idle", 2)] + ([("busy", 4)] if world >= 4 else [])
-    for name, active in phases:
+        return []
+    phases = [("solo", [[b for s in stages for b in s]]), ("idle", stages)]
+    busy = job.get("probe_stages_busy") or []
+    if world >= len(busy) >= 4:
+        phases.append(("busy", busy))
+    return phases
+
+
+def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
+    """Run the probe phases; returns on every rank, per phase, the seconds per step of
+    the pipeline's executor run (the latest of its stages; steps start together), of
+    the rest of the step loop (the latest stage's), and per stage of its compute and
+    its optimizer step: ``{phase: {"run": [...], "rest": [...], "compute": [[stage
+    0...], ...], "opt": [[stage 0...], ...]}}``."""
+    out: dict[str, dict] = {}
+    phases = probe_phases(job, world)
+    for name, stages in phases:
         dist.barrier()
-        if rank < active:
-            samples = _run_pipeline(rank, job, spec, stages)
-            if rank < 2:
-                out[name] = samples
+        if rank < len(stages):
+            out[name] = _run_pipeline(rank, job, spec, stages)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, out)  # rank 0 writes the results
-    first, last = gathered[0], gathered[1]
-    # The pipeline's run lasts until its later stage is done (steps start together);
-    # compute is per stage.
-    return {
-        name: {
-            "run": _later(first[name]["run"], last[name]["run"]),
-            "rest": _later(first[name]["rest"], last[name]["rest"]),
-            "compute": [first[name]["compute"], last[name]["compute"]],
+    result = {}
+    for name, stages in phases:
+        ranks = [gathered[r][name] for r in range(len(stages))]
+        result[name] = {
+            "run": _latest([x["run"] for x in ranks]),
+            "rest": _latest([x["rest"] for x in ranks]),
+            "compute": [x["compute"] for x in ranks],
+            "opt": [x["opt"] for x in ranks],
         }
-        for name in last
-    }
+    return result
 
 
-def _later(a: list[float], b: list[float]) -> list[float]:
-    return [max(x, y) for x, y in zip(a, b, strict=True)]
+def _latest(per_rank: list[list[float]]) -> list[float]:
+    return [max(xs) for xs in zip(*per_rank, strict=True)]
 
 
 def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
+    from .ckpt_manager import EventLog
     from .data import Sharding, make_data
     from .executor import Channels, StepExecutor
-    from .model import Stage, model_def
+    from .model import Stage, block_seed, model_def
+    from .optim import build_optimizer, lr_at, set_lr
     from .p2p import recv_meta, send_meta
     from .p2p_shm import connect_neighbours
     from .schedules import generate
     from .topology import Topology
+    from .trainer import compute_fields, memory_fields
 
-    M, m = job["probe_micro_batches"], job["probe_m"]
-    stage_index, pair = rank % 2, rank - rank % 2
+    M, m, P = job["probe_micro_batches"], job["probe_m"], len(stages)
+    first, last = rank == 0, rank == P - 1
     mdef = model_def(spec.model, spec.training.seed)
-    stage = Stage(mdef, stages[stage_index])
+    stage = Stage(mdef, stages[rank])
     params = list(stage.parameters())
+    opt = build_optimizer(params, spec.training)
     topo = Topology(
         rank=rank,
-        stage=stage_index,
+        stage=rank,
         replica=0,
-        P=2,
+        P=P,
         D=1,
-        prev=pair if stage_index == 1 else None,
-        next=pair + 1 if stage_index == 0 else None,
+        prev=None if first else rank - 1,
+        next=None if last else rank + 1,
         dp_ranks=[rank],
         dp_group=None,
         tied_ranks=[],
@@ -96,50 +115,62 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     shard = Sharding(M * m, 1, m)
     data = make_data(spec)
     x = torch.zeros(m, spec.model.seq_len, dtype=torch.long)
-    if stage_index == 1:
-        shape, dtype = recv_meta(pair)
-        in_shape, in_dtype = shape, dtype
-        x = torch.zeros(shape, dtype=dtype)
-    else:
-        in_shape, in_dtype = None, None
+    in_shape, in_dtype = None, None
+    if not first:
+        in_shape, in_dtype = recv_meta(rank - 1)
+        x = torch.zeros(in_shape, dtype=in_dtype)
     with torch.no_grad():
         y = stage(x)
-    if stage_index == 0:
-        send_meta(y, pair + 1)
+    if not last:
+        send_meta(y, rank + 1)
     chans = Channels(in_shape, in_dtype, tuple(y.shape), y.dtype)
     cpu = torch.device("cpu")
     links = connect_neighbours(topo, chans, cpu, lambda peer: True, 300.0, M)  # as the runtime
     ex = StepExecutor(stage, topo, data, shard, chans, cpu, links=links)
-    actions = generate("1f1b", 2, M)[stage_index]
-    log = Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl"
-    runs, rests, computes = [], [], []
+    actions = generate("1f1b", P, M)[rank]
+    events = EventLog(Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl")
+    runs, rests, computes, opts = [], [], [], []
     try:
         for step in range(PROBE_WARMUP + PROBE_STEPS):
+            # The trainer's step (Trainer.run / train_step), its collectives aside
+            # (calibrated apart): seed, zero_grad, the schedule, the optimizer, the
+            # heartbeat and step lines.
             t0 = time.perf_counter()
-            torch.manual_seed(step * 4096 + rank)
-            for p in params:
-                p.grad = None
+            torch.manual_seed(block_seed(spec.training.seed, 1_000_000 + step * 4096 + rank))
+            opt.zero_grad(set_to_none=True)
             t1 = time.perf_counter()
             stats = ex.run(actions, step)
             t2 = time.perf_counter()
-            # The trainer's per-step metric lines (its collectives are calibrated apart).
-            with open(log, "a") as f:
-                f.write(json.dumps({"kind": "heartbeat", "step": step, "ts": time.time()}) + "\n")
+            set_lr(opt, lr_at(step, spec.training))
+            opt.step()
             t3 = time.perf_counter()
-            _pair_sync(rank, pair)  # as the trainer's stop-flag allreduce, steps start together
+            fields = compute_fields(stats, M)
+            events.write("heartbeat", step=step, rank=rank, **fields, **memory_fields(cpu))
+            if last:
+                events.write("step", step=step, loss=stats.loss_sum, step_time_s=t3 - t0)
+            t4 = time.perf_counter()
+            _pipeline_sync(rank, P)  # as the trainer's stop vote: steps start together
             if step >= PROBE_WARMUP:
                 runs.append(t2 - t1)
-                rests.append(t3 - t2 + t1 - t0)
+                opts.append(t3 - t2)
+                rests.append(t4 - t3 + t1 - t0)
                 computes.append(sum(stats.fwd_s) + sum(stats.bwd_s))
     finally:
-        log.unlink(missing_ok=True)
+        events.path.unlink(missing_ok=True)
         ex.close()
-    return {"run": runs, "rest": rests, "compute": computes}
+    return {"run": runs, "rest": rests, "compute": computes, "opt": opts}
 
 
-def _pair_sync(rank: int, pair: int) -> None:
-    """A 4-byte exchange between the two ranks of a probe pipeline."""
-    peer = pair + 1 if rank == pair else pair
-    mine, theirs = torch.zeros(1), torch.zeros(1)
-    for req in (dist.isend(mine, peer, tag=1 << 20), dist.irecv(theirs, peer, tag=1 << 20)):
+def _pipeline_sync(rank: int, P: int) -> None:
+    """A 4-byte exchange between rank 0 and each other rank of the probe pipeline."""
+    tag = 1 << 20
+    if P < 2:
+        return
+    if rank == 0:
+        bufs = [torch.zeros(1) for _ in range(1, P)]
+        reqs = [dist.irecv(b, r, tag=tag) for r, b in enumerate(bufs, start=1)]
+        reqs += [dist.isend(torch.zeros(1), r, tag=tag) for r in range(1, P)]
+    else:
+        reqs = [dist.isend(torch.zeros(1), 0, tag=tag), dist.irecv(torch.zeros(1), 0, tag=tag)]
+    for req in reqs:
         req.wait()

@@ -30,6 +30,7 @@ Progress = Callable[[str, float], None]  # (what is being measured, fraction don
 MAX_MICRO_BATCH = 32
 MAX_SIZES = 10
 PROBE_MICRO_BATCHES = 4  # of the pipeline probe (calibration_probe)
+BUSY_PROBE_STAGES = 4  # the probe's pipeline when the group has that many ranks
 
 
 def micro_batch_sizes(spec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
@@ -86,8 +87,8 @@ def calibrate(
             spec, ms, device, repeats, progress=lambda what, f: report(what, 0.05 + 0.6 * f)
         )
     report("communication and core sharing (process group)", 0.65)
-    probe_stages = _probe_stages(blocks, data, ms[0])
-    link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe_stages)
+    probe = {P: _probe_stages(blocks, data, ms[0], P) for P in (2, BUSY_PROBE_STAGES)}
+    link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
     cal = Calibration(
         source="measured",
         fingerprint=fingerprint(spec, threads),
@@ -102,22 +103,23 @@ def calibrate(
         allreduce_inter=allreduce_from_spec(spec, False),
         host=host or host_from_spec(spec),
     )
-    if probe_stages:
-        runtime = fit_runtime(cal, samples, probe_stages, ms[0], PROBE_MICRO_BATCHES)
+    if probe[2]:
+        phases = {"solo": [sum(probe[2], [])], "idle": probe[2], "busy": probe[BUSY_PROBE_STAGES]}
+        runtime = fit_runtime(cal, samples, phases, ms[0], PROBE_MICRO_BATCHES)
         cal = cal.model_copy(update={"runtime": runtime, "seconds": time.time() - start})
     report("done", 1.0)
     return cal, save(cal, home)
 
 
-def _probe_stages(blocks: list[BlockCalibration], data: dict, m: int) -> list[list[int]]:
-    """The pipeline probe's 2 stages, balanced by calibrated time at m (none for a
-    1-block model)."""
-    if len(blocks) < 2:
+def _probe_stages(blocks: list[BlockCalibration], data: dict, m: int, P: int) -> list[list[int]]:
+    """A pipeline probe's P stages, balanced by calibrated time at m (none for a model
+    of fewer blocks)."""
+    if len(blocks) < P:
         return []
     costs = [b.forward[m].median + b.backward[m].median for b in blocks]
     costs[0] += data[m].median if m in data else 0.0
     costs[-1] += data[m].median if m in data else 0.0
-    return partition(costs, 2)
+    return partition(costs, P)
 
 
 def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, stages):
@@ -137,6 +139,7 @@ def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, sta
         world,
         probe_m=ms[0],
         threads=threads,
-        probe_stages=stages if spec.hardware.device == "cpu" else None,
+        probe_stages=stages[2] if spec.hardware.device == "cpu" else None,
         probe_micro_batches=PROBE_MICRO_BATCHES,
+        probe_stages_busy=stages[BUSY_PROBE_STAGES],
     )

@@ -330,11 +330,6 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
     return max(own, through + costs.ar[0] + costs.opt[0])
 
 
-def demand(result: SimResult, D: int) -> float:
-    """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
-    return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
-
-
 def contend(
     cal: Calibration,
     actions: list[list[Action]],
@@ -347,25 +342,27 @@ def contend(
 
     Each round simulates, then gives each stage the time-averaged slowdown its compute
     saw (``host.factor`` of D x the stages computing at each instant: replicas run in
-    step) and simulates again; optimizer steps, which all ranks run together, get the
-    factor of all P x D ranks. With ``messages`` (and a measured runtime), each message
-    also costs what the plan's compute demand says (``RuntimeCalibration.message_at``;
-    ``base`` carries the idle cost): the processes computing at once in the plain
-    simulation of ``base``, measured as the probes' loads were, so it depends on the
-    plan alone, never on the message time it selects. Damped, a few rounds settle it.
+    step) and simulates again; each stage's optimizer step gets the factor of the
+    ranks whose optimizer steps overlap it (``_optimizer_factors``: stages finish their
+    schedules at different times, the last one often alone). With ``messages`` (and a
+    measured runtime), each message also costs what the plan's pipeline processes per
+    core say (``RuntimeCalibration.message_at``; ``base`` carries the idle cost).
+    Damped, a few rounds settle it.
     """
     host, rt = cal.host, cal.runtime
     adjust = messages and rt is not None and rt.load_busy > rt.load_idle
     factors = [1.0] * base.P
     costs, result = base, simulate(actions, base, seed)
-    opt = [x * host.factor(base.P * D) for x in base.opt]
+    opt = list(base.opt)
     update = {}
     if adjust:
-        extra = rt.message_at(demand(result, D)) - rt.message_s
+        extra = rt.message_at(base.P * D / host.cores) - rt.message_s
         update = {"act": [x + extra for x in base.act], "grad": [x + extra for x in base.grad]}
     for _ in range(CONTENTION_ROUNDS):
         seen = _compute_factors(result, base.P, D, host.factor)
         factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
+        opt_k = _optimizer_factors(result, base.ar, opt, D, host.factor)
+        opt = [x * k for x, k in zip(base.opt, opt_k, strict=True)]
         costs = dataclasses.replace(
             base,
             f=[x * k for x, k in zip(base.f, factors, strict=True)],
@@ -376,6 +373,21 @@ def contend(
         )
         result = simulate(actions, costs, seed)
     return costs, result
+
+
+def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float]:
+    """Per stage, the slowdown of its optimizer step: ``factor`` of D x the stages whose
+    steps overlap its own (each counted by the share of it they overlap)."""
+    free = result._engine.free
+    spans = [(free[s] + a, free[s] + a + o) for s, (a, o) in enumerate(zip(ar, opt, strict=True))]
+    out = []
+    for a, b in spans:
+        if b <= a:
+            out.append(1.0)
+            continue
+        k = sum(max(0.0, min(b, d) - max(a, c)) for c, d in spans) / (b - a)
+        out.append(factor(D * k))
+    return out
 
 
 def _compute_factors(result: SimResult, P: int, D: int, factor) -> list[float]:

@@ -23,13 +23,12 @@ from jobctl.engine.calibration_analytic import (
     analytic_calibration,
     analytic_fingerprint,
 )
-from jobctl.engine.calibration_fit import fit_message, fit_runtime, probe_time, simulated_run
+from jobctl.engine.calibration_fit import fit_message, fit_runtime, probe_time, solo_costs
 from jobctl.engine.calibration_run import micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
+from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
 from jobctl.engine.schedules import generate
-from jobctl.engine.simulator import simulate
 
 from .jobrun import tiny_spec
 
@@ -60,7 +59,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 4 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 5 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -234,7 +233,7 @@ def test_runtime_costs_reach_every_message_and_step():
 
 def test_message_cost_follows_the_plan_load():
     """Between the two probes' loads the per-message time is interpolated, outside it is
-    held; ``contend`` gives a plan the time its own simulated load says."""
+    held; ``contend`` gives a plan the time its own processes per core say."""
     rt = RuntimeCalibration(
         source="measured", message_s=1e-3, message_busy_s=3e-3, load_idle=1.0, load_busy=2.0
     )
@@ -244,59 +243,71 @@ def test_message_cost_follows_the_plan_load():
     assert RuntimeCalibration(source="measured", message_s=1e-3).message_at(5.0) == 1e-3
     spec = tiny_spec()
     cal = measured_like(spec).model_copy(update={"runtime": rt})
+    cores = cal.host.cores
     stages = [[0, 1], [2, 3], [4, 5]]
     actions = generate("1f1b", 3, 6)
-    for D, want in ((4, 2e-3), (1, None)):  # 12 processes: busy; 3 in a pipeline: less
+    for D in (1, 2, 4):
         layout = Layout(3, D, 2, 6, "1f1b")
         host = Hosting(3, D, 3 * D, "stage_major", True, True, True)
         model = stage_costs(cal, layout, stages, host, BlockTimes.at(cal, 2)).model(layout, [0] * 3)
         costs, _ = contend(cal, actions, model, D)
-        load = demand(simulate(actions, model), D)  # the plan's own, not the message's
         extra = costs.act[0] - model.act[0]
-        if want is not None:
-            assert load > rt.load_busy and extra == pytest.approx(want)
-        assert 0.0 <= extra <= 2e-3 + 1e-12
+        assert extra == pytest.approx(rt.message_at(3 * D / cores) - rt.message_s)
         plain, _ = contend(cal, actions, model, D, messages=False)
         assert plain.act == model.act
 
 
 def test_fit_message_recovers_a_known_per_message_cost():
-    """Simulate the probe with a known extra time per message as if measured: the fit
-    finds that time back (1F1B on 2 stages puts messages on the critical path)."""
+    """Simulate a probe with a known extra time per message as if measured: the fit
+    finds that time back (1F1B puts messages on the critical path)."""
     spec = tiny_spec()
     cal = measured_like(spec)
-    stages = [[0, 1, 2], [3, 4, 5]]
+    two, four = [[0, 1, 2], [3, 4, 5]], [[0, 1], [2], [3], [4, 5]]
     for true in (0.0, 2e-4, 1.5e-3):
-        measured = probe_time(cal, stages, 2, 4, 1, true)
-        assert fit_message(cal, stages, 2, 4, 1, measured) == pytest.approx(true, abs=2e-6)
-        # Two pipelines sharing the cores: the simulated time is not monotone in the
-        # message time; the fit is the least time that reproduces the measurement.
-        measured = probe_time(cal, stages, 2, 4, 2, true)
-        fit = fit_message(cal, stages, 2, 4, 2, measured)
+        measured = probe_time(cal, two, 2, 4, true)
+        assert fit_message(cal, two, 2, 4, measured) == pytest.approx(true, abs=2e-6)
+        # Four stages sharing the cores: the simulated time need not be monotone in
+        # the message time; the fit is the least time that reproduces the measurement.
+        measured = probe_time(cal, four, 2, 4, true)
+        fit = fit_message(cal, four, 2, 4, measured)
         assert fit <= true + 2e-6
-        assert probe_time(cal, stages, 2, 4, 2, fit) == pytest.approx(measured, rel=1e-3)
-    slower = probe_time(cal, stages, 2, 4, 1, 1e-3)
-    assert slower > probe_time(cal, stages, 2, 4, 1, 0.0) + 2e-3  # >= 2 messages in the way
+        assert probe_time(cal, four, 2, 4, fit) == pytest.approx(measured, rel=1e-3)
+    slower = probe_time(cal, two, 2, 4, 1e-3)
+    assert slower > probe_time(cal, two, 2, 4, 0.0) + 2e-3  # >= 2 messages in the way
+    probes = {"solo": [[0, 1, 2, 3, 4, 5]], "idle": two, "busy": four}
     samples = {
         "idle": {"run": [slower] * 5, "rest": [4e-4, 5e-4, 6e-4]},
-        "busy": {"run": [probe_time(cal, stages, 2, 4, 2, 3e-3)] * 3, "rest": [1e-3]},
+        "busy": {"run": [probe_time(cal, four, 2, 4, 3e-3)] * 3, "rest": [1e-3]},
     }
-    rt = fit_runtime(cal, samples, stages, 2, 4)
+    rt = fit_runtime(cal, samples, probes, 2, 4)
     assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
-    assert rt.message_busy_s == pytest.approx(3e-3, abs=2e-6)  # past the non-monotone part
-    assert rt.step_s == pytest.approx(5e-4)
+    assert rt.message_busy_s == pytest.approx(3e-3, abs=2e-6)
+    assert rt.step_s == pytest.approx(5e-4)  # no solo probe: the idle probe's rest
     assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
-    assert rt.action_s == 0.0  # no compute samples
-    # Loads are compute demand at the idle message time: two pipelines demand twice one.
-    assert 0 < rt.load_idle <= 2.0 and rt.load_busy == pytest.approx(2 * rt.load_idle)
-    # The executor's compute 0.2 ms per action above the calibrated (4 forwards and 4
-    # backwards per stage): the fit finds it, and the message time explains only what
-    # compute does not.
-    stretched, _ = simulated_run(cal, stages, 2, 4, 1, 0.0)
-    fetch = BlockTimes.at(cal, 2).data
-    per_stage = [4 * (f - fetch + b) for f, b in zip(stretched.f, stretched.b, strict=True)]
-    samples["idle"]["compute"] = [[x + 8 * 2e-4] * 5 for x in per_stage]
-    slow = fit_runtime(cal, samples, stages, 2, 4)
-    assert slow.action_s == pytest.approx(2e-4, rel=1e-6)
-    assert slow.message_s < rt.message_s
-    assert fit_runtime(cal, {}, stages, 2, 4) is None
+    assert rt.action_s == 0.0
+    assert rt.load_busy == 2 * rt.load_idle == 4 / cal.host.cores  # processes per core
+    assert fit_runtime(cal, {}, probes, 2, 4) is None
+
+
+def test_the_solo_probe_gives_the_per_action_and_per_step_costs():
+    """One stage, no messages: its run beyond the calibrated compute is the executor's
+    cost per action (2M actions), its rest plus the optimizer beyond the calibrated
+    one the cost per step; the message fit then explains only what those do not."""
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    blocks = [0, 1, 2, 3, 4, 5]
+    opt = sum(cal.blocks[i].optimizer.median for i in blocks)
+    run = probe_time(cal, [blocks], 2, 4, 0.0) + 8 * 2e-4
+    solo = {"run": [run] * 5, "rest": [3e-4] * 5, "opt": [[opt + 1e-4] * 5]}
+    assert solo_costs(cal, solo, blocks, 2, 4) == pytest.approx((2e-4, 4e-4))
+    # The runtime already faster than calibrated: never a negative cost.
+    fast = {"run": [run / 2] * 5, "rest": [1e-4] * 5, "opt": [[opt / 2] * 5]}
+    assert solo_costs(cal, fast, blocks, 2, 4) == (0.0, 0.0)
+    two = [[0, 1, 2], [3, 4, 5]]
+    slow = cal.model_copy(update={"runtime": RuntimeCalibration(source="measured", action_s=2e-4)})
+    measured = probe_time(slow, two, 2, 4, 1e-3)
+    samples = {"solo": solo, "idle": {"run": [measured] * 5, "rest": [9.0]}}
+    rt = fit_runtime(cal, samples, {"solo": [blocks], "idle": two}, 2, 4)
+    assert rt.action_s == pytest.approx(2e-4) and rt.step_s == pytest.approx(4e-4)
+    assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
+    assert rt.message_busy_s == rt.message_s and rt.load_busy == rt.load_idle  # no busy probe
