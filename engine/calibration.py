@@ -200,18 +200,20 @@ class HostCalibration(_Frozen):
 class RuntimeCalibration(_Frozen):
     """What the runtime pays beyond compute and the wire, from a real pipeline probe.
 
-    ``calibration_probe`` runs a 2-stage 1F1B pipeline of the job's model with the
-    runtime's own executor; ``calibration_fit`` simulates the same probe with the
-    calibrated compute and links, and ``message_s`` is the extra time per message that
-    makes the simulated pipeline match the measured one: waking a receiver that blocked
-    (its core idle), the executor's per-message bookkeeping. ``message_busy_s`` is the
-    same with two probe pipelines at once (more processes than cores on small hosts).
-    ``step_s``: each rank's fixed work per step outside the schedule (seeding,
-    zero_grad, metric lines). ``action_s``: what each forward, recompute and backward
-    of the executor takes beyond the calibrated time of its blocks (its own timing in
-    the probe: autograd set-up, the loss, caches shared with the message threads); a
-    per-action cost, as the probe at the smallest micro-batch showed (a factor found
-    there over-predicted larger micro-batches by a third).
+    ``calibration_probe`` runs 1F1B over the job's model with the runtime's own
+    executor and the trainer's per-step work, on one stage (``solo``), two and four;
+    ``calibration_fit`` simulates the same runs with the calibrated compute and links.
+    ``action_s``: what each forward, recompute and backward of the executor takes beyond
+    the calibrated time of its blocks (the solo run beyond its calibrated compute: data
+    fetch, autograd set-up, the loss, bookkeeping); a per-action cost, as the probe at
+    the smallest micro-batch showed (a factor found there over-predicted larger
+    micro-batches by a third). ``step_s``: each rank's fixed work per step outside the
+    schedule (seeding, zero_grad, metric lines, and the optimizer step beyond its
+    calibrated per-block cost). ``message_s`` is the extra time per message that makes
+    the simulated 2-stage pipeline match the measured one: waking a receiver that
+    blocked (its core idle), the executor's per-message bookkeeping. ``message_busy_s``
+    is the same for the 4-stage one (more processes than cores on small hosts: a woken
+    process, or the one it preempts, waits for a core).
     ``load_idle`` / ``load_busy``: each probe's processes per core of the host (2 and 4
     pipeline stages); a plan's messages cost what its own P x D processes per core say
     (``message_at``). Processes per core, not the simulated compute demand: a probe
