@@ -103,8 +103,8 @@ def main() -> None:
             print(
                 f"runtime costs (pipeline probe: {probe}): per action "
                 f"{1e3 * rt.action_s:.3f} ms, per message "
-                f"{1e3 * rt.message_s:.2f} ms at {rt.load_idle:.2f} processes per core (cores "
-                f"shared: {1e3 * rt.message_busy_s:.2f} ms at {rt.load_busy:.2f}), "
+                f"{1e3 * rt.message_s:.2f} ms at load {rt.load_idle:.2f} (cores shared: "
+                f"{1e3 * rt.message_busy_s:.2f} ms at load {rt.load_busy:.2f}), "
                 f"per step {1e3 * rt.step_s:.2f} ms"
             )
         runs = []

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 CALIBRATION_VERSION = 5  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
-# 5: solo, 2-stage and 4-stage probes; loads are pipeline processes per core
+# 5: solo, 2-stage and 4-stage probes
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -214,11 +214,11 @@ class RuntimeCalibration(_Frozen):
     blocked (its core idle), the executor's per-message bookkeeping. ``message_busy_s``
     is the same for the 4-stage one (more processes than cores on small hosts: a woken
     process, or the one it preempts, waits for a core).
-    ``load_idle`` / ``load_busy``: each probe's processes per core of the host (2 and 4
-    pipeline stages); a plan's messages cost what its own P x D processes per core say
-    (``message_at``). Processes per core, not the simulated compute demand: a probe
-    whose messages are slow computes less at once, so demand fell as the regime it
-    measures got busier (a 4-stage probe showed less demand than the 2-stage one).
+    ``load_idle`` / ``load_busy``: each probe's compute demand (processes computing at
+    once, on average, in its plain simulation with the idle message time); a plan's
+    messages cost what its own demand, taken the same way, says (``message_at``). If
+    the busy probe's demand is not above the idle one's (slow messages lower demand),
+    every message costs the idle time.
     """
 
     source: Source
@@ -226,8 +226,8 @@ class RuntimeCalibration(_Frozen):
     message_busy_s: float = Field(0.0, description="extra seconds per message, cores shared")
     step_s: float = Field(0.0, description="fixed seconds per step on every rank")
     action_s: float = Field(0.0, description="extra seconds per forward/backward action")
-    load_idle: float = Field(0.0, description="processes per core, idle probe")
-    load_busy: float = Field(0.0, description="processes per core, busy probe")
+    load_idle: float = Field(0.0, description="mean processes computing, idle probe")
+    load_busy: float = Field(0.0, description="mean processes computing, busy probe")
     probe: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="per probe phase: measured and simulated seconds of its pipeline run",
@@ -237,8 +237,8 @@ class RuntimeCalibration(_Frozen):
         return self.message_busy_s if busy else self.message_s
 
     def message_at(self, load: float) -> float:
-        """Extra seconds per message with ``load`` pipeline processes per core: linear
-        between the two probes' loads, held at their values outside."""
+        """Extra seconds per message when ``load`` processes compute at once on average:
+        linear between the two probes' loads, held at their values outside."""
         if self.load_busy <= self.load_idle:
             return self.message_s
         w = min(1.0, max(0.0, (load - self.load_idle) / (self.load_busy - self.load_idle)))

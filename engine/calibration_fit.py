@@ -23,8 +23,9 @@ import dataclasses
 import statistics
 
 from .calibration import Calibration, RuntimeCalibration
-from .planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from .planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
 from .schedules import generate
+from .simulator import simulate
 
 BISECTION_ROUNDS = 30
 SCAN_START_S = 1e-5
@@ -56,6 +57,13 @@ def simulated_run(cal: Calibration, stages, m: int, M: int, extra: float):
 
 def probe_time(cal: Calibration, stages, m: int, M: int, extra: float) -> float:
     return simulated_run(cal, stages, m, M, extra)[1].pipeline_time
+
+
+def probe_load(cal: Calibration, stages, m: int, M: int, extra: float) -> float:
+    """A probe's compute demand (processes computing at once in its plain simulation,
+    as ``contend`` measures a plan's) with ``extra`` seconds per message."""
+    model, actions = _probe_model(cal, stages, m, M, extra)
+    return demand(simulate(actions, model), 1)
 
 
 def fit_message(cal: Calibration, stages, m: int, M: int, measured: float) -> float:
@@ -117,7 +125,10 @@ def fit_runtime(
         stages = probes[phase]
         measured = statistics.median(samples[phase]["run"])
         fitted[phase] = fit_message(cal, stages, m, M, measured)
-        loads[phase] = len(stages) / cal.host.cores  # as ``contend`` takes a plan's
+        # As a plan's demand is taken (base costs: idle message time), never from the
+        # fitted busy time: a load that moved with its own fit made the two probes'
+        # loads land anywhere from 1.4 to 3.1 and the slope between them unstable.
+        loads[phase] = probe_load(cal, stages, m, M, fitted["idle"])
         probe[phase] = {
             "measured_s": measured,
             "simulated_s": probe_time(cal, stages, m, M, 0.0),

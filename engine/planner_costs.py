@@ -330,6 +330,11 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
     return max(own, through + costs.ar[0] + costs.opt[0])
 
 
+def demand(result: SimResult, D: int) -> float:
+    """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
+    return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
+
+
 def contend(
     cal: Calibration,
     actions: list[list[Action]],
@@ -345,8 +350,10 @@ def contend(
     step) and simulates again; each stage's optimizer step gets the factor of the
     ranks whose optimizer steps overlap it (``_optimizer_factors``: stages finish their
     schedules at different times, the last one often alone). With ``messages`` (and a
-    measured runtime), each message also costs what the plan's pipeline processes per
-    core say (``RuntimeCalibration.message_at``; ``base`` carries the idle cost).
+    measured runtime), each message also costs what the plan's compute demand says
+    (``RuntimeCalibration.message_at``; ``base`` carries the idle cost): the processes
+    computing at once in the plain simulation of ``base``, measured as the probes' loads
+    were, so it depends on the plan alone, never on the message time it selects.
     Damped, a few rounds settle it.
     """
     host, rt = cal.host, cal.runtime
@@ -356,7 +363,7 @@ def contend(
     opt = list(base.opt)
     update = {}
     if adjust:
-        extra = rt.message_at(base.P * D / host.cores) - rt.message_s
+        extra = rt.message_at(demand(result, D)) - rt.message_s
         update = {"act": [x + extra for x in base.act], "grad": [x + extra for x in base.grad]}
     for _ in range(CONTENTION_ROUNDS):
         seen = _compute_factors(result, base.P, D, host.factor)

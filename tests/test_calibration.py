@@ -23,12 +23,19 @@ from jobctl.engine.calibration_analytic import (
     analytic_calibration,
     analytic_fingerprint,
 )
-from jobctl.engine.calibration_fit import fit_message, fit_runtime, probe_time, solo_costs
+from jobctl.engine.calibration_fit import (
+    fit_message,
+    fit_runtime,
+    probe_load,
+    probe_time,
+    solo_costs,
+)
 from jobctl.engine.calibration_run import micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, stage_costs
+from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
 from jobctl.engine.schedules import generate
+from jobctl.engine.simulator import simulate
 
 from .jobrun import tiny_spec
 
@@ -233,7 +240,7 @@ def test_runtime_costs_reach_every_message_and_step():
 
 def test_message_cost_follows_the_plan_load():
     """Between the two probes' loads the per-message time is interpolated, outside it is
-    held; ``contend`` gives a plan the time its own processes per core say."""
+    held; ``contend`` gives a plan the time its own simulated load says."""
     rt = RuntimeCalibration(
         source="measured", message_s=1e-3, message_busy_s=3e-3, load_idle=1.0, load_busy=2.0
     )
@@ -243,16 +250,18 @@ def test_message_cost_follows_the_plan_load():
     assert RuntimeCalibration(source="measured", message_s=1e-3).message_at(5.0) == 1e-3
     spec = tiny_spec()
     cal = measured_like(spec).model_copy(update={"runtime": rt})
-    cores = cal.host.cores
     stages = [[0, 1], [2, 3], [4, 5]]
     actions = generate("1f1b", 3, 6)
-    for D in (1, 2, 4):
+    for D, want in ((4, 2e-3), (1, None)):  # 12 processes: busy; 3 in a pipeline: less
         layout = Layout(3, D, 2, 6, "1f1b")
         host = Hosting(3, D, 3 * D, "stage_major", True, True, True)
         model = stage_costs(cal, layout, stages, host, BlockTimes.at(cal, 2)).model(layout, [0] * 3)
         costs, _ = contend(cal, actions, model, D)
+        load = demand(simulate(actions, model), D)  # the plan's own, not the message's
         extra = costs.act[0] - model.act[0]
-        assert extra == pytest.approx(rt.message_at(3 * D / cores) - rt.message_s)
+        assert extra == pytest.approx(rt.message_at(load) - rt.message_s)
+        if want is not None:
+            assert load > rt.load_busy and extra == pytest.approx(want)
         plain, _ = contend(cal, actions, model, D, messages=False)
         assert plain.act == model.act
 
@@ -285,7 +294,9 @@ def test_fit_message_recovers_a_known_per_message_cost():
     assert rt.step_s == pytest.approx(5e-4)  # no solo probe: the idle probe's rest
     assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
     assert rt.action_s == 0.0
-    assert rt.load_busy == 2 * rt.load_idle == 4 / cal.host.cores  # processes per core
+    # Loads are compute demand at the idle message time (the plan's is taken the same way).
+    assert rt.load_idle == pytest.approx(probe_load(cal, two, 2, 4, rt.message_s))
+    assert rt.load_busy == pytest.approx(probe_load(cal, four, 2, 4, rt.message_s))
     assert fit_runtime(cal, {}, probes, 2, 4) is None
 
 
