@@ -385,8 +385,8 @@ def contend(
 def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float]:
     """Per stage, the slowdown of its optimizer step: ``factor`` of D x the stages whose
     steps overlap its own (each counted by the share of it they overlap)."""
-    free = result._engine.free
-    spans = [(free[s] + a, free[s] + a + o) for s, (a, o) in enumerate(zip(ar, opt, strict=True))]
+    end = result.stage_end
+    spans = [(end[s] + a, end[s] + a + o) for s, (a, o) in enumerate(zip(ar, opt, strict=True))]
     out = []
     for a, b in spans:
         if b <= a:

@@ -115,7 +115,8 @@ class SimResult:
 
     ``step_time``: until the last optimizer step ends. ``pipeline_time``: until the
     last compute action ends (the pipeline flush, before allreduce). ``busy[s]``:
-    compute time of stage s; ``idle[s] = pipeline_time - busy[s]``.
+    compute time of stage s; ``idle[s] = pipeline_time - busy[s]``; ``stage_end[s]``:
+    when stage s's last compute action ends (its allreduce and optimizer step follow).
 
     ``bubble_ratio`` is Merak's (sec. 5.1): bubble (idle) time over computation
     running time of the critical stage, the one with the most compute:
@@ -132,6 +133,7 @@ class SimResult:
     pipeline_time: float
     busy: tuple[float, ...]
     idle: tuple[float, ...]
+    stage_end: tuple[float, ...]
     bubble_ratio: float
     executed: list[list[Action]]
     deviations: int
@@ -170,6 +172,7 @@ def simulate(stages: list[list[Action]], costs: CostModel, seed: int = 0) -> Sim
         pipeline_time=pipeline_time,
         busy=busy,
         idle=tuple(pipeline_time - x for x in busy),
+        stage_end=tuple(engine.free),
         bubble_ratio=(pipeline_time - critical) / critical if critical > 0 else 0.0,
         executed=engine.lists,
         deviations=engine.deviations,
