@@ -26,9 +26,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 5  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
+CALIBRATION_VERSION = 6  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
-# 5: solo, 2-stage and 4-stage probes
+# 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 

@@ -27,6 +27,7 @@ WARMUP = 3
 ROUNDS = 3  # of the core-sharing probe
 PROBE_WINDOW_S = 0.25  # each process probes for this long per round and process count
 P2P_REPEATS = 3  # ping-pong samples per size, in units of the job's repeats
+BURST_S = 0.015  # of compute before each allreduce sample (CPU), at least
 
 
 def main(job: dict) -> None:
@@ -104,28 +105,38 @@ def _allreduces(
 ) -> list[list]:
     """Rows ``[ring, inflight, bytes, seconds]`` measured on rank 0's ring.
 
-    Measured as the runtime meets it: on CPU each sample follows a burst of the job's
-    own compute (``probe``: the model's forward and backward) on every active rank, as
-    a step's gradient allreduce follows its backwards. Back-to-back allreduces keep
-    every process awake and in step; after compute the ranks arrive apart, and one
-    that waited sleeps and must be woken (on a VM, slowly): a 2 MB allreduce of two
-    CPU processes took 2.6 ms back to back here and 4.5 ms after compute. A sample is
-    the time of the ring's last arrival (the least of its ranks' times): what the step
-    pays beyond its slowest replica's compute, whose wait the simulator models itself.
+    Measured as the runtime meets it: each sample is the runtime's own gradient sync
+    (``optim.allreduce_grads``: the gradients copied into one flat bucket, reduced and
+    copied back) and, on CPU, follows a burst of the job's own compute (``probe``: the
+    model's forward and backward, repeated for at least ``BURST_S``) on every active
+    rank, as a step's gradient allreduce follows its backwards. Back-to-back
+    allreduces keep every process awake and in step; after compute the ranks arrive
+    apart, and one that waited sleeps and must be woken (on a VM, slowly). The burst's
+    length matters: a 2 MB allreduce of two CPU processes took 1.3 ms back to back or
+    after 5 ms of compute, and 3-4 ms after 10-40 ms. A sample is the time of the
+    ring's last arrival (the least of its ranks' times): what the step pays beyond its
+    slowest replica's compute, whose wait the simulator models itself.
     """
+    from torch import nn
+
+    from jobctl.engine.optim import allreduce_grads
+
     rows = []
     for r, k in job["rings"]:
         mine = next((g for ring, g in groups.items() if len(ring) == r and rank in ring), None)
         active = rank < r * k
         for nbytes in job["allreduce_bytes"]:
-            buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+            numel = max(2, nbytes // 4)
+            halves = (numel // 2, numel - numel // 2)
+            params = [nn.Parameter(torch.zeros(n, device=device)) for n in halves]
             dist.barrier()
             times = []
             for _ in range(WARMUP + job["repeats"]) if active else ():
-                if probe is not None:
-                    probe()
+                for p in params:
+                    p.grad = torch.ones_like(p)
+                _burst(probe)
                 t0 = time.perf_counter()
-                dist.all_reduce(buf, group=mine)
+                allreduce_grads(params, mine)
                 _sync(device)
                 times.append(time.perf_counter() - t0)
             gathered: list = [None] * world
@@ -134,6 +145,15 @@ def _allreduces(
                 last_arrival = [min(xs) for xs in zip(*gathered[:r], strict=True)]
                 rows.append([r, k, nbytes, last_arrival[WARMUP:]])
     return rows
+
+
+def _burst(probe) -> None:
+    """The job's compute for at least ``BURST_S`` (nothing without a probe)."""
+    if probe is None:
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < BURST_S:
+        probe()
 
 
 def _slowdown(rank: int, world: int, job: dict, probe) -> dict[int, float]:

@@ -87,42 +87,40 @@ def fit_message(cal: Calibration, stages, m: int, M: int, measured: float) -> fl
     return (lo + hi) / 2
 
 
-def solo_costs(cal: Calibration, solo: dict, blocks: list[int], m: int, M: int):
+def solo_costs(cal: Calibration, solo: dict, m: int, M: int):
     """(seconds per action, seconds per step) of the runtime from the one-stage probe.
 
     Per action: the executor run beyond the calibrated compute (forwards with their
     data fetch, backwards), over its 2M actions. Per step: the rest of the step loop,
     plus the optimizer step beyond its calibrated per-block cost. Neither below zero.
     """
+    blocks = solo["stages"][0]
     bare = probe_time(cal, [blocks], m, M, 0.0)  # the runtime's costs are not in ``cal``
     action = max(0.0, (statistics.median(solo["run"]) - bare) / (2 * M))
     opt = sum(cal.blocks[i].optimizer.median for i in blocks)
-    extra_opt = statistics.median(solo["opt"][0]) - opt if solo.get("opt") else 0.0
+    extra_opt = statistics.median(solo["opt"][0]) - opt
     return action, max(0.0, statistics.median(solo["rest"]) + extra_opt)
 
 
-def fit_runtime(
-    cal: Calibration, samples: dict, probes: dict[str, list[list[int]]], m: int, M: int
-) -> RuntimeCalibration | None:
+def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalibration | None:
     """The runtime's per-action, per-step and per-message costs from the probe samples
-    (``probes``: each phase's blocks per stage; None if no pipeline probe ran).
+    (``calibration_probe.probe_pipeline``: each phase's stages and times; None if no
+    pipeline probe ran).
 
     The per-action and per-step costs come first (the solo probe: no messages in it);
     the message time is then what explains the rest of each pipeline probe's run.
     """
-    idle = samples.get("idle")
-    if not idle or not idle.get("run"):
+    solo, idle = samples.get("solo"), samples.get("idle")
+    if not solo or not solo.get("run") or not idle or not idle.get("run"):
         return None
-    action, step = 0.0, statistics.median(idle["rest"])
-    if samples.get("solo", {}).get("run"):
-        action, step = solo_costs(cal, samples["solo"], probes["solo"][0], m, M)
+    action, step = solo_costs(cal, solo, m, M)
     base = RuntimeCalibration(source="measured", action_s=action)
     cal = cal.model_copy(update={"runtime": base})
     probe, fitted, loads = {}, {}, {}
     for phase in ("idle", "busy"):
         if phase not in samples or not samples[phase].get("run"):
             continue
-        stages = probes[phase]
+        stages = samples[phase]["stages"]
         measured = statistics.median(samples[phase]["run"])
         fitted[phase] = fit_message(cal, stages, m, M, measured)
         # As a plan's demand is taken (base costs: idle message time), never from the

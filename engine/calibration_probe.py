@@ -18,9 +18,8 @@ trainer's per-step work, in three phases, each 1F1B over the job's model:
   4 ranks): the cost per message when a host has more pipeline processes than cores
   (on small hosts), where every message may wake a process that must wait for a core.
 
-Each rank records per step the wall seconds of the executor's run, of its compute
-alone (forward and backward as the executor times them), of the optimizer step and of
-everything else in its step loop. ``calibration_fit`` turns the samples into per-action,
+Each rank records per step the wall seconds of the executor's run, of the optimizer
+step and of everything else in its step loop. ``calibration_fit`` turns the samples into per-action,
 per-message and per-step costs by simulating the same runs with the calibrated compute.
 """
 
@@ -52,11 +51,11 @@ def probe_phases(job: dict, world: int) -> list[tuple[str, list[list[int]]]]:
 
 
 def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
-    """Run the probe phases; returns on every rank, per phase, the seconds per step of
-    the pipeline's executor run (the latest of its stages; steps start together), of
-    the rest of the step loop (the latest stage's), and per stage of its compute and
-    its optimizer step: ``{phase: {"run": [...], "rest": [...], "compute": [[stage
-    0...], ...], "opt": [[stage 0...], ...]}}``."""
+    """Run the probe phases; returns on every rank, per phase, its blocks per stage and
+    the seconds per step of the pipeline's executor run (the latest of its stages;
+    steps start together), of the rest of the step loop (the latest stage's), and per
+    stage of its optimizer step: ``{phase: {"stages": [[block, ...], ...], "run":
+    [...], "rest": [...], "opt": [[stage 0...], ...]}}``."""
     out: dict[str, dict] = {}
     phases = probe_phases(job, world)
     for name, stages in phases:
@@ -69,9 +68,9 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     for name, stages in phases:
         ranks = [gathered[r][name] for r in range(len(stages))]
         result[name] = {
+            "stages": stages,
             "run": _latest([x["run"] for x in ranks]),
             "rest": _latest([x["rest"] for x in ranks]),
-            "compute": [x["compute"] for x in ranks],
             "opt": [x["opt"] for x in ranks],
         }
     return result
@@ -129,7 +128,7 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     ex = StepExecutor(stage, topo, data, shard, chans, cpu, links=links)
     actions = generate("1f1b", P, M)[rank]
     events = EventLog(Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl")
-    runs, rests, computes, opts = [], [], [], []
+    runs, rests, opts = [], [], []
     try:
         for step in range(PROBE_WARMUP + PROBE_STEPS):
             # The trainer's step (Trainer.run / train_step), its collectives aside
@@ -154,11 +153,10 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
                 runs.append(t2 - t1)
                 opts.append(t3 - t2)
                 rests.append(t4 - t3 + t1 - t0)
-                computes.append(sum(stats.fwd_s) + sum(stats.bwd_s))
     finally:
         events.path.unlink(missing_ok=True)
         ex.close()
-    return {"run": runs, "rest": rests, "compute": computes, "opt": opts}
+    return {"run": runs, "rest": rests, "opt": opts}
 
 
 def _pipeline_sync(rank: int, P: int) -> None:

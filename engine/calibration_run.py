@@ -104,8 +104,7 @@ def calibrate(
         host=host or host_from_spec(spec),
     )
     if probe[2]:
-        phases = {"solo": [sum(probe[2], [])], "idle": probe[2], "busy": probe[BUSY_PROBE_STAGES]}
-        runtime = fit_runtime(cal, samples, phases, ms[0], PROBE_MICRO_BATCHES)
+        runtime = fit_runtime(cal, samples, ms[0], PROBE_MICRO_BATCHES)
         cal = cal.model_copy(update={"runtime": runtime, "seconds": time.time() - start})
     report("done", 1.0)
     return cal, save(cal, home)
@@ -122,6 +121,14 @@ def _probe_stages(blocks: list[BlockCalibration], data: dict, m: int, P: int) ->
     return partition(costs, P)
 
 
+def allreduce_sizes(blocks: list[BlockCalibration]) -> list[int]:
+    """Gradient bucket sizes to time: each block's, the whole model's (a one-stage
+    replica's bucket) and powers of 4 from 4 KB between, at most ``MAX_SIZES``."""
+    total = int(sum(b.param_bytes for b in blocks))
+    sizes = {int(b.param_bytes) for b in blocks} | {total} | {4096 * 4**k for k in range(12)}
+    return _spread({s for s in sizes if s <= max(total, 4096)})
+
+
 def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, stages):
     """Links, allreduce, core sharing and the pipeline probe measured in a process
     group, where one can run."""
@@ -129,13 +136,10 @@ def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, sta
     if world < 2:
         return link_from_spec(spec, True), allreduce_from_spec(spec, True), None, {}
     p2p_sizes = _spread({int(b.boundary_bytes * m) for b in blocks for m in ms})
-    total = sum(b.param_bytes for b in blocks)
-    sizes = {int(b.param_bytes) for b in blocks} | {int(total)} | {4096 * 4**k for k in range(8)}
-    ar_sizes = [s for s in _spread(sizes) if s <= max(total, 4096)]
     return measure_comm(
         dump_yaml(spec),
         p2p_sizes,
-        ar_sizes,
+        allreduce_sizes(blocks),
         world,
         probe_m=ms[0],
         threads=threads,

@@ -58,11 +58,12 @@ def sync_gradients(named: dict[str, nn.Parameter], topo: Topology, ties: set[str
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         buckets["tied" if tied_here and name in ties else "dp"].append(p)
-    _allreduce(buckets["dp"], topo.dp_group)
-    _allreduce(buckets["tied"], topo.tied_group)
+    allreduce_grads(buckets["dp"], topo.dp_group)
+    allreduce_grads(buckets["tied"], topo.tied_group)
 
 
-def _allreduce(params: list[nn.Parameter], group) -> None:
+def allreduce_grads(params: list[nn.Parameter], group) -> None:
+    """Sum ``params``' gradients over ``group`` in one flat bucket (copied out and back)."""
     if not params or group is None:
         return
     grads = [p.grad for p in params]

@@ -30,7 +30,7 @@ from jobctl.engine.calibration_fit import (
     probe_time,
     solo_costs,
 )
-from jobctl.engine.calibration_run import micro_batch_sizes
+from jobctl.engine.calibration_run import MAX_SIZES, allreduce_sizes, micro_batch_sizes
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
 from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
@@ -66,7 +66,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 5 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 6 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -283,21 +283,25 @@ def test_fit_message_recovers_a_known_per_message_cost():
         assert probe_time(cal, four, 2, 4, fit) == pytest.approx(measured, rel=1e-3)
     slower = probe_time(cal, two, 2, 4, 1e-3)
     assert slower > probe_time(cal, two, 2, 4, 0.0) + 2e-3  # >= 2 messages in the way
-    probes = {"solo": [[0, 1, 2, 3, 4, 5]], "idle": two, "busy": four}
+    blocks = [0, 1, 2, 3, 4, 5]
+    opt = [[sum(cal.blocks[i].optimizer.median for i in blocks)] * 3]
+    solo = {"stages": [blocks], "run": [probe_time(cal, [blocks], 2, 4, 0.0)] * 3, "opt": opt}
     samples = {
-        "idle": {"run": [slower] * 5, "rest": [4e-4, 5e-4, 6e-4]},
-        "busy": {"run": [probe_time(cal, four, 2, 4, 3e-3)] * 3, "rest": [1e-3]},
+        "solo": {**solo, "rest": [4e-4, 5e-4, 6e-4]},  # no cost per action, 0.5 ms per step
+        "idle": {"stages": two, "run": [slower] * 5, "rest": [9.0]},
+        "busy": {"stages": four, "run": [probe_time(cal, four, 2, 4, 3e-3)] * 3, "rest": [1e-3]},
     }
-    rt = fit_runtime(cal, samples, probes, 2, 4)
+    rt = fit_runtime(cal, samples, 2, 4)
     assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
     assert rt.message_busy_s == pytest.approx(3e-3, abs=2e-6)
-    assert rt.step_s == pytest.approx(5e-4)  # no solo probe: the idle probe's rest
+    assert rt.step_s == pytest.approx(5e-4)  # the solo probe's rest, not the idle one's
     assert rt.probe["idle"]["measured_s"] == pytest.approx(slower)
-    assert rt.action_s == 0.0
+    assert rt.action_s == pytest.approx(0.0, abs=1e-12)
     # Loads are compute demand at the idle message time (the plan's is taken the same way).
     assert rt.load_idle == pytest.approx(probe_load(cal, two, 2, 4, rt.message_s))
     assert rt.load_busy == pytest.approx(probe_load(cal, four, 2, 4, rt.message_s))
-    assert fit_runtime(cal, {}, probes, 2, 4) is None
+    assert fit_runtime(cal, {}, 2, 4) is None
+    assert fit_runtime(cal, {"idle": samples["idle"]}, 2, 4) is None  # no solo probe
 
 
 def test_the_solo_probe_gives_the_per_action_and_per_step_costs():
@@ -309,16 +313,29 @@ def test_the_solo_probe_gives_the_per_action_and_per_step_costs():
     blocks = [0, 1, 2, 3, 4, 5]
     opt = sum(cal.blocks[i].optimizer.median for i in blocks)
     run = probe_time(cal, [blocks], 2, 4, 0.0) + 8 * 2e-4
-    solo = {"run": [run] * 5, "rest": [3e-4] * 5, "opt": [[opt + 1e-4] * 5]}
-    assert solo_costs(cal, solo, blocks, 2, 4) == pytest.approx((2e-4, 4e-4))
+    solo = {"stages": [blocks], "run": [run] * 5, "rest": [3e-4] * 5, "opt": [[opt + 1e-4] * 5]}
+    assert solo_costs(cal, solo, 2, 4) == pytest.approx((2e-4, 4e-4))
     # The runtime already faster than calibrated: never a negative cost.
-    fast = {"run": [run / 2] * 5, "rest": [1e-4] * 5, "opt": [[opt / 2] * 5]}
-    assert solo_costs(cal, fast, blocks, 2, 4) == (0.0, 0.0)
+    fast = {"stages": [blocks], "run": [run / 2] * 5, "rest": [1e-4] * 5, "opt": [[opt / 2] * 5]}
+    assert solo_costs(cal, fast, 2, 4) == (0.0, 0.0)
     two = [[0, 1, 2], [3, 4, 5]]
     slow = cal.model_copy(update={"runtime": RuntimeCalibration(source="measured", action_s=2e-4)})
     measured = probe_time(slow, two, 2, 4, 1e-3)
-    samples = {"solo": solo, "idle": {"run": [measured] * 5, "rest": [9.0]}}
-    rt = fit_runtime(cal, samples, {"solo": [blocks], "idle": two}, 2, 4)
+    samples = {"solo": solo, "idle": {"stages": two, "run": [measured] * 5, "rest": [9.0]}}
+    rt = fit_runtime(cal, samples, 2, 4)
     assert rt.action_s == pytest.approx(2e-4) and rt.step_s == pytest.approx(4e-4)
     assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
     assert rt.message_busy_s == rt.message_s and rt.load_busy == rt.load_idle  # no busy probe
+
+
+def test_allreduce_sizes_reach_the_whole_models_gradients():
+    """The largest bucket a plan syncs (P=1: the whole model) is measured, not
+    extrapolated; nothing larger is, and no more than MAX_SIZES sizes."""
+    cal = measured_like(tiny_spec())
+    total = int(sum(b.param_bytes for b in cal.blocks))
+    sizes = allreduce_sizes(cal.blocks)
+    assert max(sizes) == total and min(sizes) == 4096 and len(sizes) <= MAX_SIZES
+    big = [b.model_copy(update={"param_bytes": 3e8}) for b in cal.blocks]  # 1.8 GB model
+    sizes = allreduce_sizes(big)
+    assert max(sizes) == int(sum(b.param_bytes for b in big)) and len(sizes) == MAX_SIZES
+    assert sizes == sorted(sizes) and min(sizes) == 4096
