@@ -10,6 +10,7 @@ the order also matches on backends that ignore tags (NCCL).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections import deque
@@ -18,6 +19,13 @@ import torch
 import torch.distributed as dist
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
+
+
+def pg_timeout_s() -> float:
+    """Seconds a collective or a receive may wait before its peer counts as hung
+    (``JOBCTL_PG_TIMEOUT_S``, default 300): the process group's timeout, and the
+    shared-memory channels' too."""
+    return float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300"))
 
 
 def comm_device() -> torch.device:

@@ -61,7 +61,7 @@ class Ring:
     which order the slot's copy before the receiver reads it."""
 
     def __init__(self, path: str, shape, dtype, slots: int, sender: bool, timeout_s: float):
-        self.shape, self.dtype, self.sender, self.timeout_s = tuple(shape), dtype, sender, timeout_s
+        self.shape, self.sender, self.timeout_s = tuple(shape), sender, timeout_s
         self.n = slots
         numel = math.prod(self.shape)
         self.slots = torch.from_file(path + ".data", shared=True, size=slots * numel, dtype=dtype)

@@ -29,7 +29,7 @@ from .data import Sharding, make_data
 from .executor import Channels, StepExecutor, StepStats
 from .model import Stage, block_seed, model_def
 from .optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
-from .p2p import comm_device, recv_meta, send_meta
+from .p2p import comm_device, pg_timeout_s, recv_meta, send_meta
 from .p2p_shm import connect_neighbours
 from .plan import Plan
 from .pruning import Pruner
@@ -229,7 +229,7 @@ class Trainer:
             chans,
             self.device,
             lambda peer: self.plan.rank(peer).node == me,
-            float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")),
+            pg_timeout_s(),
             self.shard.micro_batches,
         )
         self._executor = StepExecutor(

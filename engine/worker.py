@@ -111,10 +111,11 @@ def main() -> int:
     node = os.environ.get("JOBCTL_NODE", "?")
     print(f"rank {rank} on node {node} (torchrun rank {os.environ['JOBCTL_TORCHRUN_RANK']})")
     torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
+    from .p2p import pg_timeout_s
     from .trainer import Trainer
 
     spec = load_spec(run_dir / "spec.yaml")
-    timeout = timedelta(seconds=float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300")))
+    timeout = timedelta(seconds=pg_timeout_s())
     backend = "nccl" if plan.device == "cuda" else "gloo"
     world = int(os.environ["WORLD_SIZE"])
     store = _store(os.environ, timeout)
