@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from jobctl.engine.calibration_probe import probe_pipeline
+from jobctl.engine.optim import allreduce_grads
 
 TIMEOUT_S = 300.0
 WARMUP = 3
@@ -117,10 +119,6 @@ def _allreduces(
     ring's last arrival (the least of its ranks' times): what the step pays beyond its
     slowest replica's compute, whose wait the simulator models itself.
     """
-    from torch import nn
-
-    from jobctl.engine.optim import allreduce_grads
-
     rows = []
     for r, k in job["rings"]:
         mine = next((g for ring, g in groups.items() if len(ring) == r and rank in ring), None)

@@ -19,8 +19,9 @@ trainer's per-step work, in three phases, each 1F1B over the job's model:
   (on small hosts), where every message may wake a process that must wait for a core.
 
 Each rank records per step the wall seconds of the executor's run, of the optimizer
-step and of everything else in its step loop. ``calibration_fit`` turns the samples into per-action,
-per-message and per-step costs by simulating the same runs with the calibrated compute.
+step and of everything else in its step loop. ``calibration_fit`` turns the samples
+into per-action, per-message and per-step costs by simulating the same runs with the
+calibrated compute.
 """
 
 from __future__ import annotations

@@ -136,6 +136,7 @@ def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, sta
     if world < 2:
         return link_from_spec(spec, True), allreduce_from_spec(spec, True), None, {}
     p2p_sizes = _spread({int(b.boundary_bytes * m) for b in blocks for m in ms})
+    cpu = spec.hardware.device == "cpu"
     return measure_comm(
         dump_yaml(spec),
         p2p_sizes,
@@ -143,7 +144,7 @@ def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, sta
         world,
         probe_m=ms[0],
         threads=threads,
-        probe_stages=stages[2] if spec.hardware.device == "cpu" else None,
+        probe_stages=stages[2] if cpu else None,  # the probes run the CPU runtime
         probe_micro_batches=PROBE_MICRO_BATCHES,
-        probe_stages_busy=stages[BUSY_PROBE_STAGES],
+        probe_stages_busy=stages[BUSY_PROBE_STAGES] if cpu else None,
     )
