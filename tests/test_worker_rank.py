@@ -45,3 +45,17 @@ def test_torchruns_rank_stands_when_the_launch_does_not_match_the_plan():
     assert plan_rank(plan, _env(3, 0, 1, WORLD_SIZE="6")) == 3  # another world size
     assert plan_rank(plan, _env(3, 0, 1, LOCAL_WORLD_SIZE="3")) == 3
     assert plan_rank(plan, _env(3, 7, 1)) == 3  # a node the plan lacks
+
+
+def test_local_backend_ranks_on_other_nodes_share_memory_elsewhere_only_on_their_node():
+    from jobctl.engine.trainer import same_machine
+
+    plan = _plan()  # ranks 0, 1 on node 0; 2, 3 on node 1
+    local = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})
+    assert local.hardware.backend == "local"
+    assert [same_machine(local, plan, 1)(p) for p in range(4)] == [True] * 4
+    slurm = local.model_copy(
+        update={"hardware": local.hardware.model_copy(update={"backend": "slurm"})}
+    )
+    assert [same_machine(slurm, plan, 1)(p) for p in range(4)] == [True, True, False, False]
+    assert [same_machine(slurm, plan, 2)(p) for p in range(4)] == [False, False, True, True]
