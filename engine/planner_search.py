@@ -97,10 +97,11 @@ def generator_options(spec, layout: Layout) -> dict:
 def hosting(spec, P: int, D: int, cores: int) -> Hosting:
     """Placement of P x D ranks; CPU ranks of the local backend share ``cores``."""
     hw = spec.hardware
-    local = hw.backend == "local"
-    share = local and hw.device == "cpu"
+    share = hw.one_machine and hw.device == "cpu"
     placement = spec.parallelism.placement
-    return Hosting(P, D, hw.processes_per_node, placement, local, share, share and cores < P * D)
+    return Hosting(
+        P, D, hw.processes_per_node, placement, hw.one_machine, share, share and cores < P * D
+    )
 
 
 def choose_m(spec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[str]]:

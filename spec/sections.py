@@ -352,6 +352,12 @@ class HardwareSpec(SpecModel):
         """Total devices in the pool: nodes x processes_per_node."""
         return self.nodes * self.processes_per_node
 
+    @property
+    def one_machine(self) -> bool:
+        """Every "node" runs on this machine (the local backend): the planner places its
+        ranks on one host, and the runtime reaches every peer through shared memory."""
+        return self.backend == "local"
+
     def _violations(self) -> Iterator[Violation]:
         if self.hosts and len(self.hosts) != self.nodes:
             yield Violation(
