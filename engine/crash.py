@@ -3,7 +3,8 @@
 A worker that raises writes its traceback to ``errors/rank-R.txt`` before it exits
 (engine/worker.py). A worker process that dies without one was killed (SIGKILL, the
 OOM killer, its machine going away): its peers then fail with communication errors
-("Connection closed by peer", "Connection reset by peer", a timed-out collective).
+("Connection closed by peer", "Connection reset by peer", a timed-out collective, or
+the shared-memory channel's ``PeerGone``: the peer closed its end, or hangs).
 So, when nodes fail:
 
 * an error report that is not a communication error is a bug: it would recur on any
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Exception text of a rank whose peer went away (gloo, NCCL, the c10d store).
+# Exception text of a rank whose peer went away (gloo, NCCL, the c10d store, and
+# engine/p2p_shm.py's channels, named by class: this module stays free of torch).
 COMM_ERRORS = (
+    "PeerGone",
     "Connection closed by peer",
     "Connection reset by peer",
     "Broken pipe",

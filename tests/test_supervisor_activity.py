@@ -114,6 +114,10 @@ GLOO = (
     "Connection closed by peer [127.0.0.1]:6544. This is typically caused by a remote "
     "worker crashing.\n"
 )
+SHM = (
+    "Traceback (most recent call last):\n  File x\n    raise PeerGone(...)\n"
+    "jobctl.engine.p2p_shm.PeerGone: the peer closed its end of a message\n"
+)
 BUG = "Traceback (most recent call last):\n  File x\n    raise\nRuntimeError: boom\n"
 
 
@@ -121,10 +125,16 @@ def test_error_reports_tell_a_bug_from_a_peer_gone(tmp_path):
     assert exception_line(BUG) == "RuntimeError: boom"
     assert is_comm_error(GLOO) and not is_comm_error(BUG)
     assert is_comm_error("torch.distributed.DistBackendError: NCCL error in: x\n")
+    # A shared-memory neighbour (on the local backend, on any "node") that died.
+    assert is_comm_error(SHM)
+    assert (
+        exception_line(SHM)
+        == "jobctl.engine.p2p_shm.PeerGone: the peer closed its end of a message"
+    )
     errors = tmp_path / "errors"
     errors.mkdir()
     (errors / "rank-0.txt").write_text(GLOO)
-    (errors / "rank-1.txt").write_text(GLOO)
+    (errors / "rank-1.txt").write_text(SHM)
     assert bug_ranks(tmp_path) == []
     nodes = {0: 0, 1: 0, 2: 1, 3: 1}
     started = {0, 1, 2, 3}
