@@ -26,9 +26,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 6  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
+CALIBRATION_VERSION = 7  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
-# 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync
+# 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync;
+# 7: the busy probe's message fit no longer rides on the busy ping-pong (probe rounds)
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -211,7 +212,9 @@ class RuntimeCalibration(_Frozen):
     schedule (seeding, zero_grad, metric lines, and the optimizer step beyond its
     calibrated per-block cost). ``message_s`` is the extra time per message that makes
     the simulated 2-stage pipeline match the measured one: waking a receiver that
-    blocked (its core idle), the executor's per-message bookkeeping. ``message_busy_s``
+    blocked (its core idle), the executor's per-message bookkeeping; negative where the
+    runtime's channel (shared memory) is cheaper than the ping-pong measured over gloo,
+    never below a free send. ``message_busy_s``
     is the same for the 4-stage one (more processes than cores on small hosts: a woken
     process, or the one it preempts, waits for a core).
     ``load_idle`` / ``load_busy``: each probe's compute demand (processes computing at
@@ -222,7 +225,9 @@ class RuntimeCalibration(_Frozen):
     """
 
     source: Source
-    message_s: float = Field(0.0, description="extra seconds per message, cores to spare")
+    message_s: float = Field(
+        0.0, description="extra seconds per message, cores to spare (< 0: cheaper than the link)"
+    )
     message_busy_s: float = Field(0.0, description="extra seconds per message, cores shared")
     step_s: float = Field(0.0, description="fixed seconds per step on every rank")
     action_s: float = Field(0.0, description="extra seconds per forward/backward action")

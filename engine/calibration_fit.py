@@ -42,7 +42,7 @@ def _probe_model(cal: Calibration, stages, m: int, M: int, extra: float):
     P = len(stages)
     layout = Layout(P, 1, m, M, "1f1b")
     costs = stage_costs(cal, layout, stages, probe_hosting(cal, P), BlockTimes.at(cal, m))
-    sends = [x + extra for x in costs.sends]
+    sends = [max(0.0, x + extra) for x in costs.sends]
     model = costs.model(layout, [0] * P)
     model = dataclasses.replace(model, act=sends, grad=sends, ar=(), opt=())
     return model, generate("1f1b", P, M)
@@ -67,7 +67,9 @@ def probe_load(cal: Calibration, stages, m: int, M: int, extra: float) -> float:
 
 
 def fit_message(cal: Calibration, stages, m: int, M: int, measured: float) -> float:
-    """The least extra seconds per message at which the simulated probe takes ``measured``.
+    """The least extra seconds per message at which the simulated probe takes ``measured``
+    (negative where the probe ran faster than the ping-pong's sends say, never below
+    free sends).
 
     With cores shared the simulated time is not monotone in the message time (later
     messages overlap the other stages' compute less, so it is stretched less): a
@@ -75,12 +77,22 @@ def fit_message(cal: Calibration, stages, m: int, M: int, measured: float) -> fl
     """
     run = lambda extra: probe_time(cal, stages, m, M, extra)  # noqa: E731
     if run(0.0) >= measured:
-        return 0.0
+        # Messages cheaper than the ping-pong (the runtime's shared-memory channel, not
+        # gloo's): down to sends that cost nothing.
+        lo, hi = -min(_probe_model(cal, stages, m, M, 0.0)[0].act, default=0.0), 0.0
+        if run(lo) >= measured:
+            return lo
+        return _bisect(run, lo, hi, measured)
     lo, hi = 0.0, SCAN_START_S
     while run(hi) < measured:
         if hi > measured:  # no message time explains it (cannot happen: sends are serial)
             return hi
         lo, hi = hi, 2 * hi
+    return _bisect(run, lo, hi, measured)
+
+
+def _bisect(run, lo: float, hi: float, measured: float) -> float:
+    """The extra in [lo, hi] (run(lo) < measured <= run(hi)) where ``run`` crosses."""
     for _ in range(BISECTION_ROUNDS):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if run(mid) < measured else (lo, mid)

@@ -18,10 +18,11 @@ trainer's per-step work, in three phases, each 1F1B over the job's model:
   4 ranks): the cost per message when a host has more pipeline processes than cores
   (on small hosts), where every message may wake a process that must wait for a core.
 
-Each rank records per step the wall seconds of the executor's run, of the optimizer
-step and of everything else in its step loop. ``calibration_fit`` turns the samples
-into per-action, per-message and per-step costs by simulating the same runs with the
-calibrated compute.
+The phases run in turn, ``PROBE_ROUNDS`` times, so a few seconds when the machine runs
+slow fall on all of them alike. Each rank records per step the wall seconds of the
+executor's run, of the optimizer step and of everything else in its step loop.
+``calibration_fit`` turns the samples into per-action, per-message and per-step costs
+by simulating the same runs with the calibrated compute.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ import torch.distributed as dist
 
 PROBE_STEPS = 14
 PROBE_WARMUP = 4
+# Phases run in turn, this many times: the VM's speed drifts for seconds at a time, and
+# one run of each phase measured the 4-stage pipeline anywhere from 18 to 25 ms in
+# back-to-back calibrations; each phase's samples are pooled over the rounds.
+PROBE_ROUNDS = 4
 
 
 def probe_phases(job: dict, world: int) -> list[tuple[str, list[list[int]]]]:
@@ -59,10 +64,14 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     [...], "rest": [...], "opt": [[stage 0...], ...]}}``."""
     out: dict[str, dict] = {}
     phases = probe_phases(job, world)
-    for name, stages in phases:
-        dist.barrier()
-        if rank < len(stages):
-            out[name] = _run_pipeline(rank, job, spec, stages)
+    for _ in range(PROBE_ROUNDS):
+        for name, stages in phases:
+            dist.barrier()
+            if rank < len(stages):
+                got = _run_pipeline(rank, job, spec, stages)
+                mine = out.setdefault(name, {k: [] for k in got})
+                for k, v in got.items():
+                    mine[k] += v
     gathered: list = [None] * world
     dist.all_gather_object(gathered, out)  # rank 0 writes the results
     result = {}

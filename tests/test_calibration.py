@@ -28,9 +28,15 @@ from jobctl.engine.calibration_fit import (
     fit_runtime,
     probe_load,
     probe_time,
+    simulated_run,
     solo_costs,
 )
-from jobctl.engine.calibration_run import MAX_SIZES, allreduce_sizes, micro_batch_sizes
+from jobctl.engine.calibration_run import (
+    MAX_SIZES,
+    allreduce_sizes,
+    least_disturbed,
+    micro_batch_sizes,
+)
 from jobctl.engine.costs import model_costs
 from jobctl.engine.planner import make_plan
 from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
@@ -66,7 +72,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 6 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 7 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -281,6 +287,14 @@ def test_fit_message_recovers_a_known_per_message_cost():
         fit = fit_message(cal, four, 2, 4, measured)
         assert fit <= true + 2e-6
         assert probe_time(cal, four, 2, 4, fit) == pytest.approx(measured, rel=1e-3)
+    # Faster than the link says (shared memory beats the gloo ping-pong): a negative
+    # extra, never below free sends.
+    link = probe_time(cal, two, 2, 4, 0.0) - probe_time(cal, two, 2, 4, -1.0)
+    assert link > 0
+    send = simulated_run(cal, two, 2, 4, 0.0)[0].act[0]
+    cheaper = probe_time(cal, two, 2, 4, -send / 2)
+    assert fit_message(cal, two, 2, 4, cheaper) == pytest.approx(-send / 2, abs=2e-6)
+    assert fit_message(cal, two, 2, 4, cheaper - 1.0) == pytest.approx(-send)
     slower = probe_time(cal, two, 2, 4, 1e-3)
     assert slower > probe_time(cal, two, 2, 4, 0.0) + 2e-3  # >= 2 messages in the way
     blocks = [0, 1, 2, 3, 4, 5]
@@ -339,3 +353,57 @@ def test_allreduce_sizes_reach_the_whole_models_gradients():
     sizes = allreduce_sizes(big)
     assert max(sizes) == int(sum(b.param_bytes for b in big)) and len(sizes) == MAX_SIZES
     assert sizes == sorted(sizes) and min(sizes) == 4096
+
+
+def _scaled(block, factor: float, m: int):
+    """``block`` with its times at micro-batch size ``m`` multiplied by ``factor``."""
+    kinds = ("forward", "forward_nograd", "backward")
+    return block.model_copy(
+        update={
+            k: {
+                **getattr(block, k),
+                m: Stat(median=getattr(block, k)[m].median * factor, iqr=0.0, n=15),
+            }
+            for k in kinds
+        }
+    )
+
+
+def test_block_timings_keep_theleast_disturbed_pass():
+    """Two passes over the blocks: per micro-batch size, the pass whose whole model took
+    least counts, all its blocks together (a disturbed pass is slower, never faster)."""
+    blocks = measured_like(tiny_spec()).blocks
+    ms = sorted(blocks[0].forward)
+    lo, hi = ms[0], ms[-1]
+    slow_lo = [_scaled(b, 2.0, lo) for b in blocks]  # disturbed at the smallest m
+    slow_hi = [_scaled(b, 1.0 + 0.1 * i, hi) for i, b in enumerate(blocks)]  # at the largest
+    kept = least_disturbed([slow_lo, slow_hi], ms)
+    for k, b in enumerate(kept):
+        assert b.forward[lo] == blocks[k].forward[lo] and b.backward[lo] == blocks[k].backward[lo]
+        assert b.forward[hi] == blocks[k].forward[hi] and b.backward[hi] == blocks[k].backward[hi]
+        assert b.forward_nograd[lo] == blocks[k].forward_nograd[lo]
+        assert b.param_bytes == blocks[k].param_bytes and b.optimizer == blocks[k].optimizer
+    assert least_disturbed([blocks], ms) == blocks
+
+
+def test_oversubscribed_sends_take_the_busy_ping_pong_only_without_probe_costs():
+    """Cores oversubscribed: without the runtime probes a send costs the ping-pong
+    measured while other processes computed; with them, the idle link plus the probes'
+    fitted message time (which ``contend`` moves with the plan's load)."""
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    link = cal.p2p_intra.model_copy(
+        update={"busy_points": {k: Stat(median=2e-3) for k in cal.p2p_intra.points}}
+    )
+    cal = cal.model_copy(update={"p2p_intra": link})
+    layout = Layout(3, 1, 2, 4, "1f1b")
+    stages = [[0, 1], [2, 3], [4, 5]]
+    times = BlockTimes.at(cal, 2)
+    busy = Hosting(3, 1, 3, "stage_major", True, True, True)
+    idle = Hosting(3, 1, 3, "stage_major", True, True, False)
+    plain = stage_costs(cal, layout, stages, idle, times).sends
+    assert stage_costs(cal, layout, stages, busy, times).sends == pytest.approx([2e-3, 2e-3])
+    rt = RuntimeCalibration(source="measured", message_s=1e-4, message_busy_s=5e-4)
+    probed = cal.model_copy(update={"runtime": rt})
+    sends = stage_costs(probed, layout, stages, busy, times).sends
+    assert sends == pytest.approx([x + 1e-4 for x in plain])
