@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 CALIBRATION_VERSION = 7  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
 # 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync;
-# 7: the busy probe's message fit no longer rides on the busy ping-pong (probe rounds)
+# 7: the busy probe's message fit no longer rides on the busy ping-pong; probe rounds, drift
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -233,6 +233,11 @@ class RuntimeCalibration(_Frozen):
     action_s: float = Field(0.0, description="extra seconds per forward/backward action")
     load_idle: float = Field(0.0, description="mean processes computing, idle probe")
     load_busy: float = Field(0.0, description="mean processes computing, busy probe")
+    drift: float = Field(
+        1.0,
+        description="the model's time during the probes over that while the blocks were "
+        "timed (> 1: the machine ran slower; probe times were divided by it)",
+    )
     probe: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="per probe phase: measured and simulated seconds of its pipeline run",

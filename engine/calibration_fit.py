@@ -114,17 +114,49 @@ def solo_costs(cal: Calibration, solo: dict, m: int, M: int):
     return action, max(0.0, statistics.median(solo["rest"]) + extra_opt)
 
 
-def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalibration | None:
+def machine_drift(samples: dict, reference: float | None) -> float:
+    """How much slower the machine ran during the probes than while the blocks were
+    timed: the solo probe's model time between its steps over the same time taken
+    with the blocks (``reference``); 1 when either is missing."""
+    bare = (samples.get("solo") or {}).get("bare")
+    if not bare or not reference:
+        return 1.0
+    return statistics.median(bare) / reference
+
+
+def at_reference_speed(samples: dict, drift: float) -> dict:
+    """The probe samples with every time divided by ``drift``."""
+    scale = lambda xs: [x / drift for x in xs]  # noqa: E731
+    out = {}
+    for phase, got in samples.items():
+        out[phase] = {**got, "run": scale(got.get("run", [])), "rest": scale(got.get("rest", []))}
+        if "opt" in got:
+            out[phase]["opt"] = [scale(xs) for xs in got["opt"]]
+    return out
+
+
+def fit_runtime(
+    cal: Calibration, samples: dict, m: int, M: int, reference: float | None = None
+) -> RuntimeCalibration | None:
     """The runtime's per-action, per-step and per-message costs from the probe samples
     (``calibration_probe.probe_pipeline``: each phase's stages and times; None if no
     pipeline probe ran).
 
-    The per-action and per-step costs come first (the solo probe: no messages in it);
-    the message time is then what explains the rest of each pipeline probe's run.
+    The VM's speed drifts by a tenth over seconds (the same solo probe, run again, took
+    17.6 to 19.4 ms), and the probes run a while after the blocks were timed; a cost
+    per action found as a small difference between the two swung from 0 to 0.55 ms
+    between calibrations. So the samples are first brought to the speed the blocks
+    were timed at (``machine_drift``, from ``reference``: the whole model's seconds
+    then, as the solo probe times it between its steps). The per-action and per-step
+    costs come next (the solo probe: no messages in it); the message time is then what
+    explains the rest of each pipeline probe's run.
     """
     solo, idle = samples.get("solo"), samples.get("idle")
     if not solo or not solo.get("run") or not idle or not idle.get("run"):
         return None
+    drift = machine_drift(samples, reference)
+    samples = at_reference_speed(samples, drift)
+    solo = samples["solo"]
     action, step = solo_costs(cal, solo, m, M)
     base = RuntimeCalibration(source="measured", action_s=action)
     cal = cal.model_copy(update={"runtime": base})
@@ -153,5 +185,6 @@ def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalib
             "load_idle": loads["idle"],
             "load_busy": loads.get("busy", loads["idle"]),
             "probe": probe,
+            "drift": drift,
         }
     )

@@ -60,8 +60,9 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     """Run the probe phases; returns on every rank, per phase, its blocks per stage and
     the seconds per step of the pipeline's executor run (the latest of its stages;
     steps start together), of the rest of the step loop (the latest stage's), and per
-    stage of its optimizer step: ``{phase: {"stages": [[block, ...], ...], "run":
-    [...], "rest": [...], "opt": [[stage 0...], ...]}}``."""
+    stage of its optimizer step, and for the solo phase the seconds of its model
+    between steps (``model_seconds``): ``{phase: {"stages": [[block, ...], ...], "run":
+    [...], "rest": [...], "opt": [[stage 0...], ...], "bare": [...]}}``."""
     out: dict[str, dict] = {}
     phases = probe_phases(job, world)
     for _ in range(PROBE_ROUNDS):
@@ -82,12 +83,34 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
             "run": _latest([x["run"] for x in ranks]),
             "rest": _latest([x["rest"] for x in ranks]),
             "opt": [x["opt"] for x in ranks],
+            "bare": ranks[0]["bare"],
         }
     return result
 
 
 def _latest(per_rank: list[list[float]]) -> list[float]:
     return [max(xs) for xs in zip(*per_rank, strict=True)]
+
+
+def model_seconds(spec, stage, m: int, M: int):
+    """A function timing (this thread's CPU seconds) ``stage``, the job's whole model,
+    forward, loss and backward over ``M`` micro-batches of ``m`` (its gradients are
+    left summed: zero_grad clears them): the same work in the calibrating process and
+    in the solo probe, so the two can be compared for how fast the machine ran at each
+    moment (``calibration_fit``)."""
+    from .data import make_data
+    from .model import lm_loss
+
+    x, y = make_data(spec).batch(0, m)
+
+    def run() -> float:
+        t0 = time.thread_time()
+        for _ in range(M):
+            lm_loss(stage(x), y).backward()
+        return time.thread_time() - t0
+
+    run()  # warm-up
+    return run
 
 
 def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
@@ -138,7 +161,8 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
     ex = StepExecutor(stage, topo, data, shard, chans, cpu, links=links)
     actions = generate("1f1b", P, M)[rank]
     events = EventLog(Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl")
-    runs, rests, opts = [], [], []
+    runs, rests, opts, bare = [], [], [], []
+    reference = model_seconds(spec, stage, m, M) if P == 1 else None
     try:
         for step in range(PROBE_WARMUP + PROBE_STEPS):
             # The trainer's step (Trainer.run / train_step), its collectives aside
@@ -163,10 +187,12 @@ def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
                 runs.append(t2 - t1)
                 opts.append(t3 - t2)
                 rests.append(t4 - t3 + t1 - t0)
+                if reference is not None:  # the machine's speed now, between steps
+                    bare.append(reference())
     finally:
         events.path.unlink(missing_ok=True)
         ex.close()
-    return {"run": runs, "rest": rests, "opt": opts}
+    return {"run": runs, "rest": rests, "opt": opts, "bare": bare}
 
 
 def _pipeline_sync(rank: int, P: int) -> None:

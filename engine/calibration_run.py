@@ -10,6 +10,7 @@ state home, keyed by its fingerprint, and ``jobctl plan`` reuses it for any G.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from .calibration_cache import DEFAULT_THREADS, fingerprint, save
 from .calibration_comm import measure_comm
 from .calibration_compute import measure_blocks, measure_data
 from .calibration_fit import fit_runtime
+from .calibration_probe import model_seconds
+from .model import Stage, model_def
 from .partition import partition
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done)
@@ -84,8 +87,9 @@ def calibrate(
     with _threads(threads):
         report("data loading", 0.0)
         data = measure_data(spec, ms, repeats)
-        blocks = least_disturbed(
-            [
+        passes, speed = [], []
+        for k in range(COMPUTE_PASSES):
+            passes.append(
                 measure_blocks(
                     spec,
                     ms,
@@ -93,10 +97,10 @@ def calibrate(
                     repeats,
                     progress=lambda what, f, k=k: report(what, 0.05 + 0.3 * (k + f)),
                 )
-                for k in range(COMPUTE_PASSES)
-            ],
-            ms,
-        )
+            )
+            if device.type == "cpu":  # the probes run the CPU runtime
+                speed.append(_model_speed(spec, ms[0], repeats))
+        blocks = least_disturbed(passes, ms)
     report("communication and core sharing (process group)", 0.65)
     probe = {P: _probe_stages(blocks, data, ms[0], P) for P in (2, BUSY_PROBE_STAGES)}
     link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
@@ -115,10 +119,20 @@ def calibrate(
         host=host or host_from_spec(spec),
     )
     if probe[2]:
-        runtime = fit_runtime(cal, samples, ms[0], PROBE_MICRO_BATCHES)
+        reference = min(speed) if speed else None  # as the least disturbed pass
+        runtime = fit_runtime(cal, samples, ms[0], PROBE_MICRO_BATCHES, reference)
         cal = cal.model_copy(update={"runtime": runtime, "seconds": time.time() - start})
     report("done", 1.0)
     return cal, save(cal, home)
+
+
+def _model_speed(spec, m: int, repeats: int) -> float:
+    """Median CPU seconds of the whole model over the probe's micro-batches
+    (``model_seconds``), timed as the solo probe times it between its steps."""
+    mdef = model_def(spec.model, spec.training.seed)
+    stage = Stage(mdef, range(mdef.num_blocks))
+    run = model_seconds(spec, stage, m, PROBE_MICRO_BATCHES)
+    return statistics.median(run() for _ in range(repeats))
 
 
 def least_disturbed(passes: list[list[BlockCalibration]], ms: list[int]):

@@ -24,8 +24,10 @@ from jobctl.engine.calibration_analytic import (
     analytic_fingerprint,
 )
 from jobctl.engine.calibration_fit import (
+    at_reference_speed,
     fit_message,
     fit_runtime,
+    machine_drift,
     probe_load,
     probe_time,
     simulated_run,
@@ -407,3 +409,35 @@ def test_oversubscribed_sends_take_the_busy_ping_pong_only_without_probe_costs()
     probed = cal.model_copy(update={"runtime": rt})
     sends = stage_costs(probed, layout, stages, busy, times).sends
     assert sends == pytest.approx([x + 1e-4 for x in plain])
+
+
+def test_probe_times_are_brought_to_the_speed_the_blocks_were_timed_at():
+    """The machine ran 10 % slower during the probes than while the blocks were timed
+    (the solo probe's model time over the reference): every probe time is divided by
+    that before the fit, so the costs come out as at calibration speed."""
+    spec = tiny_spec()
+    cal = measured_like(spec)
+    blocks, two = [0, 1, 2, 3, 4, 5], [[0, 1, 2], [3, 4, 5]]
+    opt = sum(cal.blocks[i].optimizer.median for i in blocks)
+    slow = cal.model_copy(update={"runtime": RuntimeCalibration(source="measured", action_s=2e-4)})
+    solo = {
+        "stages": [blocks],
+        "run": [probe_time(cal, [blocks], 2, 4, 0.0) + 8 * 2e-4],
+        "rest": [3e-4],
+        "opt": [[opt + 1e-4]],
+        "bare": [0.02],
+    }
+    idle = {"stages": two, "run": [probe_time(slow, two, 2, 4, 1e-3)], "rest": [0.0]}
+    at_speed = {"solo": solo, "idle": idle}
+    assert machine_drift(at_speed, 0.02) == 1.0 and machine_drift(at_speed, None) == 1.0
+    slower = at_reference_speed(at_speed, 1 / 1.1)  # every time 10 % longer
+    assert slower["solo"]["bare"] == [0.02] and slower["idle"]["stages"] == two
+    assert slower["solo"]["run"][0] == pytest.approx(1.1 * solo["run"][0])
+    assert slower["solo"]["opt"][0][0] == pytest.approx(1.1 * solo["opt"][0][0])
+    slower["solo"]["bare"] = [0.022]
+    rt = fit_runtime(cal, slower, 2, 4, reference=0.02)
+    assert rt.drift == pytest.approx(1.1)
+    assert rt.action_s == pytest.approx(2e-4) and rt.step_s == pytest.approx(4e-4)
+    assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
+    unaware = fit_runtime(cal, slower, 2, 4)  # no reference: taken as measured
+    assert unaware.drift == 1.0 and unaware.action_s > 1.5 * 2e-4  # the slowness taken as cost

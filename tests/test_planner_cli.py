@@ -93,7 +93,9 @@ def test_calibrate_caches_a_record_that_plan_then_uses(tmp_path):
     assert rings == {(2, 1), (2, 2), (3, 1), (4, 1)}
     rt = cal.runtime  # the probes ran the runtime's executor: 1, 2 and 4 stages
     assert rt is not None and rt.source == "measured" and set(rt.probe) == {"idle", "busy"}
-    assert rt.probe["idle"]["measured_s"] > 0 and rt.message_s >= 0 and rt.step_s > 0
+    assert rt.probe["idle"]["measured_s"] > 0 and rt.step_s > 0 and 0.5 < rt.drift < 2
+    # Negative where shared memory beats the gloo ping-pong, never below a free send.
+    assert rt.message_s >= -max(p.median for p in cal.p2p_intra.points.values())
     assert rt.load_idle > 0 and rt.load_busy > 0 and rt.action_s >= 0
     block = cal.blocks[1]
     assert set(block.forward) == {1, 2, 4, 8, 16} and block.forward[2].n == 3
