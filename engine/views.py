@@ -153,6 +153,15 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
     )
     slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
     console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
+    rt = cal.runtime
+    if rt is not None:
+        console.print(
+            f"runtime ({rt.source}, pipeline probes): {1e3 * rt.action_s:.3f} ms per action, "
+            f"{1e3 * rt.message_s:+.3f} ms per message ({1e3 * rt.message_busy_s:+.3f} ms "
+            f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
+            f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing",
+            soft_wrap=True,
+        )
 
 
 def human_bytes(n: float) -> str:

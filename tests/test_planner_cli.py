@@ -82,6 +82,7 @@ def test_calibrate_caches_a_record_that_plan_then_uses(tmp_path):
         app, ["calibrate", str(QUICKSTART), "--home", str(tmp_path), "--repeats", "3"]
     )
     assert r.exit_code == 0, r.output
+    assert "ms per action" in r.output and "slower during the probes" in r.output
     spec = tiny_spec()
     path = cache_path(tmp_path, fingerprint(spec))
     assert path.exists() and f"written to {path}" in r.output.replace("\n", "")
