@@ -26,9 +26,9 @@ from jobctl.engine.optim import allreduce_grads
 
 TIMEOUT_S = 300.0
 WARMUP = 3
-ROUNDS = (
-    6  # of the core-sharing probe (its 3- and 4-process factors drift by a tenth between rounds)
-)
+# Rounds of the core-sharing probe (its 3- and 4-process factors drift by a tenth
+# between rounds).
+ROUNDS = 6
 PROBE_WINDOW_S = 0.25  # each process probes for this long per round and process count
 P2P_REPEATS = 3  # ping-pong samples per size, in units of the job's repeats
 BURST_S = 0.015  # of compute before each allreduce sample (CPU), at least

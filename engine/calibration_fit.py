@@ -23,7 +23,15 @@ import dataclasses
 import statistics
 
 from .calibration import Calibration, RuntimeCalibration
-from .planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
+from .planner_costs import (
+    BlockTimes,
+    Hosting,
+    Layout,
+    contend,
+    demand,
+    stage_costs,
+    with_message,
+)
 from .schedules import generate
 from .simulator import simulate
 
@@ -42,7 +50,7 @@ def _probe_model(cal: Calibration, stages, m: int, M: int, extra: float):
     P = len(stages)
     layout = Layout(P, 1, m, M, "1f1b")
     costs = stage_costs(cal, layout, stages, probe_hosting(cal, P), BlockTimes.at(cal, m))
-    sends = [max(0.0, x + extra) for x in costs.sends]
+    sends = with_message(costs.sends, extra)
     model = costs.model(layout, [0] * P)
     model = dataclasses.replace(model, act=sends, grad=sends, ar=(), opt=())
     return model, generate("1f1b", P, M)

@@ -338,6 +338,12 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
     return max(own, through + costs.ar[0] + costs.opt[0])
 
 
+def with_message(sends, extra: float) -> list[float]:
+    """Send times with ``extra`` seconds per message (negative: a channel cheaper than
+    the measured link), never below a free send."""
+    return [max(0.0, x + extra) for x in sends]
+
+
 def demand(result: SimResult, D: int) -> float:
     """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
     return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
@@ -372,10 +378,7 @@ def contend(
     update = {}
     if adjust:
         extra = rt.message_at(demand(result, D)) - rt.message_s
-        update = {
-            "act": [max(0.0, x + extra) for x in base.act],
-            "grad": [max(0.0, x + extra) for x in base.grad],
-        }
+        update = {"act": with_message(base.act, extra), "grad": with_message(base.grad, extra)}
     for _ in range(CONTENTION_ROUNDS):
         seen = _compute_factors(result, base.P, D, host.factor)
         factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
