@@ -101,7 +101,10 @@ class Ring:
         self.slots[self.seq % self.n].copy_(t)
         self.seq += 1
         self.credits -= 1
-        os.write(self.wfd, b"\0")
+        try:
+            os.write(self.wfd, b"\0")
+        except BrokenPipeError as e:
+            raise PeerGone("the receiver closed its end before taking a message") from e
 
     def ready(self) -> bool:
         """Has the next message arrived (never blocks)?"""
@@ -115,7 +118,10 @@ class Ring:
         out = self.slots[self.seq % self.n].clone()
         self.seq += 1
         self.arrived -= 1
-        os.write(self.wfd, b"\0")
+        # Give the slot back. A sender that has already finished (its last message sent,
+        # its end closed) needs no slot: the message was taken whole, so that is no error.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(self.wfd, b"\0")
         return out
 
     def close(self) -> None:

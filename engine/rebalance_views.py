@@ -22,7 +22,6 @@ step (its compute over the whole step, allreduce and optimizer included).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from rich.table import Table
 from torch import nn
 
 from .calibration_cache import DEFAULT_THREADS, calibration_for
+from .launch import read_metrics
 from .model import model_def
 from .plan import Plan
 from .planner_costs import BlockTimes
@@ -90,8 +90,7 @@ def sparsity_profile(spec, home: Path | None, layers: list[Layer]) -> dict[int, 
         if run["name"] != spec.name or not path.exists():
             continue
         found = {}
-        for line in path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
+        for rec in read_metrics(path, 0)[0]:  # the run may still be appending
             if rec.get("kind") != "pruning" or set(rec.get("layer_sparsity", {})) != names:
                 continue
             if abs(targets.get(rec["step"], -1.0) - rec["target_sparsity"]) < 1e-9:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from rich.console import Console
 
 from jobctl.engine.apply import ApplyOptions, launch
 from jobctl.engine.checkpoint import load_full_state
+from jobctl.engine.launch import read_metrics
 from jobctl.engine.planner import make_plan
 from jobctl.engine.state import StateDB
 from jobctl.spec import load_spec
@@ -66,8 +66,7 @@ def run_job(
 
 
 def step_losses(run_dir: Path) -> list[float]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in recs if r["kind"] == "step"]
+    return [r["loss"] for r in events(run_dir) if r["kind"] == "step"]
 
 
 def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -104,10 +103,8 @@ def start_apply(
 
 
 def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    """The run's complete events so far (a line still being appended is left out)."""
+    return read_metrics(run_dir / "metrics.jsonl", 0)[0]
 
 
 def wait_for(predicate, timeout: float = 180.0, what: str = "condition"):

@@ -99,6 +99,40 @@ def test_a_receiver_fails_when_its_peer_dies(tmp_path):
     assert "closed its end" in r0["error"]
 
 
+def _one_side_finishes(rank: int, port: int, out: str) -> None:
+    """Rank 1 sends its last two messages and closes its ends before rank 0 takes them
+    (the last stage after its final step); then rank 0 sends to the closed rank 1."""
+    _init(rank, port)
+    link = connect(1 - rank, SHAPE, torch.float32, torch.device("cpu"), True, 30.0)
+    rec = {}
+    if rank == 1:
+        box = ShmOutbox(link.out)
+        for i in range(2):
+            box.send(i, torch.full(SHAPE, float(i + 1)))
+        link.close()
+        dist.barrier()
+    else:
+        dist.barrier()  # rank 1 has closed both ends by now
+        inbox = ShmInbox(link.into, [0, 1])
+        rec["got"] = [float(inbox.take(i)[0, 0]) for i in range(2)]
+        try:
+            ShmOutbox(link.out).send(0, torch.zeros(SHAPE))
+        except PeerGone as e:
+            rec["error"] = str(e)
+        link.close()
+    (Path(out) / f"rank-{rank}.json").write_text(json.dumps(rec))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_messages_sent_before_the_sender_closed_are_taken_and_sends_to_a_closed_end_fail(
+    tmp_path,
+):
+    r0, _ = _spawn(_one_side_finishes, tmp_path)
+    assert r0["got"] == [1.0, 2.0]  # no broken pipe giving the slots back
+    assert "closed its end" in r0["error"]  # PeerGone: the node is dropped, not a bug
+
+
 def _choose(rank: int, port: int, out: str, same_node: bool, device: str) -> None:
     _init(rank, port)
     link = connect(1 - rank, SHAPE, torch.float32, torch.device(device), same_node, 30.0)
