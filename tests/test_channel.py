@@ -15,13 +15,13 @@ from jobctl.engine.channel import ChannelServer, bearer, new_secret
 from jobctl.engine.channel_client import ChannelSink, event_sink
 from jobctl.engine.channel_liveness import HeartbeatWatch
 from jobctl.engine.ckpt_manager import EventLog
-from jobctl.engine.launch import free_port
+from jobctl.engine.launch import free_port, read_metrics
 
 from .jobrun import wait_for
 
 
 def _lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return read_metrics(path, 0)[0]  # whole lines only: the server may be appending
 
 
 def _request(server: ChannelServer, method: str, path: str, body: dict | None, headers: dict):
