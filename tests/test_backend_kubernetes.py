@@ -21,12 +21,14 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from jobctl.backends import BackendError, get_backend
 from jobctl.backends.kubernetes import workload_status
+from jobctl.engine.worker import plan_rank
 
 from .test_backend_render import CASES, CHANNEL_SECRET, KUBE, _evil_context, context, rendered
 
@@ -181,6 +183,38 @@ def test_max_restarts_reach_torchrun_and_the_workloads():
         for name, text in get_backend(backend).render(ctx).files.items():
             if name.startswith("node-"):
                 assert "  --max-restarts=5 \\\n" in text, (backend, name)
+
+
+def _pod_node(script: str, tmp_path: Path, env: dict[str, str]) -> str:
+    """Run a pod script with ``mkdir``, ``cp`` and ``python`` (torchrun) stubbed out;
+    returns the JOBCTL_NODE torchrun, and so its workers, would see."""
+    head, _, body = script.partition("set -euo pipefail\n")
+    stubs = 'mkdir() { :; }\ncp() { :; }\npython() { echo "node=${JOBCTL_NODE:-unset}"; }\n'
+    path = tmp_path / "pod.sh"
+    path.write_text(head + "set -euo pipefail\n" + stubs + body.replace("exec python", "python"))
+    base = {k: v for k, v in os.environ.items() if k != "JOB_COMPLETION_INDEX"}
+    out = subprocess.run(
+        ["bash", str(path)], capture_output=True, text=True, check=True, env={**base, **env}
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_jobset_pods_take_the_plan_node_of_their_index(tmp_path):
+    """A JobSet pod's completion index names its node in the plan, so each worker takes
+    the plan's rank (plan_rank); PyTorchJob pods have none and keep torchrun's RANK."""
+    hardware = {"kubernetes": {**KUBE, "kind": "jobset"}}
+    pod = _docs(get_backend("kubernetes").render(context("kubernetes", hardware)).files)
+    script = pod[0]["data"]["pod.sh"]
+    assert _pod_node(script, tmp_path, {"JOB_COMPLETION_INDEX": "1"}) == "node=1"
+    assert _pod_node(script, tmp_path, {}) == "node=unset"
+    plan = SimpleNamespace(
+        world_size=4,
+        ranks=[SimpleNamespace(rank=r, node=r // 2, local_rank=r % 2) for r in range(4)],
+    )
+    # torchrun's rendezvous put this pod's agent first (RANK 0-1); the plan says node 1
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert plan_rank(plan, {**env, "JOBCTL_NODE": "1"}) == 2
+    assert plan_rank(plan, env) == 0
 
 
 # Discovery documents of the API groups jobctl writes to: (group, version) -> resources.
