@@ -110,6 +110,16 @@ def _poll_foreign(pid: int) -> int | None:
     return None if pid_alive(pid) else -1
 
 
+def process_token(pid: int) -> str | None:
+    """The process' start time in clock ticks since boot (Linux), or None if unknown:
+    with its pid, it names one process (a pid alone may be reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def pid_alive(pid: int | None, token: str | None = None) -> bool:
     """Whether ``pid`` runs (not a zombie) and, given a token, is the same process."""
     if not pid:

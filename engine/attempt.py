@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobctl.backends import get_backend
+from jobctl.backends.local import process_token
 
 from .channel_host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
 from .launch import Run
@@ -73,6 +74,7 @@ def claim_host(run_dir: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         info = json.loads(path.read_text())
         info["supervisor"] = os.getpid()
+        info["supervisor_token"] = process_token(os.getpid())
         tmp = path.with_name(f".{HOST_FILE}.{os.getpid()}")
         tmp.write_text(json.dumps(info))
         tmp.replace(path)

@@ -22,7 +22,7 @@ from pathlib import Path
 from jobctl.backends import BackendError, get_backend
 from jobctl.backends.base import NodeStatus
 
-from .channel_host import pid_alive, read_host
+from .channel_host import read_host
 from .plan import Plan
 from .state import StateDB
 
@@ -92,7 +92,7 @@ def live_run(db: StateDB, run_id: str):
     handles = [h for h in (row["pids"] or "").split(",") if h]
     if host is None or not host.alive() or not handles:
         return None
-    if host.supervisor and host.supervisor != os.getpid() and pid_alive(host.supervisor):
+    if host.supervisor != os.getpid() and host.supervised():
         raise AdoptError(
             f"run {run_id} is still supervised by pid {host.supervisor}; "
             f"`jobctl status {run_id}` follows it, `jobctl stop {run_id}` stops it"

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.backends.local import pid_alive
+from jobctl.backends.local import pid_alive, process_token
 
 from .channel import SECRET_ENV, ChannelServer
 
@@ -47,10 +47,17 @@ class RunHost:
     rdzv_endpoint: str
     channel_url: str
     run_dir: Path
-    supervisor: int = 0  # the process that started it
+    supervisor: int = 0  # the process that started it, or adopted the run since
+    # Start times of both (``process_token``): a pid alone may name a later process.
+    token: str | None = None
+    supervisor_token: str | None = None
 
     def alive(self) -> bool:
-        return pid_alive(self.pid)
+        return pid_alive(self.pid, self.token)
+
+    def supervised(self) -> bool:
+        """Does the recorded supervisor still run (the same process, not a reused pid)?"""
+        return bool(self.supervisor) and pid_alive(self.supervisor, self.supervisor_token)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it lingers (works for a host another process started)."""
@@ -77,7 +84,10 @@ def read_host(run_dir: Path) -> RunHost | None:
         return None
     d = json.loads(path.read_text())
     sup = int(d.get("supervisor", 0))
-    return RunHost(int(d["pid"]), d["rdzv_endpoint"], d["channel_url"], Path(run_dir), sup)
+    return RunHost(
+        int(d["pid"]), d["rdzv_endpoint"], d["channel_url"], Path(run_dir), sup,
+        d.get("token"), d.get("supervisor_token"),
+    )  # fmt: skip
 
 
 def spawn_run_host(
@@ -101,6 +111,7 @@ def spawn_run_host(
         "channel": [host, channel_port] if secret else None,
         "idle_exit_s": idle_exit_s,
         "supervisor": os.getpid(),
+        "supervisor_token": process_token(os.getpid()),
     }
     env = {**os.environ, CONF_ENV: json.dumps(conf)}
     env.pop(SECRET_ENV, None)
@@ -157,18 +168,22 @@ def main() -> int:
     url = server.url if server else ""
     info = {
         "pid": os.getpid(),
+        "token": process_token(os.getpid()),
         "rdzv_endpoint": conf["rdzv_endpoint"],
         "channel_url": url,
         "supervisor": conf["supervisor"],
+        "supervisor_token": conf.get("supervisor_token"),
     }
     tmp = run_dir / f".{HOST_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(info))
     tmp.replace(run_dir / HOST_FILE)
     print(f"run host {os.getpid()}: store {conf['rdzv_endpoint']}, channel {url or 'off'}")
     sys.stdout.flush()
-    supervisor, idle = int(conf["supervisor"]), float(conf["idle_exit_s"])
+    idle = float(conf["idle_exit_s"])
     while not stop.wait(1.0):
-        if not pid_alive(supervisor) and time.monotonic() - last[0] > idle:
+        # host.json names the supervisor now (a `jobctl resume` may have adopted the run)
+        me = read_host(run_dir)
+        if (me is None or not me.supervised()) and time.monotonic() - last[0] > idle:
             print(f"supervisor gone and no event for {idle:.0f} s: exiting", flush=True)
             break
     if server is not None:

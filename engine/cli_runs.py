@@ -34,7 +34,7 @@ def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeO
         console.print(f"run {row['id']} is already {row['phase']}")
         return
     sup = row["supervisor_pid"]
-    if sup and pid_alive(sup):
+    if sup and pid_alive(sup, row["supervisor_token"]):
         db.request_stop(row["id"], f"stop requested from pid {os.getpid()}")
         console.print(
             f"asked the supervisor (pid {sup}) of {row['id']} to have its nodes checkpoint and stop"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from jobctl.backends.local import kill_tree, pid_alive
+from jobctl.backends.local import kill_tree, pid_alive, process_token  # noqa: F401 (re-exported)
 
 
 class Child(Protocol):
@@ -46,15 +46,6 @@ Spawn = Callable[[Sequence[str], Path], Child]
 
 def hostname() -> str:
     return socket.gethostname()
-
-
-def process_token(pid: int) -> str | None:
-    """The process' start time in clock ticks since boot (Linux), or None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def jobctl_argv(*args: str) -> list[str]:

@@ -53,6 +53,8 @@ runs = sa.Table(
     sa.Column("stop_requested", sa.Float),  # wall time of a pending `jobctl stop`
     sa.Column("recovery_s", sa.Float),  # last recovery: node lost -> next training step
     sa.Column("uploading_step", sa.Integer),  # checkpoint step uploading in the background
+    # The supervisor's start time (``process_token``): its pid alone may be reused later.
+    sa.Column("supervisor_token", sa.String(32)),
 )
 
 events = sa.Table(
@@ -172,8 +174,15 @@ class StateDB:
                     return True
         raise PhaseError(f"run {run_id}: the phase kept changing underneath {phase!r}")
 
-    def claim_supervisor(self, run_id: str, pid: int, alive: Callable[[int], bool]) -> int | None:
-        """Make ``pid`` the run's supervisor unless another live process is.
+    def claim_supervisor(
+        self,
+        run_id: str,
+        pid: int,
+        alive: Callable[[int, str | None], bool],
+        token: str | None = None,
+    ) -> int | None:
+        """Make ``pid`` (started at ``token``) the run's supervisor unless another live
+        process is: ``alive(pid, token)`` of the recorded one (a reused pid is not it).
 
         Returns None once claimed (a pending stop request is dropped with it: resuming a
         run is asking it to run), else the pid of the live supervisor that holds it.
@@ -181,13 +190,18 @@ class StateDB:
         for _ in range(CAS_RETRIES):
             row = self.get_run(run_id)
             old = row["supervisor_pid"] if row else None
-            if old not in (None, pid) and alive(old):
+            if old not in (None, pid) and alive(old, row["supervisor_token"]):
                 return old
             with self.engine.begin() as c:
                 done = c.execute(
                     runs.update()
                     .where(runs.c.id == run_id, _is(runs.c.supervisor_pid, old))
-                    .values(supervisor_pid=pid, stop_requested=None, updated_at=self.clock())
+                    .values(
+                        supervisor_pid=pid,
+                        supervisor_token=token,
+                        stop_requested=None,
+                        updated_at=self.clock(),
+                    )
                 )
             if done.rowcount == 1:
                 return None
@@ -199,7 +213,7 @@ class StateDB:
             c.execute(
                 runs.update()
                 .where(runs.c.id == run_id, runs.c.supervisor_pid == pid)
-                .values(supervisor_pid=None)
+                .values(supervisor_pid=None, supervisor_token=None)
             )
 
     def request_stop(self, run_id: str, note: str) -> float:

@@ -37,7 +37,7 @@ from .attempt import Attempt, ProcessLauncher, ProgressView, claim_host
 from .calibration_cache import calibration_for
 from .channel import SECRET_ENV
 from .channel_adopt import AdoptError, FinishedNodes, archive_offset, live_run
-from .channel_host import pid_alive
+from .channel_host import pid_alive, process_token
 from .checkpoint import read_meta
 from .launch import Run, channel_env, new_run_id, prepare_run, register_run, run_context
 from .monitor import Monitor, Outcome
@@ -131,7 +131,8 @@ class Supervisor:
         if row is None:
             register_run(
                 self.spec, self.db, self.spec_path, self.run_id,
-                supervisor_pid=os.getpid(), backend=self.backend,
+                supervisor_pid=os.getpid(), supervisor_token=process_token(os.getpid()),
+                backend=self.backend,
             )  # fmt: skip
             return self._refresh()
         self._claim()
@@ -150,7 +151,8 @@ class Supervisor:
         return self._refresh()
 
     def _claim(self) -> None:
-        other = self.db.claim_supervisor(self.run_id, os.getpid(), pid_alive)
+        me = os.getpid()
+        other = self.db.claim_supervisor(self.run_id, me, pid_alive, process_token(me))
         if other is not None:
             raise AdoptError(
                 f"run {self.run_id} is still supervised by pid {other}: `jobctl status "
