@@ -110,12 +110,17 @@ def _poll_foreign(pid: int) -> int | None:
     return None if pid_alive(pid) else -1
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after the command name (the state first); OSError without it."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def process_token(pid: int) -> str | None:
     """The process' start time in clock ticks since boot (Linux), or None if unknown:
     with its pid, it names one process (a pid alone may be reused)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+        return _stat_fields(pid)[19]
     except (OSError, IndexError):
         return None
 
@@ -131,8 +136,7 @@ def pid_alive(pid: int | None, token: str | None = None) -> bool:
     except PermissionError:  # alive, but another user's
         return token is None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except OSError:  # no /proc (macOS): the signal check is all we have
         return True
     return fields[0] != "Z" and (token is None or fields[19] == token)

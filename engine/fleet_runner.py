@@ -16,6 +16,8 @@ import os
 import time
 from collections.abc import Callable
 
+from jobctl.backends.local import process_token
+
 from .fleet_db import FleetDB
 from .scheduler_db import JobEvents
 from .scheduler_procs import (
@@ -25,7 +27,6 @@ from .scheduler_procs import (
     hostname,
     jobctl_argv,
     pid_alive,
-    process_token,
     spawn_logged,
     stop_child,
 )

@@ -273,16 +273,15 @@ def stage_costs(
         b=[a + sum(times.bwd[i] for i in blocks) for blocks in stages],
         opt=[sum(times.opt[i] for i in blocks) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
-        sends=[
-            max(
-                0.0,
+        sends=with_message(
+            [
                 cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
                     cal.blocks[stages[s][-1]].boundary_bytes * m, busy=busy_link
                 )
-                + message,
-            )
-            for s in range(P - 1)
-        ],
+                for s in range(P - 1)
+            ],
+            message,
+        ),
         jitter=cal.jitter,
     )
 

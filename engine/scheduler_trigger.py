@@ -22,6 +22,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from jobctl.backends.local import process_token
+
 from .phases import Phase
 from .scheduler_db import JobEvents, Lease, Leases
 from .scheduler_procs import (
@@ -31,7 +33,6 @@ from .scheduler_procs import (
     hostname,
     jobctl_argv,
     pid_alive,
-    process_token,
     spawn_logged,
     stop_child,
 )

@@ -31,13 +31,13 @@ from pathlib import Path
 from rich.console import Console
 
 from jobctl.backends.base import Rendered
+from jobctl.backends.local import pid_alive, process_token
 
 from .activity import ActivityWatch
 from .attempt import Attempt, ProcessLauncher, ProgressView, claim_host
 from .calibration_cache import calibration_for
 from .channel import SECRET_ENV
 from .channel_adopt import AdoptError, FinishedNodes, archive_offset, live_run
-from .channel_host import pid_alive, process_token
 from .checkpoint import read_meta
 from .launch import Run, channel_env, new_run_id, prepare_run, register_run, run_context
 from .monitor import Monitor, Outcome

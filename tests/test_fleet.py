@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from jobctl.backends.local import process_token
 from jobctl.engine.cli import app
 from jobctl.engine.fleet_db import FleetDB
 from jobctl.engine.fleet_load import load_fleet, parameter_sets, sanitise
 from jobctl.engine.fleet_plan import plan_fleet, record_fleet
 from jobctl.engine.fleet_runner import FleetBusy, FleetRunner, admit
 from jobctl.engine.scheduler_db import JobEvents
-from jobctl.engine.scheduler_procs import process_token
 from jobctl.engine.state import StateDB
 from jobctl.spec import SpecError
 

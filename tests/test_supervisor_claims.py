@@ -14,11 +14,11 @@ import time
 
 import pytest
 
+from jobctl.backends.local import process_token
 from jobctl.engine.attempt import claim_host
 from jobctl.engine.channel_adopt import AdoptError
 from jobctl.engine.channel_host import HOST_FILE, pid_alive, read_host
 from jobctl.engine.launch import free_port, register_run
-from jobctl.engine.scheduler_procs import process_token
 
 from .jobrun import ROOT, wait_for
 from .supervisor_doubles import elastic_spec, supervisor
