@@ -105,8 +105,10 @@ def main() -> None:
                 f"{1e3 * rt.action_s:.3f} ms, per message "
                 f"{1e3 * rt.message_s:.2f} ms at load {rt.load_idle:.2f} (cores shared: "
                 f"{1e3 * rt.message_busy_s:.2f} ms at load {rt.load_busy:.2f}), "
-                f"per step {1e3 * rt.step_s:.2f} ms; probes {100 * (rt.drift - 1):+.0f} % "
-                "slower than the block timing"
+                f"per step {1e3 * rt.step_s:.2f} ms; step-to-step spread {100 * rt.step_cv:.0f} % "
+                f"(cores shared: {100 * rt.step_cv_busy:.0f} %); probes "
+                f"{100 * (rt.drift - 1):+.0f} % slower than the block timing (compute scaled "
+                "to them)"
             )
         runs = []
         for P, D, m, B, schedule, extra in CONFIGS[: args.only]:

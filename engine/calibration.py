@@ -26,10 +26,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 7  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
+CALIBRATION_VERSION = 9  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
 # 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync;
 # 7: the busy probe's message fit no longer rides on the busy ping-pong; probe rounds, drift
+# 8: compute times at the probes' machine speed (drift), probes taken as measured;
+# 9: each probe's step-to-step spread (step_cv), for data-parallel replicas' skew
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 Source = Literal["measured", "analytic"]
 
@@ -221,7 +223,10 @@ class RuntimeCalibration(_Frozen):
     once, on average, in its plain simulation with the idle message time); a plan's
     messages cost what its own demand, taken the same way, says (``message_at``). If
     the busy probe's demand is not above the idle one's (slow messages lower demand),
-    every message costs the idle time.
+    every message costs the idle time. ``step_cv`` / ``step_cv_busy``: how much one
+    rank's run of the schedule varies from step to step in each probe (relative
+    standard deviation, from the interquartile range); data-parallel replicas start
+    their gradient sum when the slowest of them is done (``cv_at``, ``replica_skew``).
     """
 
     source: Source
@@ -233,10 +238,12 @@ class RuntimeCalibration(_Frozen):
     action_s: float = Field(0.0, description="extra seconds per forward/backward action")
     load_idle: float = Field(0.0, description="mean processes computing, idle probe")
     load_busy: float = Field(0.0, description="mean processes computing, busy probe")
+    step_cv: float = Field(0.0, description="relative spread of a step's run, idle probe")
+    step_cv_busy: float = Field(0.0, description="relative spread of a step's run, busy probe")
     drift: float = Field(
         1.0,
         description="the model's time during the probes over that while the blocks were "
-        "timed (> 1: the machine ran slower; probe times were divided by it)",
+        "timed (> 1: the machine ran slower; every compute time was multiplied by it)",
     )
     probe: dict[str, dict[str, float]] = Field(
         default_factory=dict,
@@ -249,10 +256,17 @@ class RuntimeCalibration(_Frozen):
     def message_at(self, load: float) -> float:
         """Extra seconds per message when ``load`` processes compute at once on average:
         linear between the two probes' loads, held at their values outside."""
+        return self._at(load, self.message_s, self.message_busy_s)
+
+    def cv_at(self, load: float) -> float:
+        """A rank's step-to-step spread at ``load``, between the probes' as ``message_at``."""
+        return self._at(load, self.step_cv, self.step_cv_busy)
+
+    def _at(self, load: float, idle: float, busy: float) -> float:
         if self.load_busy <= self.load_idle:
-            return self.message_s
+            return idle
         w = min(1.0, max(0.0, (load - self.load_idle) / (self.load_busy - self.load_idle)))
-        return self.message_s + w * (self.message_busy_s - self.message_s)
+        return idle + w * (busy - idle)
 
 
 class Fingerprint(_Frozen):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from .calibration import Calibration, RuntimeCalibration
+from .calibration import Calibration, RuntimeCalibration, Stat
 from .planner_costs import (
     BlockTimes,
     Hosting,
@@ -132,39 +132,68 @@ def machine_drift(samples: dict, reference: float | None) -> float:
     return statistics.median(bare) / reference
 
 
-def at_reference_speed(samples: dict, drift: float) -> dict:
-    """The probe samples with every time divided by ``drift``."""
-    scale = lambda xs: [x / drift for x in xs]  # noqa: E731
-    out = {}
-    for phase, got in samples.items():
-        out[phase] = {**got, "run": scale(got.get("run", [])), "rest": scale(got.get("rest", []))}
-        if "opt" in got:
-            out[phase]["opt"] = [scale(xs) for xs in got["opt"]]
-    return out
+def at_machine_speed(cal: Calibration, drift: float) -> Calibration:
+    """``cal`` with every compute time of the calibrating process (each block's
+    forwards, backward and optimizer step, the data fetch) multiplied by ``drift``."""
+
+    def scaled(stat):
+        return stat.model_copy(update={"median": stat.median * drift, "iqr": stat.iqr * drift})
+
+    def per_m(stats: dict) -> dict:
+        return {m: scaled(x) for m, x in stats.items()}
+
+    blocks = [
+        b.model_copy(
+            update={
+                "forward": per_m(b.forward),
+                "forward_nograd": per_m(b.forward_nograd),
+                "backward": per_m(b.backward),
+                "optimizer": scaled(b.optimizer),
+            }
+        )
+        for b in cal.blocks
+    ]
+    return cal.model_copy(update={"blocks": blocks, "data": per_m(cal.data)})
 
 
-def fit_runtime(
+def calibrate_runtime(
     cal: Calibration, samples: dict, m: int, M: int, reference: float | None = None
-) -> RuntimeCalibration | None:
+) -> Calibration:
+    """``cal`` at the machine's speed during the pipeline probes, with the runtime's own
+    costs fitted to them (``fit_runtime``; unchanged if no pipeline probe ran).
+
+    The blocks are timed in one process over a fraction of a second, the faster of
+    two passes; the probes run the runtime in its own processes for seconds, as
+    training does. The VM's speed moves by a tenth over seconds (the same solo probe,
+    run again, took 17.6 to 19.4 ms), and across calibrations the probes' model ran
+    6 to 13 % slower than the chosen pass (``machine_drift``, from ``reference``: the
+    whole model's seconds then, as the solo probe times it between its steps). Taking
+    the probes' speed as the machine's brought the plans of one calibration closer to
+    their real runs (median error 8.9 to 6.5 %, ``benchmarks.simulator_accuracy``)
+    than bringing the probes to the blocks' speed, which had every plan inherit the
+    pass's luck. So every compute time is scaled by the drift first, and the runtime's
+    costs are fitted against the probes as measured.
+    """
+    drift = machine_drift(samples, reference)
+    scaled = at_machine_speed(cal, drift)
+    runtime = fit_runtime(scaled, samples, m, M)
+    if runtime is None:
+        return cal
+    return scaled.model_copy(update={"runtime": runtime.model_copy(update={"drift": drift})})
+
+
+def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalibration | None:
     """The runtime's per-action, per-step and per-message costs from the probe samples
     (``calibration_probe.probe_pipeline``: each phase's stages and times; None if no
-    pipeline probe ran).
+    pipeline probe ran), ``cal``'s compute taken as at the probes' speed
+    (``calibrate_runtime`` sees to it).
 
-    The VM's speed drifts by a tenth over seconds (the same solo probe, run again, took
-    17.6 to 19.4 ms), and the probes run a while after the blocks were timed; a cost
-    per action found as a small difference between the two swung from 0 to 0.55 ms
-    between calibrations. So the samples are first brought to the speed the blocks
-    were timed at (``machine_drift``, from ``reference``: the whole model's seconds
-    then, as the solo probe times it between its steps). The per-action and per-step
-    costs come next (the solo probe: no messages in it); the message time is then what
-    explains the rest of each pipeline probe's run.
+    The per-action and per-step costs come first (the solo probe: no messages in it);
+    the message time is then what explains the rest of each pipeline probe's run.
     """
     solo, idle = samples.get("solo"), samples.get("idle")
     if not solo or not solo.get("run") or not idle or not idle.get("run"):
         return None
-    drift = machine_drift(samples, reference)
-    samples = at_reference_speed(samples, drift)
-    solo = samples["solo"]
     action, step = solo_costs(cal, solo, m, M)
     base = RuntimeCalibration(source="measured", action_s=action)
     cal = cal.model_copy(update={"runtime": base})
@@ -184,6 +213,7 @@ def fit_runtime(
             "simulated_s": probe_time(cal, stages, m, M, 0.0),
             "message_s": fitted[phase],
             "load": loads[phase],
+            "cv": Stat.of(samples[phase]["run"]).rel_std,
         }
     return base.model_copy(
         update={
@@ -192,7 +222,8 @@ def fit_runtime(
             "step_s": step,
             "load_idle": loads["idle"],
             "load_busy": loads.get("busy", loads["idle"]),
+            "step_cv": probe["idle"]["cv"],
+            "step_cv_busy": probe.get("busy", probe["idle"])["cv"],
             "probe": probe,
-            "drift": drift,
         }
     )

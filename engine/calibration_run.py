@@ -24,7 +24,7 @@ from .calibration_analytic import allreduce_from_spec, host_from_spec, link_from
 from .calibration_cache import DEFAULT_THREADS, fingerprint, save
 from .calibration_comm import measure_comm
 from .calibration_compute import measure_blocks, measure_data
-from .calibration_fit import fit_runtime
+from .calibration_fit import calibrate_runtime
 from .calibration_probe import model_seconds
 from .model import Stage, model_def
 from .partition import partition
@@ -120,8 +120,8 @@ def calibrate(
     )
     if probe[2]:
         reference = min(speed) if speed else None  # as the least disturbed pass
-        runtime = fit_runtime(cal, samples, ms[0], PROBE_MICRO_BATCHES, reference)
-        cal = cal.model_copy(update={"runtime": runtime, "seconds": time.time() - start})
+        cal = calibrate_runtime(cal, samples, ms[0], PROBE_MICRO_BATCHES, reference)
+        cal = cal.model_copy(update={"seconds": time.time() - start})
     report("done", 1.0)
     return cal, save(cal, home)
 

@@ -26,8 +26,10 @@ from .planner_costs import (
     Tables,
     activation_peaks,
     contend,
+    demand,
     lower_bound,
     recompute_counts,
+    replica_skew,
     stage_costs,
     stage_memory,
 )
@@ -218,7 +220,8 @@ def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -
     if cand.hosting.share_cores:
         _, cand.sim = contend(cal, actions, costs, lay.D, seed)
     else:
-        cand.sim = simulate(actions, costs, seed)
+        sim = simulate(actions, costs, seed)
+        _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
 
 
 def search(spec, G: int, cal: Calibration, source: str) -> Search:

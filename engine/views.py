@@ -159,7 +159,8 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
             f"runtime ({rt.source}, pipeline probes): {1e3 * rt.action_s:.3f} ms per action, "
             f"{1e3 * rt.message_s:+.3f} ms per message ({1e3 * rt.message_busy_s:+.3f} ms "
             f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
-            f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing",
+            f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing "
+            "(compute times scaled to the probes)",
             soft_wrap=True,
         )
 

@@ -24,7 +24,8 @@ from jobctl.engine.calibration_analytic import (
     analytic_fingerprint,
 )
 from jobctl.engine.calibration_fit import (
-    at_reference_speed,
+    at_machine_speed,
+    calibrate_runtime,
     fit_message,
     fit_runtime,
     machine_drift,
@@ -74,7 +75,7 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 7 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 9 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
@@ -411,33 +412,75 @@ def test_oversubscribed_sends_take_the_busy_ping_pong_only_without_probe_costs()
     assert sends == pytest.approx([x + 1e-4 for x in plain])
 
 
-def test_probe_times_are_brought_to_the_speed_the_blocks_were_timed_at():
+def test_compute_times_are_brought_to_the_machine_speed_of_the_probes():
     """The machine ran 10 % slower during the probes than while the blocks were timed
-    (the solo probe's model time over the reference): every probe time is divided by
-    that before the fit, so the costs come out as at calibration speed."""
+    (the solo probe's model time over the reference): every compute time of the
+    calibration is multiplied by that, and the runtime's costs are fitted against the
+    probes as measured, so they come out as they were, not as the slowness."""
+    spec = tiny_spec()
+    fetch = {2: Stat(median=1e-4, iqr=1e-5, n=5)}
+    cal = measured_like(spec).model_copy(update={"data": fetch})
+    slow = at_machine_speed(cal, 1.1)
+    b0, s0 = cal.blocks[2], slow.blocks[2]
+    assert s0.forward[2].median == pytest.approx(1.1 * b0.forward[2].median)
+    assert s0.forward_nograd[4].median == pytest.approx(1.1 * b0.forward_nograd[4].median)
+    assert s0.backward[2].iqr == pytest.approx(1.1 * b0.backward[2].iqr)
+    assert s0.optimizer.median == pytest.approx(1.1 * b0.optimizer.median)
+    assert slow.data[2].median == pytest.approx(1.1 * cal.data[2].median)
+    assert s0.param_bytes == b0.param_bytes and s0.peak_bytes == b0.peak_bytes
+    blocks, two = [0, 1, 2, 3, 4, 5], [[0, 1, 2], [3, 4, 5]]
+    opt = sum(slow.blocks[i].optimizer.median for i in blocks)
+    with_action = RuntimeCalibration(source="measured", action_s=2e-4)
+    solo = {
+        "stages": [blocks],
+        "run": [probe_time(slow, [blocks], 2, 4, 0.0) + 8 * 2e-4],
+        "rest": [3e-4],
+        "opt": [[opt + 1e-4]],
+        "bare": [0.022],
+    }
+    run = probe_time(slow.model_copy(update={"runtime": with_action}), two, 2, 4, 1e-3)
+    samples = {"solo": solo, "idle": {"stages": two, "run": [run], "rest": [0.0]}}
+    assert machine_drift(samples, 0.022) == 1.0 and machine_drift(samples, None) == 1.0
+    assert machine_drift(samples, 0.02) == pytest.approx(1.1)
+    out = calibrate_runtime(cal, samples, 2, 4, reference=0.02)
+    rt = out.runtime
+    assert rt.drift == pytest.approx(1.1)
+    assert out.blocks[2].forward[2].median == pytest.approx(s0.forward[2].median)
+    assert rt.action_s == pytest.approx(2e-4) and rt.step_s == pytest.approx(4e-4)
+    assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
+    # No reference: the blocks stay as timed and the slowness is taken as the runtime's.
+    unaware = calibrate_runtime(cal, samples, 2, 4)
+    assert unaware.runtime.drift == 1.0 and unaware.blocks == cal.blocks
+    assert unaware.runtime.action_s > 1.5 * 2e-4
+    # No pipeline probe: nothing to scale to.
+    assert calibrate_runtime(cal, {}, 2, 4, reference=0.02) == cal
+
+
+def test_each_probe_gives_a_rank_its_step_to_step_spread():
+    """The idle and busy probes' runs vary from step to step: their relative spread
+    (from the interquartile range) is the runtime's step_cv at each probe's load."""
     spec = tiny_spec()
     cal = measured_like(spec)
     blocks, two = [0, 1, 2, 3, 4, 5], [[0, 1, 2], [3, 4, 5]]
+    four = [[0, 1], [2, 3], [4], [5]]
     opt = sum(cal.blocks[i].optimizer.median for i in blocks)
-    slow = cal.model_copy(update={"runtime": RuntimeCalibration(source="measured", action_s=2e-4)})
-    solo = {
-        "stages": [blocks],
-        "run": [probe_time(cal, [blocks], 2, 4, 0.0) + 8 * 2e-4],
-        "rest": [3e-4],
-        "opt": [[opt + 1e-4]],
-        "bare": [0.02],
+    solo = {"stages": [blocks], "run": [probe_time(cal, [blocks], 2, 4, 0.0)], "rest": [0.0]}
+    solo["opt"] = [[opt]]
+    idle_runs = [x * probe_time(cal, two, 2, 4, 1e-3) for x in (0.9, 0.95, 1.0, 1.05, 1.1)]
+    busy_runs = [x * probe_time(cal, four, 2, 4, 2e-3) for x in (0.8, 0.9, 1.0, 1.1, 1.2)]
+    samples = {
+        "solo": solo,
+        "idle": {"stages": two, "run": idle_runs, "rest": [0.0]},
+        "busy": {"stages": four, "run": busy_runs, "rest": [0.0]},
     }
-    idle = {"stages": two, "run": [probe_time(slow, two, 2, 4, 1e-3)], "rest": [0.0]}
-    at_speed = {"solo": solo, "idle": idle}
-    assert machine_drift(at_speed, 0.02) == 1.0 and machine_drift(at_speed, None) == 1.0
-    slower = at_reference_speed(at_speed, 1 / 1.1)  # every time 10 % longer
-    assert slower["solo"]["bare"] == [0.02] and slower["idle"]["stages"] == two
-    assert slower["solo"]["run"][0] == pytest.approx(1.1 * solo["run"][0])
-    assert slower["solo"]["opt"][0][0] == pytest.approx(1.1 * solo["opt"][0][0])
-    slower["solo"]["bare"] = [0.022]
-    rt = fit_runtime(cal, slower, 2, 4, reference=0.02)
-    assert rt.drift == pytest.approx(1.1)
-    assert rt.action_s == pytest.approx(2e-4) and rt.step_s == pytest.approx(4e-4)
-    assert rt.message_s == pytest.approx(1e-3, abs=2e-6)
-    unaware = fit_runtime(cal, slower, 2, 4)  # no reference: taken as measured
-    assert unaware.drift == 1.0 and unaware.action_s > 1.5 * 2e-4  # the slowness taken as cost
+    rt = fit_runtime(cal, samples, 2, 4)
+    assert rt.step_cv == pytest.approx(Stat.of(idle_runs).rel_std) and rt.step_cv > 0.05
+    assert rt.step_cv_busy == pytest.approx(Stat.of(busy_runs).rel_std)
+    assert rt.step_cv_busy == pytest.approx(2 * rt.step_cv)
+    assert rt.probe["busy"]["cv"] == rt.step_cv_busy
+    # A plan's spread is read at its own load, between the probes' as message times are.
+    rt = rt.model_copy(update={"load_idle": 1.2, "load_busy": 1.8})
+    assert rt.cv_at(1.5) == pytest.approx(1.5 * rt.step_cv)
+    assert rt.cv_at(0.0) == rt.step_cv and rt.cv_at(99.0) == rt.step_cv_busy
+    flat = rt.model_copy(update={"load_busy": 1.2})  # no load between them: the idle one
+    assert flat.cv_at(1.5) == rt.step_cv

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.calibration import AllreduceCalibration, Calibration, Stat
+from jobctl.engine.calibration import (
+    AllreduceCalibration,
+    Calibration,
+    RuntimeCalibration,
+    Stat,
+)
 from jobctl.engine.calibration_analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.gantt import draw_gantt
 from jobctl.engine.planner import PlanError, make_plan, plan_and_simulate
@@ -15,7 +20,9 @@ from jobctl.engine.planner_costs import (
     Tables,
     activation_peaks,
     cost_model,
+    expected_max,
     lower_bound,
+    replica_skew,
     stage_costs,
 )
 from jobctl.engine.schedules import generate, peak_activations
@@ -221,6 +228,42 @@ def test_core_sharing_slows_oversubscribed_layouts():
         assert shared > 1.5 * alone
     else:
         assert shared == pytest.approx(alone)
+
+
+def test_expected_max_of_normal_draws():
+    # The known values of the largest of n standard normals.
+    assert expected_max(1) == 0.0
+    assert expected_max(2) == pytest.approx(1 / 3.141592653589793**0.5, abs=1e-6)
+    assert [round(expected_max(n), 3) for n in (3, 4, 8)] == [0.846, 1.029, 1.424]
+
+
+def test_replicas_wait_for_the_slowest_before_their_allreduce():
+    """With a step-to-step spread measured, each stage's allreduce of D > 1 replicas
+    starts expected_max(D) standard deviations of its run later: step time grows by that,
+    more with more replicas, not at all for one replica or without a spread."""
+    spec = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})
+    cal = analytic(spec)
+    layout = Layout(P=2, D=2, m=2, M=4, schedule="1f1b")
+    hosting = Hosting(2, 2, 4, "stage_major", True, False)
+    stages = [[0, 1, 2], [3, 4, 5]]
+    actions = generate("1f1b", 2, 4)
+    costs = cost_model(cal, layout, stages, actions, hosting)
+    plain = simulate(actions, costs)
+    rt = RuntimeCalibration(
+        source="measured", step_cv=0.1, step_cv_busy=0.2, load_idle=1.0, load_busy=3.0
+    )
+    spread = cal.model_copy(update={"runtime": rt})
+    for D, load, cv in ((2, 1.0, 0.1), (2, 2.0, 0.15), (4, 5.0, 0.2)):
+        skewed, sim = replica_skew(spread, actions, costs, plain, D, load)
+        ends = zip(costs.ar, plain.stage_end, strict=True)
+        want = [a + expected_max(D) * cv * end for a, end in ends]
+        assert skewed.ar == pytest.approx(want)
+        assert sim.stage_end == plain.stage_end and sim.step_time > plain.step_time
+    assert replica_skew(spread, actions, costs, plain, 1, 2.0)[1] is plain
+    assert replica_skew(cal, actions, costs, plain, 2, 2.0)[1] is plain  # nothing measured
+    two = replica_skew(spread, actions, costs, plain, 2, 2.0)[1].step_time
+    four = replica_skew(spread, actions, costs, plain, 4, 2.0)[1].step_time
+    assert plain.step_time < two < four
 
 
 def test_gantt_png_is_written(tmp_path):
