@@ -484,3 +484,22 @@ def test_each_probe_gives_a_rank_its_step_to_step_spread():
     assert rt.cv_at(0.0) == rt.step_cv and rt.cv_at(99.0) == rt.step_cv_busy
     flat = rt.model_copy(update={"load_busy": 1.2})  # no load between them: the idle one
     assert flat.cv_at(1.5) == rt.step_cv
+
+
+def test_a_calibration_whose_machine_changed_speed_says_so(tmp_path):
+    """The machine 36 % slower during the probes than the block timing: printing the
+    record warns that plans follow the probes' speed and says how to take it again;
+    a steady one does not."""
+    from rich.console import Console
+
+    from jobctl.engine.views import print_calibration
+
+    cal = measured_like(tiny_spec())
+    for drift, warned in ((1.36, True), (0.85, True), (1.04, False)):
+        rt = RuntimeCalibration(source="measured", drift=drift)
+        console = Console(record=True, width=200)
+        print_calibration(console, cal.model_copy(update={"runtime": rt}), tmp_path / "c.json")
+        text = console.export_text()
+        assert f"{100 * (drift - 1):+.0f} % slower during the probes" in text
+        assert ("speed moved during the calibration" in text) is warned
+        assert ("run `jobctl calibrate` again" in text) is warned
