@@ -62,7 +62,8 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
     steps start together), of the rest of the step loop (the latest stage's), and per
     stage of its optimizer step, and for the solo phase the seconds of its model
     between steps (``model_seconds``): ``{phase: {"stages": [[block, ...], ...], "run":
-    [...], "rest": [...], "opt": [[stage 0...], ...], "bare": [...]}}``."""
+    [...], "rest": [...], "opt": [[stage 0...], ...], "bare": [...], "round": steps}}``
+    (the samples are ``round`` steps of each round in turn)."""
     out: dict[str, dict] = {}
     phases = probe_phases(job, world)
     for _ in range(PROBE_ROUNDS):
@@ -84,6 +85,7 @@ def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
             "rest": _latest([x["rest"] for x in ranks]),
             "opt": [x["opt"] for x in ranks],
             "bare": ranks[0]["bare"],
+            "round": PROBE_STEPS,  # consecutive samples of one round
         }
     return result
 

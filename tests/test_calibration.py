@@ -33,6 +33,7 @@ from jobctl.engine.calibration_fit import (
     probe_time,
     simulated_run,
     solo_costs,
+    step_spread,
 )
 from jobctl.engine.calibration_run import (
     MAX_SIZES,
@@ -477,6 +478,11 @@ def test_each_probe_gives_a_rank_its_step_to_step_spread():
     assert rt.step_cv == pytest.approx(Stat.of(idle_runs).rel_std) and rt.step_cv > 0.05
     assert rt.step_cv_busy == pytest.approx(Stat.of(busy_runs).rel_std)
     assert rt.step_cv_busy == pytest.approx(2 * rt.step_cv)
+    # Rounds the VM ran at different speeds: the spread is taken within each round.
+    rounds = {**samples["idle"], "run": idle_runs + [1.3 * x for x in idle_runs], "round": 5}
+    apart = fit_runtime(cal, {**samples, "idle": rounds}, 2, 4)
+    assert apart.step_cv == pytest.approx(rt.step_cv)
+    assert step_spread(rounds["run"]) > 2 * rt.step_cv  # pooled, the rounds set it apart
     assert rt.probe["busy"]["cv"] == rt.step_cv_busy
     # A plan's spread is read at its own load, between the probes' as message times are.
     rt = rt.model_copy(update={"load_idle": 1.2, "load_busy": 1.8})
