@@ -364,8 +364,11 @@ def contend(
     saw (``host.factor`` of D x the stages computing at each instant: replicas run in
     step) and simulates again; each stage's optimizer step gets the factor of the
     ranks whose optimizer steps overlap it (``_optimizer_factors``: stages finish their
-    schedules at different times, the last one often alone). With ``messages`` (and a
-    measured runtime), each message also costs what the plan's compute demand says
+    schedules at different times, the last one often alone). With ``messages`` (the
+    planner sets it where ranks outnumber the host's cores: with a core each, a woken
+    receiver never waits for one, and the busy probe's regime does not apply; a 2-rank
+    pipeline had its messages priced toward the 4-rank probe's and came out 23 % slow)
+    and a measured runtime, each message also costs what the plan's compute demand says
     (``RuntimeCalibration.message_at``; ``base`` carries the idle cost): the processes
     computing at once in the plain simulation of ``base``, measured as the probes' loads
     were, so it depends on the plan alone, never on the message time it selects.

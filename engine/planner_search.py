@@ -218,7 +218,8 @@ def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -
     actions = cand.actions = actions or _schedule(spec, lay)
     costs = cand.costs.model(lay, recompute_counts(actions))
     if cand.hosting.share_cores:
-        _, cand.sim = contend(cal, actions, costs, lay.D, seed)
+        # Messages cost more with load only where ranks outnumber cores (``contend``).
+        _, cand.sim = contend(cal, actions, costs, lay.D, seed, cand.hosting.oversubscribed)
     else:
         sim = simulate(actions, costs, seed)
         _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)

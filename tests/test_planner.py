@@ -266,6 +266,30 @@ def test_replicas_wait_for_the_slowest_before_their_allreduce():
     assert plain.step_time < two < four
 
 
+def test_messages_cost_more_with_load_only_where_ranks_outnumber_cores():
+    """A measured runtime whose busy probe (more ranks than cores) priced messages far
+    above the idle one: a 2-rank pipeline on 2 cores keeps the idle price whatever its
+    load, a 4-rank one pays the busy price."""
+    rt = RuntimeCalibration(
+        source="measured", message_s=1e-4, message_busy_s=5e-3, load_idle=0.5, load_busy=1.0
+    )
+    base = analytic(tiny_spec())
+    base = base.model_copy(
+        update={"host": base.host.model_copy(update={"cores": 2, "slowdown": {2: 1.0}})}
+    )
+
+    def step(P: int, busy_s: float) -> float:
+        spec = tiny_spec(
+            **{"parallelism.pipeline_stages": P, "parallelism.data_parallel": 1},
+            **{"hardware.processes_per_node": 4},
+        )
+        cal = base.model_copy(update={"runtime": rt.model_copy(update={"message_busy_s": busy_s})})
+        return make_plan(spec, calibration=cal).prediction.step_time_s
+
+    assert step(2, 5e-3) == step(2, 1e-4)
+    assert step(4, 5e-3) > step(4, 1e-4) + 10 * (5e-3 - 1e-4)
+
+
 def test_gantt_png_is_written(tmp_path):
     spec = tiny_spec(**{"parallelism.schedule": "varuna", "parallelism.data_parallel": 1})
     _, sim = plan_and_simulate(spec, calibration=analytic(spec))
