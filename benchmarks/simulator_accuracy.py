@@ -41,7 +41,6 @@ cancels what the whole machine did. Both are printed; the absolute one is the fi
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -54,7 +53,6 @@ from jobctl.engine.calibration import Calibration
 from jobctl.engine.calibration_run import calibrate
 from jobctl.engine.planner import make_plan
 
-STEADY = math.log(1.10)  # a calibration whose speed moved more is taken again
 MODEL = {"model.hidden": 96, "model.layers": 4, "model.seq_len": 48, "model.heads": 4}
 CONFIGS = [  # (P, D, m, global batch, schedule, extra overrides)
     (1, 1, 4, 16, "1f1b", {}),
@@ -73,8 +71,9 @@ CONFIGS = [  # (P, D, m, global batch, schedule, extra overrides)
 def calibrate_quietly(spec, home: Path, attempts: int) -> tuple[Calibration, float]:
     """The one calibration of the run: taken again (up to ``attempts`` times) while other
     processes took more than 5 % of the CPU, or while the VM itself changed speed (its
-    probes ran more than ``STEADY`` off the block timing: 36 % slower in one, where
-    the next minutes' runs were back at the usual speed), keeping the best of them."""
+    probes ran more than 10 % off the block timing, ``RuntimeCalibration.steady``: 36 %
+    slower in one, where the next minutes' runs were back at the usual speed), keeping
+    the best of them."""
     best: tuple[Calibration, float] | None = None
 
     def badness(cal: Calibration, other: float) -> tuple[bool, float]:
@@ -86,15 +85,14 @@ def calibrate_quietly(spec, home: Path, attempts: int) -> tuple[Calibration, flo
             cal, _ = calibrate(spec, home)
         if best is None or badness(cal, other.fraction) < badness(*best):
             best = (cal, other.fraction)
-        if best[1] < 0.05 and unsteadiness(best[0]) <= STEADY:
+        if best[1] < 0.05 and (best[0].runtime is None or best[0].runtime.steady):
             break
     return best
 
 
 def unsteadiness(cal: Calibration) -> float:
     """How far the machine's speed moved between the block timing and the probes."""
-    drift = cal.runtime.drift if cal.runtime else 1.0
-    return abs(math.log(drift))
+    return cal.runtime.speed_moved if cal.runtime else 0.0
 
 
 def calibration_noise(base, home: Path, specs: list, first: Calibration, args) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Literal
@@ -33,6 +34,7 @@ CALIBRATION_VERSION = 9  # 2: the runtime's own costs (``runtime``); 3: + comput
 # 8: compute times at the probes' machine speed (drift), probes taken as measured;
 # 9: each probe's step-to-step spread (step_cv), for data-parallel replicas' skew
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
+STEADY_DRIFT = 1.10  # probes this much slower or faster than the block timing: unsteady
 Source = Literal["measured", "analytic"]
 
 
@@ -249,6 +251,17 @@ class RuntimeCalibration(_Frozen):
         default_factory=dict,
         description="per probe phase: measured and simulated seconds of its pipeline run",
     )
+
+    @property
+    def speed_moved(self) -> float:
+        """How far the machine's speed moved between block timing and probes: |log drift|
+        (a run 10 % slower and one 10 % faster count about alike)."""
+        return abs(math.log(self.drift))
+
+    @property
+    def steady(self) -> bool:
+        """Whether the machine kept its speed within ``STEADY_DRIFT`` during calibration."""
+        return self.speed_moved <= math.log(STEADY_DRIFT)
 
     def message(self, busy: bool) -> float:
         return self.message_busy_s if busy else self.message_s

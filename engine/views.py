@@ -13,8 +13,6 @@ from .calibration import Calibration
 from .plan import Plan
 from .run_figures import RunFigures
 
-UNSTEADY_DRIFT = 0.10  # the machine's speed moved more than this during a calibration
-
 
 def print_plan(console: Console, plan: Plan) -> None:
     """The plan as a summary line, a stage table and a rank table."""
@@ -165,7 +163,7 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
             "(compute times scaled to the probes)",
             soft_wrap=True,
         )
-        if abs(rt.drift - 1) > UNSTEADY_DRIFT:
+        if not rt.steady:
             console.print(
                 "[yellow]the machine's speed moved during the calibration: plans follow the "
                 "probes' speed; run `jobctl calibrate` again at a steadier time if its "

@@ -509,3 +509,13 @@ def test_a_calibration_whose_machine_changed_speed_says_so(tmp_path):
         assert f"{100 * (drift - 1):+.0f} % slower during the probes" in text
         assert ("speed moved during the calibration" in text) is warned
         assert ("run `jobctl calibrate` again" in text) is warned
+
+
+def test_steadiness_counts_slower_and_faster_probes_alike():
+    def rt(drift):
+        return RuntimeCalibration(source="measured", drift=drift)
+
+    assert rt(1.0).speed_moved == 0.0 and rt(1.0).steady
+    assert rt(1.2).speed_moved == pytest.approx(rt(1 / 1.2).speed_moved)
+    assert rt(1.09).steady and rt(1 / 1.09).steady
+    assert not rt(1.11).steady and not rt(1 / 1.11).steady
