@@ -19,7 +19,7 @@ import re
 
 import yaml
 
-from jobctl.engine.channel import SECRET_ENV, URL_ENV
+from jobctl.engine.channel.server import SECRET_ENV, URL_ENV
 from jobctl.spec.sections import KubernetesSpec
 from jobctl.templates import render
 

@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from jobctl.engine.channel import SECRET_ENV
+from jobctl.engine.channel.server import SECRET_ENV
 
 from .base import (
     STOPPED_EXIT,

@@ -38,7 +38,7 @@ def node_env(ctx: RunContext) -> dict[str, str]:
         # Restarted workers otherwise time out in gloo init on stale addresses.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # The workers' process groups meet in the run host's store, which outlives any
-        # worker (engine/worker.py: a packed-away rank may be the one torchrun made 0).
+        # worker (engine/worker/process.py: a packed-away rank may be the one torchrun made 0).
         "JOBCTL_RDZV_ENDPOINT": ctx.rdzv_endpoint,
         **ctx.env,
     }

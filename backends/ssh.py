@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from jobctl.engine.channel import SECRET_ENV
+from jobctl.engine.channel.server import SECRET_ENV
 from jobctl.spec.sections import SshSpec, is_loopback
 
 from .base import (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import s3fs
 
-from jobctl.engine.launch import free_port
+from jobctl.engine.supervise.launch import free_port
 from tests.s3server import TEST_ENV, start_moto_server
 
 

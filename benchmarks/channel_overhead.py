@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobctl.engine.channel import ChannelServer, new_secret
-from jobctl.engine.channel_client import ChannelSink
-from jobctl.engine.ckpt_manager import EventLog
+from jobctl.engine.channel.client import ChannelSink
+from jobctl.engine.channel.server import ChannelServer, new_secret
+from jobctl.engine.checkpoint.manager import EventLog
 
 FIELDS = {"rank": 3, "stage": 1, "node": 1, "compute_s": 0.0123, "max_rss_mb": 327.1}
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jobctl.engine.apply import ApplyOptions, launch
-from jobctl.engine.plan import Plan
-from jobctl.engine.state import StateDB
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.service import ApplyOptions, launch
 from jobctl.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

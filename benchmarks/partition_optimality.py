@@ -16,7 +16,7 @@ import itertools
 import random
 import time
 
-from jobctl.engine.partition import partition, stage_costs
+from jobctl.engine.planner.partition import partition, stage_costs
 
 
 def brute_force(costs: list[float], parts: int) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from jobctl.engine.planner import make_plan
+from jobctl.engine.planner.resolver import make_plan
 from jobctl.spec import load_spec_text
 
 GPT_8B = """

@@ -44,8 +44,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from jobctl.engine.planner import make_plan
-from jobctl.engine.pruning_crossover import resolve, shape_key
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.pruning.crossover import resolve, shape_key
 from tests.jobrun import events as events_of
 
 from . import jobbench
@@ -112,8 +112,8 @@ class Run:
 
 
 def run_one(name: str, spec, home: Path) -> Run:
-    from jobctl.engine.apply import ApplyOptions, launch
-    from jobctl.engine.state import StateDB
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.supervise.service import ApplyOptions, launch
 
     wait_quiet()
     t0 = time.monotonic()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jobctl.engine.model import Block, Embedding, Head
+from jobctl.engine.model.blocks import Block, Embedding, Head
 
 
 def factory(

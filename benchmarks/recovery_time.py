@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
 from tests.jobrun import events, start_apply, tiny_spec, wait_for, write_spec
 
 

@@ -32,7 +32,7 @@ from benchmarks.jobbench import (
     wait_quiet,
 )
 from benchmarks.torch_pipeline_worker import run_baseline
-from jobctl.engine.planner import make_plan
+from jobctl.engine.planner.resolver import make_plan
 from jobctl.spec import dump_yaml
 
 MODEL = {"model.hidden": 96, "model.layers": 4, "model.seq_len": 48, "model.heads": 4}

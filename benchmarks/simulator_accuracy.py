@@ -49,9 +49,9 @@ from rich.progress import Progress
 
 from benchmarks import jobbench
 from benchmarks.jobbench import Interference, job_spec, layout, measure_best, wait_quiet
-from jobctl.engine.calibration import Calibration
-from jobctl.engine.calibration_run import calibrate
-from jobctl.engine.planner import make_plan
+from jobctl.engine.calibration.measure.runner import calibrate
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.planner.resolver import make_plan
 
 MODEL = {"model.hidden": 96, "model.layers": 4, "model.seq_len": 48, "model.heads": 4}
 CONFIGS = [  # (P, D, m, global batch, schedule, extra overrides)

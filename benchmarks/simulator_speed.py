@@ -16,8 +16,8 @@ import math
 import time
 from collections.abc import Callable
 
-from jobctl.engine.schedules import generate
-from jobctl.engine.simulator import CostModel, simulate
+from jobctl.engine.planner.simulator.simulation import CostModel, simulate
+from jobctl.engine.schedule.generators import generate
 
 G, GLOBAL_BATCH, MICRO_BATCH_SIZE = 128, 8192, 4
 VARUNA_MS = {18: 391.0, 24: 376.0, 36: 660.0}  # Varuna sec. 7, "Simulator"

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from jobctl.engine.pruning_crossover import (
+from jobctl.engine.pruning.crossover import (
     SPARSITIES,
     entry,
     load,

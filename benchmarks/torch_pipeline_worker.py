@@ -68,9 +68,9 @@ def run_baseline(
 
 
 def main(job: dict) -> None:
-    from jobctl.engine.data import make_data
-    from jobctl.engine.model import Stage, lm_loss, model_def
-    from jobctl.engine.optim import build_optimizer
+    from jobctl.engine.data.dataset import make_data
+    from jobctl.engine.model.blocks import Stage, lm_loss, model_def
+    from jobctl.engine.runtime.optim import build_optimizer
     from jobctl.spec import load_spec
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

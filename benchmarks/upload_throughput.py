@@ -24,8 +24,12 @@ from pathlib import Path
 
 import s3fs
 
-from jobctl.engine.ckpt_store import CheckpointStore, publish_local, stage_dir
-from jobctl.engine.ckpt_upload import Uploader
+from jobctl.engine.checkpoint.store.checkpoint_store import (
+    CheckpointStore,
+    publish_local,
+    stage_dir,
+)
+from jobctl.engine.checkpoint.upload import Uploader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3server
 

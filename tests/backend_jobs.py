@@ -1,6 +1,6 @@
 """Real jobctl runs on the remote backends (Slurm, ssh), launched as ``apply`` does.
 
-``run_on`` goes through ``jobctl.engine.apply.launch`` unchanged: ``run_context``
+``run_on`` goes through ``jobctl.engine.supervise.service.launch`` unchanged: ``run_context``
 hands the backends the spec's hardware and elasticity sections and the run inputs.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jobctl.engine.apply import ApplyOptions, launch
-from jobctl.engine.planner import make_plan
-from jobctl.engine.state import StateDB
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.service import ApplyOptions, launch
 
 from .jobrun import tiny_spec
 

@@ -10,7 +10,7 @@ import time
 import torch
 from torch import nn
 
-from jobctl.engine.model import Block, Embedding, Head
+from jobctl.engine.model.blocks import Block, Embedding, Head
 
 
 class HeavyBlock(Block):

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from jobctl.engine.apply import ApplyOptions, launch
-from jobctl.engine.checkpoint import load_full_state
-from jobctl.engine.launch import read_metrics
-from jobctl.engine.planner import make_plan
-from jobctl.engine.state import StateDB
+from jobctl.engine.checkpoint.blocks import load_full_state
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.launch import read_metrics
+from jobctl.engine.supervise.service import ApplyOptions, launch
 from jobctl.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def start_apply(
         env.pop(name, None)
     out = subprocess.PIPE if output else subprocess.DEVNULL
     return subprocess.Popen(
-        [sys.executable, "-m", "jobctl.engine.cli", "apply", str(spec_file)],
+        [sys.executable, "-m", "jobctl.engine.cli.app", "apply", str(spec_file)],
         env=env,
         cwd=ROOT,
         stdout=out,

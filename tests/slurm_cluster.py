@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.engine.launch import free_port
+from jobctl.engine.supervise.launch import free_port
 
 PACKAGES = ["slurm-wlm", "munge"]
 DAEMONS = ["munged", "slurmctld", "slurmd"]

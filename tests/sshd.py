@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.backends.ssh import control_dir
-from jobctl.engine.launch import free_port
+from jobctl.engine.supervise.launch import free_port
 
 START_TIMEOUT_S = 20.0
 

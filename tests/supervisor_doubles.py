@@ -1,7 +1,7 @@
 """Test doubles for driving the supervisor without processes: a clock, a node backend
 whose states the test sets, and a process launcher that starts nothing.
 
-Only the process launcher is replaced (engine/attempt.py's seam): planning, rendering,
+Only the process launcher is replaced (engine/supervise/attempt.py's seam): planning, rendering,
 the state DB, the monitor and the phase machine are the real ones. The real launcher
 is covered by the multi-process tests (test_chaos_*.py, test_adopt.py).
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 from rich.console import Console
 
 from jobctl.backends.base import NodeStatus
-from jobctl.engine.apply import ApplyOptions
-from jobctl.engine.attempt import Attempt
-from jobctl.engine.planner import make_plan
-from jobctl.engine.state import StateDB
-from jobctl.engine.supervisor import Supervisor
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.attempt import Attempt
+from jobctl.engine.supervise.service import ApplyOptions
+from jobctl.engine.supervise.supervisor import Supervisor
 
 from .jobrun import tiny_spec
 

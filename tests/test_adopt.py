@@ -10,15 +10,15 @@ import sys
 import pytest
 
 from jobctl.backends.local import descendants, kill_tree
-from jobctl.engine.channel_adopt import archive_offset
-from jobctl.engine.channel_host import pid_alive, read_host
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.channel.host import pid_alive, read_host
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.adoption import archive_offset
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import ROOT, events, start_apply, tiny_spec, wait_for, write_spec
 
 STEPS = 150
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
 
 
 def _steps(run_dir) -> list[dict]:

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from jobctl.engine.cli import app
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.state.db import StateDB
 from jobctl.spec import dump_yaml
 from jobctl.spec.sections import is_loopback
 

@@ -28,7 +28,7 @@ import yaml
 
 from jobctl.backends import BackendError, get_backend
 from jobctl.backends.kubernetes import workload_status
-from jobctl.engine.worker import plan_rank
+from jobctl.engine.worker.process import plan_rank
 
 from .test_backend_render import CASES, CHANNEL_SECRET, KUBE, _evil_context, context, rendered
 

@@ -244,7 +244,7 @@ CLI_FILES = {
 def test_cli_renders_every_backend(backend, tmp_path):
     from typer.testing import CliRunner
 
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     from .jobrun import tiny_spec
 

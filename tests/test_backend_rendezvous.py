@@ -107,7 +107,7 @@ def test_kubernetes_refuses_any_loopback_rendezvous():
 def test_render_picks_a_port_for_a_rendezvous_on_another_address(tmp_path):
     from typer.testing import CliRunner
 
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
     from jobctl.spec import dump_yaml
 
     from .jobrun import tiny_spec

@@ -16,8 +16,8 @@ import pytest
 
 from jobctl.backends import Rendered, get_backend
 from jobctl.backends.slurm import SlurmBackend, node_status, sbatch_context, wait_status
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 
 from . import slurm_cluster
 from .backend_jobs import run_on, two_process_spec, wait_done

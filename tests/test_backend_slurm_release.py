@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
 
 from . import slurm_cluster
 from .backend_jobs import run_on

@@ -23,7 +23,7 @@ import pytest
 
 from jobctl.backends import BackendError, Rendered
 from jobctl.backends.ssh import Node, SshBackend, kill_command, ssh_argv, start_command
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
 from jobctl.spec.sections import SshSpec
 
 from . import sshd
@@ -172,7 +172,7 @@ def test_jobctl_stop_in_a_new_shell_stops_an_ssh_run(server, tmp_path):
     db.set_phase("quick-1", "launching")
     db.set_phase("quick-1", "training")
     out = subprocess.run(
-        [sys.executable, "-m", "jobctl.engine.cli", "stop", "quick-1", "--home", str(home)],
+        [sys.executable, "-m", "jobctl.engine.cli.app", "stop", "quick-1", "--home", str(home)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
@@ -252,7 +252,7 @@ def test_jobctl_run_completes_over_ssh(server, tmp_path):
 def test_jobctl_logs_shows_what_the_nodes_wrote_on_their_hosts(server, tmp_path):
     from typer.testing import CliRunner
 
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     home = tmp_path / "home"
     here = home / "runs" / "quick-1"  # the supervisor's run folder: no node writes there

@@ -7,23 +7,13 @@ import json
 import pytest
 import torch
 
-from jobctl.engine import calibration_cache as cache
-from jobctl.engine.calibration import (
-    CALIBRATION_VERSION,
-    AllreduceCalibration,
-    AllreducePoint,
-    Calibration,
-    HostCalibration,
-    LinkCalibration,
-    RuntimeCalibration,
-    Stat,
-)
-from jobctl.engine.calibration_analytic import (
+from jobctl.engine.calibration import cache
+from jobctl.engine.calibration.analytic import (
     BLOCK_OVERHEAD_S,
     analytic_calibration,
     analytic_fingerprint,
 )
-from jobctl.engine.calibration_fit import (
+from jobctl.engine.calibration.measure.fit import (
     at_machine_speed,
     calibrate_runtime,
     fit_message,
@@ -35,17 +25,34 @@ from jobctl.engine.calibration_fit import (
     solo_costs,
     step_spread,
 )
-from jobctl.engine.calibration_run import (
+from jobctl.engine.calibration.measure.runner import (
     MAX_SIZES,
     allreduce_sizes,
     least_disturbed,
     micro_batch_sizes,
 )
-from jobctl.engine.costs import model_costs
-from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes, Hosting, Layout, contend, demand, stage_costs
-from jobctl.engine.schedules import generate
-from jobctl.engine.simulator import simulate
+from jobctl.engine.calibration.record import (
+    CALIBRATION_VERSION,
+    AllreduceCalibration,
+    AllreducePoint,
+    Calibration,
+    HostCalibration,
+    LinkCalibration,
+    RuntimeCalibration,
+    Stat,
+)
+from jobctl.engine.model.costs import model_costs
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.simulator.simulation import simulate
+from jobctl.engine.planner.stage_costs import (
+    BlockTimes,
+    Hosting,
+    Layout,
+    contend,
+    demand,
+    stage_costs,
+)
+from jobctl.engine.schedule.generators import generate
 
 from .jobrun import tiny_spec
 
@@ -498,7 +505,7 @@ def test_a_calibration_whose_machine_changed_speed_says_so(tmp_path):
     a steady one does not."""
     from rich.console import Console
 
-    from jobctl.engine.views import print_calibration
+    from jobctl.engine.views.tables import print_calibration
 
     cal = measured_like(tiny_spec())
     for drift, warned in ((1.36, True), (0.85, True), (1.04, False)):

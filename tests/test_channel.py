@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from jobctl.engine.channel import ChannelServer, bearer, new_secret
-from jobctl.engine.channel_client import ChannelSink, event_sink
-from jobctl.engine.channel_liveness import HeartbeatWatch
-from jobctl.engine.ckpt_manager import EventLog
-from jobctl.engine.launch import free_port, read_metrics
+from jobctl.engine.channel.client import ChannelSink, event_sink
+from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.channel.server import ChannelServer, bearer, new_secret
+from jobctl.engine.checkpoint.manager import EventLog
+from jobctl.engine.supervise.launch import free_port, read_metrics
 
 from .jobrun import wait_for
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine import channel
-from jobctl.engine.channel_host import pid_alive, read_host
-from jobctl.engine.state import StateDB
+from jobctl.engine.channel import server as channel
+from jobctl.engine.channel.host import pid_alive, read_host
+from jobctl.engine.state.db import StateDB
 
 from .jobrun import events, run_job, tiny_spec
 

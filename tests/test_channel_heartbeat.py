@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import events, run_job, tiny_spec, wait_for
 

@@ -17,13 +17,13 @@ import sys
 import pytest
 
 from jobctl.backends.local import descendants, kill_tree
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import events, start_apply, tiny_spec, wait_for, write_spec
 
 STEPS = 30
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
 # Rank 0 sleeps 50 ms in every forward, so a CLI request (a new Python process) lands
 # mid-run even on a fast machine; the single-process reference does not sleep.
 SLOW = {
@@ -101,7 +101,7 @@ def _workers(node_pid: int) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"jobctl.engine.worker" in argv and b"torch.distributed.run" not in argv:
+        if b"jobctl.engine.worker.process" in argv and b"torch.distributed.run" not in argv:
             out.append(pid)
     return sorted(out)
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import dump_yaml
 
 from .jobrun import ROOT, final_weights, start_apply, tiny_spec
@@ -61,7 +61,7 @@ def test_kill_everything_then_resume(tmp_path, s3_url, again):
     spec_file.write_text(dump_yaml(spec))
     home = tmp_path / "home"
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
-    jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
+    jobctl = [sys.executable, "-m", "jobctl.engine.cli.app"]
     proc = start_apply(spec_file, home)
     run_dir = _wait_for_upload(home, proc)
     row = StateDB(home).get_run(run_dir.name)

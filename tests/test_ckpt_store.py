@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobctl.engine.ckpt_store import (
+from jobctl.engine.checkpoint.store.checkpoint_store import (
     CheckpointStore,
     CheckpointWarning,
     CorruptCheckpointError,
@@ -19,8 +19,8 @@ from jobctl.engine.ckpt_store import (
     sha256_file,
     stage_dir,
 )
-from jobctl.engine.ckpt_store_format import FileEntry, check_file_name, plan_retention
-from jobctl.engine.ckpt_store_local import clear_staging
+from jobctl.engine.checkpoint.store.format import FileEntry, check_file_name, plan_retention
+from jobctl.engine.checkpoint.store.local import clear_staging
 
 SHARDS = {
     "rank0": {"layers/0.pt": b"layer zero " * 100, "rng/0.pt": b"rng0"},

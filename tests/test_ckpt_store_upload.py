@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from jobctl.engine import ckpt_store_transfer
-from jobctl.engine.ckpt_store import (
+from jobctl.engine.checkpoint.store import transfer as ckpt_store_transfer
+from jobctl.engine.checkpoint.store.checkpoint_store import (
     CheckpointStore,
     CheckpointWarning,
     RetryPolicy,
     publish_local,
     stage_dir,
 )
-from jobctl.engine.ckpt_upload import Uploader
+from jobctl.engine.checkpoint.upload import Uploader
 
 SHARDS = {"layers/0.pt": b"layer zero " * 100, "rng/0.pt": b"rng0"}
 
@@ -220,8 +220,8 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from jobctl.engine.ckpt_store import CheckpointStore
-    from jobctl.engine.ckpt_upload import Uploader
+    from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
+    from jobctl.engine.checkpoint.upload import Uploader
 
     url, local = sys.argv[1], Path(sys.argv[2])
     store = CheckpointStore(url, workers=1)
@@ -280,8 +280,8 @@ SLOW_CHILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from jobctl.engine.ckpt_store import CheckpointStore
-    from jobctl.engine.ckpt_upload import Uploader
+    from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
+    from jobctl.engine.checkpoint.upload import Uploader
 
     url, local, release = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 

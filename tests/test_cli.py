@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobctl.engine.cli import app
+from jobctl.engine.cli.app import app
 
 from .jobrun import QUICKSTART, ROOT
 
@@ -116,7 +116,7 @@ def test_status_and_logs_without_runs(tmp_path):
 @pytest.mark.multiproc
 def test_quickstart_end_to_end(tmp_path):
     env = {**os.environ, "JOBCTL_HOME": str(tmp_path), "COLUMNS": "200"}
-    jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
+    jobctl = [sys.executable, "-m", "jobctl.engine.cli.app"]
     r = subprocess.run(
         [*jobctl, "apply", str(QUICKSTART)],
         env=env,
@@ -146,7 +146,7 @@ def test_quickstart_end_to_end(tmp_path):
 @pytest.mark.multiproc
 def test_detach_then_follow_logs(tmp_path):
     env = {**os.environ, "JOBCTL_HOME": str(tmp_path), "COLUMNS": "200"}
-    jobctl = [sys.executable, "-m", "jobctl.engine.cli"]
+    jobctl = [sys.executable, "-m", "jobctl.engine.cli.app"]
     spec = _quickstart_with(tmp_path, "  steps: 60", "  steps: 8")
     r = subprocess.run(
         [*jobctl, "apply", str(spec), "--detach"],

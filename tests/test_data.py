@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobctl.engine.data import Sharding, TokenData
+from jobctl.engine.data.dataset import Sharding, TokenData
 
 
 def test_samples_are_deterministic_and_shifted():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
 
 from .jobrun import run_job, tiny_spec
 

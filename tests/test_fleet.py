@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.backends.local import process_token
-from jobctl.engine.cli import app
-from jobctl.engine.fleet_db import FleetDB
-from jobctl.engine.fleet_load import load_fleet, parameter_sets, sanitise
-from jobctl.engine.fleet_plan import plan_fleet, record_fleet
-from jobctl.engine.fleet_runner import FleetBusy, FleetRunner, admit
-from jobctl.engine.scheduler_db import JobEvents
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.fleet.db import FleetDB
+from jobctl.engine.fleet.loader import load_fleet, parameter_sets, sanitise
+from jobctl.engine.fleet.planning import plan_fleet, record_fleet
+from jobctl.engine.fleet.runner import FleetBusy, FleetRunner, admit
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.state.leases import JobEvents
 from jobctl.spec import SpecError
 
 from .jobrun import QUICKSTART, ROOT
@@ -73,7 +73,7 @@ def test_parameter_sets_cross_matrix_with_zip_then_add_runs(tmp_path):
         runs: [{a: 9}]
         """,
     )
-    from jobctl.engine.fleet_spec import FleetSpec
+    from jobctl.engine.fleet.spec import FleetSpec
     from jobctl.spec.source import parse_yaml
 
     spec = FleetSpec.model_validate(parse_yaml(path.read_text(), str(path)).data)

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.cli import app
-from jobctl.engine.fleet_db import FleetDB
-from jobctl.engine.scheduler_db import JobEvents
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.fleet.db import FleetDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.state.leases import JobEvents
 
 from .jobrun import QUICKSTART, ROOT
 
@@ -108,7 +108,7 @@ def test_resume_after_the_runner_is_killed_skips_the_completed_member(tmp_path):
         [
             sys.executable,
             "-m",
-            "jobctl.engine.cli",
+            "jobctl.engine.cli.app",
             "fleet",
             "apply",
             str(path),

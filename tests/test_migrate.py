@@ -18,17 +18,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jobctl.engine.data import Sharding, make_data
-from jobctl.engine.executor import Channels, StepExecutor
-from jobctl.engine.migrate import migrate, transfers
-from jobctl.engine.model import Stage, block_seed, model_def
-from jobctl.engine.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
-from jobctl.engine.p2p import recv_meta, send_meta
-from jobctl.engine.plan import Plan
-from jobctl.engine.planner import make_plan
-from jobctl.engine.rebalance_plan import replan
-from jobctl.engine.reference import reference_train
-from jobctl.engine.topology import build_topology
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.data.dataset import Sharding, make_data
+from jobctl.engine.model.blocks import Stage, block_seed, model_def
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.rebalance.replan import replan
+from jobctl.engine.runtime.executor import Channels, StepExecutor
+from jobctl.engine.runtime.migration import migrate, transfers
+from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
+from jobctl.engine.runtime.p2p.gloo import recv_meta, send_meta
+from jobctl.engine.runtime.topology import build_topology
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import tiny_spec
 

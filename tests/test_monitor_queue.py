@@ -12,8 +12,8 @@ import json
 from types import SimpleNamespace
 
 from jobctl.backends.base import NodeStatus
-from jobctl.engine.monitor import Monitor
-from jobctl.engine.state import StateDB
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.monitor import Monitor
 
 RUNNING = NodeStatus("running", None, "RUNNING")
 REQUEUED = NodeStatus("pending", None, "PENDING (BeginTime)")

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jobctl.engine.p2p_shm import PeerGone, ShmInbox, ShmOutbox, connect, ring_slots
+from jobctl.engine.runtime.p2p.shm import PeerGone, ShmInbox, ShmOutbox, connect, ring_slots
 
 SHAPE = (2, 3)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobctl.engine.reference import reference_train
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import final_weights, run_job, step_losses, tiny_spec
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from jobctl.engine.partition import bottleneck, partition, stage_costs
+from jobctl.engine.planner.partition import bottleneck, partition, stage_costs
 
 
 def brute_force(costs: list[float], parts: int) -> float:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.calibration import (
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
+from jobctl.engine.calibration.record import (
     AllreduceCalibration,
     Calibration,
     RuntimeCalibration,
     Stat,
 )
-from jobctl.engine.calibration_analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.gantt import draw_gantt
-from jobctl.engine.planner import PlanError, make_plan, plan_and_simulate
-from jobctl.engine.planner_costs import (
+from jobctl.engine.planner.resolver import PlanError, make_plan, plan_and_simulate
+from jobctl.engine.planner.simulator.simulation import simulate
+from jobctl.engine.planner.stage_costs import (
     BlockTimes,
     Hosting,
     Layout,
@@ -25,8 +25,8 @@ from jobctl.engine.planner_costs import (
     replica_skew,
     stage_costs,
 )
-from jobctl.engine.schedules import generate, peak_activations
-from jobctl.engine.simulator import simulate
+from jobctl.engine.schedule.generators import generate, peak_activations
+from jobctl.engine.views.gantt import draw_gantt
 
 from .jobrun import tiny_spec
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from jobctl.engine.calibration_cache import cache_path, find_cached, fingerprint, load
+from jobctl.engine.calibration.cache import cache_path, find_cached, fingerprint, load
 
 from .jobrun import QUICKSTART, tiny_spec
 
@@ -30,7 +30,7 @@ def _auto_job(tmp_path):
 
 
 def test_plan_explain_prints_the_reasoning_and_alternatives(tmp_path):
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     job = _auto_job(tmp_path)
     r = runner.invoke(
@@ -44,7 +44,7 @@ def test_plan_explain_prints_the_reasoning_and_alternatives(tmp_path):
 
 
 def test_plan_gantt_writes_a_png(tmp_path):
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     out = tmp_path / "gantt.png"
     r = runner.invoke(app, ["plan", str(QUICKSTART), "--gantt", str(out), "--home", str(tmp_path)])
@@ -53,7 +53,7 @@ def test_plan_gantt_writes_a_png(tmp_path):
 
 
 def test_plan_json_carries_prediction_and_alternatives(tmp_path):
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     job = _auto_job(tmp_path)
     r = runner.invoke(app, ["plan", str(job), "--json", "--home", str(tmp_path)])
@@ -65,7 +65,7 @@ def test_plan_json_carries_prediction_and_alternatives(tmp_path):
 
 
 def test_plan_infeasible_memory_exits_2_with_what_would_fit(tmp_path):
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     job = _auto_job(tmp_path)
     job.write_text(job.read_text().replace("  memory_gb: 2 ", "  memory_gb: 0.000001 "))
@@ -76,7 +76,7 @@ def test_plan_infeasible_memory_exits_2_with_what_would_fit(tmp_path):
 
 @pytest.mark.multiproc
 def test_calibrate_caches_a_record_that_plan_then_uses(tmp_path):
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     r = runner.invoke(
         app, ["calibrate", str(QUICKSTART), "--home", str(tmp_path), "--repeats", "3"]

@@ -7,22 +7,22 @@ import threading
 import pytest
 import torch
 
-from jobctl.engine.checkpoint import load_masks, snapshot_blocks, write_snapshot
-from jobctl.engine.model import Stage, gpt_def
-from jobctl.engine.optim import build_optimizer
-from jobctl.engine.pruning import Pruner, prunable_names
-from jobctl.engine.pruning_events import PruningWatch
-from jobctl.engine.pruning_schedule import (
+from jobctl.engine.checkpoint.blocks import load_masks, snapshot_blocks, write_snapshot
+from jobctl.engine.model.blocks import Stage, gpt_def
+from jobctl.engine.pruning.events import PruningWatch
+from jobctl.engine.pruning.pruner import Pruner, prunable_names
+from jobctl.engine.pruning.schedule import (
     cubic_sparsity,
     pruning_steps,
     schedule,
     sparsity_in_effect,
     target_at,
 )
-from jobctl.engine.pruning_select import count_to_prune, select_masks, select_single
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
-from jobctl.engine.topology import Topology
+from jobctl.engine.pruning.selection import count_to_prune, select_masks, select_single
+from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.topology import Topology
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import load_spec
 from jobctl.spec.phases import DEFAULT_PRUNABLE
 
@@ -346,7 +346,7 @@ def test_csr_blocks_train_like_dense_ones():
 def test_plan_shows_the_sparsity_at_each_pruning_step(tmp_path):
     from typer.testing import CliRunner
 
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
 
     r = CliRunner().invoke(
         app, ["plan", str(PRUNING_YAML), "--explain", "--home", str(tmp_path)], terminal_width=120
@@ -404,7 +404,7 @@ def test_every_layer_follows_the_global_threshold_at_each_pruning_step():
 
 # -- sparse_threshold: auto (measured crossover per shape class) ----------------------
 def _crossover_record(home, spec, crossovers: dict[tuple[int, int], float | None]):
-    from jobctl.engine.pruning_crossover import record_path, save, shape_key
+    from jobctl.engine.pruning.crossover import record_path, save, shape_key
 
     tokens = spec.model.seq_len * spec.training.micro_batch_size
     shapes = {
@@ -439,7 +439,7 @@ def test_auto_computes_in_csr_only_above_the_measured_crossover(tmp_path, monkey
 
 
 def test_crossover_is_measured_once_then_cached(tmp_path, monkeypatch):
-    from jobctl.engine import pruning_crossover as pc
+    from jobctl.engine.pruning import crossover as pc
 
     shape = (48, 16, 32)
     got = pc.resolve([shape], 4, home=tmp_path)
@@ -454,7 +454,7 @@ def test_crossover_is_measured_once_then_cached(tmp_path, monkeypatch):
 
 
 def test_crossover_is_the_lowest_sparsity_from_which_csr_always_wins():
-    from jobctl.engine.pruning_crossover import crossover, ratio_at
+    from jobctl.engine.pruning.crossover import crossover, ratio_at
 
     assert crossover({0.5: 2.0, 0.9: 0.8, 0.95: 0.6, 0.99: 0.5}) == 0.9
     assert crossover({0.5: 0.5, 0.9: 1.2, 0.99: 0.5}) == 0.99  # must win at every higher

@@ -7,15 +7,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jobctl.engine.checkpoint import load_masks
-from jobctl.engine.model import Stage, model_def
-from jobctl.engine.optim import build_optimizer
-from jobctl.engine.planner import make_plan
-from jobctl.engine.pruning import Pruner, prunable_names
-from jobctl.engine.pruning_select import count_to_prune, select_single
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
-from jobctl.engine.topology import build_topology
+from jobctl.engine.checkpoint.blocks import load_masks
+from jobctl.engine.model.blocks import Stage, model_def
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.pruning.pruner import Pruner, prunable_names
+from jobctl.engine.pruning.selection import count_to_prune, select_single
+from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.topology import build_topology
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import load_spec
 
 from .jobrun import ROOT, events, final_weights, run_job, step_losses

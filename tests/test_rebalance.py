@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from jobctl.engine.calibration_cache import calibration_for
-from jobctl.engine.partition import bottleneck
-from jobctl.engine.planner import make_plan
-from jobctl.engine.planner_costs import BlockTimes
-from jobctl.engine.rebalance import (
+from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.planner.partition import bottleneck
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.stage_costs import BlockTimes
+from jobctl.engine.rebalance.rebalancer import (
     Move,
     diffusion,
     first_fit_pack,
@@ -19,14 +19,14 @@ from jobctl.engine.rebalance import (
     moves_between,
     rebalance,
 )
-from jobctl.engine.rebalance_plan import (
+from jobctl.engine.rebalance.replan import (
     choose_pack,
     layout_of,
     memory_model,
     replan,
     simulate_stages,
 )
-from jobctl.engine.schedules import validate
+from jobctl.engine.schedule.generators import validate
 
 from .jobrun import tiny_spec
 
@@ -122,8 +122,8 @@ def test_first_fit_pack_alg4():
 
 
 def test_packing_is_first_fit_then_the_balancer():
-    from jobctl.engine.planner_search import GB
-    from jobctl.engine.rebalance_plan import pack_to
+    from jobctl.engine.planner.search import GB
+    from jobctl.engine.rebalance.replan import pack_to
 
     spec = tiny_spec(**{"parallelism.pipeline_stages": 3, "parallelism.data_parallel": 1})
     plan, cal = make_plan(spec), calibration_for(spec)
@@ -188,14 +188,14 @@ def test_simulator_sees_rebalancing_gain_and_packing():
 
 
 def _block_layers(spec, block: int):
-    from jobctl.engine.rebalance_views import model_layers
+    from jobctl.engine.views.rebalance import model_layers
 
     totals, layers = model_layers(spec)
     return totals, {x.name.split(".", 2)[2]: x for x in layers if x.block == block}
 
 
 def test_pruned_cost_prediction_per_layer_by_hand():
-    from jobctl.engine.rebalance_views import pruned_costs
+    from jobctl.engine.views.rebalance import pruned_costs
 
     spec = tiny_spec(**{"pruning.enabled": True, "pruning.end_step": 50})  # hidden 64
     totals, layers = _block_layers(spec, 1)
@@ -231,9 +231,9 @@ def test_pruned_cost_prediction_per_layer_by_hand():
 
 
 def test_idle_fraction_of_a_simulated_step_by_hand():
-    from jobctl.engine.rebalance_views import idle_fractions
-    from jobctl.engine.schedules import generate
-    from jobctl.engine.simulator import CostModel, simulate
+    from jobctl.engine.planner.simulator.simulation import CostModel, simulate
+    from jobctl.engine.schedule.generators import generate
+    from jobctl.engine.views.rebalance import idle_fractions
 
     # Uniform stages, no communication: every stage idles (P - 1) / (M + P - 1).
     P, M = 3, 4
@@ -249,8 +249,8 @@ def test_idle_fraction_of_a_simulated_step_by_hand():
 def test_prediction_uses_the_recorded_per_layer_sparsity(tmp_path):
     import json
 
-    from jobctl.engine.rebalance_views import model_layers, predict, pruned_costs
-    from jobctl.engine.state import StateDB
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.views.rebalance import model_layers, predict, pruned_costs
 
     spec = tiny_spec(**PRUNED_3_STAGES)
     plan = make_plan(spec)
@@ -280,7 +280,7 @@ def test_prediction_uses_the_recorded_per_layer_sparsity(tmp_path):
 def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
     from typer.testing import CliRunner
 
-    from jobctl.engine.cli import app
+    from jobctl.engine.cli.app import app
     from jobctl.spec import dump_yaml
 
     spec = tiny_spec(**PRUNED_3_STAGES)

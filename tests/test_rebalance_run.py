@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobctl.engine.plan import Plan
-from jobctl.engine.planner import make_plan
-from jobctl.engine.reference import reference_train
-from jobctl.engine.state import StateDB
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import load_spec
 
 from .jobrun import ROOT, events, final_weights, rebalancing_spec, run_job, step_losses

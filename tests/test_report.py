@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jobctl.engine.planner import make_plan
-from jobctl.engine.report import collect, render_html, write_report
-from jobctl.engine.state import StateDB
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.views.report import collect, render_html, write_report
 from jobctl.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,8 +211,8 @@ def test_report_writes_pngs_and_draws_the_runs_own_plan(tmp_path):
 
 def test_report_png_charts_carry_the_archive(tmp_path):
     """The throughput PNG differs with the event markers: they are drawn, not only SVG."""
-    from jobctl.engine.report_png import draw_png
-    from jobctl.engine.report_svg import Chart, Marker, Series
+    from jobctl.engine.views.png import draw_png
+    from jobctl.engine.views.svg import Chart, Marker, Series
 
     plain = Chart("Throughput", "t", "samples/s", [Series("s", [0, 1, 2], [1, 2, 3])])
     marked = Chart(**{**plain.__dict__, "markers": [Marker(1.0, "checkpoint", "ckpt 1")]})
@@ -238,7 +238,7 @@ def test_report_of_a_real_run(tmp_path):
     assert outcome.ok, outcome.message
     env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
     r = subprocess.run(
-        [sys.executable, "-m", "jobctl.engine.cli", "report", run.id],
+        [sys.executable, "-m", "jobctl.engine.cli.app", "report", run.id],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -273,7 +273,7 @@ def test_report_of_a_real_run(tmp_path):
 
     out = tmp_path / "elsewhere.html"
     r = subprocess.run(
-        [sys.executable, "-m", "jobctl.engine.cli", "report", run.id, "-o", str(out)],
+        [sys.executable, "-m", "jobctl.engine.cli.app", "report", run.id, "-o", str(out)],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -286,7 +286,7 @@ def test_report_of_a_real_run(tmp_path):
     check_pngs(out.read_text(), out)  # elsewhere-*.png beside it
 
     bad = subprocess.run(
-        [sys.executable, "-m", "jobctl.engine.cli", "report", "nope"],
+        [sys.executable, "-m", "jobctl.engine.cli.app", "report", "nope"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -8,11 +8,11 @@ import pytest
 import s3fs
 import torch
 
-from jobctl.engine.ckpt_store import CheckpointStore
-from jobctl.engine.ckpt_store_format import CheckpointWarning
-from jobctl.engine.reference import reference_train
-from jobctl.engine.resume import find_resume_point
-from jobctl.engine.state import StateDB
+from jobctl.engine.checkpoint.resume import find_resume_point
+from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
+from jobctl.engine.checkpoint.store.format import CheckpointWarning
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
 
 from .jobrun import final_weights, run_job, step_losses, tiny_spec
 

@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.cli import app
-from jobctl.engine.scaling import ScaleRequest, ScaleWatch, check_devices, write_request
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch, check_devices, write_request
 
 from .jobrun import QUICKSTART, tiny_spec, wait_for
 from .test_chaos_elastic import JOBCTL, SLOW, _check_losses, _node_pids, _spec, _start

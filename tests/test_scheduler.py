@@ -15,12 +15,12 @@ import pytest
 from apscheduler.triggers.interval import IntervalTrigger
 from typer.testing import CliRunner
 
-from jobctl.engine.cli import app
-from jobctl.engine.schedule_book import NoSuchSchedule, ScheduleBook, cron_weekdays, trigger_for
-from jobctl.engine.scheduler import Daemon
-from jobctl.engine.scheduler_db import JobEvents, Leases
-from jobctl.engine.scheduler_trigger import Trigger, fire
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook, cron_weekdays, trigger_for
+from jobctl.engine.scheduler.daemon import Daemon
+from jobctl.engine.scheduler.trigger import Trigger, fire
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import ScheduleSpec, dump_yaml
 
 from .jobrun import tiny_spec

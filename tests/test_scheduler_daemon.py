@@ -18,15 +18,15 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.backends.local import kill_tree
-from jobctl.engine.cli import app
-from jobctl.engine.schedule_book import ScheduleBook
-from jobctl.engine.scheduler_db import JobEvents, Leases
-from jobctl.engine.state import StateDB
+from jobctl.engine.cli.app import app
+from jobctl.engine.scheduler.book import ScheduleBook
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import dump_yaml
 
 from .jobrun import ROOT, tiny_spec
 
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
 ONE_DEVICE = {
     "hardware.nodes": 1,
     "hardware.processes_per_node": 1,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from jobctl.engine.actions import B, F, Op, R, format_actions, format_schedule, parse_actions
-from jobctl.engine.schedules import (
+from jobctl.engine.core.actions import B, F, Op, R, format_actions, format_schedule, parse_actions
+from jobctl.engine.schedule.generators import (
     SCHEDULES,
     ActivationPeak,
     advance_forward,

@@ -10,8 +10,10 @@ import statistics
 
 import pytest
 
-from jobctl.engine.actions import B, F, Op, R, parse_actions
-from jobctl.engine.schedules import (
+from jobctl.engine.core.actions import B, F, Op, R, parse_actions
+from jobctl.engine.planner.simulator.engine import send_times
+from jobctl.engine.planner.simulator.simulation import CostModel, SimEvent, simulate
+from jobctl.engine.schedule.generators import (
     SCHEDULES,
     generate,
     gpipe,
@@ -21,8 +23,6 @@ from jobctl.engine.schedules import (
     validate,
     varuna,
 )
-from jobctl.engine.simulator import CostModel, SimEvent, simulate
-from jobctl.engine.simulator_engine import send_times
 
 GRID = [(P, M) for P in range(1, 9) for M in range(1, 3 * P + 1)]
 EPS = 1e-9

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from jobctl.engine import state
-from jobctl.engine.phases import PhaseError
-from jobctl.engine.state import StateDB
+from jobctl.engine.core.phases import PhaseError
+from jobctl.engine.state import db as state
+from jobctl.engine.state.db import StateDB
 
 
 def test_runs_and_events_roundtrip(tmp_path):

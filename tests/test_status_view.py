@@ -9,8 +9,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from jobctl.engine.cli import app
-from jobctl.engine.run_figures import (
+from jobctl.engine.cli.app import app
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.figures import (
     device_seconds,
     rank_compute,
     recent_rate,
@@ -18,8 +19,7 @@ from jobctl.engine.run_figures import (
     run_figures,
     tail_records,
 )
-from jobctl.engine.state import StateDB
-from jobctl.engine.views import RUN_COLUMNS, print_run, print_runs
+from jobctl.engine.views.tables import RUN_COLUMNS, print_run, print_runs
 from jobctl.spec import dump_yaml, load_spec
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "jobs" / "quickstart.yaml"

@@ -8,10 +8,10 @@ import statistics
 
 import pytest
 
-from jobctl.engine.executor import StepStats
-from jobctl.engine.state import StateDB
-from jobctl.engine.stragglers import StragglerDetector, per_micro_batch_s
-from jobctl.engine.trainer import compute_fields, memory_fields
+from jobctl.engine.runtime.executor import StepStats
+from jobctl.engine.runtime.trainer import compute_fields, memory_fields
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.stragglers import StragglerDetector, per_micro_batch_s
 
 from .jobrun import events, run_job, tiny_spec
 

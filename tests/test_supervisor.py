@@ -12,7 +12,7 @@ import signal
 from typer.testing import CliRunner
 
 from jobctl.backends.base import NodeStatus
-from jobctl.engine.cli import app
+from jobctl.engine.cli.app import app
 
 from .supervisor_doubles import (
     KILLED,

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.activity import ActivityWatch
-from jobctl.engine.crash import bug_ranks, exception_line, is_comm_error, lost_process_nodes
-from jobctl.engine.pruning_events import PruningWatch
-from jobctl.engine.state import StateDB
+from jobctl.engine.pruning.events import PruningWatch
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.activity import ActivityWatch
+from jobctl.engine.supervise.crash import (
+    bug_ranks,
+    exception_line,
+    is_comm_error,
+    lost_process_nodes,
+)
 
 PRUNED = {"target_sparsity": 0.5, "achieved_sparsity": 0.5, "stage_sparsity": [0.5, 0.5]}
 
@@ -116,7 +121,7 @@ GLOO = (
 )
 SHM = (
     "Traceback (most recent call last):\n  File x\n    raise PeerGone(...)\n"
-    "jobctl.engine.p2p_shm.PeerGone: the peer closed its end of a message\n"
+    "jobctl.engine.runtime.p2p.shm.PeerGone: the peer closed its end of a message\n"
 )
 BUG = "Traceback (most recent call last):\n  File x\n    raise\nRuntimeError: boom\n"
 
@@ -129,7 +134,7 @@ def test_error_reports_tell_a_bug_from_a_peer_gone(tmp_path):
     assert is_comm_error(SHM)
     assert (
         exception_line(SHM)
-        == "jobctl.engine.p2p_shm.PeerGone: the peer closed its end of a message"
+        == "jobctl.engine.runtime.p2p.shm.PeerGone: the peer closed its end of a message"
     )
     errors = tmp_path / "errors"
     errors.mkdir()

@@ -15,15 +15,15 @@ import time
 import pytest
 
 from jobctl.backends.local import process_token
-from jobctl.engine.attempt import claim_host
-from jobctl.engine.channel_adopt import AdoptError
-from jobctl.engine.channel_host import HOST_FILE, pid_alive, read_host
-from jobctl.engine.launch import free_port, register_run
+from jobctl.engine.channel.host import HOST_FILE, pid_alive, read_host
+from jobctl.engine.supervise.adoption import AdoptError
+from jobctl.engine.supervise.attempt import claim_host
+from jobctl.engine.supervise.launch import free_port, register_run
 
 from .jobrun import ROOT, wait_for
 from .supervisor_doubles import elastic_spec, supervisor
 
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli"]
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_the_run_host_lives_while_a_supervisor_does_and_follows_an_adoption(tmp_
     run_dir = tmp_path / "run"
     starter = (
         "import sys; from pathlib import Path; "
-        "from jobctl.engine.channel_host import spawn_run_host, wait_run_host; "
+        "from jobctl.engine.channel.host import spawn_run_host, wait_run_host; "
         "d = Path(sys.argv[1]); p = spawn_run_host(d, sys.argv[2], idle_exit_s=1.0); "
         "print(wait_run_host(d, p).pid)"
     )

@@ -37,7 +37,7 @@ def test_local_scripts_exact(tmp_path):
     assert "  --rdzv-endpoint=127.0.0.1:29400 \\\n" in text
     assert "  --rdzv-conf=is_host=false \\\n" in text
     assert '  --rdzv-id="$rdzv_id" \\\n' in text
-    assert "  -m jobctl.engine.worker &\n" in text
+    assert "  -m jobctl.engine.worker.process &\n" in text
 
 
 @pytest.mark.skipif(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobctl.engine.planner import make_plan
-from jobctl.engine.worker import plan_rank
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.worker.process import plan_rank
 
 from .jobrun import tiny_spec
 
@@ -48,7 +48,7 @@ def test_torchruns_rank_stands_when_the_launch_does_not_match_the_plan():
 
 
 def test_local_backend_ranks_on_other_nodes_share_memory_elsewhere_only_on_their_node():
-    from jobctl.engine.trainer import same_machine
+    from jobctl.engine.runtime.trainer import same_machine
 
     plan = _plan()  # ranks 0, 1 on node 0; 2, 3 on node 1
     local = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})

@@ -18,7 +18,7 @@ export JOBCTL_NODE="$node"
 requeue="${JOBCTL_REQUEUE:-0}"
 if [ "$requeue" != 0 ]; then
   rdzv_id="$rdzv_id-requeue-$requeue"
-  JOBCTL_RESUME_DIR="$(/opt/venv/bin/python -m jobctl.backends.requeue "$JOBCTL_RUN_DIR")"
+  JOBCTL_RESUME_DIR="$(/opt/venv/bin/python -m jobctl.engine.checkpoint.requeue "$JOBCTL_RUN_DIR")"
   export JOBCTL_RESUME_DIR
 fi
 # A SIGTERM (preemption notice, time limit, cancel) is passed on to the agent, which
@@ -35,7 +35,7 @@ on_term() {
   printf '{"kind": "node_sigterm", "node": %s, "ts": %s}\n' 0 "${ts/,/.}" \
     >>"$JOBCTL_RUN_DIR/metrics.jsonl"
 }
-# A SIGUSR1 says this node was packed away (engine/rebalance_runtime.py): its workers
+# A SIGUSR1 says this node was packed away (engine/rebalance/hook.py): its workers
 # have handed their layers on and exited 0, and its agent waits in torchrun's exit
 # barrier for the nodes still training. Once the agent has no workers left (it then
 # counts itself at that barrier within its monitor interval), it is ended and the node
@@ -69,7 +69,7 @@ echo "$$" >"$JOBCTL_RUN_DIR/scripts/node-$node.pid" 2>/dev/null || true
   --rdzv-id="$rdzv_id" \
   --rdzv-conf=is_host=false \
   --max-restarts=0 \
-  -m jobctl.engine.worker &
+  -m jobctl.engine.worker.process &
 agent=$!
 # A SIGTERM that came while the agent was being started is passed on now.
 if [ "$told_to_stop" = 1 ]; then kill -TERM "$agent" 2>/dev/null || true; fi

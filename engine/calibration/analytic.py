@@ -1,0 +1,123 @@
+"""Analytic calibration: a Calibration derived from the job spec alone.
+
+Compute times come from the analytic FLOPs of ``costs.model_costs`` at the device's
+sustained rate plus a fixed per-block overhead (kernel launches, Python), so that
+F(m)/m improves with m and then flattens as on real devices; links and allreduces come
+from ``hardware.interconnect`` (latency + bytes / bandwidth, ring allreduce). This is
+what lets a laptop plan a 1,024-GPU job, and it supplies the inter-node values of a
+measured calibration on a single machine, where they cannot be measured.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from jobctl.engine.calibration.record import (
+    AllreduceCalibration,
+    BlockCalibration,
+    Calibration,
+    Fingerprint,
+    HostCalibration,
+    LinkCalibration,
+    Stat,
+)
+from jobctl.engine.model.costs import model_costs
+
+ANALYTIC_M = tuple(2**k for k in range(10))  # 1 .. 512
+BLOCK_OVERHEAD_S = {"cpu": 1e-4, "cuda": 1e-4}  # launches and Python per block pass
+MEMORY_BANDWIDTH_BPS = {"cpu": 2e10, "cuda": 1.5e12}
+OPTIMIZER_BYTES_PER_PARAM = 28  # AdamW reads weight, grad, 2 moments; writes 3 of them
+
+
+def link_from_spec(spec, same_node: bool) -> LinkCalibration:
+    """Point-to-point link of ``hardware.interconnect``: latency + bytes / bandwidth."""
+    ic = spec.hardware.interconnect
+    gbps = ic.intra_node_gbps if same_node else ic.inter_node_gbps
+    return LinkCalibration(
+        source="analytic", latency_s=ic.latency_us * 1e-6, bandwidth_Bps=gbps * 1e9 / 8
+    )
+
+
+def allreduce_from_spec(spec, same_node: bool) -> AllreduceCalibration:
+    """Ring allreduce over the interconnect's links (no measured points)."""
+    link = link_from_spec(spec, same_node)
+    return AllreduceCalibration(
+        source="analytic", latency_s=link.latency_s, bandwidth_Bps=link.bandwidth_Bps
+    )
+
+
+def host_from_spec(spec) -> HostCalibration:
+    """CPU workers of the local backend share this machine's cores; others do not share."""
+    hw = spec.hardware
+    if hw.device == "cpu" and hw.backend == "local":
+        cores = len(os.sched_getaffinity(0))
+        slowdown = {k: max(1.0, k / cores) for k in range(2, 2 * cores + 1)}
+        return HostCalibration(source="analytic", cores=cores, slowdown=slowdown)
+    return HostCalibration(source="analytic", cores=hw.processes_per_node, slowdown={})
+
+
+def analytic_fingerprint(spec, model_hash: str, threads: int = 1) -> Fingerprint:
+    hw = spec.hardware
+    rate = f"{hw.flops_tflops}TF" if hw.flops_tflops else "default"
+    return Fingerprint(
+        model=model_hash,
+        device=f"{hw.device}:analytic:{rate}",
+        torch=torch.__version__,
+        threads=threads,
+    )
+
+
+def analytic_calibration(spec, fingerprint: Fingerprint) -> Calibration:
+    """A Calibration computed from the spec: model FLOPs, device rate, interconnect."""
+    costs = model_costs(spec)
+    device = spec.hardware.device
+    overhead = BLOCK_OVERHEAD_S[device]
+    tied = _tied_param_bytes(spec, costs.num_blocks)
+    blocks = [_block(costs, i, overhead, tied[i], device) for i in range(costs.num_blocks)]
+    return Calibration(
+        source="analytic",
+        fingerprint=fingerprint,
+        created=time.time(),
+        micro_batch_sizes=list(ANALYTIC_M),
+        blocks=blocks,
+        data={},
+        p2p_intra=link_from_spec(spec, True),
+        p2p_inter=link_from_spec(spec, False),
+        allreduce_intra=allreduce_from_spec(spec, True),
+        allreduce_inter=allreduce_from_spec(spec, False),
+        host=host_from_spec(spec),
+    )
+
+
+def _block(costs, i: int, overhead: float, tied: float, device: str) -> BlockCalibration:
+    """One block's analytic costs: FLOPs at the device rate plus a fixed overhead."""
+    params = costs.params[i]
+    step = costs.flops[i] / costs.device_flops  # forward seconds per sample
+    fwd = {m: Stat(median=overhead + m * step) for m in ANALYTIC_M}
+    acts, out = costs.act_bytes[i], costs.boundary_bytes[i]
+    return BlockCalibration(
+        name=costs.names[i],
+        params=params,
+        param_bytes=4.0 * params,
+        state_bytes=costs.state_bytes[i],
+        tied_bytes=tied,
+        act_bytes=acts,
+        boundary_bytes=out,
+        forward=fwd,
+        forward_nograd=fwd,
+        backward={m: Stat(median=overhead + 2 * m * step) for m in ANALYTIC_M},
+        optimizer=Stat(median=params * OPTIMIZER_BYTES_PER_PARAM / MEMORY_BANDWIDTH_BPS[device]),
+        peak_bytes={m: costs.state_bytes[i] + m * (acts + 2 * out) for m in ANALYTIC_M},
+    )
+
+
+def _tied_param_bytes(spec, n: int) -> list[float]:
+    """Bytes of the tied embedding on the first and last block (builtin GPT only)."""
+    tied = [0.0] * n
+    m = spec.model
+    if not m.import_ and m.tie_embeddings and n > 1:
+        tied[0] = tied[-1] = 4.0 * m.vocab * m.hidden
+    return tied

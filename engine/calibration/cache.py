@@ -1,0 +1,133 @@
+"""Where calibrations live: fingerprints, the on-disk cache, and choosing a record.
+
+Measured records are JSON files ``<home>/calibration/<fingerprint key>.json`` under the
+state home (``$JOBCTL_HOME`` or ./.jobctl). A record is reused when its fingerprint
+(model hash, device, torch version, threads) matches the job's; anything else means
+the costs may have changed and the planner falls back to the analytic calibration.
+Values a measured record took from the hardware spec (inter-node links, which one
+machine cannot measure) are re-derived from the current spec on every use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from jobctl.engine.calibration.analytic import (
+    allreduce_from_spec,
+    analytic_calibration,
+    analytic_fingerprint,
+    link_from_spec,
+)
+from jobctl.engine.calibration.record import CALIBRATION_VERSION, Calibration, Fingerprint
+from jobctl.engine.state.db import default_home
+
+DEFAULT_THREADS = 1  # worker processes run with one intra-op thread (JOBCTL_THREADS)
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used (unreadable, or another format version)."""
+
+
+def model_hash(spec) -> str:
+    """sha256 of everything that changes per-block costs: model, numerics, data source."""
+    key = {
+        "model": spec.model.model_dump(mode="json"),
+        "precision": spec.training.precision,
+        "optimizer": spec.training.optimizer,
+        "data": spec.data.source,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def device_name(kind: str) -> str:
+    """``cpu:<model name> x<cores>`` or ``cuda:<GPU name>`` of this machine."""
+    if kind == "cuda":
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unavailable"
+        return f"cuda:{name}"
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"cpu:{name} x{len(os.sched_getaffinity(0))}"
+
+
+def fingerprint(spec, threads: int = DEFAULT_THREADS) -> Fingerprint:
+    """This machine's fingerprint for the spec's model and device."""
+    return Fingerprint(
+        model=model_hash(spec),
+        device=device_name(spec.hardware.device),
+        torch=torch.__version__,
+        threads=threads,
+    )
+
+
+def cache_path(home: Path | None, fp: Fingerprint) -> Path:
+    return Path(home or default_home()) / "calibration" / f"{fp.key}.json"
+
+
+def save(cal: Calibration, home: Path | None = None) -> Path:
+    """Write ``cal`` to the cache (atomically: a reader never sees half a file)."""
+    path = cache_path(home, cal.fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(cal.model_dump_json(indent=1))
+    tmp.replace(path)
+    return path
+
+
+def load(path: Path) -> Calibration:
+    """Read a calibration file; CalibrationError if it is not a usable record."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{path}: cannot read calibration: {e}") from None
+    if raw.get("version") != CALIBRATION_VERSION:
+        raise CalibrationError(
+            f"{path}: calibration format version {raw.get('version')}, "
+            f"this jobctl reads version {CALIBRATION_VERSION}: run `jobctl calibrate` again"
+        )
+    return Calibration.model_validate(raw)
+
+
+def find_cached(
+    spec, home: Path | None = None, threads: int = DEFAULT_THREADS
+) -> tuple[Calibration, Path] | None:
+    """The cached measured calibration matching this spec and machine, if any."""
+    fp = fingerprint(spec, threads)
+    path = cache_path(home, fp)
+    if not path.exists():
+        return None
+    try:
+        cal = load(path)
+    except CalibrationError:
+        return None
+    return (with_spec_links(cal, spec), path) if cal.fingerprint == fp else None
+
+
+def with_spec_links(cal: Calibration, spec) -> Calibration:
+    """``cal`` with every analytic link and allreduce re-derived from the current spec."""
+    update = {}
+    for name, same_node in (("p2p_intra", True), ("p2p_inter", False)):
+        if getattr(cal, name).source == "analytic":
+            update[name] = link_from_spec(spec, same_node)
+    for name, same_node in (("allreduce_intra", True), ("allreduce_inter", False)):
+        if getattr(cal, name).source == "analytic":
+            update[name] = allreduce_from_spec(spec, same_node)
+    return cal.model_copy(update=update)
+
+
+def calibration_for(spec, home: Path | None = None) -> Calibration:
+    """The cached measured calibration for this spec if one matches, else analytic."""
+    found = find_cached(spec, home)
+    if found is not None:
+        return found[0]
+    return analytic_calibration(spec, analytic_fingerprint(spec, model_hash(spec)))

@@ -1,0 +1,196 @@
+"""A worker's side of the event channel: events queued, posted in batches by a thread.
+
+``write(kind, **fields)`` (the ``EventLog`` interface) only appends to a bounded queue,
+so training never waits on the network. A background thread posts batches; a
+connection error, a timeout or a 5xx answer retries the same batch (same sequence
+number: the server archives it once) with backoff, so a run host that is briefly
+unreachable loses nothing. ``close`` (also run at interpreter exit) flushes what is
+queued. If the queue overflows, the oldest events are dropped and counted; the count is
+reported as a ``channel_dropped`` event.
+
+``event_sink`` picks the sink for a worker: the channel when ``JOBCTL_CHANNEL_URL`` and
+``JOBCTL_CHANNEL_SECRET`` are set, otherwise the run folder's ``metrics.jsonl``
+(old runs, single-machine tests without a run host). ``JOBCTL_EVENTS=network`` forbids
+that fallback (a worker without a channel fails at start).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+from jobctl.engine.channel.server import SECRET_ENV, URL_ENV, bearer
+from jobctl.engine.checkpoint.manager import EventLog
+
+
+class ChannelError(RuntimeError):
+    """The channel answered with something a retry cannot fix (401, 400)."""
+
+
+class ChannelSink:
+    """Posts events to the run's channel from a background thread."""
+
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        src: str,
+        max_queue: int = 20_000,
+        batch: int = 500,
+        interval: float = 0.2,
+        timeout: float = 5.0,
+        alive: dict | None = None,
+        alive_s: float = 2.0,
+    ):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"{URL_ENV}={url!r}: expected http://HOST:PORT")
+        self.host, self.port = u.hostname, u.port or 80
+        self.headers = {**bearer(secret), "Content-Type": "application/json"}
+        self.src, self.max_queue, self.batch = src, max_queue, batch
+        self.interval, self.timeout = interval, timeout
+        self.sent = self.dropped = self.failures = 0
+        self.last_error: str | None = None
+        self._q: collections.deque[dict] = collections.deque()
+        # Reentrant: a SIGTERM handler may write an event while the main thread is in write().
+        self._cond = threading.Condition(threading.RLock())
+        self._pending: list[dict] = []
+        self._pending_real = 0  # events of the pending batch that write() queued
+        self._written = self._done = 0  # events written; delivered or dropped
+        self._seq = 0
+        self._closing = False
+        self._conn: http.client.HTTPConnection | None = None
+        # Liveness: while nothing else is sent (a rank blocked in a collective on a lost
+        # peer, say), an ``alive`` event with these fields goes out every ``alive_s``.
+        self.alive, self.alive_s = alive, alive_s
+        self._last_post = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="jobctl-events", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def write(self, kind: str, **fields) -> None:
+        rec = {"kind": kind, "ts": time.time(), **fields}
+        with self._cond:
+            if len(self._q) >= self.max_queue:
+                self._q.popleft()
+                self.dropped += 1
+                self._done += 1
+            self._q.append(rec)
+            self._written += 1
+            if len(self._q) >= self.batch:
+                self._cond.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything written so far is acknowledged (False on timeout)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            target = self._written
+            self._cond.notify_all()
+            while self._done < target:
+                left = end - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (``JOBCTL_CHANNEL_FLUSH_S``, default 15 s), then stop the thread."""
+        if self._closing:
+            return not (self._q or self._pending)
+        atexit.unregister(self.close)
+        if timeout is None:
+            timeout = float(os.environ.get("JOBCTL_CHANNEL_FLUSH_S", "15"))
+        ok = self.flush(timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=1.0)
+        if not ok:
+            left = len(self._q) + len(self._pending)
+            print(f"jobctl: {left} event(s) not delivered: {self.last_error}", file=sys.stderr)
+        return ok
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            with self._cond:
+                if not self._pending:
+                    if not self._q:
+                        if self._closing:
+                            return
+                        self._cond.wait(self.interval)
+                    n = min(self.batch, len(self._q))
+                    self._pending = [self._q.popleft() for _ in range(n)]
+                    self._pending_real = n
+                    idle = time.monotonic() - self._last_post >= self.alive_s
+                    if not n and idle and self.alive is not None and not self._closing:
+                        self._pending = [{"kind": "alive", "ts": time.time(), **self.alive}]
+                    if self.dropped:
+                        lost = {"kind": "channel_dropped", "ts": time.time(), "count": self.dropped}
+                        self._pending.insert(0, lost)
+                        self.dropped = 0
+                batch = self._pending
+            if not batch:
+                continue
+            try:
+                self._post(batch)
+            except (OSError, http.client.HTTPException, ChannelError) as e:
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._drop_conn()
+                with self._cond:
+                    if self._closing:
+                        return
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            self._last_post = time.monotonic()
+            with self._cond:
+                self._pending = []
+                self._done += self._pending_real
+                self._seq += 1
+                self.sent += len(batch)
+                self._cond.notify_all()
+
+    def _post(self, batch: list[dict]) -> None:
+        body = json.dumps({"src": self.src, "seq": self._seq, "events": batch}).encode()
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self._conn.request("POST", "/v1/events", body=body, headers=self.headers)
+        resp = self._conn.getresponse()
+        text = resp.read()
+        if resp.status != 200:
+            # 401 (wrong secret) and 5xx are retried: a restarted run host may come back.
+            raise ChannelError(f"{resp.status} {text[:200]!r}")
+
+    def _drop_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def event_sink(run_dir: Path, rank: int, node: int | None = None):
+    """The channel if this process was given one, else the run folder's metrics file.
+
+    With ``node``, the channel also sends ``alive`` events (rank, node) while idle.
+    """
+    url, secret = os.environ.get(URL_ENV), os.environ.get(SECRET_ENV)
+    if url and secret:
+        alive = None if node is None else {"rank": rank, "node": node}
+        return ChannelSink(url, secret, src=f"rank-{rank}-{os.getpid()}", alive=alive)
+    if os.environ.get("JOBCTL_EVENTS") == "network":
+        raise RuntimeError(
+            f"JOBCTL_EVENTS=network but {URL_ENV} or {SECRET_ENV} is not set in this worker's "
+            "environment: launch it through `jobctl apply` (which hosts the channel), or "
+            "unset JOBCTL_EVENTS to append to the run folder's metrics.jsonl"
+        )
+    return EventLog(Path(run_dir) / "metrics.jsonl")

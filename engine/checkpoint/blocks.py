@@ -1,0 +1,140 @@
+"""Layout-independent checkpoint content: one file per model block.
+
+Every parameter and its optimizer state is stored under the unsplit model's name
+(``layers.<block>.<...>``) in the file of the block that owns it (Varuna sec. 4.5:
+each layer is checkpointed independently), so a checkpoint written by any P x D loads
+into any other partition. The replicas of a stage share the writing: block ``j`` of a
+stage is written by replica ``j mod D``. A tied alias is not stored; it is restored
+from its canonical parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import Stage, Tie
+
+FORMAT_VERSION = 1
+
+
+def block_file(block: int) -> str:
+    return f"block-{block:04d}.pt"
+
+
+def blocks_written_by(plan: Plan, rank: int) -> list[int]:
+    """Blocks whose file this rank writes (its stage's blocks, dealt over replicas)."""
+    me = plan.rank(rank)
+    blocks = plan.stages[me.stage].blocks
+    return [b for k, b in enumerate(blocks) if k % plan.D == me.replica]
+
+
+def _block_params(stage: Stage, block: int) -> dict[str, nn.Parameter]:
+    prefix = f"layers.{block}."
+    return {n: p for n, p in stage.named_parameters() if n.startswith(prefix)}
+
+
+Snapshot = dict[int, dict]  # block -> {"params": {name: tensor}, "optim": {name: state}}
+
+
+def snapshot_blocks(
+    stage: Stage,
+    opt: torch.optim.Optimizer,
+    blocks: list[int],
+    ties: list[Tie],
+    masks: dict[str, torch.Tensor] | None = None,
+) -> Snapshot:
+    """Copies of the parameters, optimizer state and pruning masks (if any) of ``blocks``
+    (the only part of a checkpoint that must happen while training waits)."""
+    aliases = {t.alias for t in ties}
+    snap: Snapshot = {}
+    for b in blocks:
+        params = {n: p for n, p in _block_params(stage, b).items() if n not in aliases}
+        snap[b] = {
+            "params": {n: p.detach().cpu().clone() for n, p in params.items()},
+            "optim": {n: _cpu_state(opt.state.get(p, {})) for n, p in params.items()},
+        }
+        if masks:
+            snap[b]["masks"] = {n: masks[n].cpu().clone() for n in params if n in masks}
+    return snap
+
+
+def write_snapshot(snap: Snapshot, out_dir: Path) -> list[str]:
+    """Write one file per block of ``snap`` into ``out_dir``; returns the file names."""
+    for b, payload in snap.items():
+        torch.save(payload, out_dir / block_file(b))
+    return [block_file(b) for b in snap]
+
+
+def _cpu_state(state: dict) -> dict:
+    return {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+
+
+def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: list[Tie]) -> None:
+    """Load this stage's parameters and optimizer state from a checkpoint folder."""
+    alias_of = {t.alias: t.canonical for t in ties}
+    named = dict(stage.named_parameters())
+    cache: dict[int, dict] = {}
+    for name, p in named.items():
+        source = alias_of.get(name, name)
+        block = int(source.split(".")[1])
+        if block not in cache:
+            cache[block] = torch.load(
+                ckpt_dir / block_file(block), map_location="cpu", weights_only=True
+            )
+        payload = cache[block]
+        if source not in payload["params"]:
+            raise KeyError(f"checkpoint {ckpt_dir} has no parameter {source!r}")
+        with torch.no_grad():
+            p.copy_(payload["params"][source])
+        state = payload["optim"].get(source)
+        if state:
+            opt.state[p] = {
+                k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                for k, v in state.items()
+            }
+
+
+def load_masks(ckpt_dir: Path, names: list[str], ties: list[Tie]) -> dict[str, torch.Tensor]:
+    """Pruning masks saved with the block files for parameters ``names`` (an alias gets
+    its canonical's mask); names without a saved mask are left out."""
+    alias_of = {t.alias: t.canonical for t in ties}
+    cache: dict[int, dict] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        source = alias_of.get(name, name)
+        block = int(source.split(".")[1])
+        if block not in cache:
+            path = ckpt_dir / block_file(block)
+            cache[block] = torch.load(path, map_location="cpu", weights_only=True)
+        mask = cache[block].get("masks", {}).get(source)
+        if mask is not None:
+            out[name] = mask
+    return out
+
+
+def write_meta(out_dir: Path, meta: dict) -> str:
+    """Write the checkpoint's ``meta.json`` (step, data position, plan, spec hash)."""
+    (out_dir / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **meta}, indent=2))
+    return "meta.json"
+
+
+def read_meta(ckpt_dir: Path) -> dict:
+    meta = json.loads((Path(ckpt_dir) / "meta.json").read_text())
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"{ckpt_dir}: checkpoint format {meta.get('format')}, expected {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def load_full_state(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    """All parameters of a checkpoint by unsplit name (for tests and export)."""
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(ckpt_dir).glob("block-*.pt")):
+        out.update(torch.load(f, map_location="cpu", weights_only=True)["params"])
+    return out

@@ -1,0 +1,79 @@
+"""Find the checkpoint a run continues from: the newest complete one, local or remote.
+
+Local checkpoints are verified against their manifest's sha256; a newer remote one is
+downloaded (and verified on the way) into the local tier. A corrupted or incomplete
+checkpoint is skipped with a warning and the previous one is used: a bad upload never
+costs more than one checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
+from jobctl.engine.checkpoint.store.format import (
+    CheckpointWarning,
+    CorruptCheckpointError,
+    step_dirname,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A verified local checkpoint folder to continue from."""
+
+    step: int
+    path: Path
+    source: str  # "local" or the remote URL it was downloaded from
+
+
+def local_root(spec, run_dir: Path) -> Path:
+    """Where a run's local checkpoints live."""
+    return Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
+
+
+def _complete_steps(store: CheckpointStore, verify: bool) -> list[int]:
+    """Complete steps, newest first, skipping (with a warning) the bad ones."""
+    good = []
+    for step in sorted(store.steps(), reverse=True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointWarning)
+            ok = store.is_complete(step, verify=verify)
+        if ok:
+            good.append(step)
+        else:
+            warnings.warn(
+                f"{store!r}: step {step} is incomplete or corrupted; skipped",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+    return good
+
+
+def find_resume_point(spec, root: Path) -> ResumePoint | None:
+    """Newest complete checkpoint of the job, downloading it if only the remote has it."""
+    local = _complete_steps(CheckpointStore(str(root)), verify=True) if root.exists() else []
+    best_local = local[0] if local else None
+    if spec.checkpoint.remote:
+        remote = CheckpointStore(spec.checkpoint.remote)
+        for step in _complete_steps(remote, verify=False):
+            if best_local is not None and step <= best_local:
+                break
+            try:
+                path = remote.download(step, root)
+            except CorruptCheckpointError as e:
+                warnings.warn(
+                    f"remote step {step} failed verification ({e}); trying the previous",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+                continue
+            return ResumePoint(step, path, spec.checkpoint.remote)
+    if best_local is None:
+        return None
+    return ResumePoint(best_local, root / step_dirname(best_local), "local")

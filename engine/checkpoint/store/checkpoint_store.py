@@ -1,0 +1,369 @@
+"""Checkpoint store over any fsspec URL: write parts, commit, find, verify, fetch, retain.
+
+The storage tier of Varuna-style continuous checkpoints (sec. 4.5): every writer
+(a data-parallel replica holding some layers) puts its files and then its part record;
+``commit`` writes the manifest last, once every expected part is there. Readers trust a
+step only if its manifest lists files that are present with the recorded sizes (and,
+when asked to verify, sha256), so an interrupted upload is never mistaken for a
+checkpoint and the previous complete one stays the latest. Layout and manifest format
+live in `ckpt_store_format`; the local staging tier in `ckpt_store_local`; background
+uploads in `ckpt_upload`.
+
+URLs: ``file:///abs``, plain local paths, ``s3://bucket/prefix``, ``memory://x``, or
+anything else fsspec knows. For S3 the endpoint, region and credentials come from the
+standard AWS environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...): botocore
+reads ``AWS_ENDPOINT_URL`` itself (since 1.31; checked with botocore 1.43 and s3fs
+2026.9 against a moto server), so nothing is mapped here. The store keeps no copy of
+the options and its repr shows only the URL, so credentials are never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.core import url_to_fs
+from fsspec.utils import get_protocol
+
+from jobctl.engine.checkpoint.store.format import (
+    MANIFEST_NAME,
+    PARTS_DIR,
+    STAGING_SUFFIX,
+    CheckpointWarning,
+    CorruptCheckpointError,
+    FileEntry,
+    IncompleteCheckpointError,
+    Manifest,
+    PartRecord,
+    check_file_name,
+    check_part_name,
+    merge_parts,
+    parse_step_dirname,
+    plan_retention,
+    sha256_file,
+    step_dirname,
+)
+from jobctl.engine.checkpoint.store.local import publish_local, replace_dir, stage_dir
+from jobctl.engine.checkpoint.store.transfer import FileUploads, RetryPolicy, run_parallel
+
+__all__ = [
+    "CheckpointStore",
+    "CheckpointWarning",
+    "CorruptCheckpointError",
+    "FileEntry",
+    "IncompleteCheckpointError",
+    "Manifest",
+    "PartRecord",
+    "RetryPolicy",
+    "publish_local",
+    "sha256_file",
+    "stage_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+_READ_CHUNK = 8 * 2**20
+
+
+class CheckpointStore:
+    """Checkpoints under one fsspec URL, in the ``{root}/step-XXXXXXXX/`` layout.
+
+    `workers` bounds the parallel file transfers; `retry` is the default per-file retry
+    policy; `fs` injects a ready filesystem (tests, wrappers), `url` then being a path
+    on it. Instance caching is skipped so every store reads the current environment.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        fs: AbstractFileSystem | None = None,
+        workers: int = 8,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if fs is None:
+            options = dict(storage_options or {})
+            if get_protocol(url) == "file":
+                options.setdefault("auto_mkdir", True)  # object stores need no folders
+            fs, root = url_to_fs(url, skip_instance_cache=True, **options)
+        else:
+            root = fs._strip_protocol(url)
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/") or root
+        self.workers = workers
+        self.retry = retry or RetryPolicy()
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    def _path(self, step: int, *rest: str) -> str:
+        return "/".join((self.root, step_dirname(step), *rest))
+
+    # ---- writing -------------------------------------------------------------------
+
+    def write_part(
+        self,
+        step: int,
+        part: str,
+        local_dir: str | os.PathLike[str],
+        files: Iterable[str],
+        *,
+        retry: RetryPolicy | None = None,
+        progress: Callable[[int], None] | None = None,
+        cancel: threading.Event | None = None,
+        digests: Mapping[str, FileEntry] | None = None,
+    ) -> PartRecord:
+        """Upload `files` (relative to `local_dir`) of `step`, then ``parts/{part}.json``.
+
+        Files go up in parallel, each retried by `retry` (default: the store's) and
+        hashed on the way unless `digests` already has it (a local manifest: only the
+        size is re-checked). `progress` receives byte increments; setting the `cancel`
+        event stops before the next file. The part record is written only after every
+        file succeeded, so a failed or killed upload leaves no record behind.
+        """
+        check_part_name(part)
+        names = sorted({check_file_name(name) for name in files})
+        policy = retry or self.retry
+        upload = FileUploads(
+            fs=self.fs,
+            remote=partial(self._path, step),
+            local_dir=Path(local_dir),
+            policy=policy,
+            progress=progress,
+            cancel=cancel,
+            digests=digests or {},
+        )
+        run_parallel([partial(upload.put, name) for name in names], self.workers, cancel)
+        record = PartRecord(step=step, part=part, files={n: upload.entries[n] for n in names})
+        part_path = self._path(step, PARTS_DIR, f"{part}.json")
+        policy.run(partial(self.fs.pipe_file, part_path, record.to_json()), f"write {part_path}")
+        return record
+
+    def commit(
+        self,
+        step: int,
+        parts: Sequence[str],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        known: Mapping[str, PartRecord] | None = None,
+    ) -> bool:
+        """Write the manifest of `step` if every part in `parts` is uploaded; say whether.
+
+        A part record is written only after all its files were stored, so the records
+        are the proof of upload and no listing is needed. `known` holds records the
+        caller just wrote (not read back). Idempotent: every writer may call it after its
+        own part, and whichever finds all parts present commits (concurrent commits
+        write the same manifest).
+        """
+        records = []
+        for part in parts:
+            if known is not None and part in known:
+                records.append(known[part])
+                continue
+            path = self._path(step, PARTS_DIR, f"{check_part_name(part)}.json")
+            try:
+                records.append(PartRecord.from_json(self.fs.cat_file(path)))
+            except FileNotFoundError:
+                logger.info("step %d: part %s not uploaded yet, not committing", step, part)
+                return False
+        manifest = merge_parts(step, records, meta or {})
+        self.fs.pipe_file(self._path(step, MANIFEST_NAME), manifest.to_json())
+        return True
+
+    # ---- reading -------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Every step with a folder under the root, complete or not, ascending."""
+        return sorted(self._entries()[0])
+
+    def _entries(self) -> tuple[set[int], set[int]]:
+        """Steps with a folder, and steps with a local staging folder."""
+        self.fs.invalidate_cache()  # other processes write here: never trust listings
+        try:
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        except FileNotFoundError:
+            return set(), set()
+        found = [parse_step_dirname(name) for name in names]
+        staged = [
+            parse_step_dirname(name.removesuffix(STAGING_SUFFIX))
+            for name in names
+            if name.endswith(STAGING_SUFFIX)
+        ]
+        return {s for s in found if s is not None}, {s for s in staged if s is not None}
+
+    def manifest(self, step: int) -> Manifest:
+        """The manifest of `step`; IncompleteCheckpointError if absent, Corrupt if unreadable."""
+        path = self._path(step, MANIFEST_NAME)
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise IncompleteCheckpointError(
+                f"step {step}: no {MANIFEST_NAME} (never committed, or upload interrupted)"
+            ) from None
+        try:
+            manifest = Manifest.from_json(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpointError(f"step {step}: unreadable {MANIFEST_NAME}: {exc}") from exc
+        if manifest.step != step:
+            raise CorruptCheckpointError(
+                f"step {step}: {MANIFEST_NAME} is for step {manifest.step}"
+            )
+        return manifest
+
+    def is_complete(self, step: int, verify: bool = False) -> bool:
+        """Manifest present and every file present with its size (and sha256 if `verify`)."""
+        return self._problem(step, verify) is None
+
+    def latest_complete(self, verify: bool = False) -> int | None:
+        """Newest complete step, warning about (and skipping) newer incomplete or corrupt ones.
+
+        `verify` also checks the sha256 of every file of the candidates (reads them all).
+        """
+        for step in reversed(self.steps()):
+            problem = self._problem(step, verify)
+            if problem is None:
+                return step
+            warnings.warn(
+                f"skipping checkpoint in {self.url}: {problem}",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        return None
+
+    def _problem(self, step: int, verify: bool) -> str | None:
+        """Why `step` is not a usable checkpoint, or None if it is."""
+        try:
+            manifest = self.manifest(step)
+            problem = self._listing_problem(step, manifest)
+            if problem is None and verify:
+                self._verify_digests(step, manifest)
+        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+            return str(exc)
+        return problem
+
+    def _listing_problem(self, step: int, manifest: Manifest) -> str | None:
+        """First file of `manifest` missing or of the wrong size in one listing of the step."""
+        base = self._path(step)
+        self.fs.invalidate_cache()
+        found = self.fs.find(base, detail=True)
+        sizes = {path[len(base) + 1 :]: int(info["size"]) for path, info in found.items()}
+        for name, entry in sorted(manifest.files.items()):
+            if name not in sizes:
+                return f"step {step}: file {name} is missing"
+            if sizes[name] != entry.size:
+                return (
+                    f"step {step}: file {name} has {sizes[name]} bytes, manifest says {entry.size}"
+                )
+        return None
+
+    def _verify_digests(self, step: int, manifest: Manifest) -> None:
+        tasks = [
+            partial(self._check_remote, step, name, entry) for name, entry in manifest.files.items()
+        ]
+        run_parallel(tasks, self.workers)
+
+    def _check_remote(self, step: int, name: str, entry: FileEntry) -> None:
+        digest = hashlib.sha256()
+        with self.fs.open(self._path(step, name), "rb", block_size=_READ_CHUNK) as handle:
+            while chunk := handle.read(_READ_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != entry.sha256:
+            raise CorruptCheckpointError(f"step {step}: file {name} does not match its sha256")
+
+    # ---- fetching ------------------------------------------------------------------
+
+    def download(self, step: int, dest_dir: str | os.PathLike[str]) -> Path:
+        """Fetch `step` into ``dest_dir/step-XXXXXXXX`` (files plus manifest) and return it.
+
+        Every file is checked against the manifest's size and sha256; a mismatch raises
+        CorruptCheckpointError naming the file. The folder appears atomically and only
+        when every file verified, so ``CheckpointStore(dest_dir)`` can read it.
+        """
+        manifest = self.manifest(step)
+        problem = self._listing_problem(step, manifest)
+        if problem is not None:
+            raise CorruptCheckpointError(problem)
+        target = Path(dest_dir) / step_dirname(step)
+        staging = target.with_name(f"{target.name}.download")
+        if staging.exists():
+            shutil.rmtree(staging)  # left by an interrupted download
+        try:
+            tasks = [partial(self._fetch, step, n, e, staging) for n, e in manifest.files.items()]
+            run_parallel(tasks, self.workers)
+            (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
+            replace_dir(staging, target)
+        except BaseException:
+            if staging.exists():
+                shutil.rmtree(staging)
+            raise
+        return target
+
+    def _fetch(self, step: int, name: str, entry: FileEntry, staging: Path) -> None:
+        local = staging / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.retry.run(
+            partial(self.fs.get_file, self._path(step, name), str(local)),
+            f"download of {name} (step {step})",
+        )
+        size = local.stat().st_size
+        if size != entry.size:
+            raise CorruptCheckpointError(
+                f"step {step}: file {name} has {size} bytes, manifest says {entry.size}"
+            )
+        if sha256_file(local) != entry.sha256:
+            raise CorruptCheckpointError(f"step {step}: file {name} does not match its sha256")
+
+    # ---- removing ------------------------------------------------------------------
+
+    def delete(self, step: int) -> None:
+        """Remove `step`, manifest first, so a half-deleted step never looks complete."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(step, MANIFEST_NAME))
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._path(step), recursive=True)
+        self.fs.invalidate_cache()
+
+    def apply_retention(
+        self,
+        keep_last: int,
+        keep_every: int | None = None,
+        protect: Callable[[int], bool] | None = None,
+    ) -> list[int]:
+        """Delete checkpoints outside the policy (see `plan_retention`); return their steps.
+
+        Completeness is the cheap check (manifest and sizes). Stale local staging folders
+        older than the newest complete step are removed too. The newest complete
+        checkpoint is never deleted, nor any step for which ``protect(step)`` is true
+        (e.g. a local checkpoint whose upload has not finished).
+        """
+        found, staged = self._entries()
+        steps = sorted(found)
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            verdicts = list(pool.map(partial(self._problem, verify=False), steps))
+        problems = dict(zip(steps, verdicts, strict=True))
+        complete = [step for step, problem in problems.items() if problem is None]
+        doomed = plan_retention(complete, set(problems) - set(complete), keep_last, keep_every)
+        doomed = [step for step in doomed if protect is None or not protect(step)]
+        for step in doomed:
+            logger.info(
+                "retention: deleting checkpoint step %d (%s)", step, problems[step] or "old"
+            )
+            self.delete(step)
+        newest = max(complete, default=None)
+        for step in sorted(staged):
+            if newest is not None and step < newest:
+                self.fs.rm(f"{self._path(step)}{STAGING_SUFFIX}", recursive=True)
+        return doomed

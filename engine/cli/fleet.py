@@ -1,0 +1,176 @@
+"""``jobctl fleet ...``: plan, apply, watch, stop and resume fleets of templated runs.
+
+Exit codes as for ``jobctl``: 0 success, 1 a member failed (or the fleet was stopped),
+2 bad input (fleet file, a member's spec or plan, arguments: nothing was started).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from jobctl.engine.fleet.db import FleetDB
+from jobctl.engine.fleet.loader import Fleet, load_fleet
+from jobctl.engine.fleet.planning import FleetPlan, plan_fleet, record_fleet
+from jobctl.engine.fleet.runner import FleetBusy, FleetRunner
+from jobctl.engine.scheduler.procs import hostname, pid_alive, stop_tree
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.views.fleet import (
+    FleetProgress,
+    member_rows,
+    print_fleet_plan,
+    print_fleet_status,
+)
+from jobctl.spec import SpecError
+
+fleet_app = typer.Typer(
+    no_args_is_help=True, help="Fleets: one templated job spec, many runs, one device pool."
+)
+console = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+FleetArg = Annotated[Path, typer.Argument(help="fleet YAML file", show_default=False)]
+NameArg = Annotated[str, typer.Argument(help="fleet name", show_default=False)]
+HomeOpt = Annotated[
+    Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
+]
+ConcurrentOpt = Annotated[
+    int | None, typer.Option("--max-concurrent", min=1, help="members running at once at most")
+]
+PollOpt = Annotated[float, typer.Option("--poll", min=0.05, help="seconds between checks")]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def _planned(path: Path, max_concurrent: int | None) -> FleetPlan:
+    """Load, render and plan every member, or report every issue and exit 2."""
+    try:
+        fleet: Fleet = load_fleet(path)
+        return plan_fleet(fleet, max_concurrent)
+    except SpecError as e:
+        err.print(f"[red]error:[/red] {path}: invalid fleet ({len(e.errors)} issue(s))")
+        err.print(str(e), highlight=False, markup=False)
+        raise typer.Exit(2) from None
+
+
+@fleet_app.command("plan")
+def plan(fleet_file: FleetArg, max_concurrent: ConcurrentOpt = None) -> None:
+    """Every member's changes against the base, predicted step time, throughput and
+    cost, and the fleet's total; starts nothing."""
+    print_fleet_plan(console, _planned(fleet_file, max_concurrent))
+
+
+@fleet_app.command("apply")
+def apply(
+    fleet_file: FleetArg,
+    max_concurrent: ConcurrentOpt = None,
+    home: HomeOpt = None,
+    poll: PollOpt = 1.0,
+) -> None:
+    """Plan the fleet, then run its members in the shared pool until all have ended."""
+    fp = _planned(fleet_file, max_concurrent)
+    print_fleet_plan(console, fp)
+    db = StateDB(home)
+    fleets = FleetDB(db)
+    name, now = fp.fleet.spec.name, time.time()
+    old = fleets.get(name)
+    if old is not None and fleets.runner_alive(old, now):
+        raise _fail(f"fleet {name} is running ({old['runner_owner']}); `jobctl fleet stop` it")
+    record_fleet(fleets, fp, now)
+    _run(db, name, poll)
+
+
+@fleet_app.command("resume")
+def resume(
+    name: NameArg, max_concurrent: ConcurrentOpt = None, home: HomeOpt = None, poll: PollOpt = 1.0
+) -> None:
+    """Continue an interrupted fleet: completed members are skipped, members still
+    running are adopted, the others continue their runs from their newest checkpoints."""
+    db = StateDB(home)
+    fleets = FleetDB(db)
+    if fleets.get(name) is None:
+        raise _fail(f"no fleet {name!r}; `jobctl fleet status` lists fleets")
+    if max_concurrent is not None:
+        fleets.update(name, time.time(), max_concurrent=max_concurrent)
+    _run(db, name, poll)
+
+
+def _run(db: StateDB, name: str, poll: float) -> None:
+    with FleetProgress(console, db) as progress:
+        runner = FleetRunner(db, name, poll_s=poll, on_tick=progress.update)
+        stops = (signal.SIGTERM, signal.SIGINT)
+        previous = {s: signal.signal(s, lambda *_: runner.request_stop()) for s in stops}
+        try:
+            state = runner.run()
+        except FleetBusy as e:
+            raise _fail(str(e)) from None
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    _show(db, name)
+    if state != "completed":
+        raise typer.Exit(1)
+
+
+def _show(db: StateDB, name: str) -> None:
+    fleets = FleetDB(db)
+    row = fleets.get(name)
+    runner = "none"
+    if row["runner_owner"]:
+        alive = fleets.runner_alive(row, time.time())
+        runner = f"{row['runner_owner']} ({'alive' if alive else 'dead'})"
+    print_fleet_status(console, row, member_rows(db, fleets.members(name)), runner)
+
+
+@fleet_app.command("status")
+def status(
+    name: Annotated[str | None, typer.Argument(help="fleet name")] = None, home: HomeOpt = None
+) -> None:
+    """A fleet's members (state, phase, step, loss, run id), or the list of fleets."""
+    db = StateDB(home)
+    fleets = FleetDB(db)
+    if name is None:
+        rows = fleets.list()
+        for r in rows:
+            console.print(f"{r['name']}: {r['state']} ({r['file']})", highlight=False)
+        if not rows:
+            console.print("no fleets yet: `jobctl fleet apply fleet.yaml` starts one")
+        return
+    if fleets.get(name) is None:
+        raise _fail(f"no fleet {name!r}; `jobctl fleet status` lists fleets")
+    _show(db, name)
+
+
+@fleet_app.command("stop")
+def stop(name: NameArg, home: HomeOpt = None) -> None:
+    """Stop a fleet: no more members start, running ones are stopped (resumable)."""
+    db = StateDB(home)
+    fleets = FleetDB(db)
+    row = fleets.get(name)
+    if row is None:
+        raise _fail(f"no fleet {name!r}; `jobctl fleet status` lists fleets")
+    if row["state"] == "completed":
+        console.print(f"fleet {name} is complete; nothing to stop")
+        return
+    # The state change reaches a runner on any host at its next tick; members on this
+    # host are stopped here too, so a dead runner's orphans stop as well.
+    fleets.update(name, time.time(), state="stopped")
+    for m in fleets.members(name):
+        if m["state"] != "running":
+            continue
+        fleets.update_member(
+            name, m["member"], only_if=("running",), state="stopped", ended_at=time.time()
+        )
+        here = row["runner_host"] in (None, hostname())  # member pids are the runner's host's
+        if here and pid_alive(m["pid"], m["pid_token"]):
+            stop_tree(m["pid"])
+            console.print(f"stopped {m['member']} (pid {m['pid']} on {hostname()})")
+    _show(db, name)

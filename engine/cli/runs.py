@@ -1,0 +1,127 @@
+"""Run lifecycle queries and requests: ``stop``, ``status``, ``logs``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jobctl.engine.cli.common import HomeOpt, console, err, find_run
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.views import tables as views
+
+
+def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None) -> None:
+    """Stop a run gracefully: every rank checkpoints at the end of its step, then exits.
+
+    A supervised run gets the request through the state DB: its supervisor signals the
+    nodes running at that moment (after a morph, the new ones), or stops the run there
+    if it is between two attempts. Without a live supervisor the recorded nodes are
+    signalled directly.
+    """
+    import signal
+
+    from jobctl.backends import get_backend
+    from jobctl.engine.channel.host import pid_alive
+
+    db = StateDB(home)
+    row = find_run(db, run)
+    if row["phase"] in ("completed", "failed", "stopped"):
+        console.print(f"run {row['id']} is already {row['phase']}")
+        return
+    sup = row["supervisor_pid"]
+    if sup and pid_alive(sup, row["supervisor_token"]):
+        db.request_stop(row["id"], f"stop requested from pid {os.getpid()}")
+        console.print(
+            f"asked the supervisor (pid {sup}) of {row['id']} to have its nodes checkpoint and stop"
+        )
+        return
+    if row["phase"] in ("pending", "calibrating", "planning", "morphing"):
+        # Between two attempts and nobody supervising: no node runs that could checkpoint.
+        db.set_phase(row["id"], "stopped", "stopped between attempts (no supervisor)")
+        console.print(f"run {row['id']} stopped; `jobctl resume {row['id']}` continues it")
+        return
+    handles = [h for h in (row["pids"] or "").split(",") if h]
+    # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
+    get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
+    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s) (no supervisor)")
+    console.print(f"asked {len(handles)} node(s) of {row['id']} to checkpoint and stop")
+
+
+def status(
+    run: Annotated[str | None, typer.Argument(help="run id or name")] = None, home: HomeOpt = None
+) -> None:
+    """Table of runs (phase, step, loss, samples/s, ETA, devices, plan, checkpoints,
+    upload lag, $ so far), or one run's details, ranks and recent events."""
+    from jobctl.engine.supervise.figures import rank_compute, run_figures, tail_records
+
+    db = StateDB(home)
+    now = time.time()
+    if run is None:
+        rows = db.list_runs()
+        figures = {r["id"]: run_figures(r, db.events(r["id"]), now) for r in rows}
+        views.print_runs(console, rows, figures, now)
+        return
+    row = find_run(db, run)
+    evs, recs = db.events(row["id"]), tail_records(row["run_dir"])
+    figures = run_figures(row, evs, now, recs)
+    views.print_run(console, row, evs[-20:], figures, rank_compute(recs), now)
+
+
+def logs(
+    run: Annotated[str, typer.Argument(help="run id or name")],
+    home: HomeOpt = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
+    lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
+) -> None:
+    """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
+    db = StateDB(home)
+    row = find_run(db, run)
+    run_dir = Path(row["run_dir"])
+    found = _log_files(row, run_dir)
+    if rank is not None:
+        files = [found.get(f"rank-{rank}.log", run_dir / "logs" / f"rank-{rank}.log")]
+    else:
+        files = [found[name] for name in sorted(found)]
+    offsets = {}
+    for f in files:
+        if not f.exists() and not follow:
+            err.print(f"[red]error:[/red] no log {f}")
+            raise typer.Exit(2)
+        console.rule(f.name)
+        text = f.read_text(errors="replace") if f.exists() else ""
+        offsets[f] = len(text.encode())
+        for line in text.splitlines()[-lines:]:
+            console.print(line, markup=False, highlight=False)
+    while follow and db.get_run(row["id"])["phase"] not in ("completed", "failed", "stopped"):
+        time.sleep(0.5)
+        for f in (f for f in files if f.exists()):
+            with open(f, "rb") as fh:
+                fh.seek(offsets[f])
+                chunk = fh.read()
+            offsets[f] += len(chunk)
+            for line in chunk.decode(errors="replace").splitlines():
+                console.print(f"{f.stem}: {line}", markup=False, highlight=False)
+
+
+def _log_files(row: dict, run_dir: Path) -> dict[str, Path]:
+    """The run's ``*.log`` files by name: the run folder's, and for nodes that write on
+    their own machines (ssh, Kubernetes) the copies their backend fetches now; the run
+    folder's copy wins (on a shared file system it is the live one)."""
+    from jobctl.backends import BackendError, get_backend
+
+    found: dict[str, Path] = {}
+    backend = row["backend"] or "local"
+    if backend in ("ssh", "kubernetes"):
+        handles = [h for h in (row["pids"] or "").split(",") if h]
+        try:
+            found = {p.name: p for p in get_backend(backend).logs(handles, run_dir)
+                     if p.suffix == ".log"}  # fmt: skip
+        except BackendError as e:
+            err.print(f"warning: the nodes' logs were not fetched: {e}", markup=False)
+    found.update({p.name: p for p in (run_dir / "logs").glob("*.log")})
+    return found

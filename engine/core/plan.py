@@ -1,0 +1,117 @@
+"""The Plan: everything a run needs to know about its parallel layout.
+
+A plan is a pure value: P, D, micro-batch size and count, which blocks each stage
+holds, which rank runs which stage on which node, the schedule's action lists, and
+what the planner predicted. It is written to ``plan.json`` in the run folder and read
+by every worker, so the planner and the runtime cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobctl.engine.core.actions import Action, parse_actions
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StagePlan(_Frozen):
+    """One pipeline stage: its blocks and the ranks that run it (one per replica)."""
+
+    index: int = Field(description="stage number, 0 = first")
+    blocks: list[int] = Field(description="model blocks (cut-point sections) this stage holds")
+    ranks: list[int] = Field(description="global rank of this stage in replica d, for each d")
+    recompute: bool = Field(False, description="forwards keep only inputs; R re-runs them")
+    actions: str = Field(description="compact action list, e.g. 'F0 F1 B0 B1'")
+
+    def action_list(self) -> list[Action]:
+        return parse_actions(self.actions)
+
+
+class RankPlan(_Frozen):
+    """Where one worker process sits and what it runs."""
+
+    rank: int
+    node: int = Field(description="logical node index (torchrun agent)")
+    local_rank: int
+    stage: int
+    replica: int
+
+
+class Prediction(_Frozen):
+    """What the planner expects of this plan."""
+
+    step_time_s: float = Field(description="predicted seconds per optimizer step")
+    samples_per_s: float
+    memory_per_stage_gb: list[float]
+    bubble_ratio: float = Field(description="idle fraction of the pipeline")
+    cost_per_1k_samples: float = Field(description="USD per 1,000 samples")
+    source: str = Field(description="where the costs came from: analytic or calibration")
+    samples_per_s_per_device: float | None = Field(None, description="samples/s / (P x D)")
+    calibration: str | None = Field(None, description="fingerprint key of the calibration used")
+
+
+class Alternative(_Frozen):
+    """A candidate the planner considered and did not pick."""
+
+    P: int
+    D: int
+    micro_batch_size: int
+    schedule: str
+    step_time_s: float | None
+    samples_per_s: float | None
+    why_not: str
+    micro_batches: int | None = Field(None, description="micro-batches per replica (N_m)")
+    recompute: bool = Field(False, description="the schedule recomputes forwards")
+    samples_per_s_per_device: float | None = None
+    memory_per_stage_gb: list[float] = Field(default_factory=list)
+    bubble_ratio: float | None = None
+    cost_per_1k_samples: float | None = Field(None, description="USD per 1,000 samples")
+
+
+class Plan(_Frozen):
+    """A resolved parallel layout for one run."""
+
+    P: int = Field(description="pipeline stages")
+    D: int = Field(description="data-parallel replicas")
+    micro_batch_size: int = Field(description="samples per micro-batch (m)")
+    micro_batches: int = Field(description="micro-batches per replica per step (N_m)")
+    global_batch_size: int
+    schedule: str
+    nodes: int = Field(description="torchrun agents (nodes) used")
+    processes_per_node: int
+    device: str
+    block_names: list[str]
+    stages: list[StagePlan]
+    ranks: list[RankPlan]
+    prediction: Prediction | None = None
+    alternatives: list[Alternative] = Field(default_factory=list)
+    explanation: list[str] = Field(
+        default_factory=list, description="the planner's reasoning: m choice, P sweep"
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.P * self.D
+
+    def rank(self, rank: int) -> RankPlan:
+        return self.ranks[rank]
+
+    def stage_of(self, rank: int) -> StagePlan:
+        return self.stages[self.ranks[rank].stage]
+
+    def node_sizes(self) -> list[int]:
+        """Worker processes on each node."""
+        sizes = [0] * self.nodes
+        for r in self.ranks:
+            sizes[r.node] += 1
+        return sizes
+
+    def summary(self) -> str:
+        """One line: ``P=2 D=2 m=2 N_m=4 1f1b``."""
+        return (
+            f"P={self.P} D={self.D} m={self.micro_batch_size} "
+            f"N_m={self.micro_batches} {self.schedule}"
+        )

@@ -1,0 +1,197 @@
+"""Resolve a JobSpec into a Plan: P, D, micro-batching, partition, placement, schedule.
+
+``make_plan(spec, devices)`` is the public entry. It takes the costs from a calibration
+(a cached measured one that matches the model and machine, else the analytic one from
+the hardware spec), runs the search of ``planner_search`` (Varuna sec. 4.4: m by
+F(m)/m, a P sweep, every applicable schedule simulated) and turns the fastest
+candidate into a Plan whose prediction is its simulation; the runners-up become
+``Plan.alternatives``, each with why it lost, and ``Plan.explanation`` keeps the
+reasoning. Explicit P, D, m and schedule in the spec are honoured exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
+from jobctl.engine.planner.search import GB, Candidate, PlanError, Search, search
+from jobctl.engine.planner.simulator.simulation import SimResult
+
+__all__ = ["PlanError", "make_plan", "plan_and_simulate", "pool_size"]
+
+TOP_ALTERNATIVES = 8
+TOP_REJECTED = 4
+
+
+def pool_size(spec) -> int:
+    """Devices in the spec's hardware pool."""
+    return spec.hardware.nodes * spec.hardware.processes_per_node
+
+
+def make_plan(
+    spec,
+    devices: int | None = None,
+    calibration: Calibration | None = None,
+    home: Path | None = None,
+) -> Plan:
+    """The plan for ``spec`` on ``devices`` devices (default: the whole pool).
+
+    ``calibration`` defaults to the cached measured record under ``home`` (the state
+    home) that matches the spec's model and this machine, else the analytic one.
+    """
+    return plan_and_simulate(spec, devices, calibration, home)[0]
+
+
+def plan_and_simulate(
+    spec,
+    devices: int | None = None,
+    calibration: Calibration | None = None,
+    home: Path | None = None,
+) -> tuple[Plan, SimResult]:
+    """``make_plan``, and the simulated step of the chosen plan (for timelines)."""
+    G = devices if devices is not None else pool_size(spec)
+    if G < 1:
+        raise PlanError("no devices available: the pool is empty")
+    cal = calibration or calibration_for(spec, home)
+    found = search(spec, G, cal, describe(cal))
+    best = found.ranked[0]
+    return build_plan(spec, cal, found, G), best.sim
+
+
+def describe(cal: Calibration) -> str:
+    """Where the plan's costs come from, in one line."""
+    if cal.source == "analytic":
+        return (
+            "analytic (from the hardware spec; no measured calibration matches this model "
+            "and machine: `jobctl calibrate job.yaml` measures one)"
+        )
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cal.created))
+    fp = cal.fingerprint
+    return f"measured calibration {fp.key} ({when}, {fp.device}, torch {fp.torch})"
+
+
+def build_plan(spec, cal: Calibration, found: Search, G: int) -> Plan:
+    """The winning candidate as a Plan, with its prediction and the alternatives."""
+    win = found.ranked[0]
+    lay = win.layout
+    ranks = win.hosting.ranks
+    by_stage: list[list[int]] = [[] for _ in range(lay.P)]
+    for r in sorted(ranks, key=lambda r: r.replica):
+        by_stage[r.stage].append(r.rank)
+    stage_plans = [
+        StagePlan(
+            index=s,
+            blocks=blocks,
+            ranks=by_stage[s],
+            recompute=any(a.op.value == "R" for a in win.actions[s]),
+            actions=" ".join(str(a) for a in win.actions[s]),
+        )
+        for s, blocks in enumerate(win.stages)
+    ]
+    return Plan(
+        P=lay.P,
+        D=lay.D,
+        micro_batch_size=lay.m,
+        micro_batches=lay.M,
+        global_batch_size=spec.training.global_batch_size,
+        schedule=lay.schedule,
+        nodes=max(r.node for r in ranks) + 1,
+        processes_per_node=min(spec.hardware.processes_per_node, lay.devices),
+        device=spec.hardware.device,
+        block_names=cal.names,
+        stages=stage_plans,
+        ranks=ranks,
+        prediction=predict(spec, cal, win),
+        alternatives=alternatives(spec, found, G),
+        explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
+    )
+
+
+def _throughput(spec, cand: Candidate) -> tuple[float, float, float]:
+    """Samples/s, samples/s per device, USD per 1,000 samples."""
+    samples = spec.training.global_batch_size / cand.step
+    devices = cand.layout.devices
+    price = spec.hardware.price_per_hour * devices
+    return samples, samples / devices, price / 3600.0 / samples * 1000.0
+
+
+def predict(spec, cal: Calibration, cand: Candidate) -> Prediction:
+    """The simulated step of a candidate as a Prediction."""
+    samples, per_device, cost = _throughput(spec, cand)
+    return Prediction(
+        step_time_s=cand.step,
+        samples_per_s=samples,
+        memory_per_stage_gb=[x / GB for x in cand.memory],
+        bubble_ratio=cand.sim.bubble_ratio,
+        cost_per_1k_samples=cost,
+        source="calibration" if cal.source == "measured" else "analytic",
+        samples_per_s_per_device=per_device,
+        calibration=cal.fingerprint.key if cal.source == "measured" else None,
+    )
+
+
+def alternatives(spec, found: Search, G: int) -> list[Alternative]:
+    """The best runners-up with why each lost, then a few that could not run."""
+    win = found.ranked[0]
+    out = []
+    for c in found.ranked[1 : 1 + TOP_ALTERNATIVES]:
+        samples, per_device, cost = _throughput(spec, c)
+        out.append(
+            _alternative(
+                c,
+                why_slower(c, win, G),
+                step_time_s=c.step,
+                samples_per_s=samples,
+                samples_per_s_per_device=per_device,
+                memory_per_stage_gb=[x / GB for x in c.memory],
+                bubble_ratio=c.sim.bubble_ratio,
+                cost_per_1k_samples=cost,
+            )
+        )
+    fit_first = sorted(found.rejected, key=lambda c: (not c.memory, c.bound))
+    for c in fit_first[:TOP_REJECTED]:
+        mem = [x / GB for x in c.memory]
+        out.append(_alternative(c, c.why_not, memory_per_stage_gb=mem))
+    return out
+
+
+def _alternative(c: Candidate, why: str, **values) -> Alternative:
+    lay = c.layout
+    base = {"step_time_s": None, "samples_per_s": None}
+    return Alternative(
+        P=lay.P,
+        D=lay.D,
+        micro_batch_size=lay.m,
+        micro_batches=lay.M,
+        schedule=lay.schedule,
+        recompute=lay.recompute or lay.schedule in ("varuna", "shifted_critical_path"),
+        why_not=why,
+        **{**base, **values},
+    )
+
+
+def why_slower(c: Candidate, win: Candidate, G: int) -> str:
+    """Why a simulated candidate lost to the winner, in the terms that differ."""
+    if c.step <= win.step:
+        if c.layout.devices != win.layout.devices:
+            return f"as fast, but on {c.layout.devices} devices, not {win.layout.devices}"
+        mem, wmem = max(c.memory) / GB, max(win.memory) / GB
+        if mem > wmem:
+            return f"as fast, but needs more memory ({mem:.3g} GB vs {wmem:.3g} GB per device)"
+        return "ties with the winner (same step time, devices and memory)"
+    parts = [f"{100 * (c.step / win.step - 1):.1f} % slower"]
+    bubble, wbubble = c.sim.bubble_ratio, win.sim.bubble_ratio
+    if bubble > wbubble + 0.02:
+        parts.append(f"bubble {100 * bubble:.0f} % vs {100 * wbubble:.0f} %")
+    tail = c.sim.step_time - c.sim.pipeline_time
+    wtail = win.sim.step_time - win.sim.pipeline_time
+    if tail > 1.2 * wtail and tail - wtail > 0.02 * win.step:
+        parts.append(f"allreduce+optimizer {tail:.3g} s vs {wtail:.3g} s")
+    if c.layout.devices < G and c.layout.devices < win.layout.devices:
+        parts.append(f"uses {c.layout.devices} of {G} devices")
+    if c.note:
+        parts.append(c.note)
+    return "; ".join(parts)

@@ -1,0 +1,360 @@
+"""The planner's search (Varuna sec. 4.4): micro-batch size, P sweep, simulation, ranking.
+
+1. m: the lowest micro-batch size at which the per-sample time F(m)/m stops improving
+   (by less than ``STOP_GAIN`` to the next calibrated size) and the model still fits
+   memory; an explicit ``training.micro_batch_size`` is kept.
+2. P from the smallest that fits memory to min(blocks, G) (an explicit P only), with
+   D = floor(G / P) (an explicit D kept); when the global batch does not split into
+   D x m x M, nearby D (fewer replicas) and m (another divisor) are tried, and said.
+3. Per (P, D, m): blocks balanced over stages by calibrated time (exact min-max
+   partition), ranks placed, and every applicable schedule simulated with a CostModel
+   from the calibration. Candidates are evaluated best bound first; one whose lower
+   bound cannot beat the best simulated step is skipped.
+4. Ranked by throughput (the global batch is fixed, so by step time), then devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.actions import Action
+from jobctl.engine.planner.simulator.simulation import SimResult, simulate
+from jobctl.engine.planner.stage_costs import (
+    Hosting,
+    Layout,
+    StageCosts,
+    Tables,
+    activation_peaks,
+    contend,
+    demand,
+    lower_bound,
+    recompute_counts,
+    replica_skew,
+    stage_costs,
+    stage_memory,
+)
+from jobctl.engine.schedule.generators import generate
+
+GB = 1024**3
+STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
+AUTO_SCHEDULES = ("gpipe", "1f1b", "varuna", "shifted_critical_path")
+RECOMPUTING = ("varuna", "shifted_critical_path")
+
+
+class PlanError(ValueError):
+    """The spec asks for a layout that cannot exist; the message says what would fit."""
+
+
+@dataclass
+class Candidate:
+    """One layout the planner considered, and what became of it."""
+
+    layout: Layout
+    stages: list[list[int]]
+    hosting: Hosting
+    costs: StageCosts
+    note: str = ""  # how D or m were adjusted for divisibility
+    bound: float = 0.0
+    memory: list[float] = field(default_factory=list)
+    actions: list[list[Action]] = field(default_factory=list)
+    sim: SimResult | None = None
+    why_not: str = ""
+
+    @property
+    def step(self) -> float | None:
+        return self.sim.step_time if self.sim else None
+
+
+@dataclass
+class Search:
+    """Everything the search saw: the ranked candidates and its reasoning."""
+
+    ranked: list[Candidate]  # simulated, fastest first
+    rejected: list[Candidate]  # did not fit, or could not beat the winner
+    explanation: list[str]
+
+
+def schedule_options(spec, P: int) -> list[tuple[str, bool | None]]:
+    """(schedule, recompute) pairs to try; recompute None: decide by memory."""
+    par = spec.parallelism
+    if par.schedule != "auto":
+        names: tuple[str, ...] = (par.schedule,)
+    else:  # one stage has no pipeline: every schedule is its F B F B ... there
+        names = AUTO_SCHEDULES if P > 1 else ("1f1b",)
+    flag = {"none": False, "all": True, "auto": None}[par.recompute]
+    return [(n, flag if n in ("gpipe", "1f1b") else False) for n in names]
+
+
+def generator_options(spec, layout: Layout) -> dict:
+    """Options for ``schedules.generate`` (recompute, advance_num)."""
+    opts: dict = {}
+    if layout.schedule in ("gpipe", "1f1b") and layout.recompute:
+        opts["recompute"] = True
+    if layout.schedule == "advance_forward" and spec.parallelism.advance_num is not None:
+        opts["advance_num"] = spec.parallelism.advance_num
+    return opts
+
+
+def hosting(spec, P: int, D: int, cores: int) -> Hosting:
+    """Placement of P x D ranks; CPU ranks of the local backend share ``cores``."""
+    hw = spec.hardware
+    share = hw.one_machine and hw.device == "cpu"
+    placement = spec.parallelism.placement
+    return Hosting(
+        P, D, hw.processes_per_node, placement, hw.one_machine, share, share and cores < P * D
+    )
+
+
+def choose_m(spec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[str]]:
+    """Varuna's m: the lowest m where F(m)/m stops improving, among sizes that fit."""
+    explicit, cal = spec.training.micro_batch_size, tables.cal
+    ms = sorted(cal.micro_batch_sizes)
+    per = {m: cal.per_sample(m) for m in ms}
+    table = ", ".join(f"m={m} {1e3 * per[m]:.3g} ms" for m in ms)
+    lines = [f"F(m)/m, forward+backward per sample: {table}"]
+    if isinstance(explicit, int):
+        return explicit, [*lines, f"m={explicit}: explicit training.micro_batch_size"]
+    stop = ms[-1]
+    for a, b in zip(ms, ms[1:], strict=False):
+        if 1 - per[b] / per[a] < STOP_GAIN:
+            stop = a
+            break
+    fitting = [m for m in ms if m <= stop and tables.min_memory(max_P, m) <= cap]
+    if not fitting:
+        return 1, lines  # nothing fits even at m=1: the P sweep explains
+    m = fitting[-1]
+    why = f"stops improving by {100 * STOP_GAIN:.0f} % after m={stop}"
+    if m != stop:
+        why += f"; m={stop} does not fit {spec.hardware.memory_gb} GB on {max_P} stages"
+    return m, [*lines, f"m={m}: {why}"]
+
+
+def divisible_layouts(spec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
+    """(D, m, note) to try for P: D = floor(G/P) if the global batch divides, else the
+    nearest D below with the same m, and the nearest m that divides at full D."""
+    B, par = spec.training.global_batch_size, spec.parallelism
+    explicit_m = isinstance(spec.training.micro_batch_size, int)
+    if isinstance(par.data_parallel, int):
+        per = B // par.data_parallel
+        if explicit_m or per % m == 0:
+            return [(par.data_parallel, m, "")]
+        m2 = max(d for d in range(1, m) if per % d == 0)
+        return [(par.data_parallel, m2, f"m lowered to {m2} to divide the {per} per replica")]
+    D0 = max(1, G // P)
+    if B % (D0 * m) == 0:
+        return [(D0, m, "")]
+    out = []
+    D = next((d for d in range(D0 - 1, 0, -1) if B % (d * m) == 0), None)
+    if D is not None:
+        out.append((D, m, f"D={D0} x m={m} does not divide batch {B}: D lowered to {D}"))
+    D2 = next(d for d in range(D0, 0, -1) if B % d == 0)
+    if not explicit_m and D2 != D:
+        per = B // D2
+        m2 = max(d for d in range(1, min(m, per) + 1) if per % d == 0)
+        how = f"m lowered to {m2}" if D2 == D0 else f"D lowered to {D2} and m to {m2}"
+        out.append((D2, m2, f"D={D0} x m={m} does not divide batch {B}: {how}"))
+    return out
+
+
+def fill_variant(spec, P: int, D: int, m: int) -> int | None:
+    """A smaller m giving at least P micro-batches, when m leaves the pipeline unfilled."""
+    per = spec.training.global_batch_size // D
+    if isinstance(spec.training.micro_batch_size, int) or per // m >= P:
+        return None
+    smaller = [d for d in range(1, m) if per % d == 0 and per // d >= P]
+    return max(smaller) if smaller else None
+
+
+def candidates_for(spec, tables: Tables, P: int, G: int, m: int) -> list[Candidate]:
+    """Every (D, m, schedule) candidate for P stages, with bounds, not yet simulated."""
+    out = []
+    variants = divisible_layouts(spec, P, G, m)
+    for D, mm, _ in list(variants):
+        smaller = fill_variant(spec, P, D, mm)
+        if smaller is not None:
+            variants.append((D, smaller, f"m={smaller} so that M >= P={P}"))
+    for D, mm, note in variants:
+        M = spec.training.global_batch_size // (D * mm)
+        stages, host = tables.stages(P, mm), hosting(spec, P, D, tables.cal.host.cores)
+        costs = stage_costs(tables.cal, Layout(P, D, mm, M, ""), stages, host, tables.times(mm))
+        for name, recompute in schedule_options(spec, P):
+            for rec in (False, True) if recompute is None else (recompute,):
+                layout = Layout(P, D, mm, M, name, rec)
+                cand = Candidate(layout, stages, host, costs, note)
+                recs = _recompute_counts(layout)
+                cand.bound = lower_bound(costs.model(layout, None), recs, M)
+                out.append(cand)
+    return out
+
+
+def _recompute_counts(layout: Layout) -> list[int]:
+    """Recomputes per stage, without generating the schedule (a bound needs no more)."""
+    P, M = layout.P, layout.M
+    if layout.schedule in RECOMPUTING:
+        return [M] * (P - 1) + [0]
+    if layout.recompute:
+        return [M] * (P - 1) + [M - 1 if layout.schedule == "gpipe" else M]
+    return [0] * P
+
+
+def _schedule(spec, lay: Layout) -> list[list[Action]]:
+    return generate(lay.schedule, lay.P, lay.M, **generator_options(spec, lay))
+
+
+def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -> None:
+    """Generate the schedule, check memory, simulate; fills ``memory``/``sim``/``why_not``."""
+    lay, cal = cand.layout, tables.cal
+    # GPipe's and 1F1B's memory has a closed form: generate them only if they fit.
+    actions = None if lay.schedule in ("gpipe", "1f1b") else _schedule(spec, lay)
+    cand.memory = stage_memory(cal, cand.stages, activation_peaks(lay, actions), lay.m)
+    worst = max(range(lay.P), key=lambda s: cand.memory[s])
+    if cand.memory[worst] > cap:
+        cand.why_not = (
+            f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
+            f"> {spec.hardware.memory_gb} GB"
+        )
+        return
+    actions = cand.actions = actions or _schedule(spec, lay)
+    costs = cand.costs.model(lay, recompute_counts(actions))
+    if cand.hosting.share_cores:
+        # Messages cost more with load only where ranks outnumber cores (``contend``).
+        _, cand.sim = contend(cal, actions, costs, lay.D, seed, cand.hosting.oversubscribed)
+    else:
+        sim = simulate(actions, costs, seed)
+        _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
+
+
+def search(spec, G: int, cal: Calibration, source: str) -> Search:
+    """Sweep, simulate and rank every candidate layout for G devices."""
+    cap = spec.hardware.memory_gb * GB
+    n, par = cal.num_blocks, spec.parallelism
+    explicit_P = par.pipeline_stages if isinstance(par.pipeline_stages, int) else None
+    if explicit_P is not None and explicit_P > n:
+        raise PlanError(f"parallelism.pipeline_stages={explicit_P}: the model has only {n} blocks")
+    explain, tables = [f"costs: {source}"], Tables(cal)
+    m, lines = choose_m(spec, tables, explicit_P or min(n, G), cap)
+    explain += lines
+    while True:
+        Ps = _pipeline_depths(spec, tables, G, m, cap, explain)
+        cands = [c for P in Ps for c in candidates_for(spec, tables, P, G, m)]
+        for c in cands:
+            check_explicit(spec, c.layout, G)
+        ranked, rejected = _run(spec, tables, cands, cap)
+        smaller = [x for x in cal.micro_batch_sizes if x < m]
+        if ranked or isinstance(spec.training.micro_batch_size, int) or not smaller:
+            break
+        explain.append(f"m={m}: no schedule fits memory; trying m={smaller[-1]}")
+        m = smaller[-1]
+    if not ranked:
+        worst = min(rejected, key=lambda c: max(c.memory or [float("inf")]))
+        raise PlanError(
+            f"no layout fits: {worst.layout.label()} {worst.why_not}; " + _fit_hint(spec, tables, G)
+        )
+    explain += sweep_lines(Ps, ranked, rejected)
+    return Search(ranked, rejected, explain)
+
+
+def _pipeline_depths(spec, tables: Tables, G: int, m: int, cap: float, explain: list[str]):
+    """The P values to sweep: explicit P, else the smallest that fits to min(blocks, G)."""
+    par, n = spec.parallelism, tables.cal.num_blocks
+    if isinstance(par.pipeline_stages, int):
+        explain.append(f"P={par.pipeline_stages}: explicit parallelism.pipeline_stages")
+        return [par.pipeline_stages]
+    top = min(n, G)
+    low = next((P for P in range(1, top + 1) if tables.min_memory(P, m) <= cap), None)
+    if low is None:
+        raise PlanError(_fit_hint(spec, tables, G))
+    explain.append(
+        f"P sweep: from {low} (smallest P whose stages fit {spec.hardware.memory_gb} GB "
+        f"at m={m}) to {top} = min(blocks {n}, G {G})"
+    )
+    return range(low, top + 1)
+
+
+def check_explicit(spec, layout: Layout, G: int) -> None:
+    """The errors an explicit P, D or m can cause, with what would fit."""
+    B, P, D = spec.training.global_batch_size, layout.P, layout.D
+    if P * D > G:
+        raise PlanError(
+            f"P x D = {P} x {D} = {P * D} devices, but only {G} are available: "
+            "lower parallelism.pipeline_stages or data_parallel, or add nodes"
+        )
+    if B % D:
+        raise PlanError(f"training.global_batch_size={B} is not divisible by D={D}")
+    if (B // D) % layout.m:
+        per = B // D
+        raise PlanError(
+            f"training.micro_batch_size={layout.m} does not divide the per-replica batch "
+            f"{per} (global_batch_size / D): pick a divisor of {per}"
+        )
+
+
+def _run(spec, tables: Tables, cands: list[Candidate], cap: float):
+    """Evaluate candidates best bound first, skipping those that cannot win."""
+    ranked, rejected = [], []
+    best: float | None = None
+    for c in sorted(cands, key=lambda c: c.bound):
+        if best is not None and c.bound >= best:
+            c.why_not = f"cannot win: even without bubbles a step takes >= {c.bound:.4g} s"
+            rejected.append(c)
+            continue
+        evaluate(spec, tables, c, cap)
+        if c.sim is None:
+            rejected.append(c)
+            continue
+        ranked.append(c)
+        best = c.step if best is None else min(best, c.step)
+    ranked.sort(key=rank_key)
+    return ranked, rejected
+
+
+def rank_key(c: Candidate) -> tuple[float, int, float]:
+    """Throughput first (the global batch is fixed: step time), then fewer devices,
+    then less memory."""
+    return (round(c.step, 12), c.layout.devices, max(c.memory))
+
+
+def _fit_hint(spec, tables: Tables, G: int) -> str:
+    """What would fit memory when nothing does at this G."""
+    cap, n = spec.hardware.memory_gb * GB, tables.cal.num_blocks
+    need = {P: tables.min_memory(P, 1) for P in range(1, n + 1)}
+    low = next((P for P in range(1, n + 1) if need[P] <= cap), None)
+    mem = spec.hardware.memory_gb
+    if low is None:
+        return (
+            f"the model does not fit {mem} GB devices even with one block per stage "
+            f"(P={n}): the heaviest block needs {need[n] / GB:.2f} GB with m=1; raise "
+            "hardware.memory_gb or use a smaller model"
+        )
+    if low > G:
+        top = min(n, G)
+        return (
+            f"the model needs at least P={low} stages to fit {mem} GB devices, but only "
+            f"G={G} devices are available: add devices (>= {low}), or raise "
+            f"hardware.memory_gb to {need[top] / GB:.2f} GB to fit P={top}"
+        )
+    return f"P >= {low} stages fit {mem} GB at m=1: lower micro_batch_size or raise P"
+
+
+def sweep_lines(Ps, ranked: list[Candidate], rejected: list[Candidate]) -> list[str]:
+    """One line per P: its best simulated layout, or why it has none."""
+    out = []
+    for P in Ps:
+        mine = [c for c in ranked if c.layout.P == P]
+        if mine:
+            best = mine[0]
+            others = ", ".join(
+                f"{c.layout.schedule}{'+R' if c.layout.recompute else ''} {c.step:.4g} s"
+                for c in mine[1:4]
+            )
+            note = f" [{best.note}]" if best.note else ""
+            out.append(
+                f"  P={P}: best {best.layout.label()} {best.step:.4g} s/step, "
+                f"bubble {100 * best.sim.bubble_ratio:.1f} %{note}"
+                + (f"; also {others}" if others else "")
+            )
+        else:
+            why = next((c.why_not for c in rejected if c.layout.P == P), "no candidate")
+            out.append(f"  P={P}: none ({why})")
+    return out

@@ -1,0 +1,267 @@
+"""The simulator's engine: runs per-stage action lists on plain Python lists.
+
+A stage runs its list in order, each action starting when the stage is free and its
+input (activation from stage s-1 for F, gradient from stage s+1 for B) has arrived, so
+start times follow by propagation along data flow: a stage advances as far as its
+inputs are known, and a stage blocked on an input that is not computed yet resumes
+when it is. No event queue is needed for that, and nothing is allocated per action
+but one float (its start time).
+
+Opportunistic deviation is the one decision that depends on what has arrived *by
+now*. When a stage meets a backward task without its gradient, it decides at once if
+the arrivals the decision needs are already computed; if one is not, the stage parks
+in a heap keyed by time and parked stages decide in time order. Everything that
+starts before a parked stage's decision time has been computed by then (it depends
+only on earlier events), so every decision sees exactly the arrivals a real stage
+would see. A deviation moves the forward to the front of the stage's remaining list;
+the list, a copy, then is the executed order. Events are built only when asked for
+(``timeline``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from jobctl.engine.core.actions import Action, Op
+from jobctl.engine.schedule.checks import peak_activations
+
+if TYPE_CHECKING:
+    from jobctl.engine.planner.simulator.simulation import CostModel
+
+INF = float("inf")
+BLOCKED, PARKED = -1, -2  # waiting[s] when not waiting for a particular input key
+FWD, REC, BWD = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD
+TimelineEntry = tuple[int, Action | None, float, float, str]
+_micro_batch = attrgetter("micro_batch")
+
+
+def send_times(costs: CostModel, M: int, seed: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Per boundary and micro-batch, the time on the wire of each activation and gradient.
+
+    The draw for a send depends only on (direction, boundary, micro-batch) and the seed.
+    """
+    if costs.jitter > 0 and costs.P > 1:
+        z = np.random.default_rng(seed).standard_normal((2, costs.P - 1, M))
+        factor = np.maximum(0.0, 1.0 + costs.jitter * z)
+        act = factor[0] * np.asarray(costs.act)[:, None]
+        grad = factor[1] * np.asarray(costs.grad)[:, None]
+        return act.tolist(), grad.tolist()
+    return [[x] * M for x in costs.act], [[x] * M for x in costs.grad]
+
+
+class Engine:
+    """One simulated step: ``run`` it, then read ``free``, ``busy``, ``lists``, ``timeline``.
+
+    ``inbox[s][i]`` is when the activation of micro-batch i reaches stage s and
+    ``inbox[s][M + i]`` when its gradient does (INF: not computed yet); the same index
+    names what a blocked stage waits for and, in ``out_dur[s]``, how long the send of
+    the output of F(i) (index i) or B(i) (index M + i) from stage s takes.
+    """
+
+    def __init__(self, stages: list[list[Action]], costs: CostModel, seed: int) -> None:
+        P = self.P = costs.P
+        self.costs = costs
+        self.opportunistic = costs.opportunistic
+        self.lists = [list(a) for a in stages]  # becomes the executed order
+        M = self.M = max(map(_micro_batch, stages[0]), default=-1) + 1
+        act, grad = send_times(costs, M, seed)
+        none = [0.0] * M
+        self.out_dur = [
+            (act[s] if s < P - 1 else none) + (grad[s - 1] if s else none) for s in range(P)
+        ]
+        self.inbox = [[INF] * (2 * M) for _ in range(P)]
+        self.inbox[0][:M] = none  # stage 0 reads its input from the data
+        self.inbox[P - 1][M:] = none  # the last stage's gradient is the loss
+        self.capped = costs.max_inflight_sends is not None
+        self.inflight: list[list[float]] = [[] for _ in range(P)]  # send end times
+        self.sent = [[0.0] * (2 * M) for _ in range(P)] if self.capped else None
+        self.starts: list[list[float]] = [[] for _ in range(P)]
+        self.context = [
+            (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
+            + (costs.f[s], costs.r[s], costs.b[s], s + 1 if s + 1 < P else -1, s - 1)
+            for s in range(P)
+        ]
+        self.pos = [0] * P
+        self.free = [0.0] * P
+        self.waiting = [BLOCKED] * P
+        self.todo = list(range(P))
+        self.heap: list[tuple[float, int]] = []
+        self.deviations = 0
+        if self.opportunistic:
+            self.rec = [{a.micro_batch for a in acts if a.op is REC} for acts in stages]
+            self.bounds = [peak_activations(acts) for acts in stages]
+            self.held = [[0, 0] for _ in range(P)]  # full, stashed; up to position counted
+            self.counted = [0] * P
+            self.next_forward = [0] * P
+            self.decided = [-1] * P  # position where the stage chose to keep order
+
+    def run(self) -> None:
+        """Advance stages along data flow; decide parked stages in time order."""
+        todo, heap, waiting, free = self.todo, self.heap, self.waiting, self.free
+        while True:
+            while todo:
+                self._advance(todo.pop())
+            if not heap:
+                break
+            t, s = heapq.heappop(heap)
+            if waiting[s] == PARKED and t >= free[s] and not self._choose(s, t, settled=True):
+                free[s] = t
+                todo.append(s)
+        blocked = [s for s in range(self.P) if self.pos[s] < len(self.lists[s])]
+        if blocked:
+            waits = ", ".join(f"stage {s} at {self.lists[s][self.pos[s]]}" for s in blocked)
+            raise ValueError(f"schedule deadlocks in simulation: {waits}")
+
+    def _advance(self, s: int) -> None:
+        """Run stage s's list from where it stopped until an input is missing.
+
+        The simulator's hot loop: one function, locals only, nothing allocated per
+        action but its start time.
+        """
+        acts, starts, inbox, dur, f, r, b, nxt, prv = self.context[s]
+        k, t, n, M = self.pos[s], self.free[s], len(acts), self.M
+        inboxes, waiting, opp, capped = self.inbox, self.waiting, self.opportunistic, self.capped
+        waiting[s] = BLOCKED
+        while k < n:
+            a = acts[k]
+            if opp and a.op is not FWD and inbox[M + a.micro_batch] > t:
+                self.pos[s] = k  # a backward task without its gradient: Varuna's deviation
+                if self._choose(s, t, settled=False):
+                    break
+                a = acts[k]
+            op = a.op
+            if op is REC:
+                starts.append(t)
+                t += r
+                k += 1
+                continue
+            key, cost, dst = (a.micro_batch, f, nxt) if op is FWD else (M + a.micro_batch, b, prv)
+            ready = inbox[key]
+            if ready > t:
+                if ready == INF:
+                    waiting[s] = key
+                    break
+                t = ready
+            starts.append(t)
+            t += cost
+            k += 1
+            if dst >= 0:
+                arrival = self._send(s, key, t) if capped else t + dur[key]
+                inboxes[dst][key] = arrival
+                w = waiting[dst]
+                if w == key:
+                    waiting[dst] = BLOCKED
+                    self.todo.append(dst)
+                elif w == PARKED:
+                    heapq.heappush(self.heap, (arrival, dst))
+        self.pos[s], self.free[s] = k, t
+
+    def _send(self, s: int, key: int, t: float) -> float:
+        """Arrival of a send issued at ``t`` when sends wait, in issue order, for a slot."""
+        inflight = self.inflight[s]
+        if len(inflight) >= self.costs.max_inflight_sends:
+            t = max(t, heapq.heappop(inflight))
+        self.sent[s][key] = t
+        arrival = t + self.out_dur[s][key]
+        heapq.heappush(inflight, arrival)
+        return arrival
+
+    def _choose(self, s: int, t: float, settled: bool) -> bool:
+        """Stage s, free at t, is at a backward task; True if it must stop and wait.
+
+        The task is R(i) before its B(i), or a B(i) without recompute (never a B after
+        its R: rule 2). If the gradient has not arrived by t and the next forward in
+        the list has its input and fits the schedule's activation peaks, that forward
+        moves ahead and runs now. Otherwise a recompute runs now, as in strict order,
+        and a backward waits for its gradient or that forward's input. ``settled``:
+        every arrival up to t is computed (decisions in time order); if not, a decision
+        that needs an arrival not computed yet parks the stage until t comes.
+        """
+        acts, inbox, k = self.lists[s], self.inbox[s], self.pos[s]
+        a = acts[k]
+        grad = inbox[self.M + a.micro_batch]
+        keep = k == self.decided[s] or (a.op is BWD and a.micro_batch in self.rec[s])
+        j = -1 if keep or grad <= t else self._fitting_forward(s, k)
+        if j < 0:
+            return False
+        fwd = inbox[acts[j].micro_batch]
+        if not settled and (grad == INF or fwd == INF):
+            self.waiting[s] = PARKED
+            heapq.heappush(self.heap, (t, s))
+            return True
+        if fwd <= t:
+            acts.insert(k, acts.pop(j))
+            self.deviations += 1
+            return False
+        if a.op is REC:
+            self.decided[s] = k
+            return False
+        self.waiting[s] = PARKED
+        for wake in (grad, fwd):
+            if wake < INF:
+                heapq.heappush(self.heap, (wake, s))
+        return True
+
+    def _fitting_forward(self, s: int, k: int) -> int:
+        """Position of the next forward after k if it fits the activation peaks, else -1."""
+        held, bound = self._held(s, k), self.bounds[s]
+        if held[0] >= bound.full and held[1] >= bound.stashed:
+            return -1
+        acts = self.lists[s]
+        j = max(self.next_forward[s], k + 1)
+        while j < len(acts) and acts[j].op is not FWD:
+            j += 1
+        self.next_forward[s] = j
+        if j == len(acts):
+            return -1
+        kind = acts[j].micro_batch in self.rec[s]  # 0: full activations, 1: stashed input
+        return j if held[kind] < bound[kind] else -1
+
+    def _held(self, s: int, k: int) -> list[int]:
+        """Full and stashed micro-batches stage s holds before position k."""
+        held, rec = self.held[s], self.rec[s]
+        for a in self.lists[s][self.counted[s] : k]:
+            if a.op is FWD:
+                held[a.micro_batch in rec] += 1
+            elif a.op is REC:
+                held[0] += 1
+                held[1] -= 1
+            else:
+                held[0] -= 1
+        self.counted[s] = k
+        return held
+
+    def busy(self) -> list[float]:
+        """Compute time per stage (one F and one B per micro-batch, R where listed)."""
+        c = self.costs
+        return [
+            self.M * (c.f[s] + c.b[s]) + (len(self.lists[s]) - 2 * self.M) * c.r[s]
+            for s in range(self.P)
+        ]
+
+    def timeline(self) -> list[TimelineEntry]:
+        """Every interval, grouped by stage: each action, then the send of its output."""
+        c, M, out = self.costs, self.M, []
+        for s, acts in enumerate(self.lists):
+            cost = {FWD: c.f[s], REC: c.r[s], BWD: c.b[s]}
+            for a, start in zip(acts, self.starts[s], strict=True):
+                end = start + cost[a.op]
+                out.append((s, a, start, end, "compute"))
+                key, dst = (a.micro_batch, s + 1) if a.op is FWD else (M + a.micro_batch, s - 1)
+                if a.op is not REC and 0 <= dst < self.P:
+                    sent = self.sent[s][key] if self.sent else end
+                    kind = "send_activation" if a.op is FWD else "send_gradient"
+                    out.append((s, a, sent, self.inbox[dst][key], kind))
+            ar_end = self.free[s] + c.ar[s]
+            out.append((s, None, self.free[s], ar_end, "allreduce"))
+            out.append((s, None, ar_end, ar_end + c.opt[s], "optimizer"))
+        return out
+
+    def step_time(self) -> float:
+        """When the last stage finishes its allreduce and optimizer step."""
+        c = self.costs
+        return max(self.free[s] + c.ar[s] + c.opt[s] for s in range(self.P))

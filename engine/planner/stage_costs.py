@@ -1,0 +1,485 @@
+"""From a calibration and one candidate layout to the simulator's CostModel.
+
+A layout is P stages x D replicas at micro-batch size m with a schedule. Per stage,
+compute is the sum over its blocks at m (Varuna sec. 4.4): forward (without autograd
+for micro-batches the stage recomputes later), backward, recompute (a forward with
+autograd), the data fetch on the first and last stage, the optimizer step. Per
+boundary, the activation and gradient send time of that boundary's bytes on the link
+between the two ranks (same node or not). Per stage, the gradient allreduce over its D
+replicas (ring size D, as many rings in flight as share its node), plus the tied
+embedding's allreduce over the first and last stage. Send jitter is the measured
+spread. On CPU workers that share a host's cores, compute is stretched by how many
+processes compute at once (``contend``). Where the calibration measured the runtime's
+own costs (``RuntimeCalibration``), every message carries its extra time and every
+stage its fixed per-step work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.actions import Action, Op
+from jobctl.engine.core.plan import RankPlan
+from jobctl.engine.planner.partition import partition
+from jobctl.engine.planner.simulator.simulation import CostModel, SimResult, simulate
+from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
+
+LOSS_BYTES = 8  # the float64 loss summed over replicas on the last stage
+CONTENTION_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The integer choices of one candidate plan."""
+
+    P: int
+    D: int
+    m: int
+    M: int
+    schedule: str
+    recompute: bool = False  # gpipe / 1f1b with recompute (varuna, scp always recompute)
+
+    @property
+    def devices(self) -> int:
+        return self.P * self.D
+
+    def label(self) -> str:
+        rec = "+recompute" if self.recompute else ""
+        return f"P={self.P} D={self.D} m={self.m} M={self.M} {self.schedule}{rec}"
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """Where ranks run: placement on nodes, and which ranks share a host's cores."""
+
+    P: int
+    D: int
+    per_node: int
+    placement: str  # stage_major | pipeline_major (see ``place``)
+    one_host: bool  # the local backend: every "node" is this machine
+    share_cores: bool  # CPU workers compete for the host's cores
+    oversubscribed: bool = False  # more of them than cores: waiting ranks wait for a core
+
+    def rank(self, stage: int, replica: int) -> int:
+        if self.placement == "pipeline_major":
+            return replica * self.P + stage
+        return stage * self.D + replica
+
+    def same_node(self, *pairs: tuple[int, int]) -> bool:
+        """Do the (stage, replica) ranks from the lowest to the highest share a node?
+
+        Nodes hold consecutive ranks, so a group shares one node exactly when its
+        lowest and highest rank do: callers pass just those ends.
+        """
+        if self.one_host:
+            return True
+        ranks = [self.rank(s, d) for s, d in pairs]
+        return min(ranks) // self.per_node == max(ranks) // self.per_node
+
+    def rings_sharing(self, stage: int) -> int:
+        """How many stages' allreduce rings have members on this stage's nodes."""
+        P, D, pn = self.P, self.D, self.per_node
+        if self.one_host:
+            return P
+        if self.placement == "pipeline_major":
+            return min(P, pn)
+        first, last = stage * D // pn, (stage * D + D - 1) // pn  # this stage's nodes
+        return min(P - 1, (min((last + 1) * pn, P * D) - 1) // D) - first * pn // D + 1
+
+    @property
+    def ranks(self) -> list[RankPlan]:
+        return place(self.P, self.D, self.per_node, self.placement)
+
+
+def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:
+    """Map ranks to (stage, replica) and nodes.
+
+    ``stage_major`` puts the replicas of one stage next to each other, so the
+    data-parallel allreduce (the heavy traffic) stays inside a node where it can;
+    ``pipeline_major`` keeps each pipeline's stages together instead.
+    """
+    out = []
+    for rank in range(P * D):
+        if placement == "pipeline_major":
+            stage, replica = rank % P, rank // P
+        else:
+            stage, replica = rank // D, rank % D
+        out.append(
+            RankPlan(
+                rank=rank,
+                node=rank // per_node,
+                local_rank=rank % per_node,
+                stage=stage,
+                replica=replica,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Per block, the calibrated seconds at one micro-batch size (looked up once)."""
+
+    m: int
+    fwd: list[float]
+    nograd: list[float]
+    bwd: list[float]
+    opt: list[float]
+    data: float
+
+    @classmethod
+    def at(cls, cal: Calibration, m: int) -> BlockTimes:
+        n = range(cal.num_blocks)
+        return cls(
+            m=m,
+            fwd=[cal.forward(i, m) for i in n],
+            nograd=[cal.forward(i, m, graph=False) for i in n],
+            bwd=[cal.backward(i, m) for i in n],
+            opt=[b.optimizer.median for b in cal.blocks],
+            data=cal.data_time(m),
+        )
+
+    def balance_costs(self) -> list[float]:
+        """Forward + backward per block, the data fetch on the end blocks: what the
+        partition balances."""
+        costs = [f + b for f, b in zip(self.fwd, self.bwd, strict=True)]
+        costs[0] += self.data
+        if len(costs) > 1:
+            costs[-1] += self.data
+        return costs
+
+
+class Tables:
+    """One search's lookups, computed once: block times per m, partitions per (P, m)."""
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+        self._times: dict[int, BlockTimes] = {}
+        self._stages: dict[tuple[int, int], list[list[int]]] = {}
+
+    def times(self, m: int) -> BlockTimes:
+        if m not in self._times:
+            self._times[m] = BlockTimes.at(self.cal, m)
+        return self._times[m]
+
+    def stages(self, P: int, m: int) -> list[list[int]]:
+        """Blocks per stage, balanced by calibrated time at m (exact min-max)."""
+        if (P, m) not in self._stages:
+            self._stages[P, m] = partition(self.times(m).balance_costs(), P)
+        return self._stages[P, m]
+
+    def min_memory(self, P: int, m: int) -> float:
+        """Heaviest stage with the least any schedule needs: state and one micro-batch."""
+        blocks = self.cal.blocks
+        return max(
+            sum(blocks[i].state_bytes + m * blocks[i].act_bytes for i in s)
+            for s in self.stages(P, m)
+        )
+
+
+def activation_peaks(layout: Layout, actions: list[list[Action]] | None) -> list[ActivationPeak]:
+    """Per stage, the most micro-batches held at once (full activations, stashed inputs).
+
+    GPipe's and 1F1B's peaks have closed forms (``test_planner`` checks them against
+    ``peak_activations``), so a candidate that cannot fit needs no schedule generated.
+    """
+    P, M, name, rec = layout.P, layout.M, layout.schedule, layout.recompute
+    if name == "1f1b":
+        return [
+            ActivationPeak(1, min(P - s, M)) if rec else ActivationPeak(min(P - s, M), 0)
+            for s in range(P)
+        ]
+    if name == "gpipe" and not rec:
+        return [ActivationPeak(M, 0)] * P
+    if name == "gpipe":  # the last stage keeps its last micro-batch: one full more
+        return [ActivationPeak(1, M)] * (P - 1) + [ActivationPeak(min(2, M), M - 1)]
+    return [peak_activations(a) for a in actions]
+
+
+def stage_memory(
+    cal: Calibration, stages: list[list[int]], peaks: list[ActivationPeak], m: int
+) -> list[float]:
+    """Bytes per stage: training state, plus activations at the schedule's peaks
+    (full activations of kept forwards, stage inputs of forwards recomputed later)."""
+    out = []
+    for blocks, peak in zip(stages, peaks, strict=True):
+        state = sum(cal.blocks[i].state_bytes for i in blocks)
+        acts = sum(cal.blocks[i].act_bytes for i in blocks) * m
+        inp = cal.blocks[blocks[0] - 1].boundary_bytes * m if blocks[0] > 0 else 0.0
+        work = max(cal.blocks[i].peak_bytes.get(m, 0.0) - cal.blocks[i].state_bytes for i in blocks)
+        out.append(state + peak.full * acts + peak.stashed * inp + max(work, 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per-stage seconds of one (P, D, m) layout, before a schedule says which
+    micro-batches it recomputes; ``model`` turns them into the simulator's CostModel."""
+
+    graph: list[float]  # forward keeping the autograd graph (also a recompute)
+    nograd: list[float]  # first forward of a micro-batch recomputed later
+    fetch: list[float]  # data loading per forward (first and last stage)
+    b: list[float]
+    opt: list[float]
+    ar: list[float]
+    sends: list[float]  # per boundary, activation and gradient alike
+    jitter: float
+
+    def model(self, layout: Layout, recomputes: Sequence[int] | None) -> CostModel:
+        """The CostModel for ``recomputes[s]`` recomputed micro-batches per stage
+        (None, for bounds: whichever forward is cheaper)."""
+        M = layout.M
+        if recomputes is None:
+            f = [x + min(g, n) for x, g, n in zip(self.fetch, self.graph, self.nograd, strict=True)]
+        else:
+            f = [
+                x + (k * n + (M - k) * g) / M
+                for x, g, n, k in zip(self.fetch, self.graph, self.nograd, recomputes, strict=True)
+            ]
+        return CostModel(
+            f=f,
+            b=self.b,
+            r=self.graph,
+            act=self.sends,
+            grad=self.sends,
+            jitter=self.jitter,
+            ar=self.ar,
+            opt=self.opt,
+            opportunistic=layout.schedule == "varuna",
+        )
+
+
+def stage_costs(
+    cal: Calibration, layout: Layout, stages: list[list[int]], hosting: Hosting, times: BlockTimes
+) -> StageCosts:
+    """Sum the calibrated block costs over each stage's blocks at the layout's m."""
+    P, m = layout.P, layout.m
+    rt = cal.runtime
+    # Messages at the idle probe's cost; ``contend`` moves it with the plan's load.
+    message = rt.message_s if rt else 0.0
+    a = rt.action_s if rt else 0.0  # the executor's own cost per action
+    # Cores oversubscribed: the probes' fitted message cost (``contend``) is what the
+    # runtime pays; the busy ping-pong is only the fallback without them (bimodal: a
+    # woken process preempts a computing one, or waits out its time slice, so its
+    # median was 0.09 ms in one calibration and 1.8 ms in the next).
+    busy_link = hosting.oversubscribed and rt is None
+    return StageCosts(
+        graph=[a + sum(times.fwd[i] for i in blocks) for blocks in stages],
+        nograd=[a + sum(times.nograd[i] for i in blocks) for blocks in stages],
+        fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
+        b=[a + sum(times.bwd[i] for i in blocks) for blocks in stages],
+        opt=[sum(times.opt[i] for i in blocks) + (rt.step_s if rt else 0.0) for blocks in stages],
+        ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
+        sends=with_message(
+            [
+                cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
+                    cal.blocks[stages[s][-1]].boundary_bytes * m, busy=busy_link
+                )
+                for s in range(P - 1)
+            ],
+            message,
+        ),
+        jitter=cal.jitter,
+    )
+
+
+def recompute_counts(actions: list[list[Action]]) -> list[int]:
+    return [sum(a.op is Op.RECOMPUTE for a in acts) for acts in actions]
+
+
+def cost_model(
+    cal: Calibration,
+    layout: Layout,
+    stages: list[list[int]],
+    actions: list[list[Action]],
+    hosting: Hosting,
+) -> CostModel:
+    """CostModel of ``layout`` running ``actions``, before core sharing (``contend``)."""
+    costs = stage_costs(cal, layout, stages, hosting, BlockTimes.at(cal, layout.m))
+    return costs.model(layout, recompute_counts(actions))
+
+
+def _allreduce(
+    cal: Calibration, layout: Layout, s: int, blocks: list[int], hosting: Hosting
+) -> float:
+    """Stage s's gradient sum over its D replicas, the tied embedding's over the first
+    and last stage, and the last stage's loss sum, one after the other."""
+    P, D = layout.P, layout.D
+    tied = sum(cal.blocks[i].tied_bytes for i in blocks) if P > 1 else 0.0
+    grads = sum(cal.blocks[i].param_bytes for i in blocks) - tied
+    ends = ((s, 0), (s, D - 1))
+    t = cal.allreduce(hosting.same_node(*ends)).time(D, grads, hosting.rings_sharing(s))
+    if tied:
+        t += cal.allreduce(hosting.same_node((0, 0), (P - 1, D - 1))).time(2 * D, tied)
+    if s == P - 1:
+        t += cal.allreduce(hosting.same_node(*ends)).time(D, LOSS_BYTES)
+    return t
+
+
+def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
+    """A step time no schedule can beat, from data flow alone.
+
+    Every stage does its own work (``busy``) and then its allreduce and optimizer step.
+    Stage s cannot start before micro-batch 0's forwards of stages 0..s-1, and after its
+    last backward the gradient still crosses the backwards of stages s-1..0, after which
+    stage 0 reduces and steps. Sends are left out (jitter may shorten them), so this
+    holds for every schedule, opportunistic ones included.
+    """
+    busy = [M * (costs.f[s] + costs.b[s]) + recomputes[s] * costs.r[s] for s in range(costs.P)]
+    own = max(busy[s] + costs.ar[s] + costs.opt[s] for s in range(costs.P))
+    through, ramp = 0.0, 0.0
+    for s in range(costs.P):
+        through = max(through, ramp + busy[s])
+        ramp += costs.f[s] + costs.b[s]
+    return max(own, through + costs.ar[0] + costs.opt[0])
+
+
+def with_message(sends, extra: float) -> list[float]:
+    """Send times with ``extra`` seconds per message (negative: a channel cheaper than
+    the measured link), never below a free send."""
+    return [max(0.0, x + extra) for x in sends]
+
+
+def demand(result: SimResult, D: int) -> float:
+    """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
+    return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
+
+
+def contend(
+    cal: Calibration,
+    actions: list[list[Action]],
+    base: CostModel,
+    D: int,
+    seed: int = 0,
+    messages: bool = True,
+) -> tuple[CostModel, SimResult]:
+    """Simulate with compute stretched by core sharing, to a fixed point.
+
+    Each round simulates, then gives each stage the time-averaged slowdown its compute
+    saw (``host.factor`` of D x the stages computing at each instant: replicas run in
+    step) and simulates again; each stage's optimizer step gets the factor of the
+    ranks whose optimizer steps overlap it (``_optimizer_factors``: stages finish their
+    schedules at different times, the last one often alone). With ``messages`` (the
+    planner sets it where ranks outnumber the host's cores: with a core each, a woken
+    receiver never waits for one, and the busy probe's regime does not apply; a 2-rank
+    pipeline had its messages priced toward the 4-rank probe's and came out 23 % slow)
+    and a measured runtime, each message also costs what the plan's compute demand says
+    (``RuntimeCalibration.message_at``; ``base`` carries the idle cost): the processes
+    computing at once in the plain simulation of ``base``, measured as the probes' loads
+    were, so it depends on the plan alone, never on the message time it selects.
+    Damped, a few rounds settle it. Last, each stage's allreduce waits for the slowest
+    of its replicas at that demand (``replica_skew``).
+    """
+    host, rt = cal.host, cal.runtime
+    adjust = messages and rt is not None and rt.load_busy > rt.load_idle
+    factors = [1.0] * base.P
+    costs, result = base, simulate(actions, base, seed)
+    load = demand(result, D)
+    opt = list(base.opt)
+    update = {}
+    if adjust:
+        extra = rt.message_at(load) - rt.message_s
+        update = {"act": with_message(base.act, extra), "grad": with_message(base.grad, extra)}
+    for _ in range(CONTENTION_ROUNDS):
+        seen = _compute_factors(result, base.P, D, host.factor)
+        factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
+        opt_k = _optimizer_factors(result, base.ar, opt, D, host.factor)
+        opt = [x * k for x, k in zip(base.opt, opt_k, strict=True)]
+        costs = dataclasses.replace(
+            base,
+            f=[x * k for x, k in zip(base.f, factors, strict=True)],
+            b=[x * k for x, k in zip(base.b, factors, strict=True)],
+            r=[x * k for x, k in zip(base.r, factors, strict=True)],
+            opt=opt,
+            **update,
+        )
+        result = simulate(actions, costs, seed)
+    return replica_skew(cal, actions, costs, result, D, load, seed)
+
+
+def replica_skew(
+    cal: Calibration,
+    actions: list[list[Action]],
+    costs: CostModel,
+    result: SimResult,
+    D: int,
+    load: float,
+    seed: int = 0,
+) -> tuple[CostModel, SimResult]:
+    """``costs`` and ``result`` with each stage's allreduce waiting for its slowest replica.
+
+    The simulator runs one pipeline for all D; real replicas' runs vary from step to
+    step (``RuntimeCalibration.cv_at`` the plan's ``load``: one rank's relative spread
+    in the probes), and a stage's gradient sum starts when the last of its D replicas
+    is done: on average ``expected_max(D)`` standard deviations after the typical one.
+    Two replicas on this 2-core host ended their runs 3 ms apart at the median (mean
+    4.4 ms) in 30 ms steps. Nothing without a measured runtime or with one replica.
+    """
+    rt = cal.runtime
+    if D < 2 or rt is None:
+        return costs, result
+    spread = expected_max(D) * rt.cv_at(load)
+    if spread <= 0:
+        return costs, result
+    ar = [a + spread * end for a, end in zip(costs.ar, result.stage_end, strict=True)]
+    costs = dataclasses.replace(costs, ar=ar)
+    return costs, simulate(actions, costs, seed)
+
+
+@functools.cache
+def expected_max(n: int) -> float:
+    """Mean of the largest of ``n`` independent standard normal draws (0 for one):
+    the integral of x n phi(x) Phi(x)^(n-1), by the midpoint rule."""
+    if n < 2:
+        return 0.0
+    normal, lo, hi, steps = statistics.NormalDist(), -9.0, 9.0, 4000
+    dx = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * dx
+        total += x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1)
+    return total * dx
+
+
+def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float]:
+    """Per stage, the slowdown of its optimizer step: ``factor`` of D x the stages whose
+    steps overlap its own (each counted by the share of it they overlap)."""
+    end = result.stage_end
+    spans = [(end[s] + a, end[s] + a + o) for s, (a, o) in enumerate(zip(ar, opt, strict=True))]
+    out = []
+    for a, b in spans:
+        if b <= a:
+            out.append(1.0)
+            continue
+        k = sum(max(0.0, min(b, d) - max(a, c)) for c, d in spans) / (b - a)
+        out.append(factor(D * k))
+    return out
+
+
+def _compute_factors(result: SimResult, P: int, D: int, factor) -> list[float]:
+    """Per stage, its compute-time-weighted mean slowdown factor."""
+    edges = []
+    for e in result.events:
+        if e.kind == "compute" and e.end > e.start:
+            edges += [(e.start, 1, e.stage), (e.end, -1, e.stage)]
+    edges.sort(key=lambda x: (x[0], x[1]))
+    active: set[int] = set()
+    weight, total = [0.0] * P, [0.0] * P
+    last = 0.0
+    for t, kind, s in edges:
+        if active and t > last:
+            k = factor(D * len(active))
+            for a in active:
+                weight[a] += (t - last) * k
+                total[a] += t - last
+        last = t
+        if kind > 0:
+            active.add(s)
+        else:
+            active.discard(s)
+    return [w / t if t > 0 else 1.0 for w, t in zip(weight, total, strict=True)]

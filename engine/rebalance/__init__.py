@@ -1,0 +1,1 @@
+"""jobctl.engine.rebalance: TODO."""

@@ -1,0 +1,222 @@
+"""Live migration of blocks between ranks (DynPipe sec. 3.0.3): no restart.
+
+Given the plan a run trains under and a new one (other stage boundaries, or fewer
+stages after packing; the same D), every block whose owner changes travels, for each
+data-parallel replica d, from replica d of its old stage to replica d of its new stage:
+its parameters (under the unsplit model's names, tied aliases included), their
+optimizer state (momentum buffers, Adam's moments and step) and any extra per-parameter
+tensors (pruning masks). Transfers run in one global order that every rank walks, a
+rank sending or receiving only in its own pairs, so there is no cycle and no deadlock.
+
+The receiving rank builds its new :class:`Stage` from the blocks it keeps (the very
+module objects, so their parameters and optimizer state stay) and the blocks that
+arrived, a fresh optimizer over it holding the moved state, the new topology (all ranks
+create the new process groups together, freed ranks included) and the new action
+list. Values are copied bit for bit, so training continues with identical numerics.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from jobctl.engine.core.actions import Action
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.p2p.gloo import comm_device
+from jobctl.engine.runtime.topology import Topology, build_topology
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class Migrated:
+    """One rank's state after a migration (``stage`` None: this rank was freed)."""
+
+    stage: Stage | None
+    named: dict[str, nn.Parameter]
+    opt: torch.optim.Optimizer | None
+    topo: Topology | None
+    actions: list[Action]
+    extras: Tensors  # extra tensors (masks) that arrived, by unsplit name
+    left: list[int]  # blocks that left this rank
+    arrived: list[int]  # blocks that arrived
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    live_group: object | None = None  # group of the ranks still training (after a pack)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def freed(self) -> bool:
+        return self.stage is None
+
+
+def owners(plan: Plan) -> dict[tuple[int, int], int]:
+    """(block, replica) -> global rank holding it."""
+    return {(b, d): r for st in plan.stages for d, r in enumerate(st.ranks) for b in st.blocks}
+
+
+def transfers(old: Plan, new: Plan) -> list[tuple[int, int, list[int]]]:
+    """(src rank, dst rank, blocks) for every pair that must exchange blocks, sorted."""
+    if old.D != new.D:
+        raise ValueError(f"migration keeps the data-parallel degree: D {old.D} -> {new.D}")
+    if sorted(b for s in old.stages for b in s.blocks) != sorted(
+        b for s in new.stages for b in s.blocks
+    ):
+        raise ValueError("old and new plan hold different blocks")
+    a, b = owners(old), owners(new)
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for key, src in sorted(a.items()):
+        dst = b[key]
+        if src != dst:
+            pairs.setdefault((src, dst), []).append(key[0])
+    return [(s, d, sorted(bl)) for (s, d), bl in sorted(pairs.items())]
+
+
+def _state_copy(state: dict) -> dict:
+    return {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+
+
+def _pack(stage: Stage, opt, extras: Tensors, blocks: list[int]) -> bytes:
+    """Parameters, optimizer state and extras of ``blocks`` as one byte string."""
+    prefixes = tuple(f"layers.{b}." for b in blocks)
+    payload: dict[str, dict] = {}
+    for name, p in stage.named_parameters(remove_duplicate=False):
+        if name.startswith(prefixes):
+            payload[name] = {
+                "p": p.detach().clone(),
+                "s": _state_copy(opt.state.get(p, {})),
+                "x": extras[name].clone() if name in extras else None,
+            }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+def _send_bytes(data: bytes, dst: int) -> None:
+    dev = comm_device()
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    dist.send(torch.tensor([t.numel()], dtype=torch.int64, device=dev), dst)
+    dist.send(t, dst)
+
+
+def _recv_bytes(src: int) -> bytes:
+    dev = comm_device()
+    n = torch.zeros(1, dtype=torch.int64, device=dev)
+    dist.recv(n, src)
+    t = torch.empty(int(n), dtype=torch.uint8, device=dev)
+    dist.recv(t, src)
+    return t.cpu().numpy().tobytes()
+
+
+class _Reuse(ModelDef):
+    """A ModelDef that hands back the modules a rank keeps instead of building them."""
+
+    def __init__(self, mdef: ModelDef, kept: dict[int, nn.Module]):
+        super().__init__(mdef.num_blocks, mdef.build, mdef.ties, mdef.seed, mdef.names)
+        self.kept = kept
+
+    def block(self, i: int) -> nn.Module:
+        if i in self.kept:
+            return self.kept[i]
+        with torch.device("meta"):  # shapes only: the values arrive from the old owner
+            block = self.build(i)
+        if any(not p.is_meta for p in block.parameters()):
+            # A user factory (model.import) hands back the modules it built once, with
+            # their initial values: a copy of the shapes, so the sent values fill it.
+            block = copy.deepcopy(block).to("meta")
+        return block
+
+
+def migrate(
+    old: Plan,
+    new: Plan,
+    rank: int,
+    stage: Stage,
+    opt: torch.optim.Optimizer,
+    mdef: ModelDef,
+    training,
+    extras: Tensors | None = None,
+    device: torch.device | None = None,
+) -> Migrated:
+    """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks."""
+    t0 = time.perf_counter()
+    extras = extras or {}
+    device = device or torch.device("cpu")
+    mine_old = set(old.stage_of(rank).blocks)
+    member = rank < len(new.ranks)
+    mine_new = list(new.stage_of(rank).blocks) if member else []
+    received: dict[str, dict] = {}
+    sent = got = 0
+    for src, dst, blocks in transfers(old, new):
+        if src == rank:
+            data = _pack(stage, opt, extras, blocks)
+            _send_bytes(data, dst)
+            sent += len(data)
+        elif dst == rank:
+            data = _recv_bytes(src)
+            got += len(data)
+            received.update(torch.load(io.BytesIO(data), map_location=device, weights_only=True))
+    left = sorted(mine_old - set(mine_new))
+    arrived = sorted(set(mine_new) - mine_old)
+    # New groups: every rank of the old world creates them, in the same order.
+    topo = build_topology(new, rank, bool(mdef.ties))
+    live = None
+    if new.world_size < old.world_size:
+        live = dist.new_group(list(range(new.world_size)))
+    out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, got, live_group=live)
+    if not member:
+        out.seconds = time.perf_counter() - t0
+        return out
+    kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
+    new_stage = Stage(_Reuse(mdef, kept), mine_new)
+    _fill_arrivals(new_stage, received, device)
+    named = dict(new_stage.named_parameters())
+    new_opt = build_optimizer(list(named.values()), training)
+    new_opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"]
+    for name, p in named.items():
+        if name in received:
+            if received[name]["s"]:
+                new_opt.state[p] = received[name]["s"]
+        elif p in opt.state:  # a kept parameter: same object, same state
+            new_opt.state[p] = opt.state[p]
+    out.stage, out.named, out.opt = new_stage, named, new_opt
+    out.actions = new.stage_of(rank).action_list()
+    out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+@torch.no_grad()
+def _fill_arrivals(stage: Stage, received: dict[str, dict], device: torch.device) -> None:
+    """Materialise the arrived blocks (built on the meta device) with the sent values.
+
+    Only meta parameters are filled: a tied half that is now co-located with a kept
+    half is already bound to the kept Parameter (the two are equal bit for bit).
+    """
+    all_named = dict(stage.named_parameters(remove_duplicate=False))
+    for name in sorted(received):
+        if name not in all_named:
+            raise RuntimeError(f"migration received {name!r}, which this stage does not hold")
+        p = all_named[name]
+        if not p.is_meta:
+            continue
+        value = nn.Parameter(received[name]["p"].to(device), requires_grad=p.requires_grad)
+        for other, q in all_named.items():  # every name bound to this parameter
+            if q is p:
+                stage._set_param(other, value)
+                all_named[other] = value
+    for name, p in stage.named_parameters(remove_duplicate=False):
+        if p.is_meta:
+            raise RuntimeError(f"migration left {name!r} without a value")
+    for buf_name, buf in stage.named_buffers():
+        if buf.is_meta:
+            raise RuntimeError(f"migration cannot move buffer {buf_name!r}")

@@ -1,0 +1,85 @@
+"""Process groups and neighbours of one worker, derived from the plan.
+
+Every rank creates every group in the same order (torch.distributed requires it):
+one data-parallel group per stage (the replicas of that stage, Varuna's first ring)
+and, when the first and last stage hold the two halves of a tied weight, one group
+joining both stages of all replicas, over which the tied weight's gradient is summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from jobctl.engine.core.plan import Plan
+
+
+@dataclass
+class Topology:
+    """Where this rank sits in the P x D grid and whom it talks to."""
+
+    rank: int
+    stage: int
+    replica: int
+    P: int
+    D: int
+    prev: int | None  # rank of stage-1 in the same replica
+    next: int | None  # rank of stage+1 in the same replica
+    dp_ranks: list[int]
+    dp_group: object | None
+    tied_ranks: list[int]
+    tied_group: object | None
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.P - 1
+
+    @property
+    def is_reporter(self) -> bool:
+        """The rank that reports step metrics: last stage of replica 0."""
+        return self.is_last and self.replica == 0
+
+
+def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology | None:
+    """Create all process groups (collectively) and return this rank's view.
+
+    A rank the plan does not use (freed by packing) still takes part in creating the
+    groups, which every process of the world must do, and gets None.
+    """
+    member = rank < len(plan.ranks)
+    dp_group = None
+    for st in plan.stages:
+        group = dist.new_group(st.ranks) if len(st.ranks) > 1 else None
+        if member and st.index == plan.rank(rank).stage:
+            dp_group = group
+    tied_ranks: list[int] = []
+    tied_group = None
+    if has_ties and plan.P > 1:
+        tied_ranks = sorted(plan.stages[0].ranks + plan.stages[-1].ranks)
+        group = dist.new_group(tied_ranks)
+        if rank in tied_ranks:
+            tied_group = group
+    if not member:
+        return None
+    me = plan.rank(rank)
+    stage = plan.stages[me.stage]
+    prev = plan.stages[me.stage - 1].ranks[me.replica] if me.stage > 0 else None
+    nxt = plan.stages[me.stage + 1].ranks[me.replica] if me.stage < plan.P - 1 else None
+    return Topology(
+        rank=rank,
+        stage=me.stage,
+        replica=me.replica,
+        P=plan.P,
+        D=plan.D,
+        prev=prev,
+        next=nxt,
+        dp_ranks=list(stage.ranks),
+        dp_group=dp_group,
+        tied_ranks=tied_ranks if rank in tied_ranks else [],
+        tied_group=tied_group,
+    )

@@ -1,0 +1,121 @@
+"""One attempt of a run: its processes (the run host, then the nodes) and its progress bar.
+
+``ProcessLauncher`` is the supervisor's seam to the real world: ``start`` spawns the
+detached run host (rendezvous store and event channel, engine/channel/host.py) and
+submits the node scripts to the backend; ``ready`` waits until the host listens.
+The supervisor's unit tests hand it a launcher whose backend replays node states
+instead; the multi-process tests cover this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jobctl.backends import get_backend
+from jobctl.backends.local import process_token
+from jobctl.engine.channel.host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
+from jobctl.engine.supervise.launch import Run
+
+
+@dataclass
+class Attempt:
+    """A submitted attempt: the backend that started it, its node handles, its host."""
+
+    run: Run
+    backend: object  # status / cancel / logs, as in jobctl.backends.base.Backend
+    handles: list[str]
+    host_proc: subprocess.Popen | None = None
+    host: RunHost | None = None
+    start_step: int = 0  # the step it continues from
+
+    def stop_host(self) -> None:
+        """End the run host (the attempt is over: nobody joins its store any more)."""
+        if self.host is not None:
+            self.host.stop()
+        elif self.host_proc is not None:
+            self.host_proc.kill()
+
+
+class ProcessLauncher:
+    """Starts attempts for real: the run host, then the nodes on the backend."""
+
+    def start(self, run: Run, backend: str, secret: str | None, channel_port: int) -> Attempt:
+        impl = get_backend(backend)
+        proc = spawn_run_host(run.dir, run.ctx.rdzv_endpoint, channel_port, secret)
+        try:
+            handles = impl.submit(run.rendered, run.ctx)
+        except BaseException:
+            proc.kill()
+            raise
+        return Attempt(run, impl, handles, host_proc=proc)
+
+    def ready(self, attempt: Attempt) -> None:
+        """Wait for the attempt's run host; on failure the nodes are ended too."""
+        try:
+            attempt.host = wait_run_host(attempt.run.dir, attempt.host_proc)
+        except RuntimeError:
+            attempt.backend.cancel(attempt.handles, 9)
+            raise
+
+
+def claim_host(run_dir: Path) -> None:
+    """Record this process as the supervisor in the run's ``host.json`` (an adoption):
+    a later ``jobctl resume`` then sees a live supervisor and refuses to start another."""
+    path = Path(run_dir) / HOST_FILE
+    with contextlib.suppress(FileNotFoundError):
+        info = json.loads(path.read_text())
+        info["supervisor"] = os.getpid()
+        info["supervisor_token"] = process_token(os.getpid())
+        tmp = path.with_name(f".{HOST_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)
+
+
+class ProgressView:
+    """The attempt's progress bar (steps, loss, throughput) and upload bar."""
+
+    def __init__(self, console: Console, run_id: str, total: int, start: int) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[sps]} samples/s"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.bar.add_task(run_id, total=total, completed=start, loss="-", sps="-")
+        self.upload = self.bar.add_task(
+            "upload", total=1, completed=0, loss="", sps="-", visible=False
+        )
+        self.bar.start()
+
+    def on_event(self, rec: dict) -> None:
+        if rec["kind"] == "step":
+            self.bar.update(
+                self.task,
+                completed=rec["step"],
+                loss=f"{rec['loss']:.4f}",
+                sps=f"{rec['samples_per_s']:.1f}",
+            )
+        elif rec["kind"] == "upload":
+            self.bar.update(
+                self.upload,
+                visible=True,
+                total=max(rec["bytes_total"], 1),
+                completed=rec["bytes_done"],
+                description=f"upload step {rec['step']}",
+            )
+
+    def stop(self) -> None:
+        self.bar.stop()

@@ -1,0 +1,432 @@
+"""Watch a launched attempt: worker records into the state DB, how it ended out.
+
+``Monitor.poll_once()`` does one round (read new metrics, check every node) and returns
+how the attempt ended once it has; the supervisor (engine/supervise/supervisor.py) calls it once
+per step in a steady phase. Its clock is injected so tests drive time.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobctl.backends import BackendError, NodeStatus
+from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.pruning.events import PruningWatch
+from jobctl.engine.rebalance.events import KINDS as REBALANCE_KINDS
+from jobctl.engine.rebalance.events import RebalanceWatch
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
+from jobctl.engine.supervise.launch import Run, failing_rank, last_lines, read_metrics
+from jobctl.engine.supervise.recovery import Loss, LossClock
+from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch
+from jobctl.engine.supervise.stragglers import StragglerDetector
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended: completed, stopped (checkpointed on request), preempted
+    (nodes lost or told to leave; ``lost_nodes``, and ``loss``: when), or failed."""
+
+    ok: bool
+    exit_code: int
+    message: str
+    losses: list[float] = field(default_factory=list)
+    kind: str = "completed"
+    lost_nodes: list[int] = field(default_factory=list)
+    devices: int | None = None  # a morph's target device count
+    straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
+    loss: Loss | None = None
+
+
+class Monitor:
+    """Follows one run's nodes and metrics until it ends."""
+
+    def __init__(
+        self,
+        run: Run,
+        backend,
+        handles: list[int],
+        db: StateDB,
+        total_steps: int,
+        on_event: Callable[[dict], None] | None = None,
+        straggler_threshold: float = 0.15,
+        heartbeat_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        activity=None,
+    ):
+        self.run, self.backend, self.handles, self.db = run, backend, handles, db
+        self.clock, self.activity = clock, activity  # activity: engine/supervise/activity.py
+        self.beats = HeartbeatWatch(heartbeat_timeout_s, clock)
+        self.total = total_steps
+        self.on_event = on_event
+        metrics = run.dir / "metrics.jsonl"
+        self.offset = metrics.stat().st_size if metrics.exists() else 0  # earlier attempts
+        if getattr(run, "metrics_offset", None) is not None:  # adopted: where the last one left
+            self.offset = run.metrics_offset
+        self.losses: list[float] = []
+        self.last_upload = -1
+        self.sigterm_nodes: set[int] = set()
+        self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
+        self.trained = self.checkpointed = False  # in this attempt
+        self.queued: str | None = None  # the scheduler's reason while a handle waits
+        self.ran = False  # a handle was seen running in this attempt
+        self.scaling = ScaleWatch(run.dir, db.clock)
+        self.scale_to: ScaleRequest | None = None
+        self.stopped_at: float | None = None
+        self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
+        self.finished = False
+        self.detector = StragglerDetector(threshold=straggler_threshold)
+        self.stragglers: list[int] = []
+        self.pruning = PruningWatch(db, run.id)
+        self.rebalance = RebalanceWatch(db, run.id)
+        self.lost = LossClock()
+        self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
+        self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
+        self.failed_at: float | None = None
+        self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
+        self.released: set[int] = set()  # nodes handed back to the backend
+        self.released_handles: set[int] = set()  # handles that end on their own, exit 0
+        self.left: set[int] = set()  # released handles seen ended
+
+    STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
+    # Every rank checkpointed and said so: what still runs is at most torchrun's exit
+    # barrier, waiting for the agent of a node that left (a SIGTERM'd one) for minutes.
+    ALL_STOPPED_GRACE_S = 2.0
+    PEER_FAILURE_GRACE_S = 10.0  # for the node that lost a process to fail after its peers
+
+    def poll_once(self) -> Outcome | None:
+        """One round: returns the outcome once the attempt has ended, else None."""
+        self._consume_metrics()
+        self._release_freed()
+        self._check_scale()
+        outcome = self._poll()
+        if outcome is None:
+            return None
+        if self.scale_to is not None and outcome.kind == "stopped":
+            req = self.scale_to
+            msg = f"{req.reason}: morphing to {req.devices} device(s) after a checkpoint"
+            outcome = Outcome(False, 0, msg, self.losses, "morph", devices=req.devices)
+        outcome.straggler_nodes = self.detector.nodes(self.stragglers)
+        if outcome.kind == "preempted" and outcome.loss is None:
+            outcome.loss = self.lost.loss(outcome.lost_nodes)
+        return outcome
+
+    def _check_scale(self) -> None:
+        """A due scale request stops every rank gracefully (checkpoint, then exit)."""
+        if self.scale_to is not None or self.stopped_at is not None or self.finished:
+            return
+        req = self.scaling.due()
+        if req is not None:
+            self.scale_to = req
+            self.db.add_event(self.run.id, "scale", f"{req.reason}: to {req.devices} device(s)")
+            self.backend.cancel(self.handles, signal.SIGTERM)
+
+    def _release_freed(self) -> None:
+        """Nodes packing freed go back to the backend once every rank on them has left
+        (each wrote ``freed`` with the node script it ran under): their processes end on
+        their own, which is expected."""
+        if not self.freed_ranks:
+            return
+        per_node = self.run.ctx.nproc_per_node
+        left: dict[int, int] = {}
+        for node in self.freed_ranks.values():
+            left[node] = left.get(node, 0) + 1
+        done = sorted(
+            n
+            for n, count in left.items()
+            if n not in self.released and n < len(per_node) and count >= per_node[n]
+        )
+        if not done:
+            return
+        self.released |= set(done)
+        try:
+            got = self.backend.release(self.handles, done)
+        except (BackendError, OSError) as e:
+            msg = f"node(s) {done} were freed but could not be released: {e}"
+            self.db.add_event(self.run.id, "release_error", msg, {"nodes": done})
+            return
+        self.released_handles |= set(got.handles)
+        msg = f"released node(s) {done} freed by packing: {got.note}"
+        self.db.add_event(self.run.id, "released", msg, {"nodes": done, "note": got.note})
+
+    def _poll(self) -> Outcome | None:
+        statuses = self.backend.status(self.handles)
+        for n in self.released_handles:  # a released node's end is expected (exit 0)
+            if statuses[n].done:
+                if n not in self.left:
+                    self.left.add(n)
+                    msg = f"node {n} left after its release ({statuses[n].detail})"
+                    self.db.add_event(self.run.id, "node_left", msg, {"node": n})
+                statuses[n] = NodeStatus("succeeded", 0, statuses[n].detail)
+        codes = [s.exit_code for s in statuses]
+        self._follow_queue(statuses)
+        if self.stopped_at is not None:
+            return self._stopped(statuses)
+        if self.finished and all(c is not None for c in codes):
+            # Every step trained and the final checkpoint is on disk: however the agents
+            # left (a late SIGTERM, say), nothing is missing.
+            return Outcome(True, 0, "completed", self.losses)
+        quiet = self.sigterm_nodes or self.finished or self.queued is not None
+        silent = [] if quiet else self.beats.silent(codes)
+        silent = [n for n in silent if n not in self.rebalance.freed_nodes]  # packed away
+        if silent:  # processes still there, heartbeats gone: a lost or hung machine
+            self.backend.cancel(self.handles, 9)
+            t = self.beats.timeout_s
+            msg = f"no heartbeat from node(s) {silent} for {t:.0f} s"
+            self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
+            return Outcome(False, 1, msg, self.losses, "preempted", silent)
+        gone = [n for n, s in enumerate(statuses) if s.phase == "stopped"]
+        if gone:  # ended from outside: cancelled, out of time, preempted or lost
+            self._consume_metrics()  # its last records (stopped?) may have come meanwhile
+            if self.stopped_at is not None:
+                return self._stopped(statuses)
+            self.backend.cancel(self.handles, 9)
+            return self._ended_outside(statuses, gone)
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed and self.node_sigterm and not self.trained:
+            # Told to stop while torchrun was still starting: no step trained, none lost.
+            self.backend.cancel(self.handles, 9)
+            return Outcome(False, 0, "stopped before the first step", self.losses, "stopped")
+        if failed:
+            return self._failed(codes)
+        if all(c == 0 for c in codes):
+            self._consume_metrics()
+            return Outcome(True, 0, "completed", self.losses)
+        return None
+
+    def _nodes(self, handle_index: int) -> list[int]:
+        """The run's nodes behind one handle (one batch job may hold them all)."""
+        nnodes = self.run.ctx.nnodes
+        return list(range(nnodes)) if len(self.handles) < nnodes else [handle_index]
+
+    def _ended_outside(self, statuses, gone: list[int]) -> Outcome:
+        """Classify a stop from the backend's own view (Slurm's CANCELLED, TIMEOUT,
+        PREEMPTED, NODE_FAIL; a local process tree that vanished)."""
+        causes = {statuses[n].cause for n in gone}
+        what = ", ".join(sorted({statuses[n].detail for n in gone}))
+        if "cancelled" in causes:
+            return Outcome(False, 0, f"cancelled ({what})", self.losses, "stopped")
+        if causes == {"timeout"}:
+            if self.checkpointed or not self.trained:
+                return Outcome(False, 0, f"time limit reached ({what})", self.losses, "stopped")
+            return Outcome(
+                False,
+                1,
+                f"time limit reached ({what}) before any checkpoint of this attempt: raise "
+                "hardware.slurm.time_limit_minutes, or set hardware.slurm.signal_before_s "
+                "so the ranks checkpoint before the limit",
+                self.losses,
+                "failed",
+            )
+        lost = sorted({k for n in gone for k in self._nodes(n)})
+        return Outcome(False, 1, f"lost node(s) {lost} ({what})", self.losses, "preempted", lost)
+
+    def _follow_queue(self, statuses) -> None:
+        """A handle waiting in its scheduler's queue (submitted, or requeued after a
+        preemption) shows as launching with the scheduler's reason, not as a hung run."""
+        pending = [s.detail for s in statuses if s.phase == "pending"]
+        rid = self.run.id
+        if pending and self.ran:
+            # It ran and waits again: requeued by its scheduler (preemption with requeue,
+            # a node failure, `scontrol requeue`), gracefully stopped or not.
+            self._requeued(pending[0])
+        self.ran = self.ran or any(s.phase == "running" for s in statuses)
+        if pending and pending[0] != self.queued:
+            self.queued = pending[0]
+            note = f"queued: {self.queued}"
+            if self.db.get_run(rid)["phase"] == "launching":
+                self.db.update_run(rid, message=note)
+                self.db.add_event(rid, "queued", note)
+            else:
+                self.db.set_phase(rid, "launching", note, message=note)
+        elif not pending and self.queued is not None:
+            self.queued = None
+            self.beats.last.clear()  # watched again from each node's first heartbeat
+            self.db.set_phase(rid, "training", "running", message=None)
+
+    def _requeued(self, detail: str) -> None:
+        """The same batch job runs again and resumes from the newest checkpoint (the
+        node scripts find it): the old attempt's last records are read, then this
+        monitor follows a fresh attempt."""
+        self._consume_metrics()
+        self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
+        self.stopped_ranks = set()
+        self.trained = self.checkpointed = self.ran = False
+        self.db.add_event(self.run.id, "requeue", f"requeued: {detail}")
+
+    def _stopped(self, statuses) -> Outcome | None:
+        """Every rank checkpointed and is leaving; some or all nodes were told to stop."""
+        pending = [s.detail for s in statuses if s.phase == "pending"]
+        if pending:  # requeued (see ``_follow_queue``) before this monitor saw it run
+            self._requeued(pending[0])
+            return None
+        if any(not s.done for s in statuses):
+            # (Only where jobctl runs the node processes itself: a batch system may be
+            # requeueing the job, and cancelling it now would end it for good.)
+            live = self.run.plan.world_size - len(self.freed_ranks)
+            everyone = len(self.stopped_ranks) >= live and (self.backend.name in ("local", "ssh"))
+            grace = self.ALL_STOPPED_GRACE_S if everyone else self.STOP_EXIT_GRACE_S
+            if self.clock() - self.stopped_at < grace:
+                return None
+            self.backend.cancel(self.handles, 9)
+        nodes = set(range(self.run.ctx.nnodes))
+        if self.sigterm_nodes >= nodes or not self.sigterm_nodes:
+            return Outcome(False, 0, "stopped after a checkpoint", self.losses, "stopped")
+        lost = sorted(self.sigterm_nodes)
+        return Outcome(
+            False, 0, f"node(s) {lost} preempted after a checkpoint", self.losses, "preempted", lost
+        )
+
+    def _consume_metrics(self) -> None:
+        recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
+        for rec in recs:
+            self._record(rec)
+            if self.activity is not None:  # after pruning and rebalancing had their say
+                self.activity.record(rec)
+            if self.on_event:
+                self.on_event(rec)
+
+    def _record(self, rec: dict) -> None:
+        """Mirror one worker event into the state DB."""
+        kind, rid = rec["kind"], self.run.id
+        if "node" in rec and "ts" in rec and kind in ("heartbeat", "alive"):
+            self.lost.saw(rec["node"], rec["ts"])
+        if kind == "step":
+            self.trained = True
+            self.first_step_ts = self.first_step_ts or rec.get("ts")
+            self.losses.append(rec["loss"])
+            self.db.update_run(
+                rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
+            )
+            self.pruning.step(rec["step"])
+        elif kind == "checkpoint":
+            self.checkpointed = True
+            self.scaling.checkpointed(rec.get("ts", 0.0))
+            self.finished = self.finished or rec["step"] == self.total
+            self.db.update_run(rid, last_checkpoint=rec["step"])
+            self.db.add_event(
+                rid,
+                "checkpoint",
+                f"checkpoint at step {rec['step']} (local)",
+                {"step": rec["step"]},
+            )
+        elif kind == "uploaded":  # ranks commit different steps, not in order
+            self.last_upload = max(self.last_upload, rec["step"])
+            self.db.update_run(rid, last_upload=self.last_upload)
+            self.db.add_event(
+                rid, "upload", f"checkpoint step {rec['step']} uploaded", {"step": rec["step"]}
+            )
+        elif kind == "heartbeat":
+            self._heartbeat(rec)
+        elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
+            self.beats.saw(rec["node"])
+        elif kind in ("sigterm", "node_sigterm"):
+            (self.sigterm_nodes if kind == "sigterm" else self.node_sigterm).add(rec["node"])
+            self._notice(rec)
+        elif kind == "stopped":
+            self.stopped_ranks.add(rec.get("rank", -1))
+            if self.stopped_at is None:
+                self.stopped_at = self.clock()
+                note = f"all ranks checkpointed step {rec['step']}"
+                self.db.add_event(rid, "stopped", note, {"step": rec["step"]})
+        elif kind == "upload_error":
+            self.db.add_event(rid, "upload_error", rec["error"], rec)
+        elif kind in ("pruning", "profile"):
+            self.pruning.record(rec)
+        elif kind in REBALANCE_KINDS:
+            self.rebalance.record(rec)
+        elif kind == "freed":
+            self.freed_ranks[rec["rank"]] = rec["host_node"]
+
+    def _notice(self, rec: dict) -> None:
+        """A node's SIGTERM (preemption notice, stop): persisted with its own time, which
+        the recovery time of a morph that drops the node starts from."""
+        node, ts = rec["node"], rec.get("ts", self.db.clock())
+        if self.lost.announced(node, ts):
+            msg = f"node {node} got SIGTERM: checkpoint at the end of the step, then leave"
+            self.db.add_event(self.run.id, "sigterm", msg, {"node": node, "ts": ts})
+
+    def _heartbeat(self, rec: dict) -> None:
+        self.beats.saw(rec["node"])
+        self.started.add(rec["rank"])
+        d = self.detector
+        d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
+        d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two
+        slow = d.stragglers()
+        if slow != self.stragglers:
+            self.stragglers = slow
+            nodes = d.nodes(slow)
+            self.db.update_run(self.run.id, stragglers=",".join(map(str, slow)) or None)
+            if slow:
+                self.db.add_event(
+                    self.run.id,
+                    "straggler",
+                    f"rank(s) {slow} on node(s) {nodes} persistently slower than "
+                    f"their stage peers by > {100 * d.threshold:.0f} %",
+                    {"ranks": slow, "nodes": nodes},
+                )
+
+    def _failed(self, codes: list[int | None]) -> Outcome | None:
+        """Nodes failed: a bug in the code fails the run; a worker process that died
+        without an error report (killed) loses its node, as a preemption does
+        (engine/supervise/crash.py). The node that lost the process may fail a little after the
+        peers it took down: they get a grace period to show which one it was."""
+        code = next(c for c in codes if c not in (None, 0))
+        if bug_ranks(self.run.dir):
+            return self._fail(code)
+        failed = {k for n, c in enumerate(codes) if c not in (None, 0) for k in self._nodes(n)}
+        plan = getattr(self.run, "plan", None)
+        ranks = {r.rank: r.node for r in plan.ranks} if plan is not None else {}
+        lost = lost_process_nodes(self.run.dir, ranks, failed, self.started)
+        if not lost:
+            self.failed_at = self.failed_at if self.failed_at is not None else self.clock()
+            running = any(c is None for c in codes)
+            if running and self.clock() - self.failed_at < self.PEER_FAILURE_GRACE_S:
+                return None
+            return self._fail(code)
+        self.backend.cancel(self.handles, 9)
+        msg = f"node(s) {lost} lost a worker process without an error report (killed)"
+        self.db.add_event(self.run.id, "process_lost", msg, {"nodes": lost})
+        return Outcome(False, 1, msg, self.losses, "preempted", lost)
+
+    def _fail(self, code: int) -> Outcome:
+        self.backend.cancel(self.handles, 9)
+        rank, log, note = self._failure_log()
+        where = f"rank {rank}" if rank is not None else "a node"
+        tail = "\n".join(last_lines(log)) if log else ""
+        return Outcome(
+            False,
+            code or 1,
+            f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}",
+            self.losses,
+            "failed",
+        )
+
+    def _failure_log(self) -> tuple[int | None, Path | None, str]:
+        """The failing rank and its log, asking the backend for the logs first: on ssh
+        or Kubernetes they live on the nodes until fetched."""
+        note = ""
+        try:
+            fetched = self.backend.logs(self.handles, self.run.dir)
+        except BackendError as e:
+            fetched, note = [], f" (fetching the nodes' logs failed: {e})"
+        rank = failing_rank(self.run.dir)
+        if rank is None:  # no error report on this disk: the first rank log with a traceback
+            rank = next((_rank_of(p) for p in fetched if _has_traceback(p)), None)
+        name = f"rank-{rank}.log" if rank is not None else "node-0.log"
+        found = [p for p in fetched if p.name == name] + [self.run.dir / "logs" / name]
+        log = next((p for p in found if p.exists()), fetched[-1] if fetched else found[-1])
+        return rank, log, note
+
+
+def _rank_of(path: Path) -> int | None:
+    stem = path.stem
+    return int(stem[5:]) if stem.startswith("rank-") and stem[5:].isdigit() else None
+
+
+def _has_traceback(path: Path) -> bool:
+    return _rank_of(path) is not None and "Traceback" in path.read_text(errors="replace")

@@ -1,0 +1,76 @@
+"""Recovery time: from the moment a node was lost to the next training step.
+
+The moment of loss is the node's own last word: its preemption notice (the launch
+script's ``node_sigterm`` record or a rank's ``sigterm`` record: SIGTERM, checkpoint
+now, then exit), else its last heartbeat or ``alive`` ping (a node killed or hung says
+nothing more: it died, or stopped responding, within one ping interval of that). The
+end is the first ``step`` record of the attempt after the morph. Both are the workers'
+wall-clock timestamps, so detection (heartbeat timeout, polling), re-planning and the
+relaunch all count, as they should. The result goes to the run's ``recovery_s`` field
+and a ``recovery`` event (``jobctl status`` / ``events`` show it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobctl.engine.state.db import StateDB
+
+
+@dataclass(frozen=True)
+class Loss:
+    """When nodes were lost, and which sign of theirs says so."""
+
+    at: float  # wall-clock time (the workers' clock)
+    nodes: list[int]
+    sign: str  # "preemption notice" or "last heartbeat"
+
+
+class LossClock:
+    """Each node's last sign of life and its preemption notice, from worker records."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+        self.notice: dict[int, float] = {}
+
+    def saw(self, node: int, ts: float) -> None:
+        self.seen[node] = max(ts, self.seen.get(node, ts))
+
+    def announced(self, node: int, ts: float) -> bool:
+        """Note a preemption notice; True if it is the node's first."""
+        first = node not in self.notice
+        self.notice[node] = min(ts, self.notice.get(node, ts))
+        return first
+
+    def loss(self, nodes: list[int]) -> Loss | None:
+        """The earliest loss among ``nodes`` (None if none of them said anything)."""
+        signs = []
+        for n in nodes:
+            if n in self.notice:
+                signs.append((self.notice[n], "preemption notice"))
+            elif n in self.seen:
+                signs.append((self.seen[n], "last heartbeat"))
+        if not signs:
+            return None
+        at, sign = min(signs)
+        return Loss(at, sorted(nodes), sign)
+
+
+def record_recovery(db: StateDB, run_id: str, loss: Loss, first_step_ts: float) -> float:
+    """Persist one recovery (run field ``recovery_s`` and a ``recovery`` event)."""
+    seconds = max(0.0, first_step_ts - loss.at)
+    db.update_run(run_id, recovery_s=seconds)
+    db.add_event(
+        run_id,
+        "recovery",
+        f"training again {seconds:.1f} s after losing node(s) {loss.nodes} "
+        f"(from their {loss.sign})",
+        {
+            "seconds": seconds,
+            "lost_at": loss.at,
+            "first_step_at": first_step_ts,
+            "nodes": loss.nodes,
+            "sign": loss.sign,
+        },
+    )
+    return seconds

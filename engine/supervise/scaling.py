@@ -1,0 +1,189 @@
+"""Growing and shrinking a running job: scale requests, returning capacity, stragglers.
+
+A morph is a graceful stop (every rank checkpoints the same step, as on `jobctl stop`)
+followed by a relaunch re-planned for a new device count with the same global batch.
+The supervisor learns that it should morph from a *scale request*: a small JSON file
+``scale.json`` in the run folder, written by ``jobctl scale RUN N`` (now) or by the
+supervisor itself after a preemption shrank the job (capacity returns: after
+``elasticity.regrow_backoff_s`` the lost slots count as free again and the job grows
+back to the pool at its next checkpoint). The monitor reads it each round, so a
+request reaches a supervisor running detached just as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from jobctl.engine.planner.resolver import PlanError, make_plan
+
+REQUEST = "scale.json"
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """Morph to ``devices`` once the wall clock passes ``not_before`` (and, with
+    ``at_checkpoint``, a checkpoint was written since then)."""
+
+    devices: int
+    reason: str
+    not_before: float = 0.0
+    at_checkpoint: bool = False
+
+
+def write_request(run_dir: Path, req: ScaleRequest) -> None:
+    """Leave ``req`` for the run's supervisor (atomically: never half a request)."""
+    tmp = run_dir / f".{REQUEST}.{os.getpid()}"
+    tmp.write_text(json.dumps(asdict(req)))
+    tmp.replace(run_dir / REQUEST)
+
+
+def read_request(run_dir: Path) -> ScaleRequest | None:
+    path = run_dir / REQUEST
+    try:
+        return ScaleRequest(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def clear_request(run_dir: Path) -> None:
+    (run_dir / REQUEST).unlink(missing_ok=True)
+
+
+class ScaleWatch:
+    """The monitor's view of the run's scale request: due or not yet."""
+
+    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.run_dir, self.clock = run_dir, clock
+        self.last_checkpoint_ts = 0.0
+
+    def checkpointed(self, ts: float) -> None:
+        self.last_checkpoint_ts = max(self.last_checkpoint_ts, ts)
+
+    def due(self) -> ScaleRequest | None:
+        """The request, removed from the run folder, once it is due; else None."""
+        req = read_request(self.run_dir)
+        if req is None or self.clock() < req.not_before:
+            return None
+        if req.at_checkpoint and self.last_checkpoint_ts < req.not_before:
+            return None
+        clear_request(self.run_dir)
+        return req
+
+
+def pool_devices(spec) -> int:
+    """Devices of the hardware pool, capped by ``elasticity.max_devices``."""
+    hw = spec.hardware
+    pool = hw.nodes * hw.processes_per_node
+    return min(pool, spec.elasticity.max_devices or pool)
+
+
+def check_devices(spec, devices: int) -> str | None:
+    """Why the job cannot run on ``devices`` (naming the field to change), or None."""
+    el, hw = spec.elasticity, spec.hardware
+    pool = hw.nodes * hw.processes_per_node
+    if devices < el.min_devices:
+        return (
+            f"{devices} device(s) is below elasticity.min_devices ({el.min_devices}): "
+            "ask for more, or lower elasticity.min_devices in the job spec"
+        )
+    if el.max_devices is not None and devices > el.max_devices:
+        return (
+            f"{devices} device(s) is above elasticity.max_devices ({el.max_devices}): "
+            "ask for fewer, or raise elasticity.max_devices in the job spec"
+        )
+    if devices > pool:
+        return (
+            f"{devices} device(s) is more than the hardware pool has ({pool} = hardware.nodes "
+            f"{hw.nodes} x hardware.processes_per_node {hw.processes_per_node}): ask for "
+            "fewer, or grow the pool in the job spec"
+        )
+    if morph_plan(spec, devices) is None:
+        return f"no layout of the model fits {devices} device(s) with the same global batch"
+    return None
+
+
+def morph_plan(spec, devices: int):
+    """The plan for ``devices``; explicit P and D become free when they no longer fit."""
+    if devices < max(1, spec.elasticity.min_devices):
+        return None
+    try:
+        return make_plan(spec, devices)
+    except PlanError:
+        par = spec.parallelism.model_copy(
+            update={"pipeline_stages": "auto", "data_parallel": "auto"}
+        )
+        try:
+            return make_plan(spec.model_copy(update={"parallelism": par}), devices)
+        except PlanError:
+            return None
+
+
+def excluded_devices(spec, plan, straggler_nodes: list[int], lost: list[int]) -> int:
+    """Devices of straggler nodes to leave out at this morph (``exclude_stragglers``)."""
+    if not spec.elasticity.exclude_stragglers:
+        return 0
+    sizes = plan.node_sizes()
+    return sum(sizes[n] for n in set(straggler_nodes) - set(lost) if n < len(sizes))
+
+
+def next_attempt(spec, plan, outcome, db, run_id: str, run_dir: Path, backend: str):
+    """The plan of the next attempt after ``outcome``, or None when the run is over.
+
+    A ``morph`` outcome (``jobctl scale``, capacity back) re-plans for its devices; a
+    ``preempted`` one, with ``elasticity.enabled``, for the devices left. Straggler
+    nodes are left out when ``elasticity.exclude_stragglers`` says so. After a
+    preemption on the local backend the lost slots come back after
+    ``elasticity.regrow_backoff_s``, and the run grows back at its next checkpoint.
+    """
+    el = spec.elasticity
+    sizes = plan.node_sizes()
+    clear_request(run_dir)  # a request not yet due dies with the attempt it was for
+    if outcome.kind == "morph":
+        target = outcome.devices
+    elif outcome.kind == "preempted" and el.enabled:
+        target = plan.world_size - sum(sizes[n] for n in outcome.lost_nodes if n < len(sizes))
+    else:
+        return None
+    skip = excluded_devices(spec, plan, outcome.straggler_nodes, outcome.lost_nodes)
+    if skip and morph_plan(spec, target - skip) is None:
+        skip = 0  # leaving the stragglers out would leave too little: keep them
+    devices = target - skip
+    next_plan = morph_plan(spec, devices)
+    if next_plan is None:
+        outcome.message += f"; {devices} device(s) left, below elasticity.min_devices"
+        return None
+    left_out = sorted(set(outcome.straggler_nodes) - set(outcome.lost_nodes)) if skip else []
+    note = f"; straggler node(s) {left_out} left out ({skip} device(s))" if skip else ""
+    now = time.time()
+    if outcome.kind == "preempted":
+        db.add_event(
+            run_id,
+            "preemption",
+            f"{outcome.message}; {devices} device(s) left{note}",
+            {"lost_nodes": outcome.lost_nodes, "devices": devices, "ts": now},
+        )
+        grow_to = pool_devices(spec) - skip
+        if backend == "local" and grow_to > devices:
+            back = now + el.regrow_backoff_s
+            write_request(run_dir, ScaleRequest(grow_to, "capacity returned", back, True))
+            db.add_event(
+                run_id,
+                "capacity",
+                f"lost slot(s) free again after {el.regrow_backoff_s:.0f} s: growing back "
+                f"to {grow_to} device(s) at the first checkpoint after that",
+                {"devices": grow_to, "not_before": back},
+            )
+    db.add_event(
+        run_id,
+        "morph",
+        f"{plan.world_size} -> {next_plan.world_size} device(s) "
+        f"({outcome.message.splitlines()[0]}){note}",
+        {"from": plan.world_size, "to": next_plan.world_size, "kind": outcome.kind,
+         "excluded_nodes": left_out, "ts": now},
+    )  # fmt: skip
+    return next_plan

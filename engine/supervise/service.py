@@ -1,0 +1,54 @@
+"""``jobctl apply`` and ``jobctl resume``: plan, launch and supervise a run to its end.
+
+A run continues from its newest complete checkpoint (local or remote) whenever it has
+one, re-planned for the devices available now with the same global batch (Varuna's
+job morphing): the new layout loads the layout-independent checkpoint and training
+goes on from the exact next sample. The state machine that does it, one transition
+per step, is engine/supervise/supervisor.py; ``launch`` runs it to the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.launch import Run
+from jobctl.engine.supervise.monitor import Outcome
+from jobctl.engine.supervise.supervisor import Supervisor
+
+
+@dataclass
+class ApplyOptions:
+    """Knobs of one ``apply``."""
+
+    backend: str | None = None
+    resume_dir: Path | None = None
+    deadline_s: float | None = None  # per attempt; then it is killed and the run failed
+    show_progress: bool = True
+    run_id: str | None = None  # continue this existing run instead of creating one
+    devices: int | None = None  # plan for this many devices when no plan is given
+
+
+def launch(
+    spec,
+    plan: Plan | None,
+    db: StateDB,
+    spec_path: str | None,
+    opts: ApplyOptions,
+    console: Console,
+    launcher=None,
+) -> tuple[Run, Outcome]:
+    """Run ``plan`` for ``spec`` in the foreground until it completes, fails or stops.
+
+    With ``elasticity.enabled``, losing nodes (killed, a worker process killed, silent,
+    or told to leave by SIGTERM after a checkpoint) morphs the run onto the devices
+    left: re-plan with the same global batch, resume from the newest complete
+    checkpoint, keep going. A scale request (``jobctl scale``, capacity returning)
+    morphs it the same way (engine/supervise/scaling.py). ``launcher`` replaces the process
+    launcher (engine/supervise/attempt.py) in tests.
+    """
+    return Supervisor(spec, plan, db, spec_path, opts, console, launcher).run_to_end()

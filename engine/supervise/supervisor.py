@@ -1,0 +1,343 @@
+"""The supervisor: a run's life as an explicit state machine, one transition per step.
+
+``Supervisor.step()`` performs exactly one phase transition or, while an attempt runs,
+one poll of its Monitor, and returns the run's phase afterwards:
+
+    pending -> calibrating -> planning -> launching -> training -> ... -> completed
+    active (training, checkpointing, pruning, ...) -> morphing -> planning -> launching
+    failed / stopped (a resume) -> calibrating -> planning -> launching -> ...
+
+Between polls the workers' records move the run between the active phases (engine/
+activity.py, engine/pruning/events.py). The first step attaches: it creates the run
+(``pending``), or claims an existing one for this process (refused while another live
+supervisor holds it) and adopts its nodes if they still train (the previous supervisor
+died). A ``jobctl stop`` is a request in the state DB that the supervisor applies to
+whatever nodes it has at that moment, or, between two attempts, by stopping there.
+
+``run_to_end()`` is the loop ``jobctl apply`` runs: step, and sleep between polls. The
+clock (for intervals), the sleep and the process launcher are injected, and the
+StateDB carries the wall clock, so tests drive a run through its phases without
+waiting or starting processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from jobctl.backends.base import Rendered
+from jobctl.backends.local import pid_alive, process_token
+from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.channel.server import SECRET_ENV
+from jobctl.engine.checkpoint.blocks import read_meta
+from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
+from jobctl.engine.core.phases import ACTIVE
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.planner.resolver import describe, make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.activity import ActivityWatch
+from jobctl.engine.supervise.adoption import AdoptError, FinishedNodes, archive_offset, live_run
+from jobctl.engine.supervise.attempt import Attempt, ProcessLauncher, ProgressView, claim_host
+from jobctl.engine.supervise.launch import (
+    Run,
+    channel_env,
+    new_run_id,
+    prepare_run,
+    register_run,
+    run_context,
+)
+from jobctl.engine.supervise.monitor import Monitor, Outcome
+from jobctl.engine.supervise.recovery import Loss, record_recovery
+from jobctl.engine.supervise.scaling import next_attempt
+
+ORPHANED = {p.value for p in ACTIVE} | {"launching"}  # a dead supervisor's attempt
+
+
+class Supervisor:
+    """Walks one run through its phases; see the module docstring."""
+
+    def __init__(
+        self,
+        spec,
+        plan: Plan | None,
+        db: StateDB,
+        spec_path: str | None,
+        opts,
+        console: Console,
+        launcher=None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.spec, self.plan, self.db, self.spec_path = spec, plan, db, spec_path
+        self.opts, self.console = opts, console
+        self.launcher = launcher or ProcessLauncher()
+        self.clock, self.sleep = clock, sleep
+        self.run_id = opts.run_id or new_run_id(spec.name)
+        self.backend = opts.backend or spec.hardware.backend
+        self.resume_dir = opts.resume_dir  # the first attempt's only
+        self.phase: str | None = None
+        self.cal = None
+        self.current: Run | None = None  # the latest attempt's run
+        self.attempt: Attempt | None = None
+        self.monitor: Monitor | None = None
+        self.progress: ProgressView | None = None
+        self.outcome: Outcome | None = None  # of the latest attempt
+        self.loss: Loss | None = None  # a loss whose recovery is not measured yet
+        self.stop_seen: float | None = None
+        self.watched_at = 0.0  # when the running attempt was first polled (deadline_s)
+        self.done = False
+
+    # -- the loop ------------------------------------------------------------------
+    def run_to_end(self, interval: float = 0.25) -> tuple[Run, Outcome]:
+        """Step until the run completes, fails or stops; sleep ``interval`` between polls."""
+        try:
+            while not self.done:
+                self.step()
+                if self.monitor is not None:
+                    self.sleep(interval)
+        finally:
+            if not self.done:  # interrupted: this process leaves the run
+                self._close_attempt()
+                self.db.release_supervisor(self.run_id, os.getpid())
+        return self.current or self._existing_run(), self.outcome
+
+    def step(self) -> str:
+        """One transition (or one poll of the running attempt); the phase afterwards."""
+        if self.done:
+            return self.phase
+        if self.phase is None:
+            return self._attach()
+        self._apply_stop()
+        if self.done:
+            return self.phase
+        if self.monitor is not None:
+            return self._poll()
+        if self.attempt is not None:
+            return self._start_training()
+        act = {
+            "pending": self._calibrate,
+            "stopped": self._calibrate,
+            "failed": self._calibrate,
+            "calibrating": self._plan,
+            "morphing": self._plan,
+            "planning": self._launch,
+        }.get(self.phase)
+        if act is None:
+            raise RuntimeError(f"run {self.run_id}: no step from phase {self.phase!r}")
+        return act()
+
+    # -- attaching -----------------------------------------------------------------
+    def _attach(self) -> str:
+        row = self.db.get_run(self.run_id) if self.opts.run_id else None
+        if row is None:
+            register_run(
+                self.spec, self.db, self.spec_path, self.run_id,
+                supervisor_pid=os.getpid(), supervisor_token=process_token(os.getpid()),
+                backend=self.backend,
+            )  # fmt: skip
+            return self._refresh()
+        self._claim()
+        if row["phase"] == "completed":
+            self.done, self.outcome = True, Outcome(True, 0, "already completed")
+            return self._refresh()
+        try:
+            found = live_run(self.db, self.run_id)  # ends the rest of a broken attempt
+        except AdoptError:
+            self.db.release_supervisor(self.run_id, os.getpid())
+            raise
+        if found is not None:
+            return self._adopt(*found)
+        if row["phase"] in ORPHANED:
+            self._transition("morphing", "supervisor and nodes gone: relaunching")
+        return self._refresh()
+
+    def _claim(self) -> None:
+        me = os.getpid()
+        other = self.db.claim_supervisor(self.run_id, me, pid_alive, process_token(me))
+        if other is not None:
+            raise AdoptError(
+                f"run {self.run_id} is still supervised by pid {other}: `jobctl status "
+                f"{self.run_id}` follows it, `jobctl stop {self.run_id}` stops it; resume "
+                "it once that process has ended"
+            )
+
+    def _adopt(self, row, host, handles, backend) -> str:
+        """Supervise the live nodes of a run whose supervisor died (engine/channel_adopt)."""
+        run_dir = Path(row["run_dir"])
+        self.plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
+        port = int(host.rdzv_endpoint.rsplit(":", 1)[1])
+        ctx = run_context(self.spec, self.plan, self.run_id, run_dir, port=port)
+        offset = archive_offset(run_dir / "metrics.jsonl", row["step"])
+        run = Run(self.run_id, run_dir, ctx, Rendered(backend.name, {}), self.plan, offset)
+        claim_host(run_dir)
+        self.db.add_event(
+            self.run_id,
+            "adopt",
+            f"pid {os.getpid()} adopted {len(handles)} live node(s) at step {row['step'] or 0}",
+            {"handles": handles, "host_pid": host.pid, "offset": offset},
+        )
+        self.console.print(
+            f"adopting live run {self.run_id}: {len(handles)} node(s) still training"
+        )
+        view = FinishedNodes(backend, run_dir, self.plan)
+        self.current = run
+        self.attempt = Attempt(run, view, handles, host=host, start_step=row["step"] or 0)
+        self._watch()
+        return self._refresh()
+
+    # -- before an attempt ---------------------------------------------------------
+    def _calibrate(self) -> str:
+        self._transition("calibrating", "resolving the costs the plan is made with")
+        self.cal = calibration_for(self.spec, self.db.home)
+        self.db.add_event(
+            self.run_id, "calibration", describe(self.cal), {"source": self.cal.source}
+        )
+        return self.phase
+
+    def _plan(self) -> str:
+        if self.outcome is not None:  # after an attempt: the devices left, same global batch
+            self._transition("planning", "re-planning for the devices available now")
+            after = next_attempt(
+                self.spec, self.plan, self.outcome, self.db, self.run_id,
+                self.db.runs_dir / self.run_id, self.backend,
+            )  # fmt: skip
+            if after is None:
+                return self._finish(self.outcome)
+            self.plan = after
+        else:
+            self._transition("planning", "resolving the parallel layout")
+            if self.plan is None:
+                cal = self.cal or calibration_for(self.spec, self.db.home)
+                self.plan = make_plan(self.spec, self.opts.devices, cal, self.db.home)
+        self.db.add_event(
+            self.run_id, "plan", self.plan.summary(), {"devices": self.plan.world_size}
+        )
+        return self.phase
+
+    def _launch(self) -> str:
+        self._transition("launching", self.plan.summary())
+        point = self._resume_point()
+        env = {"JOBCTL_RESUME_DIR": str(point.path)} if point else {}
+        cenv, senv, cport = channel_env(self.spec.hardware.rendezvous_host)
+        run = prepare_run(
+            self.spec, self.plan, self.db, self.backend, self.run_id, {**env, **cenv}, senv
+        )
+        if point:
+            self.db.add_event(
+                self.run_id,
+                "resume",
+                f"from step {point.step} ({point.source}) as {self.plan.summary()}",
+                {"step": point.step, "source": point.source, "path": str(point.path)},
+            )
+        self.current, self.resume_dir = run, None
+        self.attempt = self.launcher.start(run, self.backend, senv.get(SECRET_ENV), cport)
+        self.attempt.start_step = point.step if point else 0
+        self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
+        return self.phase
+
+    def _resume_point(self) -> ResumePoint | None:
+        """Where the attempt continues from: an explicit folder, or the newest checkpoint."""
+        if self.resume_dir is not None:
+            step = int(read_meta(self.resume_dir)["step"])
+            return ResumePoint(step, Path(self.resume_dir).resolve(), "explicit")
+        return find_resume_point(self.spec, local_root(self.spec, self.db.runs_dir / self.run_id))
+
+    def _start_training(self) -> str:
+        self.launcher.ready(self.attempt)  # its run host listens: the nodes can meet
+        n = len(self.attempt.handles)
+        self._transition("training", f"pid {os.getpid()} supervising {n} node(s)")
+        self._watch()
+        return self.phase
+
+    def _watch(self) -> None:
+        a, spec, el = self.attempt, self.spec, self.spec.elasticity
+        total = spec.training.steps
+        if self.opts.show_progress:
+            self.progress = ProgressView(self.console, self.run_id, total, a.start_step)
+        activity = ActivityWatch(
+            self.db, self.run_id, spec.checkpoint.interval, total, bool(spec.checkpoint.remote)
+        )
+        on_event = self.progress.on_event if self.progress else None
+        self.watched_at = self.clock()
+        self.monitor = Monitor(
+            a.run, a.backend, a.handles, self.db, total, on_event,
+            el.straggler_threshold, el.heartbeat_timeout_s, self.clock, activity,
+        )  # fmt: skip
+
+    # -- while an attempt runs -----------------------------------------------------
+    def _poll(self) -> str:
+        outcome = self.monitor.poll_once()
+        if self.loss is not None and self.monitor.first_step_ts is not None:
+            record_recovery(self.db, self.run_id, self.loss, self.monitor.first_step_ts)
+            self.loss = None
+        deadline = self.opts.deadline_s
+        if outcome is None and deadline is not None and self.clock() - self.watched_at > deadline:
+            self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
+            msg = f"timed out after {deadline:.0f} s"
+            outcome = Outcome(False, 124, msg, self.monitor.losses, "failed")
+        if outcome is None:
+            return self._refresh()
+        self._close_attempt()
+        if outcome.kind not in ("preempted", "morph"):
+            return self._finish(outcome)
+        self.outcome = outcome
+        if outcome.kind == "preempted":  # recovery is timed from the loss itself
+            self.loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
+        self._transition("morphing", outcome.message.splitlines()[0])
+        return self.phase
+
+    def _apply_stop(self) -> None:
+        """A `jobctl stop` reaches the nodes running now, or ends the run between attempts."""
+        asked = self.db.get_run(self.run_id)["stop_requested"]
+        if asked is None or asked == self.stop_seen:
+            return
+        self.stop_seen = asked
+        if self.attempt is None:
+            msg = "stopped on request between two attempts; `jobctl resume` continues it"
+            self._finish(Outcome(False, 0, msg, kind="stopped"))
+            return
+        self.attempt.backend.cancel(self.attempt.handles, signal.SIGTERM)
+        n = len(self.attempt.handles)
+        note = f"SIGTERM sent to the {n} node(s) running now: checkpoint, then stop"
+        self.db.add_event(self.run_id, "stop", note, {"handles": self.attempt.handles})
+
+    def _close_attempt(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.attempt is not None:
+            self.attempt.stop_host()
+        self.progress, self.monitor, self.attempt = None, None, None
+
+    # -- bookkeeping ---------------------------------------------------------------
+    def _finish(self, outcome: Outcome) -> str:
+        # A preempted run that cannot morph is stopped, not failed: `jobctl resume` continues.
+        phase = {"completed": "completed", "failed": "failed"}.get(outcome.kind, "stopped")
+        first = outcome.message.splitlines()[0] if outcome.message else phase
+        self._transition(phase, first, exit_code=outcome.exit_code, message=outcome.message)
+        self.db.release_supervisor(self.run_id, os.getpid())
+        self.outcome, self.done = outcome, True
+        return self.phase
+
+    def _transition(self, phase: str, note: str, **fields) -> None:
+        self.db.set_phase(self.run_id, phase, note, **fields)
+        self.phase = phase
+
+    def _refresh(self) -> str:
+        self.phase = self.db.get_run(self.run_id)["phase"]
+        return self.phase
+
+    def _existing_run(self) -> Run:
+        """The run as recorded, for an answer when no attempt ran in this process."""
+        run_dir = self.db.runs_dir / self.run_id
+        path = run_dir / "plan.json"
+        if path.exists():
+            plan = Plan.model_validate_json(path.read_text())
+        else:  # stopped before it was ever planned
+            plan = self.plan or make_plan(self.spec, self.opts.devices, home=self.db.home)
+        ctx = run_context(self.spec, plan, self.run_id, run_dir)
+        return Run(self.run_id, run_dir, ctx, Rendered(self.backend, {}), plan)

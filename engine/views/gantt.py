@@ -1,0 +1,86 @@
+"""Draw a simulated step as a Gantt chart (Varuna Fig. 8 style) with matplotlib.
+
+One row per stage, stage 0 on top; forward, recompute and backward bars in their own
+colours, each labelled with its micro-batch when there is room, then the stage's
+gradient allreduce and optimizer step. Activation and gradient sends are thin lines
+under each row, so waiting on the network is visible too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed, safe in worker threads and CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from jobctl.engine.planner.simulator.simulation import SimResult  # noqa: E402
+
+COLOURS = {
+    "F": "#4C78A8",  # forward
+    "R": "#F2B701",  # recompute
+    "B": "#54A24B",  # backward
+    "allreduce": "#E45756",
+    "optimizer": "#9D9D9D",
+    "send": "#333333",
+}
+ROW = 0.8  # bar height in row units
+
+
+LABELS = {
+    "F": "forward",
+    "R": "recompute",
+    "B": "backward",
+    "allreduce": "allreduce",
+    "optimizer": "optimizer",
+    "send": "send (line)",
+}
+
+
+def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") -> Path:
+    """Write the timeline of ``result`` to ``path`` (PNG, SVG or PDF by suffix)."""
+    P = len(result.busy)
+    width = min(24.0, max(8.0, 0.12 * sum(len(x) for x in result.executed) / max(P, 1) + 6))
+    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.55 * P), dpi=120)
+    span = result.step_time or 1.0
+    for e in result.events:
+        _draw_event(ax, e, P - 1 - e.stage, span)
+    ax.set_yticks(range(P), [f"stage {P - 1 - y}" for y in range(P)])
+    ax.set_xlim(0, span * 1.01)
+    ax.set_ylim(-0.7, P - 0.3)
+    ax.set_xlabel(f"time ({unit})")
+    bubble = f"bubble {100 * result.bubble_ratio:.1f} %"
+    ax.set_title(title or f"simulated step: {span:.4g} {unit}, {bubble}")
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=v) for k, v in LABELS.items()],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 if P > 2 else -0.4),
+        ncol=6,
+        fontsize=8,
+        frameon=False,
+    )
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw_event(ax, e, y: float, span: float) -> None:
+    """One compute/allreduce/optimizer bar, or one send line under its row."""
+    if e.end <= e.start:
+        return
+    if e.kind.startswith("send"):
+        ax.plot([e.start, e.end], [y - ROW / 2 - 0.05] * 2, color=COLOURS["send"], lw=0.8)
+        return
+    key = e.action.op.value if e.kind == "compute" else e.kind
+    ax.barh(y, e.end - e.start, left=e.start, height=ROW, color=COLOURS[key], edgecolor="white")
+    if e.kind == "compute" and (e.end - e.start) / span > 0.012:
+        label = f"{key}{e.action.micro_batch}"
+        mid = (e.start + e.end) / 2
+        ax.text(mid, y, label, ha="center", va="center", fontsize=7, color="white")

@@ -1,0 +1,366 @@
+"""Rich renderings of plans, runs and events for the terminal."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.supervise.figures import RunFigures
+
+
+def print_plan(console: Console, plan: Plan) -> None:
+    """The plan as a summary line, a stage table and a rank table."""
+    console.print(
+        f"[bold]plan[/bold] P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
+        f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
+        f"{plan.micro_batches} per replica = global batch {plan.global_batch_size}; "
+        f"schedule {plan.schedule}",
+        soft_wrap=True,
+    )
+    stages = Table("stage", "blocks", "ranks (replica 0..D-1)", "recompute")
+    for st in plan.stages:
+        names = [plan.block_names[b] for b in st.blocks]
+        shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
+        stages.add_row(
+            str(st.index),
+            f"{st.blocks[0]}-{st.blocks[-1]}: {', '.join(shown)}",
+            " ".join(map(str, st.ranks)),
+            "yes" if st.recompute else "no",
+        )
+    console.print(stages)
+    console.print(f"[bold]schedule[/bold] {plan.schedule} (per-stage action lists):")
+    for st in plan.stages:
+        acts = st.actions if len(st.actions) <= 160 else st.actions[:157] + "..."
+        console.print(f"  S{st.index}: {acts}", soft_wrap=True, highlight=False)
+    ranks = Table("rank", "node", "local rank", "stage", "replica")
+    for r in plan.ranks:
+        ranks.add_row(*(str(v) for v in (r.rank, r.node, r.local_rank, r.stage, r.replica)))
+    console.print(ranks)
+    if plan.prediction:
+        _print_prediction(console, plan)
+    if plan.alternatives:
+        print_alternatives(console, plan)
+
+
+def _print_prediction(console: Console, plan: Plan) -> None:
+    pr = plan.prediction
+    mem = ", ".join(human_bytes(m * 1024**3) for m in pr.memory_per_stage_gb)
+    per_device = pr.samples_per_s_per_device
+    console.print(
+        f"predicted ({pr.source}): {pr.step_time_s:.4g} s/step, "
+        f"{pr.samples_per_s:.1f} samples/s"
+        + (f" ({per_device:.1f} per device)" if per_device is not None else "")
+        + f", bubble {100 * pr.bubble_ratio:.1f} %, memory per stage [{mem}], "
+        f"${pr.cost_per_1k_samples:.4f} per 1k samples",
+        soft_wrap=True,
+    )
+
+
+def print_alternatives(console: Console, plan: Plan) -> None:
+    """The runners-up the planner simulated or rejected, and why each lost."""
+    t = Table(
+        "P",
+        "D",
+        "m",
+        "N_m",
+        "schedule",
+        "s/step",
+        "samples/s",
+        "/device",
+        "memory/stage",
+        "bubble",
+        "$/1k",
+        "why not",
+        title="alternatives",
+        title_justify="left",
+    )
+    for a in plan.alternatives:
+        sched = a.schedule + (" +R" if a.recompute and a.schedule in ("gpipe", "1f1b") else "")
+        mem = max(a.memory_per_stage_gb, default=None)
+        t.add_row(
+            str(a.P),
+            str(a.D),
+            str(a.micro_batch_size),
+            _num(a.micro_batches, "{}"),
+            sched,
+            _num(a.step_time_s, "{:.4g}"),
+            _num(a.samples_per_s, "{:.1f}"),
+            _num(a.samples_per_s_per_device, "{:.1f}"),
+            f"<= {human_bytes(mem * 1024**3)}" if mem else "-",
+            _num(a.bubble_ratio and 100 * a.bubble_ratio, "{:.0f} %"),
+            _num(a.cost_per_1k_samples, "${:.4f}"),
+            a.why_not,
+        )
+    console.print(t)
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def print_explanation(console: Console, plan: Plan) -> None:
+    """The planner's reasoning, one line per decision."""
+    console.print("[bold]why this plan[/bold]")
+    for line in plan.explanation:
+        console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def calibration_progress(console: Console) -> Progress:
+    """Progress bar of ``jobctl calibrate``."""
+    return Progress(
+        TextColumn("[bold]calibrating[/bold]"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    )
+
+
+def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
+    """A calibration record: per-block times at each m, links, allreduce, core sharing."""
+    fp = cal.fingerprint
+    console.print(
+        f"[bold]calibration[/bold] {fp.key} ({cal.source}, {cal.seconds:.1f} s): {fp.device}, "
+        f"torch {fp.torch}, {fp.threads} thread(s); written to {path}",
+        soft_wrap=True,
+    )
+    ms = cal.micro_batch_sizes
+    t = Table("block", "params", "act/sample", *(f"F/B m={m} (ms)" for m in ms))
+    for i, b in enumerate(cal.blocks):
+        times = [f"{1e3 * cal.forward(i, m):.3g}/{1e3 * cal.backward(i, m):.3g}" for m in ms]
+        t.add_row(b.name, f"{b.params:,}", human_bytes(b.act_bytes), *times)
+    console.print(t)
+    link = cal.p2p_intra
+    console.print(
+        f"point-to-point intra-node ({link.source}): latency {1e6 * link.latency_s:.0f} us, "
+        f"{link.bandwidth_Bps / 1e9:.2f} GB/s, jitter {100 * link.jitter:.0f} %; inter-node "
+        f"({cal.p2p_inter.source}): {cal.p2p_inter.bandwidth_Bps / 1e9:.2f} GB/s",
+        soft_wrap=True,
+    )
+    ar = cal.allreduce_intra
+    rings = sorted({(p.ring, p.inflight) for p in ar.points})
+    console.print(
+        f"allreduce intra-node ({ar.source}): rings x in flight {rings}, latency "
+        f"{1e6 * ar.latency_s:.0f} us/hop, {ar.bandwidth_Bps / 1e9:.2f} GB/s",
+        soft_wrap=True,
+    )
+    slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
+    console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
+    rt = cal.runtime
+    if rt is not None:
+        console.print(
+            f"runtime ({rt.source}, pipeline probes): {1e3 * rt.action_s:.3f} ms per action, "
+            f"{1e3 * rt.message_s:+.3f} ms per message ({1e3 * rt.message_busy_s:+.3f} ms "
+            f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
+            f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing "
+            "(compute times scaled to the probes)",
+            soft_wrap=True,
+        )
+        if not rt.steady:
+            console.print(
+                "[yellow]the machine's speed moved during the calibration: plans follow the "
+                "probes' speed; run `jobctl calibrate` again at a steadier time if its "
+                "predictions are off[/yellow]",
+                soft_wrap=True,
+            )
+
+
+def human_bytes(n: float) -> str:
+    """``1.5 GiB``, ``320 MiB``, ``12 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _ago(ts: float | None, now: float | None = None) -> str:
+    """``35s ago``, ``12m ago``, ``1.5h ago``."""
+    if not ts:
+        return "-"
+    s = (now or time.time()) - ts
+    return (
+        f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
+    )
+
+
+def hms(seconds: float | None) -> str:
+    """``1:02:05`` (hours unbounded); ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def dollars(usd: float | None) -> str:
+    if usd is None:
+        return "-"
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.4f}"
+
+
+RUN_COLUMNS = (
+    "run",
+    "phase",
+    "step",
+    "loss",
+    "samples/s",
+    "ETA",
+    "devices",
+    "plan",
+    "ckpt",
+    "uploaded",
+    "upload lag",
+    "$ so far",
+    "updated",
+)
+
+
+def print_runs(
+    console: Console,
+    rows: list[dict],
+    figures: dict[str, RunFigures] | None = None,
+    now: float | None = None,
+) -> None:
+    """One line per run; ``figures`` (by run id) adds ETA, upload age and lag, and $."""
+    if not rows:
+        console.print("no runs yet: `jobctl apply job.yaml` starts one")
+        return
+    now = now or time.time()
+    t = Table(*RUN_COLUMNS)
+    for r in rows:
+        f = (figures or {}).get(r["id"]) or RunFigures()
+        t.add_row(
+            r["id"],
+            _phase_cell(r),
+            f"{r['step'] or 0}/{r['total_steps'] or '?'}",
+            f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+            f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+            hms(f.eta_s),
+            str(r["devices"] or "-"),
+            r["plan"] or "-",
+            str(r["last_checkpoint"]) if r["last_checkpoint"] is not None else "-",
+            _upload_cell(r, f, now),
+            _lag_cell(f, r),
+            dollars(f.cost_usd),
+            _ago(r["updated_at"], now),
+        )
+    console.print(t)
+
+
+def _phase_cell(r: dict) -> str:
+    """The phase, with the scheduler's reason while the run waits in its queue."""
+    note = r.get("message") or ""
+    queued = r["phase"] == "launching" and note.startswith("queued: ")
+    return f"{r['phase']} ({note})" if queued else r["phase"]
+
+
+def _upload_cell(r: dict, f: RunFigures, now: float) -> str:
+    """Newest uploaded step and how long ago it reached the remote store."""
+    if r.get("last_upload") is None:
+        return "-"
+    return f"{r['last_upload']}" + (f" ({_ago(f.uploaded_at, now)})" if f.uploaded_at else "")
+
+
+def _lag_cell(f: RunFigures, row: dict) -> str:
+    """Local checkpoints not yet uploaded: steps, how long the oldest has waited, and
+    the step uploading now (the supervisor's ``uploading_step``)."""
+    if f.lag_steps is None:
+        return "-"
+    lag = f"{f.lag_steps} steps / {hms(f.lag_s or 0.0)}" if f.lag_steps else "0"
+    busy = row.get("uploading_step")
+    return lag + (f", uploading {busy}" if busy is not None else "")
+
+
+RUN_FIELDS = (
+    "id",
+    "phase",
+    "step",
+    "total_steps",
+    "loss",
+    "samples_per_s",
+    "devices",
+    "plan",
+    "last_checkpoint",
+    "last_upload",
+    "run_dir",
+    "spec_path",
+    "exit_code",
+)
+
+
+def print_run(
+    console: Console,
+    row: dict,
+    events: list[dict],
+    figures: RunFigures | None = None,
+    ranks: list[dict] | None = None,
+    now: float | None = None,
+) -> None:
+    """One run's fields and derived figures (ETA, $, upload lag, recovery times,
+    stragglers), each rank's compute and memory, and its recent ``events``."""
+    f = figures or RunFigures()
+    t = Table("field", "value", show_header=False)
+    for key in RUN_FIELDS:
+        t.add_row(key, str(row.get(key)))
+    t.add_row("steps/s (recent)", _num(f.steps_per_s, "{:.3g}"))
+    t.add_row("ETA", hms(f.eta_s))
+    t.add_row("$ so far", f"{dollars(f.cost_usd)} ({_num(f.device_hours, '{:.3g}')} device-h)")
+    t.add_row("upload lag", _lag_cell(f, row))
+    t.add_row("newest upload", _ago(f.uploaded_at, now))
+    t.add_row("recovery times", ", ".join(f"{s:.1f} s" for s in f.recoveries) or "-")
+    t.add_row("stragglers", _straggler_cell(row, f))
+    console.print(t)
+    if ranks:
+        print_ranks(console, ranks)
+    ev = Table("time", "kind", "message", title="recent events", title_justify="left")
+    for e in events:
+        when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
+        ev.add_row(when, e["kind"], e["message"].splitlines()[0])
+    console.print(ev)
+
+
+def _straggler_cell(row: dict, f: RunFigures) -> str:
+    """Flagged ranks now, and the nodes the newest straggler event named."""
+    ranks = row.get("stragglers")
+    if not ranks:
+        return "none flagged"
+    nodes = f" on node(s) {f.straggler_nodes}" if f.straggler_nodes else ""
+    return f"rank(s) {ranks}{nodes}"
+
+
+def print_ranks(console: Console, ranks: list[dict]) -> None:
+    """Each rank's newest heartbeat: per-micro-batch compute against its stage peers."""
+    t = Table(
+        "rank",
+        "stage",
+        "node",
+        "step",
+        "fwd ms/mb",
+        "bwd ms/mb",
+        "vs stage peers",
+        "memory",
+        title="ranks (newest heartbeat)",
+        title_justify="left",
+    )
+    for h in ranks:
+        mem, kind = h.get("mem_mb"), h.get("mem_kind", "rss")
+        if mem is None:  # an older worker: its peak RSS only
+            mem, kind = h.get("max_rss_mb"), "peak rss"
+        t.add_row(
+            str(h["rank"]),
+            str(h.get("stage", "-")),
+            str(h.get("node", "-")),
+            str(h["step"]),
+            _num(h.get("fwd_ms"), "{:.2f}"),
+            _num(h.get("bwd_ms"), "{:.2f}"),
+            _num(h.get("slowdown") and 100 * h["slowdown"], "{:+.0f} %"),
+            "-" if mem is None else f"{human_bytes(mem * 2**20)} {kind}",
+        )
+    console.print(t)

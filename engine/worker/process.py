@@ -1,0 +1,152 @@
+"""Entry point of one worker process, launched by torchrun on every node.
+
+torchrun matches abbreviations of its own flags even after the script name, so the
+worker takes no arguments: everything comes from the run folder named by
+``JOBCTL_RUN_DIR`` (the spec, the plan) and torchrun's own environment (RANK, ...).
+The worker's stdout and stderr go to ``logs/rank-<RANK>.log`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_early_sigterm: list[int] = []
+# Installed before torch is imported: a preemption notice that arrives while the worker
+# is still starting must mean "checkpoint at the first step end", not sudden death.
+signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
+
+import traceback  # noqa: E402
+import uuid  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def _redirect_output(run_dir: Path, rank: int) -> None:
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_dir / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _device(kind: str) -> torch.device:
+    if kind == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def plan_rank(plan, env: dict) -> int:
+    """This process's rank in the plan: the plan's rank at (node script, local rank).
+
+    torchrun's c10d rendezvous numbers the agents in its own order (sorted host, then
+    agent pid), so its RANK need not fall on the node the plan placed that rank on; the
+    plan's placement (stages spread so allreduce stays intra-node, which node a
+    heartbeat, a loss or a straggler is on, which node packing releases) holds only if
+    each worker takes the plan's rank for the node script it runs under (JOBCTL_NODE).
+    torch.distributed ranks are labels in the store, so any permutation works (see
+    ``_store`` for who hosts it). Without JOBCTL_NODE (pods), or when the launch does
+    not match the plan, RANK stands.
+    """
+    rank = int(env["RANK"])
+    node, local = env.get("JOBCTL_NODE"), int(env.get("LOCAL_RANK", "0"))
+    if node is None or not node.isdigit() or int(env.get("WORLD_SIZE", "0")) != plan.world_size:
+        return rank
+    mine = [r for r in plan.ranks if r.node == int(node)]
+    if len(mine) != int(env.get("LOCAL_WORLD_SIZE", "0")):
+        return rank
+    return next((r.rank for r in mine if r.local_rank == local), rank)
+
+
+_KEEP: list = []
+
+
+def _store(env: dict, timeout: timedelta) -> dist.Store:
+    """The store the process group meets in.
+
+    As ``env://`` does, torchrun's rank 0 (the worker on MASTER_ADDR's host, whichever
+    plan rank it took) hosts a store at MASTER_ADDR:MASTER_PORT. That store dies with
+    its worker, and packing may free exactly that worker while the ranks left still
+    create groups, so with the run host's store at hand (JOBCTL_RDZV_ENDPOINT, which
+    outlives every worker) the group meets there instead, under a prefix fresh for
+    this worker group: a nonce that torchrun's rank 0 hands out through its own store.
+    """
+    host, port, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    first = env.get("JOBCTL_TORCHRUN_RANK", env["RANK"]) == "0"
+    boot = dist.TCPStore(host, port, world, is_master=first, timeout=timeout, multi_tenant=True)
+    lasting = env.get("JOBCTL_RDZV_ENDPOINT")
+    if not lasting:
+        return boot
+    _KEEP.append(boot)  # rank 0's server must outlive the other workers' reads
+    if first:
+        boot.set("jobctl/group", f"{env.get('TORCHELASTIC_RUN_ID', '')}/{uuid.uuid4().hex}")
+    prefix = boot.get("jobctl/group").decode()
+    rdzv_host, rdzv_port = lasting.rsplit(":", 1)
+    store = dist.TCPStore(rdzv_host, int(rdzv_port), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"jobctl/pg/{prefix}/", store)
+
+
+def main() -> int:
+    run_dir = Path(os.environ["JOBCTL_RUN_DIR"])
+    from jobctl.engine.core.plan import Plan
+    from jobctl.spec import load_spec
+
+    plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
+    rank = plan_rank(plan, os.environ)
+    # Code that reads RANK (user models do) sees the rank torch.distributed will use.
+    os.environ["JOBCTL_TORCHRUN_RANK"], os.environ["RANK"] = os.environ["RANK"], str(rank)
+    _redirect_output(run_dir, rank)
+    node = os.environ.get("JOBCTL_NODE", "?")
+    print(f"rank {rank} on node {node} (torchrun rank {os.environ['JOBCTL_TORCHRUN_RANK']})")
+    torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
+    from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
+    from jobctl.engine.runtime.trainer import Trainer
+
+    spec = load_spec(run_dir / "spec.yaml")
+    timeout = timedelta(seconds=pg_timeout_s())
+    backend = "nccl" if plan.device == "cuda" else "gloo"
+    world = int(os.environ["WORLD_SIZE"])
+    store = _store(os.environ, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
+        # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
+        signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+        if _early_sigterm:
+            trainer.request_stop()
+        resume = os.environ.get("JOBCTL_RESUME_DIR")
+        if resume:
+            trainer.resume_from(Path(resume))
+        trainer.run()
+    except BaseException:
+        traceback.print_exc()
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
+        raise
+    dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
+    if trainer.rebalancer is not None and trainer.rebalancer.freed:
+        # Packed away: nothing of this rank is left to finish once its events are
+        # delivered. Leave at once (interpreter teardown took seconds at times), so the
+        # supervisor can hand this node back to the backend while the others train.
+        close = getattr(trainer.events, "close", None)
+        if close is not None:
+            close()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

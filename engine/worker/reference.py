@@ -1,0 +1,86 @@
+"""Single-process reference training: the semantics every parallel layout must keep.
+
+The whole model in one process, the same blocks, data order, loss weighting (m / B per
+micro-batch) and optimizer. Parity tests compare the pipeline runtime against this; it
+is also the definition of "the same training" that morphing and rebalancing preserve.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jobctl.engine.data.dataset import Sharding, make_data
+from jobctl.engine.model.blocks import Stage, lm_loss, model_def
+from jobctl.engine.pruning.pruner import prunable_names
+from jobctl.engine.pruning.schedule import target_at
+from jobctl.engine.pruning.selection import select_single
+from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
+
+
+def reference_train(
+    spec,
+    steps: int | None = None,
+    micro_batch: int | None = None,
+    start_state: dict[str, torch.Tensor] | None = None,
+    start_step: int = 0,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train the spec's model in one process; returns per-step losses and final weights.
+
+    ``start_state`` (parameters by unsplit name) and ``start_step`` continue from a
+    checkpoint's weights; the optimizer state then starts fresh, so use it only for
+    comparisons that expect that. With ``pruning.enabled`` it prunes as the pipeline
+    does (after the optimizer step of each pruning step, on the assembled model); the
+    final masks go into ``masks`` if given (and ``masks`` passed in continue a run).
+    """
+    torch.manual_seed(spec.training.seed)
+    mdef = model_def(spec.model, spec.training.seed)
+    model = Stage(mdef, range(mdef.num_blocks))
+    if start_state:
+        model.load_state_dict(start_state, strict=False)
+    params = dict(model.named_parameters())
+    opt = build_optimizer(list(params.values()), spec.training)
+    B = spec.training.global_batch_size
+    m = micro_batch or B
+    shard = Sharding(B, 1, m)
+    data = make_data(spec)
+    losses = []
+    held = dict(masks or {})
+    if start_step == 0:
+        _prune(spec, mdef.ties, params, opt, held, 0)
+    for step in range(start_step, steps if steps is not None else spec.training.steps):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(shard.micro_batches):
+            x, y = data.batch(shard.first_sample(step, 0, i), m)
+            loss = lm_loss(model(x), y) * shard.loss_scale
+            loss.backward()
+            total += float(loss.detach())
+        for n, keep in held.items():
+            params[n].grad.masked_fill_(~keep, 0.0)
+        set_lr(opt, lr_at(step, spec.training))
+        opt.step()
+        with torch.no_grad():
+            for n, keep in held.items():
+                params[n].masked_fill_(~keep, 0.0)
+        _prune(spec, mdef.ties, params, opt, held, step + 1)
+        losses.append(total)
+    if masks is not None:
+        masks.update(held)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def _prune(spec, ties, params: dict, opt, held: dict, step: int) -> None:
+    """Global magnitude pruning of the assembled model if ``step`` is a pruning step."""
+    target = target_at(spec, step) if spec.pruning.enabled else None
+    if target is None:
+        return
+    names = prunable_names(list(params), spec.pruning.prunable, ties)
+    new, *_ = select_single({n: params[n] for n in names}, target)
+    for n, m in new.items():
+        held[n] = m & held[n] if n in held else m
+        params[n].masked_fill_(~held[n], 0.0)
+        for v in opt.state.get(params[n], {}).values():
+            if torch.is_tensor(v) and v.shape == m.shape:
+                v.masked_fill_(~held[n], 0)
