@@ -3,7 +3,7 @@
 Every generator returns ``list[list[Action]]``, one list per stage, in the order the
 stage runs them; sends and receives are implied by data flow (see ``actions``). The
 closed forms below assume uniform stages, backward = 2 x forward and, where there is
-recompute, recompute = forward (Merak sec. 5.1); ``tests/test_simulator.py`` checks
+recompute, recompute = forward (Merak sec. 5.1); ``tests/unit/test_simulator.py`` checks
 each one against the simulator.
 
 * ``gpipe``: all forwards, then all backwards in micro-batch order (AvgPipe's AFAB).

@@ -1,0 +1,1 @@
+"""Multi-process, chaos, S3, Slurm and ssh tests (marked)."""

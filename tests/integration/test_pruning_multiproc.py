@@ -1,0 +1,184 @@
+"""Pruning across real gloo processes: parity with one process, replica agreement, resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from jobctl.engine.checkpoint.blocks import load_masks
+from jobctl.engine.model.blocks import Stage, model_def
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.pruning.pruner import Pruner, prunable_names
+from jobctl.engine.pruning.selection import count_to_prune, select_single
+from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.topology import build_topology
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
+from jobctl.spec import load_spec
+
+from ..jobrun import ROOT, events, final_weights, run_job, step_losses
+
+PRUNING_YAML = ROOT / "jobs" / "pruning.yaml"
+STEPS = 8
+SCHEDULE = {
+    "training.steps": STEPS,
+    "pruning.start_step": 2,
+    "pruning.end_step": 6,
+    "pruning.frequency": 2,
+    "pruning.initial_sparsity": 0.2,
+}
+WITH_EMBEDDING = ["layers.*.attn.*.weight", "layers.*.mlp.*.weight", "layers.0.wte.weight"]
+
+
+def _spec(P: int, D: int, **extra):
+    overrides = {
+        **SCHEDULE,
+        "hardware.processes_per_node": P * D,
+        "parallelism.pipeline_stages": P,
+        "parallelism.data_parallel": D,
+        **extra,
+    }
+    return load_spec(PRUNING_YAML, overrides=overrides)
+
+
+@pytest.mark.multiproc
+def test_pipeline_pruning_matches_single_process(tmp_path):
+    # SGD keeps the weights comparable to 1e-5 (see test_parity); the tied embedding is
+    # prunable too, so its mask must reach the head on the last stage.
+    sgd = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
+    every_pruning = {"checkpoint.interval": 2, "checkpoint.keep_last": 4}  # right after each
+    spec = _spec(2, 2, **sgd, **every_pruning, **{"pruning.prunable": WITH_EMBEDDING})
+    ref_masks: dict = {}
+    ref_losses, ref_weights = reference_train(spec, masks=ref_masks)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, STEPS)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    masks = load_masks(ckpt, list(weights) + ["layers.5.weight"], spec_ties(spec))
+    assert set(ref_masks) <= set(masks)
+    for name, m in ref_masks.items():
+        assert torch.equal(masks[name], m), name
+    assert torch.equal(masks["layers.5.weight"], masks["layers.0.wte.weight"])
+
+    recs = events(run.dir)
+    pruning = [r for r in recs if r["kind"] == "pruning"]
+    assert [r["step"] for r in pruning] == [2, 4, 6]
+    total = pruning[0]["prunable"]
+    for r in pruning:  # the schedule's sparsity exactly, globally
+        assert r["pruned"] == count_to_prune(r["target_sparsity"], total)
+        assert len(r["stage_sparsity"]) == 2
+    assert [round(r["target_sparsity"], 4) for r in pruning] == [0.2, 0.8125, 0.9]
+    profiles = [r for r in recs if r["kind"] == "profile"]
+    assert sorted((r["step"], r["rank"]) for r in profiles) == [
+        (s, k) for s in (3, 5, 7) for k in range(4)
+    ]
+    for r in profiles:
+        assert all(b["fwd_s"] > 0 and b["bwd_s"] > 0 for b in r["blocks"].values())
+    phases = [e["message"] for e in StateDB(tmp_path).events(run.id) if e["kind"] == "phase"]
+    assert sum(p.startswith("pruning: step") for p in phases) == 3
+    assert sum(p.startswith("training: profiled step") for p in phases) == 3
+    _assert_realised_sparsity(run.dir, pruning, spec_ties(spec))
+
+
+def _assert_realised_sparsity(run_dir, pruning: list[dict], ties) -> None:
+    """At every pruning step (checkpointed right after it), per layer: the zeros in the
+    weights are exactly the pruned elements, the recorded sparsity is theirs, nothing
+    below the global threshold survives anywhere (Alg. 2), and what was pruned stays
+    pruned; globally exactly round(s N) elements are gone."""
+    prev: dict = {}
+    for r in pruning:
+        weights = final_weights(run_dir, r["step"])
+        names = prunable_names(list(weights), WITH_EMBEDDING, ties)
+        masks = load_masks(run_dir / "checkpoints" / f"step-{r['step']:08d}", names, ties)
+        pruned = {n: int((~masks[n]).sum()) for n in names}
+        assert sum(pruned.values()) == count_to_prune(r["target_sparsity"], r["prunable"])
+        assert abs(sum(pruned.values()) - r["target_sparsity"] * r["prunable"]) <= 0.5
+        for n in names:
+            w, m = weights[n], masks[n]
+            assert int((w == 0).sum()) == pruned[n], n
+            assert r["layer_sparsity"][n] == pytest.approx(pruned[n] / m.numel()), n
+            assert bool((w[m].abs() >= r["threshold"]).all()), n
+            assert n not in prev or not bool((m & ~prev[n]).any()), n
+        prev = masks
+
+
+def spec_ties(spec):
+    return model_def(spec.model, spec.training.seed).ties
+
+
+@pytest.mark.multiproc
+def test_resume_after_pruning_keeps_masks_and_losses(tmp_path):
+    spec = _spec(3, 1, **{"checkpoint.interval": 4})  # 3 stages: gloo groups of 3 ranks
+    run, outcome = run_job(spec, tmp_path / "whole")
+    assert outcome.ok, outcome.message
+    ckpt4 = run.dir / "checkpoints" / "step-00000004"
+    other = _spec(1, 2, **{"checkpoint.interval": 4})
+    resumed, outcome = run_job(other, tmp_path / "resumed", resume_dir=ckpt4)
+    assert outcome.ok, outcome.message
+    assert step_losses(resumed.dir) == pytest.approx(step_losses(run.dir)[4:], abs=1e-5)
+    names = list(final_weights(run.dir, STEPS))
+    end = f"step-{STEPS:08d}"
+    a = load_masks(run.dir / "checkpoints" / end, names, [])
+    b = load_masks(resumed.dir / "checkpoints" / end, names, [])
+    assert a and set(a) == set(b)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert [r["step"] for r in events(resumed.dir) if r["kind"] == "pruning"] == [6]
+
+
+# -- replicas agree (direct gloo processes, replica 1 perturbed) ---------------------
+def _replica_worker(rank: int, world: int, store_path: str, spec, out_path: str, everyone: bool):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        plan = make_plan(spec, world)
+        mdef = model_def(spec.model, spec.training.seed)
+        topo = build_topology(plan, rank, bool(mdef.ties))
+        stage = Stage(mdef, plan.stage_of(rank).blocks)
+        if topo.replica == 1:  # drifted replica: its own masks would differ
+            with torch.no_grad():
+                for p in stage.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+        named = dict(stage.named_parameters())
+        opt = build_optimizer(list(named.values()), spec.training)
+        pruner = Pruner(spec, stage, named, opt, topo, mdef.ties)
+        if everyone:  # as after packing: no group of replica 0's pipeline, all ranks gather
+            pruner.selectors.key = None
+        rec = pruner.maybe_prune(6)
+        got = [None] * world
+        dist.all_gather_object(got, (topo.replica, pruner.masks, rec))
+        if rank == 0:
+            torch.save(got, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("everyone", [False, True])
+def test_masks_identical_across_replicas_and_equal_to_assembled_model(tmp_path, everyone):
+    spec = _spec(2, 2, **{"pruning.prunable": WITH_EMBEDDING})
+    out = tmp_path / "masks.pt"
+    args = (4, str(tmp_path / "store"), spec, str(out), everyone)
+    mp.spawn(_replica_worker, args=args, nprocs=4, join=True)
+    got = torch.load(out, weights_only=False)
+    by_replica: dict[int, dict] = {0: {}, 1: {}}
+    for replica, masks, _ in got:
+        by_replica[replica].update(masks)
+    assert set(by_replica[0]) == set(by_replica[1])
+    assert all(torch.equal(by_replica[0][n], by_replica[1][n]) for n in by_replica[0])
+    # The assembled model (replica 0's unperturbed weights) pruned in one process.
+    mdef = model_def(spec.model, spec.training.seed)
+    whole = Stage(mdef, range(mdef.num_blocks))
+    params = dict(whole.named_parameters())
+    names = prunable_names(list(params), WITH_EMBEDDING, mdef.ties)
+    ref, k, total, _ = select_single({n: params[n].detach() for n in names}, 0.9)
+    for n, m in ref.items():
+        assert torch.equal(by_replica[0][n], m), n
+    assert torch.equal(by_replica[0]["layers.5.weight"], ref["layers.0.wte.weight"])  # alias
+    recs = [r for _, _, r in got]
+    assert all(r["k"] == k == count_to_prune(0.9, total) for r in recs)
+    assert all(r["pruned"] == k for r in recs)

@@ -1,0 +1,1 @@
+"""Fast, single-process tests: python -m pytest tests/unit."""

@@ -1,0 +1,262 @@
+"""Every backend's rendered artifacts: pinned by golden files, valid shell, inert data.
+
+Regenerate the golden files after an intended change with
+``JOBCTL_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_backend_render.py`` and review
+the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobctl.backends import BackendError, RunContext, get_backend
+from jobctl.spec import ElasticitySpec, dump_yaml
+from jobctl.spec.sections import HardwareSpec, SlurmSpec
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+UPDATE = os.environ.get("JOBCTL_UPDATE_GOLDEN") == "1"
+INPUTS = {"spec.yaml": "name: quick\n", "plan.json": '{"P": 2, "D": 2}\n'}
+KUBE = {"image": "ghcr.io/acme/jobctl:0.1"}
+CHANNEL_SECRET = "s3cr3t-Value_of-the-channel"  # must appear in no rendered artifact
+SHELLCHECK = shutil.which("shellcheck")
+
+CASES: dict[str, tuple[str, dict, dict]] = {
+    # case: (backend, hardware fields, other RunContext fields)
+    "local": ("local", {}, {}),
+    "slurm": (
+        "slurm",
+        {
+            "device": "cuda",
+            "spot": True,
+            "memory_gb": 24,
+            "slurm": {
+                "partition": "gpu,gpu-spot",
+                "account": "ml-team",
+                "qos": "low",
+                "time_limit_minutes": 720,
+                "signal_before_s": 300,
+                "sbatch_args": ["--exclusive", "--constraint=a100&ib"],
+            },
+            "max_restarts": 2,
+        },
+        {"threads": 4},
+    ),
+    "slurm-defaults": ("slurm", {"slurm": {"signal_before_s": 0}}, {}),
+    "ssh": ("ssh", {"hosts": ["gpu-a", "gpu-b"], "ssh": {"python": "/opt/venv/bin/python"}}, {}),
+    "kubernetes-pytorchjob": (
+        "kubernetes",
+        {
+            "device": "cuda",
+            "spot": True,
+            "nodes": 4,
+            "kubernetes": {
+                **KUBE,
+                "namespace": "training",
+                "secrets": ["s3-credentials", "wandb"],
+                "node_selector": {"cloud.google.com/gke-spot": "true", "gpu": "a100"},
+                "service_account": "trainer",
+                "volume_claim": "runs",
+            },
+        },
+        {
+            "elasticity": ElasticitySpec(enabled=True, min_devices=2, max_devices=8),
+            "env": {"JOBCTL_CHANNEL_URL": "http://10.0.0.5:29500"},  # pods post events
+            "secret_env": {"JOBCTL_CHANNEL_SECRET": CHANNEL_SECRET},
+        },
+    ),
+    "kubernetes-jobset": (
+        "kubernetes",
+        {"kubernetes": {**KUBE, "kind": "jobset"}, "max_restarts": 3},
+        {"rdzv_endpoint": "supervisor.example.com:29400"},
+    ),
+}
+
+
+def context(backend: str, hardware: dict, run_dir: Path = Path("/runs/quick-1"), **kw):
+    """A two-node, two-processes-per-node run of ``backend``; ``kw`` overrides fields."""
+    fields = {
+        "run_id": "quick-1",
+        "run_dir": run_dir,
+        "nnodes": 2,
+        "nproc_per_node": [2, 2],
+        "rdzv_endpoint": "10.0.0.5:29400",
+        "python": "/usr/bin/python3",
+        "inputs": INPUTS,
+        "hardware": HardwareSpec(
+            **{"backend": backend, "nodes": 2, "processes_per_node": 2, **hardware}
+        ),
+        **kw,
+    }
+    return RunContext(**fields)
+
+
+def rendered(case: str):
+    backend, hardware, extra = CASES[case]
+    return get_backend(backend).render(context(backend, hardware, **extra))
+
+
+def scripts(files: dict[str, str]) -> dict[str, str]:
+    """Every shell script among the artifacts, pod scripts inside manifests included."""
+    out = {n: t for n, t in files.items() if n.endswith((".sh", ".sbatch"))}
+    for name, text in files.items():
+        if name.endswith(".yaml"):
+            for doc in yaml.safe_load_all(text):
+                if doc["kind"] == "ConfigMap":
+                    out[f"{name}:pod.sh"] = doc["data"]["pod.sh"]
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case):
+    files = rendered(case).files
+    folder = GOLDEN / case
+    if UPDATE:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files), "artifact set changed"
+    for name, text in files.items():
+        assert text == (folder / name).read_text(), f"{case}/{name} differs from golden"
+
+
+@pytest.mark.skipif(not SHELLCHECK, reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_scripts_pass_bash_n_and_shellcheck(case, tmp_path):
+    found = scripts(rendered(case).files)
+    assert found, "every backend renders at least one script"
+    expected = {"local": 2, "slurm": 3, "slurm-defaults": 3, "ssh": 2,
+                "kubernetes-pytorchjob": 2, "kubernetes-jobset": 1}  # fmt: skip
+    assert len(found) == expected[case], sorted(found)  # none is missed
+    for name, text in found.items():
+        path = tmp_path / name.replace(":", "-")
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        check = subprocess.run([SHELLCHECK, str(path)], capture_output=True, text=True)
+        assert check.returncode == 0, f"{case}/{name}:\n{check.stdout}"
+
+
+EVIL = "x'; touch {m}; echo '$(touch {m})`touch {m}`\ntouch {m}\n#SBATCH --wrap=touch {m}"
+
+
+def _evil_context(backend: str, tmp_path: Path, hardware: dict | None = None):
+    marker = tmp_path / "pwned"
+    evil = EVIL.format(m=marker)
+    ctx = context(
+        backend,
+        hardware or {},
+        run_dir=tmp_path / evil.replace("/", "_"),
+        run_id=f"quick-{evil}",
+        env={"USER_NOTE": evil},
+        inputs={"spec.yaml": evil, "plan.json": "{}"},
+    )
+    return ctx, marker, evil
+
+
+def _run_with_stubs(script: str, tmp_path: Path, stubs: dict[str, str]) -> str:
+    """Run ``script`` with ``exec`` turned into ``echo``, the python that runs torchrun
+    echoing its arguments, and commands in ``stubs`` replaced by shell functions;
+    returns stdout."""
+    head, _, body = script.partition("set -euo pipefail\n")
+    pythons = ("/usr/bin/python3", "python3")
+    stubs = {**{py: f'echo {py} "$@"' for py in pythons}, **stubs}
+    functions = "".join(f"{name}() {{ {code}; }}\n" for name, code in stubs.items())
+    path = tmp_path / "script.sh"
+    path.write_text(head + "set -euo pipefail\n" + functions + body.replace("exec ", "echo ", 1))
+    out = subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_slurm_metacharacters_stay_inert(tmp_path):
+    ctx, marker, _ = _evil_context("slurm", tmp_path)
+    files = get_backend("slurm").render(ctx).files
+    batch = files["job.sbatch"]
+    # sbatch reads directives up to the first line that is not a comment.
+    header = batch.split("\nset -euo pipefail\n")[0].splitlines()
+    assert all(line.startswith("#") for line in header)
+    directives = [line for line in header if line.startswith("#SBATCH")]
+    assert all(" " not in line.removeprefix("#SBATCH ") for line in directives)
+    assert not any("--wrap" in line for line in directives)
+    out = _run_with_stubs(batch.replace("exec srun", "srun"), tmp_path, {"srun": 'echo srun "$@"'})
+    assert out.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1")
+    for k in (0, 1):
+        node = _run_with_stubs(files[f"node-{k}.sh"], tmp_path, {})
+        assert "--rdzv-id=quick-x" in node
+    assert not marker.exists()
+
+
+def test_ssh_and_kubernetes_scripts_stay_inert(tmp_path):
+    ctx, marker, evil = _evil_context("ssh", tmp_path, {"hosts": ["a", "b"]})
+    for text in get_backend("ssh").render(ctx).files.values():
+        _run_with_stubs(text, tmp_path, {})
+    ctx, marker, evil = _evil_context("kubernetes", tmp_path, {"kubernetes": KUBE})
+    manifest = get_backend("kubernetes").render(ctx).files["manifests.yaml"]
+    docs = list(yaml.safe_load_all(manifest))
+    assert docs[0]["data"]["spec.yaml"] == evil  # data survives YAML exactly
+    pod = docs[0]["data"]["pod.sh"]
+    out = _run_with_stubs(pod, tmp_path, {"mkdir": ":", "cp": ":"})
+    assert "--rdzv-endpoint=quick-x-touch" in out
+    assert all(len(d["metadata"]["name"]) <= 63 for d in docs)
+    assert not marker.exists()
+
+
+def test_directive_values_are_refused_when_not_one_word():
+    # The spec refuses such a partition; a RunContext built in Python must be refused too.
+    unchecked = SlurmSpec.model_construct(partition="a\n#SBATCH --wrap=x")
+    with pytest.raises(ValueError, match="cannot go into a directive line"):
+        get_backend("slurm").render(context("slurm", {"slurm": unchecked}))
+
+
+def test_backends_refuse_what_they_cannot_run():
+    with pytest.raises(BackendError, match="one host per node: 1 host"):
+        get_backend("ssh").render(context("ssh", {"nodes": 1, "hosts": ["a"]}))
+    with pytest.raises(BackendError, match="needs hardware.kubernetes"):
+        get_backend("kubernetes").render(context("kubernetes", {}))
+    loopback = context("kubernetes", {"kubernetes": KUBE}, rdzv_endpoint="127.0.0.1:29400")
+    with pytest.raises(BackendError, match="pods cannot reach the rendezvous at 127.0.0.1"):
+        get_backend("kubernetes").render(loopback)
+    uneven = context("kubernetes", {"kubernetes": KUBE}, nproc_per_node=[2, 1])
+    with pytest.raises(BackendError, match="pods are identical"):
+        get_backend("kubernetes").render(uneven)
+
+
+CLI_SPEC_HARDWARE = {
+    "hardware.hosts": ["gpu-a", "gpu-b"],
+    "hardware.rendezvous_host": "10.0.0.5",
+    "hardware.rendezvous_port": 29400,
+    "hardware.kubernetes": KUBE,
+}
+CLI_FILES = {
+    "local": ["node-0.sh", "node-1.sh"],
+    "slurm": ["job.sbatch", "node-0.sh", "node-1.sh"],
+    "ssh": ["node-0.sh", "node-1.sh"],
+    "kubernetes": ["manifests.yaml"],
+}
+
+
+@pytest.mark.parametrize("backend", sorted(CLI_FILES))
+def test_cli_renders_every_backend(backend, tmp_path):
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli.app import app
+
+    from ..jobrun import tiny_spec
+
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(dump_yaml(tiny_spec(**CLI_SPEC_HARDWARE)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["render", str(spec_file), "--backend", backend, "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted([*CLI_FILES[backend], "plan.json"])
+    for name, text in scripts({p.name: p.read_text() for p in out.iterdir()}).items():
+        path = tmp_path / name.replace(":", "-")
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)

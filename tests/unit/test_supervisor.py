@@ -1,0 +1,234 @@
+"""The supervisor's state machine, stepped by hand on fake time with a fake launcher.
+
+Each ``step()`` is one transition (or one poll of the running attempt); worker records
+are written to metrics.jsonl by the test, node states are set on the fake backend.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from typer.testing import CliRunner
+
+from jobctl.backends.base import NodeStatus
+from jobctl.engine.cli.app import app
+
+from ..supervisor_doubles import (
+    KILLED,
+    RUNNING,
+    SUCCEEDED,
+    heartbeat,
+    phases,
+    step,
+    supervisor,
+    to_training,
+    write,
+)
+
+
+def _train(sup, launcher, clock, steps, ts0: float = 1000.0) -> None:
+    """Steps ``steps`` (heartbeats from every rank, then the step) and one poll each."""
+    for n in steps:
+        ts = ts0 + n
+        plan = sup.plan
+        write(sup.current.dir, *(heartbeat(n, r.rank, r.node, ts) for r in plan.ranks))
+        write(sup.current.dir, step(n, ts))
+        sup.step()
+
+
+def test_a_run_walks_through_every_phase_one_step_at_a_time(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    assert to_training(sup) == ["pending", "calibrating", "planning", "launching", "training"]
+    run_id = sup.run_id
+    assert db.get_run(run_id)["pids"] == "a0n0,a0n1" and launcher.ready_calls == 1
+    kinds = [e["kind"] for e in db.events(run_id)]
+    assert kinds.index("calibration") < kinds.index("plan")  # the steps did their work
+    _train(sup, launcher, clock, [1, 2])
+    assert sup.step() == "training"
+    _train(sup, launcher, clock, [3])  # a checkpoint is due at step 3
+    assert sup.phase == "checkpointing"
+    _train(sup, launcher, clock, [4])  # training goes on while it is written
+    assert sup.phase == "checkpointing"
+    write(sup.current.dir, {"kind": "checkpoint", "step": 3, "ts": 1004.5})
+    assert sup.step() == "training"
+    _train(sup, launcher, clock, [5, 6])
+    write(sup.current.dir, {"kind": "checkpoint", "step": 6, "ts": 1007.0})
+    assert sup.step() == "training"
+    launcher.nodes.set_all(SUCCEEDED)
+    assert sup.step() == "completed" and sup.done
+    assert sup.step() == "completed"  # a finished supervisor does nothing more
+    row = db.get_run(run_id)
+    assert (row["step"], row["last_checkpoint"], row["supervisor_pid"]) == (6, 6, None)
+    assert phases(db, run_id) == [
+        "pending", "calibrating", "planning", "launching", "training",
+        "checkpointing", "training", "checkpointing", "training", "completed",
+    ]  # fmt: skip
+    assert all(ts >= 1000.0 for ts in (e["ts"] for e in db.events(run_id)))  # injected clock
+
+
+def test_launch_runs_the_same_machine_to_the_end(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    sleeps = []
+
+    def sleep(dt):  # the workers finish while the supervisor sleeps
+        sleeps.append(dt)
+        if len(sleeps) == 3:
+            write(sup.current.dir, step(6, 1001.0), {"kind": "checkpoint", "step": 6, "ts": 1})
+            launcher.nodes.set_all(SUCCEEDED)
+
+    sup.sleep = sleep
+    run, outcome = sup.run_to_end(interval=0.5)
+    assert outcome.ok and run.id == sup.run_id and sleeps == [0.5] * 3
+    assert db.get_run(run.id)["phase"] == "completed"
+
+
+def test_lost_node_morphs_and_recovery_counts_from_its_last_heartbeat(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1, 2])  # node 1's last word: step 2's heartbeat at 1002
+    write(sup.current.dir, heartbeat(3, 0, 0, 1003.0))  # node 0 goes on a little
+    launcher.nodes.state["a0n1"] = KILLED
+    assert sup.step() == "morphing"
+    assert sup.outcome.kind == "preempted" and sup.outcome.lost_nodes == [1]
+    assert launcher.attempts[0].backend.cancels[-1] == (["a0n0", "a0n1"], signal.SIGKILL)
+    assert sup.step() == "planning" and sup.plan.world_size == 2  # same global batch
+    assert sup.step() == "launching" and db.get_run(sup.run_id)["pids"] == "a1n0"
+    assert sup.step() == "training"
+    write(sup.current.dir, step(1, 1009.5))  # the first step of the new layout
+    assert sup.step() == "training"
+    row = db.get_run(sup.run_id)
+    assert row["recovery_s"] == 7.5  # 1009.5 - 1002.0: from the loss, not its detection
+    rec = next(e for e in db.events(sup.run_id) if e["kind"] == "recovery")
+    data = json.loads(rec["data"])
+    assert (data["lost_at"], data["nodes"], data["sign"]) == (1002.0, [1], "last heartbeat")
+    assert row["devices"] == 2 and row["plan"].startswith("P=")
+    assert "morphing" in phases(db, sup.run_id)
+
+
+def test_sigterm_node_recovery_counts_from_its_notice(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1])
+    run_dir = sup.current.dir
+    write(run_dir, {"kind": "node_sigterm", "node": 0, "ts": 1001.25})
+    write(run_dir, *({"kind": "sigterm", "rank": r, "node": 0, "ts": 1001.5} for r in (0, 1)))
+    assert sup.step() == "checkpointing"  # checkpoint now, then exit
+    write(run_dir, heartbeat(2, 0, 0, 1002.0), step(2, 1002.0))
+    write(run_dir, {"kind": "checkpoint", "step": 2, "ts": 1002.2})
+    write(run_dir, {"kind": "stopped", "step": 2, "rank": 0, "ts": 1002.3})
+    launcher.nodes.set_all(NodeStatus("stopped", -15, "exit -15", "preempted"))
+    assert sup.step() == "morphing"
+    assert sup.outcome.lost_nodes == [0]
+    notice = next(e for e in db.events(sup.run_id) if e["kind"] == "sigterm")
+    assert json.loads(notice["data"]) == {"node": 0, "ts": 1001.25}
+    for want in ("planning", "launching", "training"):
+        assert sup.step() == want
+    write(sup.current.dir, step(3, 1010.25))
+    sup.step()
+    assert db.get_run(sup.run_id)["recovery_s"] == 9.0  # from the notice
+
+
+def test_deadline_uses_the_injected_clock(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path, deadline_s=30)
+    to_training(sup)
+    clock.sleep(29)
+    assert sup.step() == "training"
+    clock.sleep(2)
+    assert sup.step() == "failed"
+    assert sup.outcome.exit_code == 124 and "timed out after 30 s" in sup.outcome.message
+    assert launcher.nodes.cancels[-1][1] == signal.SIGKILL
+
+
+def test_stop_during_a_morph_stops_between_attempts(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    launcher.nodes.state["a0n1"] = KILLED
+    assert sup.step() == "morphing"
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    assert r.exit_code == 0 and "checkpoint and stop" in r.output, r.output
+    assert "supervisor" in r.output  # a request for the supervisor, no stale pid signalled
+    assert sup.step() == "stopped" and sup.outcome.kind == "stopped"
+    assert len(launcher.attempts) == 1  # nothing relaunched
+    assert db.get_run(sup.run_id)["supervisor_pid"] is None
+
+
+def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    launcher.nodes.state["a0n1"] = KILLED
+    for want in ("morphing", "planning", "launching", "training"):
+        assert sup.step() == want
+    old, new = (a.backend for a in launcher.attempts)
+    cancels_before = list(old.cancels)
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    assert r.exit_code == 0, r.output
+    assert sup.step() == "training"
+    assert new.cancels == [(["a1n0"], signal.SIGTERM)]
+    assert old.cancels == cancels_before  # the dead attempt's handles are left alone
+    assert sup.step() == "training"  # applied once
+    assert new.cancels == [(["a1n0"], signal.SIGTERM)]
+    run_dir = sup.current.dir
+    write(run_dir, {"kind": "sigterm", "rank": 0, "node": 0, "ts": 1003.0})
+    write(run_dir, {"kind": "checkpoint", "step": 1, "ts": 1003.1})
+    write(run_dir, {"kind": "stopped", "step": 1, "rank": 0, "ts": 1003.2})
+    new.set_all(NodeStatus("stopped", -15, "exit -15", "cancelled"))
+    assert sup.step() == "stopped"
+
+
+def test_stop_without_a_supervisor_signals_the_recorded_nodes(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    db.release_supervisor(sup.run_id, sup_pid := db.get_run(sup.run_id)["supervisor_pid"])
+    assert sup_pid is not None
+    db.update_run(sup.run_id, pids="999999991")  # a pid that does not exist
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    assert r.exit_code == 0 and "asked 1 node(s)" in r.output, r.output
+    assert db.get_run(sup.run_id)["stop_requested"] is None
+
+
+def test_a_worker_process_killed_drops_its_node(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1, 2])
+    run_dir = sup.current.dir
+    errors = run_dir / "errors"
+    errors.mkdir()
+    comm = "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Connection reset by peer"
+    dead = next(r.rank for r in sup.plan.ranks if r.node == 1)
+    for r in sup.plan.ranks:
+        if r.rank != dead:  # the killed rank wrote nothing; its peers lost it
+            (errors / f"rank-{r.rank}.txt").write_text(f"Traceback:\n  x\n{comm}\n")
+    launcher.nodes.state["a0n0"] = NodeStatus("failed", 1, "exit 1")
+    assert sup.step() == "training"  # node 1 may show it was the one: a short grace
+    launcher.nodes.state["a0n1"] = NodeStatus("failed", 1, "exit 1")
+    assert sup.step() == "morphing"
+    assert sup.outcome.kind == "preempted" and sup.outcome.lost_nodes == [1]
+    assert any(e["kind"] == "process_lost" for e in db.events(sup.run_id))
+
+
+def test_a_bug_fails_the_run_even_with_a_silent_rank(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1])
+    errors = sup.current.dir / "errors"
+    errors.mkdir()
+    (errors / "rank-1.txt").write_text("Traceback:\n  x\nRuntimeError: boom\n")
+    launcher.nodes.set_all(NodeStatus("failed", 1, "exit 1"))
+    assert sup.step() == "failed"
+    assert "rank 1 failed" in sup.outcome.message
+
+
+def test_failed_peers_without_a_silent_rank_fail_after_the_grace(tmp_path):
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1])
+    errors = sup.current.dir / "errors"
+    errors.mkdir()
+    for r in (0, 1):
+        (errors / f"rank-{r}.txt").write_text("RuntimeError: Connection closed by peer\n")
+    launcher.nodes.state["a0n0"] = NodeStatus("failed", 1, "exit 1")
+    assert sup.step() == "training"
+    clock.sleep(11)
+    launcher.nodes.state["a0n1"] = RUNNING
+    assert sup.step() == "failed"  # nobody lost a process: not a preemption
