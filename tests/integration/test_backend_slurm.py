@@ -22,7 +22,7 @@ from jobctl.engine.worker.reference import reference_train
 from .. import slurm_cluster
 from ..backend_jobs import run_on, two_process_spec, wait_done
 from ..jobrun import events
-from ..unit.test_backend_render import context
+from ..render_contexts import context
 
 WAIT_S = 60.0
 ROOT = Path(__file__).resolve().parents[2]

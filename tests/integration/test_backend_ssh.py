@@ -28,7 +28,7 @@ from jobctl.spec.sections import SshSpec
 
 from .. import sshd
 from ..backend_jobs import run_on, two_process_spec, wait_done
-from ..unit.test_backend_render import EVIL, context
+from ..render_contexts import EVIL, context
 
 WAIT_S = 30.0
 

@@ -15,7 +15,7 @@ from jobctl.spec import dump_yaml
 from jobctl.spec.sections import is_loopback
 
 from ..jobrun import QUICKSTART, tiny_spec
-from .test_backend_render import KUBE
+from ..render_contexts import KUBE
 
 runner = CliRunner()
 

@@ -30,7 +30,7 @@ from jobctl.backends import BackendError, get_backend
 from jobctl.backends.kubernetes import workload_status
 from jobctl.engine.worker.process import plan_rank
 
-from .test_backend_render import CASES, CHANNEL_SECRET, KUBE, _evil_context, context, rendered
+from ..render_contexts import CASES, CHANNEL_SECRET, KUBE, context, evil_context, rendered
 
 jsonschema = pytest.importorskip(
     "jsonschema", reason="jsonschema not installed (pip install -e .[dev])"
@@ -103,7 +103,7 @@ def test_schemas_catch_a_misspelt_field():
 
 
 def test_metacharacter_names_still_make_valid_objects(tmp_path):
-    ctx, _, _ = _evil_context("kubernetes", tmp_path, {"kubernetes": KUBE})
+    ctx, _, _ = evil_context("kubernetes", tmp_path, {"kubernetes": KUBE})
     for doc in _docs(get_backend("kubernetes").render(ctx).files):
         assert _errors(doc) == [], doc["kind"]
 

@@ -15,90 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobctl.backends import BackendError, RunContext, get_backend
-from jobctl.spec import ElasticitySpec, dump_yaml
-from jobctl.spec.sections import HardwareSpec, SlurmSpec
+from jobctl.backends import BackendError, get_backend
+from jobctl.spec import dump_yaml
+from jobctl.spec.sections import SlurmSpec
+
+from ..render_contexts import CASES, KUBE, context, evil_context, rendered
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE = os.environ.get("JOBCTL_UPDATE_GOLDEN") == "1"
-INPUTS = {"spec.yaml": "name: quick\n", "plan.json": '{"P": 2, "D": 2}\n'}
-KUBE = {"image": "ghcr.io/acme/jobctl:0.1"}
-CHANNEL_SECRET = "s3cr3t-Value_of-the-channel"  # must appear in no rendered artifact
 SHELLCHECK = shutil.which("shellcheck")
-
-CASES: dict[str, tuple[str, dict, dict]] = {
-    # case: (backend, hardware fields, other RunContext fields)
-    "local": ("local", {}, {}),
-    "slurm": (
-        "slurm",
-        {
-            "device": "cuda",
-            "spot": True,
-            "memory_gb": 24,
-            "slurm": {
-                "partition": "gpu,gpu-spot",
-                "account": "ml-team",
-                "qos": "low",
-                "time_limit_minutes": 720,
-                "signal_before_s": 300,
-                "sbatch_args": ["--exclusive", "--constraint=a100&ib"],
-            },
-            "max_restarts": 2,
-        },
-        {"threads": 4},
-    ),
-    "slurm-defaults": ("slurm", {"slurm": {"signal_before_s": 0}}, {}),
-    "ssh": ("ssh", {"hosts": ["gpu-a", "gpu-b"], "ssh": {"python": "/opt/venv/bin/python"}}, {}),
-    "kubernetes-pytorchjob": (
-        "kubernetes",
-        {
-            "device": "cuda",
-            "spot": True,
-            "nodes": 4,
-            "kubernetes": {
-                **KUBE,
-                "namespace": "training",
-                "secrets": ["s3-credentials", "wandb"],
-                "node_selector": {"cloud.google.com/gke-spot": "true", "gpu": "a100"},
-                "service_account": "trainer",
-                "volume_claim": "runs",
-            },
-        },
-        {
-            "elasticity": ElasticitySpec(enabled=True, min_devices=2, max_devices=8),
-            "env": {"JOBCTL_CHANNEL_URL": "http://10.0.0.5:29500"},  # pods post events
-            "secret_env": {"JOBCTL_CHANNEL_SECRET": CHANNEL_SECRET},
-        },
-    ),
-    "kubernetes-jobset": (
-        "kubernetes",
-        {"kubernetes": {**KUBE, "kind": "jobset"}, "max_restarts": 3},
-        {"rdzv_endpoint": "supervisor.example.com:29400"},
-    ),
-}
-
-
-def context(backend: str, hardware: dict, run_dir: Path = Path("/runs/quick-1"), **kw):
-    """A two-node, two-processes-per-node run of ``backend``; ``kw`` overrides fields."""
-    fields = {
-        "run_id": "quick-1",
-        "run_dir": run_dir,
-        "nnodes": 2,
-        "nproc_per_node": [2, 2],
-        "rdzv_endpoint": "10.0.0.5:29400",
-        "python": "/usr/bin/python3",
-        "inputs": INPUTS,
-        "hardware": HardwareSpec(
-            **{"backend": backend, "nodes": 2, "processes_per_node": 2, **hardware}
-        ),
-        **kw,
-    }
-    return RunContext(**fields)
-
-
-def rendered(case: str):
-    backend, hardware, extra = CASES[case]
-    return get_backend(backend).render(context(backend, hardware, **extra))
 
 
 def scripts(files: dict[str, str]) -> dict[str, str]:
@@ -142,23 +67,6 @@ def test_scripts_pass_bash_n_and_shellcheck(case, tmp_path):
         assert check.returncode == 0, f"{case}/{name}:\n{check.stdout}"
 
 
-EVIL = "x'; touch {m}; echo '$(touch {m})`touch {m}`\ntouch {m}\n#SBATCH --wrap=touch {m}"
-
-
-def _evil_context(backend: str, tmp_path: Path, hardware: dict | None = None):
-    marker = tmp_path / "pwned"
-    evil = EVIL.format(m=marker)
-    ctx = context(
-        backend,
-        hardware or {},
-        run_dir=tmp_path / evil.replace("/", "_"),
-        run_id=f"quick-{evil}",
-        env={"USER_NOTE": evil},
-        inputs={"spec.yaml": evil, "plan.json": "{}"},
-    )
-    return ctx, marker, evil
-
-
 def _run_with_stubs(script: str, tmp_path: Path, stubs: dict[str, str]) -> str:
     """Run ``script`` with ``exec`` turned into ``echo``, the python that runs torchrun
     echoing its arguments, and commands in ``stubs`` replaced by shell functions;
@@ -174,7 +82,7 @@ def _run_with_stubs(script: str, tmp_path: Path, stubs: dict[str, str]) -> str:
 
 
 def test_slurm_metacharacters_stay_inert(tmp_path):
-    ctx, marker, _ = _evil_context("slurm", tmp_path)
+    ctx, marker, _ = evil_context("slurm", tmp_path)
     files = get_backend("slurm").render(ctx).files
     batch = files["job.sbatch"]
     # sbatch reads directives up to the first line that is not a comment.
@@ -192,10 +100,10 @@ def test_slurm_metacharacters_stay_inert(tmp_path):
 
 
 def test_ssh_and_kubernetes_scripts_stay_inert(tmp_path):
-    ctx, marker, evil = _evil_context("ssh", tmp_path, {"hosts": ["a", "b"]})
+    ctx, marker, evil = evil_context("ssh", tmp_path, {"hosts": ["a", "b"]})
     for text in get_backend("ssh").render(ctx).files.values():
         _run_with_stubs(text, tmp_path, {})
-    ctx, marker, evil = _evil_context("kubernetes", tmp_path, {"kubernetes": KUBE})
+    ctx, marker, evil = evil_context("kubernetes", tmp_path, {"kubernetes": KUBE})
     manifest = get_backend("kubernetes").render(ctx).files["manifests.yaml"]
     docs = list(yaml.safe_load_all(manifest))
     assert docs[0]["data"]["spec.yaml"] == evil  # data survives YAML exactly

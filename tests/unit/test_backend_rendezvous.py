@@ -10,7 +10,7 @@ import pytest
 from jobctl.backends import BackendError, get_backend
 from jobctl.spec.sections import HardwareSpec, is_loopback
 
-from .test_backend_render import KUBE, context
+from ..render_contexts import KUBE, context
 
 REMOTE = ["gpu-a", "gpu-b"]
 
