@@ -6,6 +6,7 @@ node's processes, joining the c10d rendezvous the supervisor hosts (``is_host=fa
 
 from __future__ import annotations
 
+from jobctl.engine.core.events import Kind
 from jobctl.templates import render
 
 from .base import RunContext
@@ -24,6 +25,7 @@ def node_scripts(ctx: RunContext, python: str | None = None) -> dict[str, str]:
             python=python or ctx.python,
             max_restarts=ctx.max_restarts,
             env=node_env(ctx),
+            sigterm_kind=Kind.NODE_SIGTERM,
         )
         for node in range(ctx.nnodes)
     }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jobctl.engine.channel.client import ChannelSink
 from jobctl.engine.channel.server import ChannelServer, new_secret
-from jobctl.engine.checkpoint.manager import EventLog
+from jobctl.engine.core.events import EventLog
 
 FIELDS = {"rank": 3, "stage": 1, "node": 1, "compute_s": 0.0123, "max_rss_mb": 327.1}
 

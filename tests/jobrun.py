@@ -11,9 +11,9 @@ import torch
 from rich.console import Console
 
 from jobctl.engine.checkpoint.blocks import load_full_state
+from jobctl.engine.core.events import read_metrics
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.launch import read_metrics
 from jobctl.engine.supervise.service import ApplyOptions, launch
 from jobctl.spec import load_spec
 

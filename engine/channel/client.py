@@ -28,7 +28,7 @@ import urllib.parse
 from pathlib import Path
 
 from jobctl.engine.channel.server import SECRET_ENV, URL_ENV, bearer
-from jobctl.engine.checkpoint.manager import EventLog
+from jobctl.engine.core.events import EventLog, Kind
 
 
 class ChannelError(RuntimeError):
@@ -132,9 +132,13 @@ class ChannelSink:
                     self._pending_real = n
                     idle = time.monotonic() - self._last_post >= self.alive_s
                     if not n and idle and self.alive is not None and not self._closing:
-                        self._pending = [{"kind": "alive", "ts": time.time(), **self.alive}]
+                        self._pending = [{"kind": Kind.ALIVE, "ts": time.time(), **self.alive}]
                     if self.dropped:
-                        lost = {"kind": "channel_dropped", "ts": time.time(), "count": self.dropped}
+                        lost = {
+                            "kind": Kind.CHANNEL_DROPPED,
+                            "ts": time.time(),
+                            "count": self.dropped,
+                        }
                         self._pending.insert(0, lost)
                         self.dropped = 0
                 batch = self._pending

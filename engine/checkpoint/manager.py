@@ -32,21 +32,11 @@ from jobctl.engine.checkpoint.store.local import (
     write_bytes_atomic,
 )
 from jobctl.engine.checkpoint.upload import Uploader, lower_thread_priority
+from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
 
 BACKGROUND_NICE = 10  # writes, uploads and retention yield the CPU to training
 EVENT_FLUSH_S = 30.0  # longest a checkpoint part waits for this rank's events to be archived
-
-
-class EventLog:
-    """Appends JSON lines to the run's ``metrics.jsonl`` (small atomic appends)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, kind: str, **fields) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"kind": kind, "ts": time.time(), **fields}) + "\n")
 
 
 def local_groups(plan: Plan, shared_disk: bool) -> dict[int, str]:
@@ -101,7 +91,7 @@ class CheckpointManager:
     def clear_stale_staging(self) -> None:
         """Remove staging folders a killed run left (call before any rank stages)."""
         for path in clear_staging(self.root):
-            self.events.write("staging_cleared", path=str(path))
+            self.events.write(Kind.STAGING_CLEARED, path=str(path))
 
     def save(self, step: int, snap: Snapshot, meta: dict, final: bool = False) -> None:
         """Queue a snapshot for writing; returns at once (raises an earlier write error)."""
@@ -109,7 +99,7 @@ class CheckpointManager:
             self._raise_error()
             coalesce = self.spec.checkpoint.coalesce
             if self._pending is not None and coalesce and not self._pending.final:
-                self.events.write("checkpoint_skipped", step=self._pending.step, newer=step)
+                self.events.write(Kind.CHECKPOINT_SKIPPED, step=self._pending.step, newer=step)
                 self._pending = None
             self._cond.wait_for(lambda: self._pending is None)  # backpressure otherwise
             self._pending = _Job(step, snap, meta, final)
@@ -155,7 +145,7 @@ class CheckpointManager:
         # A local checkpoint stays until a remote one at least as new exists.
         protect = None if self.uploader is None else (lambda step: step > uploaded)
         CheckpointStore(str(self.root)).apply_retention(ck.keep_last, ck.keep_every, protect)
-        self.events.write("checkpoint", step=job.step, path=str(published))
+        self.events.write(Kind.CHECKPOINT, step=job.step, path=str(published))
         if self.uploader is not None:
             names = sorted(Manifest.from_json((published / "manifest.json").read_bytes()).files)
             self.uploader.submit(
@@ -185,7 +175,7 @@ class CheckpointManager:
         if now - self._last_progress >= 0.5 or done >= total:
             self._last_progress = now
             self.events.write(
-                "upload",
+                Kind.UPLOAD,
                 step=step,
                 part=self.group,
                 rank=self.rank,
@@ -201,10 +191,10 @@ class CheckpointManager:
         if st["last_committed_step"] not in (None, self._committed):
             self._committed = st["last_committed_step"]
             self._mark_uploaded(self._committed)
-            self.events.write("uploaded", step=self._committed, rank=self.rank)
+            self.events.write(Kind.UPLOADED, step=self._committed, rank=self.rank)
         if st["last_error"] and st["last_error"] != self._reported_error:
             self._reported_error = st["last_error"]
-            self.events.write("upload_error", error=st["last_error"], failures=st["failures"])
+            self.events.write(Kind.UPLOAD_ERROR, error=st["last_error"], failures=st["failures"])
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait for the last write and the queued uploads; False if uploads did not finish."""

@@ -8,6 +8,7 @@ profiled one) moves the run back to ``training``.
 
 from __future__ import annotations
 
+from jobctl.engine.core.events import Kind
 from jobctl.engine.state.db import StateDB
 
 
@@ -23,7 +24,7 @@ class PruningWatch:
         self.pruned_at: int | None = None
 
     def record(self, rec: dict) -> None:
-        if rec["kind"] == "pruning":
+        if rec["kind"] == Kind.PRUNING:
             stages = ", ".join(_pct(s) for s in rec["stage_sparsity"])
             note = (
                 f"step {rec['step']}: {_pct(rec['achieved_sparsity'])} sparse "
@@ -34,7 +35,7 @@ class PruningWatch:
             )
             self.db.add_event(self.run_id, "pruning", note, rec)
             self.pruned_at = rec["step"]
-        elif rec["kind"] == "profile" and rec["replica"] == 0:
+        elif rec["kind"] == Kind.PROFILE and rec["replica"] == 0:
             blocks = rec["blocks"]
             total = sum(b["fwd_s"] + b["bwd_s"] for b in blocks.values())
             mem = rec["memory"]

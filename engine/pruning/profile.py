@@ -16,6 +16,8 @@ import time
 import torch
 from torch.autograd import Variable
 
+from jobctl.engine.core.events import Kind
+
 
 def _max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -84,7 +86,7 @@ class BlockProfiler:
             self.pruner.profile_at = None
             events = self.pruner.events
             if events is not None:
-                events.write("profile", **self.pruner.last_profile)
+                events.write(Kind.PROFILE, **self.pruner.last_profile)
 
     def report(self) -> dict:
         """The ``profile`` event: per-block seconds over the step, and stage memory."""

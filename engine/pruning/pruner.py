@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from jobctl.engine.checkpoint.blocks import load_masks
+from jobctl.engine.core.events import Kind
 from jobctl.engine.model.blocks import Tie
 from jobctl.engine.pruning.comm import SelectorGroups, broadcast_masks, world
 from jobctl.engine.pruning.crossover import Shape, resolve, shape_key
@@ -168,7 +169,7 @@ class Pruner:
         rec["block_sparsity"] = {b: s for rep, bs, _, _ in every if rep == 0 for b, s in bs.items()}
         rec["layer_sparsity"] = {n: s for rep, _, ls, _ in every if rep == 0 for n, s in ls.items()}
         if self.events is not None and self.topo.is_reporter:
-            self.events.write("pruning", **rec)
+            self.events.write(Kind.PRUNING, **rec)
         return rec
 
     def block_sparsity(self) -> dict[int, float]:

@@ -8,9 +8,10 @@ for a failure or a lost machine.
 
 from __future__ import annotations
 
+from jobctl.engine.core.events import Kind
 from jobctl.engine.state.db import StateDB
 
-KINDS = ("rebalanced", "packed", "rebalance", "rebalance_measured")
+KINDS = (Kind.REBALANCED, Kind.PACKED, Kind.REBALANCE, Kind.REBALANCE_MEASURED)
 
 
 def _pct(x: float) -> str:
@@ -20,9 +21,9 @@ def _pct(x: float) -> str:
 def note(rec: dict) -> str:
     """One line describing a rebalancing record."""
     kind = rec["kind"]
-    if kind == "rebalance":
+    if kind == Kind.REBALANCE:
         return f"step {rec['step']}: layers stay ({rec['reason']})"
-    if kind == "rebalance_measured":
+    if kind == Kind.REBALANCE_MEASURED:
         return (
             f"step {rec['step']}: measured stage imbalance "
             f"{_pct(rec['imbalance_measured_before'])} -> {_pct(rec['imbalance_measured_after'])}, "
@@ -35,7 +36,7 @@ def note(rec: dict) -> str:
         f"{rec['predicted_step_s_before']:.3f} s -> {rec['predicted_step_s_after']:.3f} s; "
         f"moves {moves}"
     )
-    if kind == "packed":
+    if kind == Kind.PACKED:
         head += (
             f"; packed onto {rec['packed_to']} stages, freed rank(s) {rec['freed_ranks']}"
             f" node(s) {rec['freed_nodes']}"
@@ -51,6 +52,6 @@ class RebalanceWatch:
         self.freed_nodes: set[int] = set()
 
     def record(self, rec: dict) -> None:
-        if rec["kind"] == "packed":
+        if rec["kind"] == Kind.PACKED:
             self.freed_nodes |= set(rec.get("freed_nodes", []))
         self.db.add_event(self.run_id, rec["kind"], note(rec), rec)

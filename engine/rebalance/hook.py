@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.checkpoint.manager import CheckpointManager
+from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.rebalance.rebalancer import imbalance, loads_of, rebalance
 from jobctl.engine.rebalance.replan import (
@@ -121,7 +122,7 @@ class Rebalancer:
         record["decide_s"] = time.perf_counter() - t0  # gather, balancer, packer, broadcast
         if new_json is None:
             if self._leader():
-                t.events.write("rebalance", **record)
+                t.events.write(Kind.REBALANCE, **record)
             return None
         if self.cfg.hold_steps:
             record["held_until"] = done + self.cfg.hold_steps
@@ -212,7 +213,7 @@ class Rebalancer:
             # releases), which torchrun's rendezvous order may map differently from the plan
             host = int(os.environ.get("JOBCTL_NODE", old.rank(t.rank).node))
             t.events.write(
-                "freed", rank=t.rank, step=record["step"], migrate_s=got.seconds, host_node=host
+                Kind.FREED, rank=t.rank, step=record["step"], migrate_s=got.seconds, host_node=host
             )
             return None
         t.stage, t.named, t.opt, t.topo, t.actions = (
@@ -244,7 +245,7 @@ class Rebalancer:
                 live_nodes = {r.node for r in new.ranks}
                 freed_nodes = sorted({r.node for r in old.ranks} - live_nodes)
                 record.update(freed_ranks=freed_ranks, freed_nodes=freed_nodes)
-            t.events.write("packed" if packed else "rebalanced", **record)
+            t.events.write(Kind.PACKED if packed else Kind.REBALANCED, **record)
         self.measure = record
         return ex
 
@@ -270,7 +271,7 @@ class Rebalancer:
             measured[r["stage"]] = max(measured[r["stage"]], r["c"])
         after_step = max(r["s"] for r in every)
         self.t.events.write(
-            "rebalance_measured",
+            Kind.REBALANCE_MEASURED,
             step=done,
             measured_stage_s_before=before["measured_stage_s_before"],
             measured_stage_s_after=measured,

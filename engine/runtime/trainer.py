@@ -28,6 +28,7 @@ from jobctl.engine.checkpoint.blocks import (
 )
 from jobctl.engine.checkpoint.manager import CheckpointManager
 from jobctl.engine.core.actions import Action
+from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, block_seed, model_def
@@ -229,7 +230,7 @@ class Trainer:
             self.ckpt.poll()
             if stopping:
                 self.ckpt.close(timeout=self.STOP_UPLOAD_GRACE_S)
-                self.events.write("stopped", step=done, rank=self.rank)
+                self.events.write(Kind.STOPPED, step=done, rank=self.rank)
                 return
         self.ckpt.close()  # the final checkpoint must reach the remote store
 
@@ -266,7 +267,7 @@ class Trainer:
         of the step after the one this lands in (see :class:`StopVote`)."""
         self.stop_requested = True
         me = self.plan.rank(self.rank)
-        self.events.write("sigterm", rank=self.rank, node=me.node)
+        self.events.write(Kind.SIGTERM, rank=self.rank, node=me.node)
 
     def train_step(self, ex: StepExecutor, step: int) -> StepStats:
         # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
@@ -296,7 +297,7 @@ class Trainer:
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         me = self.plan.rank(self.rank)
         self.events.write(
-            "heartbeat",
+            Kind.HEARTBEAT,
             step=step,
             rank=self.rank,
             stage=me.stage,
@@ -307,7 +308,7 @@ class Trainer:
         if not self.topo.is_reporter:
             return
         self.events.write(
-            "step",
+            Kind.STEP,
             step=step,
             loss=loss,
             step_time_s=seconds,

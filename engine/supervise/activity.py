@@ -24,10 +24,19 @@ other part of the supervisor set meanwhile (queued, pruning, morphing) is never 
 
 from __future__ import annotations
 
+from jobctl.engine.core.events import Kind
 from jobctl.engine.state.db import StateDB
 
 MANAGED = {"training", "checkpointing", "rebalancing", "uploading"}
-KINDS = {"step", "checkpoint", "sigterm", "rebalanced", "packed", "upload", "uploaded"}
+KINDS = {
+    Kind.STEP,
+    Kind.CHECKPOINT,
+    Kind.SIGTERM,
+    Kind.REBALANCED,
+    Kind.PACKED,
+    Kind.UPLOAD,
+    Kind.UPLOADED,
+}
 
 
 class ActivityWatch:
@@ -50,18 +59,18 @@ class ActivityWatch:
         kind = rec["kind"]
         if kind not in KINDS:
             return
-        if kind in ("upload", "uploaded"):
+        if kind in (Kind.UPLOAD, Kind.UPLOADED):
             self._upload(kind, rec["step"])
-            if kind == "upload" or not self.finished:
+            if kind == Kind.UPLOAD or not self.finished:
                 return  # a background upload changes no phase
-        elif kind == "step":
+        elif kind == Kind.STEP:
             self._step(rec["step"])
-        elif kind == "sigterm" and self.ckpt_due is None:
+        elif kind == Kind.SIGTERM and self.ckpt_due is None:
             self.ckpt_due = self.last_step
             self.note = f"node {rec.get('node')} told to stop: checkpoint at the end of the step"
-        elif kind == "checkpoint":
+        elif kind == Kind.CHECKPOINT:
             self._checkpoint(rec["step"])
-        elif kind in ("rebalanced", "packed"):
+        elif kind in (Kind.REBALANCED, Kind.PACKED):
             moved = rec.get("moved_at", rec["step"])
             if self.last_step <= moved:  # the new layout's first step is not in yet
                 self.moved_at = moved
@@ -87,7 +96,7 @@ class ActivityWatch:
             self.note = f"final checkpoint (step {step}) uploading"
 
     def _upload(self, kind: str, step: int) -> None:
-        if kind == "uploaded":
+        if kind == Kind.UPLOADED:
             self.uploaded = max(self.uploaded, step)
             if self.uploading is not None and self.uploaded >= self.uploading:
                 self.uploading = None

@@ -22,6 +22,7 @@ from pathlib import Path
 from jobctl.backends import BackendError, get_backend
 from jobctl.backends.base import NodeStatus
 from jobctl.engine.channel.host import read_host
+from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
 
@@ -42,7 +43,7 @@ def archive_offset(metrics: Path, step: int | None) -> int:
             offset += len(line)
             if b'"step"' in line and line.endswith(b"\n"):
                 rec = json.loads(line)
-                if rec.get("kind") == "step" and rec.get("step") == step:
+                if rec.get("kind") == Kind.STEP and rec.get("step") == step:
                     found = offset
     return found
 

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jobctl.backends import get_backend
 from jobctl.backends.local import process_token
 from jobctl.engine.channel.host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
+from jobctl.engine.core.events import Kind
 from jobctl.engine.supervise.launch import Run
 
 
@@ -101,14 +102,14 @@ class ProgressView:
         self.bar.start()
 
     def on_event(self, rec: dict) -> None:
-        if rec["kind"] == "step":
+        if rec["kind"] == Kind.STEP:
             self.bar.update(
                 self.task,
                 completed=rec["step"],
                 loss=f"{rec['loss']:.4f}",
                 sps=f"{rec['samples_per_s']:.1f}",
             )
-        elif rec["kind"] == "upload":
+        elif rec["kind"] == Kind.UPLOAD:
             self.bar.update(
                 self.upload,
                 visible=True,

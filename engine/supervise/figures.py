@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobctl.engine.core.events import Kind
 from jobctl.engine.supervise.stragglers import per_micro_batch_s
 
 TRAINING = {"training", "pruning", "rebalancing", "checkpointing", "uploading"}
@@ -79,7 +80,7 @@ def tail_records(run_dir: Path | str, nbytes: int = TAIL_BYTES) -> list[dict]:
 
 def recent_rate(records: list[dict]) -> float | None:
     """Steps per second over the newest step records of the current attempt."""
-    steps = [r for r in records if r["kind"] == "step"]
+    steps = [r for r in records if r["kind"] == Kind.STEP]
     run = steps[-1:]
     for r in reversed(steps[:-1]):
         if r["step"] >= run[0]["step"] or len(run) >= RATE_WINDOW:
@@ -234,7 +235,7 @@ def rank_compute(records: list[dict]) -> list[dict]:
     newest: dict[int, dict] = {}
     by_step: dict[int, dict[int, dict]] = {}
     for r in records:
-        if r["kind"] == "heartbeat" and "rank" in r:
+        if r["kind"] == Kind.HEARTBEAT and "rank" in r:
             newest[r["rank"]] = r
             by_step.setdefault(r["step"], {})[r["rank"]] = r
     out = []

@@ -9,7 +9,6 @@ host (engine/channel/host.py), which every torchrun agent joins as a client
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 import sys
@@ -159,18 +158,6 @@ def channel_env(host: str) -> tuple[dict[str, str], dict[str, str], int]:
         return {}, {}, 0
     port = free_port(host)
     return {URL_ENV: f"http://{host}:{port}"}, {SECRET_ENV: new_secret()}, port
-
-
-def read_metrics(path: Path, offset: int) -> tuple[list[dict], int]:
-    """New complete JSON lines of ``metrics.jsonl`` after byte ``offset``."""
-    if not path.exists():
-        return [], offset
-    with open(path, "rb") as f:
-        f.seek(offset)
-        chunk = f.read()
-    end = chunk.rfind(b"\n") + 1
-    lines = chunk[:end].decode().splitlines()
-    return [json.loads(x) for x in lines if x.strip()], offset + end
 
 
 def last_lines(path: Path, n: int = 20) -> list[str]:

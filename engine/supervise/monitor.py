@@ -15,12 +15,13 @@ from pathlib import Path
 
 from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.pruning.events import PruningWatch
 from jobctl.engine.rebalance.events import KINDS as REBALANCE_KINDS
 from jobctl.engine.rebalance.events import RebalanceWatch
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
-from jobctl.engine.supervise.launch import Run, failing_rank, last_lines, read_metrics
+from jobctl.engine.supervise.launch import Run, failing_rank, last_lines
 from jobctl.engine.supervise.recovery import Loss, LossClock
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch
 from jobctl.engine.supervise.stragglers import StragglerDetector
@@ -293,9 +294,9 @@ class Monitor:
     def _record(self, rec: dict) -> None:
         """Mirror one worker event into the state DB."""
         kind, rid = rec["kind"], self.run.id
-        if "node" in rec and "ts" in rec and kind in ("heartbeat", "alive"):
+        if "node" in rec and "ts" in rec and kind in (Kind.HEARTBEAT, Kind.ALIVE):
             self.lost.saw(rec["node"], rec["ts"])
-        if kind == "step":
+        if kind == Kind.STEP:
             self.trained = True
             self.first_step_ts = self.first_step_ts or rec.get("ts")
             self.losses.append(rec["loss"])
@@ -303,7 +304,7 @@ class Monitor:
                 rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
             )
             self.pruning.step(rec["step"])
-        elif kind == "checkpoint":
+        elif kind == Kind.CHECKPOINT:
             self.checkpointed = True
             self.scaling.checkpointed(rec.get("ts", 0.0))
             self.finished = self.finished or rec["step"] == self.total
@@ -314,32 +315,32 @@ class Monitor:
                 f"checkpoint at step {rec['step']} (local)",
                 {"step": rec["step"]},
             )
-        elif kind == "uploaded":  # ranks commit different steps, not in order
+        elif kind == Kind.UPLOADED:  # ranks commit different steps, not in order
             self.last_upload = max(self.last_upload, rec["step"])
             self.db.update_run(rid, last_upload=self.last_upload)
             self.db.add_event(
                 rid, "upload", f"checkpoint step {rec['step']} uploaded", {"step": rec["step"]}
             )
-        elif kind == "heartbeat":
+        elif kind == Kind.HEARTBEAT:
             self._heartbeat(rec)
-        elif kind == "alive":  # the rank's sender thread: the machine is there, maybe waiting
+        elif kind == Kind.ALIVE:  # the rank's sender thread: the machine is there, maybe waiting
             self.beats.saw(rec["node"])
-        elif kind in ("sigterm", "node_sigterm"):
-            (self.sigterm_nodes if kind == "sigterm" else self.node_sigterm).add(rec["node"])
+        elif kind in (Kind.SIGTERM, Kind.NODE_SIGTERM):
+            (self.sigterm_nodes if kind == Kind.SIGTERM else self.node_sigterm).add(rec["node"])
             self._notice(rec)
-        elif kind == "stopped":
+        elif kind == Kind.STOPPED:
             self.stopped_ranks.add(rec.get("rank", -1))
             if self.stopped_at is None:
                 self.stopped_at = self.clock()
                 note = f"all ranks checkpointed step {rec['step']}"
                 self.db.add_event(rid, "stopped", note, {"step": rec["step"]})
-        elif kind == "upload_error":
+        elif kind == Kind.UPLOAD_ERROR:
             self.db.add_event(rid, "upload_error", rec["error"], rec)
-        elif kind in ("pruning", "profile"):
+        elif kind in (Kind.PRUNING, Kind.PROFILE):
             self.pruning.record(rec)
         elif kind in REBALANCE_KINDS:
             self.rebalance.record(rec)
-        elif kind == "freed":
+        elif kind == Kind.FREED:
             self.freed_ranks[rec["rank"]] = rec["host_node"]
 
     def _notice(self, rec: dict) -> None:

@@ -32,6 +32,7 @@ from rich.table import Table
 from torch import nn
 
 from jobctl.engine.calibration.cache import DEFAULT_THREADS, calibration_for
+from jobctl.engine.core.events import read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import model_def
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -48,7 +49,6 @@ from jobctl.engine.rebalance.replan import (
     simulate_stages,
 )
 from jobctl.engine.state.db import StateDB, default_home
-from jobctl.engine.supervise.launch import read_metrics
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from jobctl.engine.core.events import read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
-from jobctl.engine.supervise.launch import read_metrics
 from jobctl.engine.views.png import draw_png, slug
 from jobctl.engine.views.svg import Chart, Marker, Series, render
 

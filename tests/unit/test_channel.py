@@ -14,8 +14,8 @@ import pytest
 from jobctl.engine.channel.client import ChannelSink, event_sink
 from jobctl.engine.channel.liveness import HeartbeatWatch
 from jobctl.engine.channel.server import ChannelServer, bearer, new_secret
-from jobctl.engine.checkpoint.manager import EventLog
-from jobctl.engine.supervise.launch import free_port, read_metrics
+from jobctl.engine.core.events import EventLog, read_metrics
+from jobctl.engine.supervise.launch import free_port
 
 from ..jobrun import wait_for
 

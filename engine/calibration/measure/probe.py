@@ -116,7 +116,7 @@ def model_seconds(spec, stage, m: int, M: int):
 
 
 def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
-    from jobctl.engine.checkpoint.manager import EventLog
+    from jobctl.engine.core.events import EventLog
     from jobctl.engine.data.dataset import Sharding, make_data
     from jobctl.engine.model.blocks import Stage, block_seed, model_def
     from jobctl.engine.runtime.executor import Channels, StepExecutor
