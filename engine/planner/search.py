@@ -19,18 +19,15 @@ from dataclasses import dataclass, field
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
+from jobctl.engine.planner.contention import contend, demand, replica_skew
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
 from jobctl.engine.planner.stage_costs import (
-    Hosting,
-    Layout,
     StageCosts,
     Tables,
     activation_peaks,
-    contend,
-    demand,
     lower_bound,
     recompute_counts,
-    replica_skew,
     stage_costs,
     stage_memory,
 )

@@ -8,117 +8,25 @@ boundary, the activation and gradient send time of that boundary's bytes on the 
 between the two ranks (same node or not). Per stage, the gradient allreduce over its D
 replicas (ring size D, as many rings in flight as share its node), plus the tied
 embedding's allreduce over the first and last stage. Send jitter is the measured
-spread. On CPU workers that share a host's cores, compute is stretched by how many
-processes compute at once (``contend``). Where the calibration measured the runtime's
-own costs (``RuntimeCalibration``), every message carries its extra time and every
-stage its fixed per-step work.
+spread. Where the calibration measured the runtime's own costs (``RuntimeCalibration``),
+every message carries its extra time and every stage its fixed per-step work. Core
+sharing stretches these costs afterwards (``contention``); the schedule's activation
+peaks give each stage's memory (``stage_memory``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action, Op
-from jobctl.engine.core.plan import RankPlan
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.partition import partition
-from jobctl.engine.planner.simulator.simulation import CostModel, SimResult, simulate
+from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 
 LOSS_BYTES = 8  # the float64 loss summed over replicas on the last stage
-CONTENTION_ROUNDS = 6
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The integer choices of one candidate plan."""
-
-    P: int
-    D: int
-    m: int
-    M: int
-    schedule: str
-    recompute: bool = False  # gpipe / 1f1b with recompute (varuna, scp always recompute)
-
-    @property
-    def devices(self) -> int:
-        return self.P * self.D
-
-    def label(self) -> str:
-        rec = "+recompute" if self.recompute else ""
-        return f"P={self.P} D={self.D} m={self.m} M={self.M} {self.schedule}{rec}"
-
-
-@dataclass(frozen=True)
-class Hosting:
-    """Where ranks run: placement on nodes, and which ranks share a host's cores."""
-
-    P: int
-    D: int
-    per_node: int
-    placement: str  # stage_major | pipeline_major (see ``place``)
-    one_host: bool  # the local backend: every "node" is this machine
-    share_cores: bool  # CPU workers compete for the host's cores
-    oversubscribed: bool = False  # more of them than cores: waiting ranks wait for a core
-
-    def rank(self, stage: int, replica: int) -> int:
-        if self.placement == "pipeline_major":
-            return replica * self.P + stage
-        return stage * self.D + replica
-
-    def same_node(self, *pairs: tuple[int, int]) -> bool:
-        """Do the (stage, replica) ranks from the lowest to the highest share a node?
-
-        Nodes hold consecutive ranks, so a group shares one node exactly when its
-        lowest and highest rank do: callers pass just those ends.
-        """
-        if self.one_host:
-            return True
-        ranks = [self.rank(s, d) for s, d in pairs]
-        return min(ranks) // self.per_node == max(ranks) // self.per_node
-
-    def rings_sharing(self, stage: int) -> int:
-        """How many stages' allreduce rings have members on this stage's nodes."""
-        P, D, pn = self.P, self.D, self.per_node
-        if self.one_host:
-            return P
-        if self.placement == "pipeline_major":
-            return min(P, pn)
-        first, last = stage * D // pn, (stage * D + D - 1) // pn  # this stage's nodes
-        return min(P - 1, (min((last + 1) * pn, P * D) - 1) // D) - first * pn // D + 1
-
-    @property
-    def ranks(self) -> list[RankPlan]:
-        return place(self.P, self.D, self.per_node, self.placement)
-
-
-def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:
-    """Map ranks to (stage, replica) and nodes.
-
-    ``stage_major`` puts the replicas of one stage next to each other, so the
-    data-parallel allreduce (the heavy traffic) stays inside a node where it can;
-    ``pipeline_major`` keeps each pipeline's stages together instead.
-    """
-    out = []
-    for rank in range(P * D):
-        if placement == "pipeline_major":
-            stage, replica = rank % P, rank // P
-        else:
-            stage, replica = rank // D, rank % D
-        out.append(
-            RankPlan(
-                rank=rank,
-                node=rank // per_node,
-                local_rank=rank % per_node,
-                stage=stage,
-                replica=replica,
-            )
-        )
-    return out
 
 
 @dataclass(frozen=True)
@@ -343,143 +251,3 @@ def with_message(sends, extra: float) -> list[float]:
     """Send times with ``extra`` seconds per message (negative: a channel cheaper than
     the measured link), never below a free send."""
     return [max(0.0, x + extra) for x in sends]
-
-
-def demand(result: SimResult, D: int) -> float:
-    """Processes computing at once, on average, in ``result`` (``D`` pipelines alike)."""
-    return D * sum(result.busy) / result.pipeline_time if result.pipeline_time > 0 else 0.0
-
-
-def contend(
-    cal: Calibration,
-    actions: list[list[Action]],
-    base: CostModel,
-    D: int,
-    seed: int = 0,
-    messages: bool = True,
-) -> tuple[CostModel, SimResult]:
-    """Simulate with compute stretched by core sharing, to a fixed point.
-
-    Each round simulates, then gives each stage the time-averaged slowdown its compute
-    saw (``host.factor`` of D x the stages computing at each instant: replicas run in
-    step) and simulates again; each stage's optimizer step gets the factor of the
-    ranks whose optimizer steps overlap it (``_optimizer_factors``: stages finish their
-    schedules at different times, the last one often alone). With ``messages`` (the
-    planner sets it where ranks outnumber the host's cores: with a core each, a woken
-    receiver never waits for one, and the busy probe's regime does not apply; a 2-rank
-    pipeline had its messages priced toward the 4-rank probe's and came out 23 % slow)
-    and a measured runtime, each message also costs what the plan's compute demand says
-    (``RuntimeCalibration.message_at``; ``base`` carries the idle cost): the processes
-    computing at once in the plain simulation of ``base``, measured as the probes' loads
-    were, so it depends on the plan alone, never on the message time it selects.
-    Damped, a few rounds settle it. Last, each stage's allreduce waits for the slowest
-    of its replicas at that demand (``replica_skew``).
-    """
-    host, rt = cal.host, cal.runtime
-    adjust = messages and rt is not None and rt.load_busy > rt.load_idle
-    factors = [1.0] * base.P
-    costs, result = base, simulate(actions, base, seed)
-    load = demand(result, D)
-    opt = list(base.opt)
-    update = {}
-    if adjust:
-        extra = rt.message_at(load) - rt.message_s
-        update = {"act": with_message(base.act, extra), "grad": with_message(base.grad, extra)}
-    for _ in range(CONTENTION_ROUNDS):
-        seen = _compute_factors(result, base.P, D, host.factor)
-        factors = [(a + b) / 2 for a, b in zip(factors, seen, strict=True)]
-        opt_k = _optimizer_factors(result, base.ar, opt, D, host.factor)
-        opt = [x * k for x, k in zip(base.opt, opt_k, strict=True)]
-        costs = dataclasses.replace(
-            base,
-            f=[x * k for x, k in zip(base.f, factors, strict=True)],
-            b=[x * k for x, k in zip(base.b, factors, strict=True)],
-            r=[x * k for x, k in zip(base.r, factors, strict=True)],
-            opt=opt,
-            **update,
-        )
-        result = simulate(actions, costs, seed)
-    return replica_skew(cal, actions, costs, result, D, load, seed)
-
-
-def replica_skew(
-    cal: Calibration,
-    actions: list[list[Action]],
-    costs: CostModel,
-    result: SimResult,
-    D: int,
-    load: float,
-    seed: int = 0,
-) -> tuple[CostModel, SimResult]:
-    """``costs`` and ``result`` with each stage's allreduce waiting for its slowest replica.
-
-    The simulator runs one pipeline for all D; real replicas' runs vary from step to
-    step (``RuntimeCalibration.cv_at`` the plan's ``load``: one rank's relative spread
-    in the probes), and a stage's gradient sum starts when the last of its D replicas
-    is done: on average ``expected_max(D)`` standard deviations after the typical one.
-    Two replicas on this 2-core host ended their runs 3 ms apart at the median (mean
-    4.4 ms) in 30 ms steps. Nothing without a measured runtime or with one replica.
-    """
-    rt = cal.runtime
-    if D < 2 or rt is None:
-        return costs, result
-    spread = expected_max(D) * rt.cv_at(load)
-    if spread <= 0:
-        return costs, result
-    ar = [a + spread * end for a, end in zip(costs.ar, result.stage_end, strict=True)]
-    costs = dataclasses.replace(costs, ar=ar)
-    return costs, simulate(actions, costs, seed)
-
-
-@functools.cache
-def expected_max(n: int) -> float:
-    """Mean of the largest of ``n`` independent standard normal draws (0 for one):
-    the integral of x n phi(x) Phi(x)^(n-1), by the midpoint rule."""
-    if n < 2:
-        return 0.0
-    normal, lo, hi, steps = statistics.NormalDist(), -9.0, 9.0, 4000
-    dx = (hi - lo) / steps
-    total = 0.0
-    for i in range(steps):
-        x = lo + (i + 0.5) * dx
-        total += x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1)
-    return total * dx
-
-
-def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float]:
-    """Per stage, the slowdown of its optimizer step: ``factor`` of D x the stages whose
-    steps overlap its own (each counted by the share of it they overlap)."""
-    end = result.stage_end
-    spans = [(end[s] + a, end[s] + a + o) for s, (a, o) in enumerate(zip(ar, opt, strict=True))]
-    out = []
-    for a, b in spans:
-        if b <= a:
-            out.append(1.0)
-            continue
-        k = sum(max(0.0, min(b, d) - max(a, c)) for c, d in spans) / (b - a)
-        out.append(factor(D * k))
-    return out
-
-
-def _compute_factors(result: SimResult, P: int, D: int, factor) -> list[float]:
-    """Per stage, its compute-time-weighted mean slowdown factor."""
-    edges = []
-    for e in result.events:
-        if e.kind == "compute" and e.end > e.start:
-            edges += [(e.start, 1, e.stage), (e.end, -1, e.stage)]
-    edges.sort(key=lambda x: (x[0], x[1]))
-    active: set[int] = set()
-    weight, total = [0.0] * P, [0.0] * P
-    last = 0.0
-    for t, kind, s in edges:
-        if active and t > last:
-            k = factor(D * len(active))
-            for a in active:
-                weight[a] += (t - last) * k
-                total[a] += t - last
-        last = t
-        if kind > 0:
-            active.add(s)
-        else:
-            active.discard(s)
-    return [w / t if t > 0 else 1.0 for w, t in zip(weight, total, strict=True)]

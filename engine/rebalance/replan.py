@@ -24,14 +24,13 @@ from dataclasses import dataclass
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan, StagePlan
+from jobctl.engine.planner.contention import contend
+from jobctl.engine.planner.layout import Layout, place
 from jobctl.engine.planner.search import GB, generator_options, hosting
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
 from jobctl.engine.planner.stage_costs import (
     BlockTimes,
-    Layout,
     activation_peaks,
-    contend,
-    place,
     recompute_counts,
     stage_costs,
     stage_memory,

@@ -126,8 +126,9 @@ class Timeline:
 def simulate_plan(spec, plan: Plan, cal) -> SimResult:
     """The simulator's step of ``plan`` as it is (its stages, ranks and action lists),
     costed from ``cal`` the way the planner costs a candidate."""
+    from jobctl.engine.planner.contention import contend
     from jobctl.engine.planner.search import hosting
-    from jobctl.engine.planner.stage_costs import BlockTimes, contend, recompute_counts, stage_costs
+    from jobctl.engine.planner.stage_costs import BlockTimes, recompute_counts, stage_costs
     from jobctl.engine.rebalance.replan import layout_of
 
     lay = layout_of(plan)

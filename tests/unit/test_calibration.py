@@ -42,16 +42,11 @@ from jobctl.engine.calibration.record import (
     Stat,
 )
 from jobctl.engine.model.costs import model_costs
+from jobctl.engine.planner.contention import contend, demand
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.planner.simulator.simulation import simulate
-from jobctl.engine.planner.stage_costs import (
-    BlockTimes,
-    Hosting,
-    Layout,
-    contend,
-    demand,
-    stage_costs,
-)
+from jobctl.engine.planner.stage_costs import BlockTimes, stage_costs
 from jobctl.engine.schedule.generators import generate
 
 from ..jobrun import tiny_spec

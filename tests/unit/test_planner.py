@@ -11,18 +11,16 @@ from jobctl.engine.calibration.record import (
     RuntimeCalibration,
     Stat,
 )
+from jobctl.engine.planner.contention import expected_max, replica_skew
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.resolver import PlanError, make_plan, plan_and_simulate
 from jobctl.engine.planner.simulator.simulation import simulate
 from jobctl.engine.planner.stage_costs import (
     BlockTimes,
-    Hosting,
-    Layout,
     Tables,
     activation_peaks,
     cost_model,
-    expected_max,
     lower_bound,
-    replica_skew,
     stage_costs,
 )
 from jobctl.engine.schedule.generators import generate, peak_activations

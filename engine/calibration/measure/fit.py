@@ -23,16 +23,10 @@ import dataclasses
 import statistics
 
 from jobctl.engine.calibration.record import Calibration, RuntimeCalibration, Stat
+from jobctl.engine.planner.contention import contend, demand
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.simulator.simulation import simulate
-from jobctl.engine.planner.stage_costs import (
-    BlockTimes,
-    Hosting,
-    Layout,
-    contend,
-    demand,
-    stage_costs,
-    with_message,
-)
+from jobctl.engine.planner.stage_costs import BlockTimes, stage_costs, with_message
 from jobctl.engine.schedule.generators import generate
 
 BISECTION_ROUNDS = 30

@@ -1,0 +1,100 @@
+"""One candidate plan's integer choices and where its ranks run.
+
+A ``Layout`` is P stages x D replicas at micro-batch size m with M micro-batches and a
+schedule; a ``Hosting`` places its ranks on nodes (``place``) and says which of them
+share a node, an allreduce ring's node or a host's cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobctl.engine.core.plan import RankPlan
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The integer choices of one candidate plan."""
+
+    P: int
+    D: int
+    m: int
+    M: int
+    schedule: str
+    recompute: bool = False  # gpipe / 1f1b with recompute (varuna, scp always recompute)
+
+    @property
+    def devices(self) -> int:
+        return self.P * self.D
+
+    def label(self) -> str:
+        rec = "+recompute" if self.recompute else ""
+        return f"P={self.P} D={self.D} m={self.m} M={self.M} {self.schedule}{rec}"
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """Where ranks run: placement on nodes, and which ranks share a host's cores."""
+
+    P: int
+    D: int
+    per_node: int
+    placement: str  # stage_major | pipeline_major (see ``place``)
+    one_host: bool  # the local backend: every "node" is this machine
+    share_cores: bool  # CPU workers compete for the host's cores
+    oversubscribed: bool = False  # more of them than cores: waiting ranks wait for a core
+
+    def rank(self, stage: int, replica: int) -> int:
+        if self.placement == "pipeline_major":
+            return replica * self.P + stage
+        return stage * self.D + replica
+
+    def same_node(self, *pairs: tuple[int, int]) -> bool:
+        """Do the (stage, replica) ranks from the lowest to the highest share a node?
+
+        Nodes hold consecutive ranks, so a group shares one node exactly when its
+        lowest and highest rank do: callers pass just those ends.
+        """
+        if self.one_host:
+            return True
+        ranks = [self.rank(s, d) for s, d in pairs]
+        return min(ranks) // self.per_node == max(ranks) // self.per_node
+
+    def rings_sharing(self, stage: int) -> int:
+        """How many stages' allreduce rings have members on this stage's nodes."""
+        P, D, pn = self.P, self.D, self.per_node
+        if self.one_host:
+            return P
+        if self.placement == "pipeline_major":
+            return min(P, pn)
+        first, last = stage * D // pn, (stage * D + D - 1) // pn  # this stage's nodes
+        return min(P - 1, (min((last + 1) * pn, P * D) - 1) // D) - first * pn // D + 1
+
+    @property
+    def ranks(self) -> list[RankPlan]:
+        return place(self.P, self.D, self.per_node, self.placement)
+
+
+def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:
+    """Map ranks to (stage, replica) and nodes.
+
+    ``stage_major`` puts the replicas of one stage next to each other, so the
+    data-parallel allreduce (the heavy traffic) stays inside a node where it can;
+    ``pipeline_major`` keeps each pipeline's stages together instead.
+    """
+    out = []
+    for rank in range(P * D):
+        if placement == "pipeline_major":
+            stage, replica = rank % P, rank // P
+        else:
+            stage, replica = rank // D, rank % D
+        out.append(
+            RankPlan(
+                rank=rank,
+                node=rank // per_node,
+                local_rank=rank % per_node,
+                stage=stage,
+                replica=replica,
+            )
+        )
+    return out
