@@ -1,1 +1,6 @@
-"""jobctl.engine.calibration: TODO."""
+"""jobctl.engine.calibration: the calibration record the planner prices plans with.
+
+``record`` is the record itself (block, link, allreduce, host and runtime costs),
+``analytic`` derives one from the spec alone, ``cache`` finds and stores measured ones.
+Measuring (``measure/``, which runs the trainer) sits in a higher layer.
+"""

@@ -1,1 +1,9 @@
-"""jobctl.engine.planner: TODO."""
+"""jobctl.engine.planner: from a job spec and a calibration to a Plan.
+
+``resolver`` turns a JobSpec into a Plan (fixed or searched P, D, micro-batching,
+placement, schedule); ``search`` sweeps the candidate layouts (``layout``: P, D, m, M,
+schedule and where the ranks run) and ranks them by simulated step time;
+``stage_costs`` prices one layout from the calibration and ``contention`` stretches it
+by core sharing; ``partition`` splits blocks into stages; ``simulator/`` runs one step
+of a schedule.
+"""

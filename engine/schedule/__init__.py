@@ -1,1 +1,6 @@
-"""jobctl.engine.schedule: TODO."""
+"""jobctl.engine.schedule: pipeline schedules as per-stage action lists.
+
+``generators`` builds GPipe, 1F1B, Varuna (``varuna``) and the other schedules for P
+stages and M micro-batches; ``checks`` validates a schedule and counts the
+activations it holds at its peak.
+"""

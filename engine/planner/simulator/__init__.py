@@ -1,1 +1,5 @@
-"""jobctl.engine.planner.simulator: TODO."""
+"""jobctl.engine.planner.simulator: one simulated training step of a pipeline schedule.
+
+``simulation`` holds the cost model, the result and ``simulate``; ``engine`` is the
+hot loop that propagates start times along the schedule's data flow.
+"""
