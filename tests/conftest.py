@@ -10,6 +10,9 @@ import s3fs
 
 from .s3server import TEST_ENV, start_moto_server
 
+# Test functions shared by a unit and an integration module: their asserts explain failures.
+pytest.register_assert_rewrite("tests.ckpt_stores")
+
 
 @pytest.fixture
 def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
