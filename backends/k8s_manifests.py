@@ -19,7 +19,7 @@ import re
 
 import yaml
 
-from jobctl.engine.channel.server import SECRET_ENV, URL_ENV
+from jobctl.engine.core.env import CHANNEL_SECRET, CHANNEL_URL
 from jobctl.spec.sections import KubernetesSpec
 from jobctl.templates import render
 
@@ -118,7 +118,7 @@ def pod_script(ctx: RunContext, nnodes: tuple[int, int], name: str) -> str:
 
 def has_channel(ctx: RunContext) -> bool:
     """Whether the pods post their events to the supervisor's channel (with its secret)."""
-    return URL_ENV in ctx.env
+    return CHANNEL_URL in ctx.env
 
 
 def channel_secret_ref(name: str) -> dict:
@@ -134,7 +134,7 @@ def channel_secret_script(ctx: RunContext) -> str:
     return render(
         "k8s-secret.sh.j2",
         run_id=ctx.run_id,
-        secret_env=SECRET_ENV,
+        secret_env=CHANNEL_SECRET,
         secret=ref["name"],
         key=ref["key"],
         namespace=opts.namespace,
@@ -194,7 +194,7 @@ def pod_template(ctx: RunContext, opts: KubernetesSpec, name: str, restart: str)
         "image": opts.image,
         "imagePullPolicy": opts.image_pull_policy,
         "command": ["bash", f"{INPUTS_DIR}/pod.sh"],
-        "env": [{"name": SECRET_ENV, "valueFrom": {"secretKeyRef": channel_secret_ref(name)}}]
+        "env": [{"name": CHANNEL_SECRET, "valueFrom": {"secretKeyRef": channel_secret_ref(name)}}]
         if has_channel(ctx)
         else [],
         "envFrom": [{"secretRef": {"name": s}} for s in opts.secrets],

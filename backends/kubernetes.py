@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from jobctl.engine.channel.server import SECRET_ENV
+from jobctl.engine.core.env import CHANNEL_SECRET
 
 from .base import (
     STOPPED_EXIT,
@@ -68,11 +68,11 @@ class KubernetesBackend(BackendBase):
         folder = ctx.run_dir / "scripts"
         rendered.write(folder)
         if SECRET_SCRIPT in rendered.files:
-            secret = ctx.secret_env.get(SECRET_ENV)
+            secret = ctx.secret_env.get(CHANNEL_SECRET)
             if not secret:
-                raise BackendError(f"the pods need the run's channel secret, but {SECRET_ENV} "
+                raise BackendError(f"the pods need the run's channel secret, but {CHANNEL_SECRET} "
                                    "was not handed to the backend")  # fmt: skip
-            env = {**os.environ, SECRET_ENV: secret}
+            env = {**os.environ, CHANNEL_SECRET: secret}
             run_command(["bash", str(folder / SECRET_SCRIPT)], env=env)
         run_command(["kubectl", "apply", "-f", str(folder / "manifests.yaml")])
         opts = options(ctx)

@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 
+from jobctl.engine.core.process import kill_tree, pid_alive
+
 from .base import BackendBase, NodeStatus, Released, Rendered, RunContext
 from .nodes import node_scripts
 
@@ -73,70 +75,8 @@ class LocalBackend(BackendBase):
         return Released(list(nodes), f"the processes of node(s) {nodes} were told to end")
 
 
-def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal a process group; torchrun workers start their own sessions, so also
-    signal every descendant found through /proc."""
-    for pid in [pgid, *descendants(pgid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def descendants(root: int) -> list[int]:
-    """All descendant pids of ``root`` (Linux /proc walk)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _poll_foreign(pid: int) -> int | None:
     """Exit state of a process this object did not start: None while alive. A zombie
     has ended: the node scripts of a supervisor that was killed are reparented to a
     process that may never reap them."""
     return None if pid_alive(pid) else -1
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """``/proc/PID/stat`` after the command name (the state first); OSError without it."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def process_token(pid: int) -> str | None:
-    """The process' start time in clock ticks since boot (Linux), or None if unknown:
-    with its pid, it names one process (a pid alone may be reused)."""
-    try:
-        return _stat_fields(pid)[19]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int | None, token: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given a token, is the same process."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return token is None
-    try:
-        fields = _stat_fields(pid)
-    except OSError:  # no /proc (macOS): the signal check is all we have
-        return True
-    return fields[0] != "Z" and (token is None or fields[19] == token)

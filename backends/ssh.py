@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from jobctl.engine.channel.server import SECRET_ENV
+from jobctl.engine.core.env import CHANNEL_SECRET
 from jobctl.spec.sections import SshSpec, is_loopback
 
 from .base import (
@@ -277,8 +277,8 @@ def start_command(run_dir: str, node: int) -> str:
     return (
         f"set -e; mkdir -p {q(run_dir)}/logs {q(run_dir)}/scripts; "
         f"tar -x -f - -C {q(run_dir)}; cd {q(run_dir)}; rm -f {exit_file}; "
-        f"if [ -f {SECRET_FILE} ]; then {SECRET_ENV}=$(cat {SECRET_FILE}); "
-        f"export {SECRET_ENV}; rm -f {SECRET_FILE}; fi; "
+        f"if [ -f {SECRET_FILE} ]; then {CHANNEL_SECRET}=$(cat {SECRET_FILE}); "
+        f"export {CHANNEL_SECRET}; rm -f {SECRET_FILE}; fi; "
         f"setsid bash -c {q(_WRAPPER)} jobctl-node {script} {log} {exit_file} "
         "</dev/null >/dev/null 2>&1 & echo $!"
     )
@@ -323,7 +323,7 @@ def _bundle(
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
             tar.addfile(info, io.BytesIO(data))
-        secret = (secrets or {}).get(SECRET_ENV)
+        secret = (secrets or {}).get(CHANNEL_SECRET)
         if secret:
             info = tarfile.TarInfo(SECRET_FILE)
             info.size, info.mode = len(secret.encode()), 0o600

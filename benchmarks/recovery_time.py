@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobctl.backends.local import kill_tree
+from jobctl.engine.core.process import kill_tree
 from jobctl.engine.state.db import StateDB
 from tests.jobrun import events, start_apply, tiny_spec, wait_for, write_spec
 

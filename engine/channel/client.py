@@ -27,7 +27,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from jobctl.engine.channel.server import SECRET_ENV, URL_ENV, bearer
+from jobctl.engine.channel.server import bearer
+from jobctl.engine.core.env import CHANNEL_FLUSH_S, CHANNEL_SECRET, CHANNEL_URL, EVENTS
 from jobctl.engine.core.events import EventLog, Kind
 
 
@@ -52,7 +53,7 @@ class ChannelSink:
     ):
         u = urllib.parse.urlsplit(url)
         if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"{URL_ENV}={url!r}: expected http://HOST:PORT")
+            raise ValueError(f"{CHANNEL_URL}={url!r}: expected http://HOST:PORT")
         self.host, self.port = u.hostname, u.port or 80
         self.headers = {**bearer(secret), "Content-Type": "application/json"}
         self.src, self.max_queue, self.batch = src, max_queue, batch
@@ -107,7 +108,7 @@ class ChannelSink:
             return not (self._q or self._pending)
         atexit.unregister(self.close)
         if timeout is None:
-            timeout = float(os.environ.get("JOBCTL_CHANNEL_FLUSH_S", "15"))
+            timeout = float(os.environ.get(CHANNEL_FLUSH_S, "15"))
         ok = self.flush(timeout)
         with self._cond:
             self._closing = True
@@ -187,14 +188,14 @@ def event_sink(run_dir: Path, rank: int, node: int | None = None):
 
     With ``node``, the channel also sends ``alive`` events (rank, node) while idle.
     """
-    url, secret = os.environ.get(URL_ENV), os.environ.get(SECRET_ENV)
+    url, secret = os.environ.get(CHANNEL_URL), os.environ.get(CHANNEL_SECRET)
     if url and secret:
         alive = None if node is None else {"rank": rank, "node": node}
         return ChannelSink(url, secret, src=f"rank-{rank}-{os.getpid()}", alive=alive)
-    if os.environ.get("JOBCTL_EVENTS") == "network":
+    if os.environ.get(EVENTS) == "network":
         raise RuntimeError(
-            f"JOBCTL_EVENTS=network but {URL_ENV} or {SECRET_ENV} is not set in this worker's "
-            "environment: launch it through `jobctl apply` (which hosts the channel), or "
-            "unset JOBCTL_EVENTS to append to the run folder's metrics.jsonl"
+            f"{EVENTS}=network but {CHANNEL_URL} or {CHANNEL_SECRET} is not set in this "
+            "worker's environment: launch it through `jobctl apply` (which hosts the channel), "
+            f"or unset {EVENTS} to append to the run folder's metrics.jsonl"
         )
     return EventLog(Path(run_dir) / "metrics.jsonl")

@@ -30,8 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.backends.local import pid_alive, process_token
-from jobctl.engine.channel.server import SECRET_ENV, ChannelServer
+from jobctl.engine.channel.server import ChannelServer
+from jobctl.engine.core.env import CHANNEL_SECRET
+from jobctl.engine.core.process import pid_alive, process_token
 
 CONF_ENV = "JOBCTL_HOST_CONF"
 HOST_FILE = "host.json"
@@ -113,9 +114,9 @@ def spawn_run_host(
         "supervisor_token": process_token(os.getpid()),
     }
     env = {**os.environ, CONF_ENV: json.dumps(conf)}
-    env.pop(SECRET_ENV, None)
+    env.pop(CHANNEL_SECRET, None)
     if secret:
-        env[SECRET_ENV] = secret
+        env[CHANNEL_SECRET] = secret
     with open(run_dir / HOST_LOG, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "jobctl.engine.channel.host"],
@@ -146,7 +147,7 @@ def wait_run_host(run_dir: Path, proc: subprocess.Popen, timeout: float = 120.0)
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     conf = json.loads(os.environ[CONF_ENV])
-    secret = os.environ.pop(SECRET_ENV, None)
+    secret = os.environ.pop(CHANNEL_SECRET, None)
     run_dir = Path(conf["run_dir"])
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -29,8 +29,6 @@ from pathlib import Path
 
 log = logging.getLogger("jobctl.channel")
 
-SECRET_ENV = "JOBCTL_CHANNEL_SECRET"  # only ever in a process environment
-URL_ENV = "JOBCTL_CHANNEL_URL"
 MAX_BODY = 16 << 20  # one batch; larger requests are refused (413)
 
 

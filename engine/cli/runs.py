@@ -25,7 +25,7 @@ def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeO
     import signal
 
     from jobctl.backends import get_backend
-    from jobctl.engine.channel.host import pid_alive
+    from jobctl.engine.core.process import pid_alive
 
     db = StateDB(home)
     row = find_run(db, run)

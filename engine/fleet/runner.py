@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-from jobctl.backends.local import process_token
+from jobctl.engine.core.process import process_token
 from jobctl.engine.fleet.db import FleetDB
 from jobctl.engine.scheduler.procs import (
     Child,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from jobctl.backends.local import kill_tree, pid_alive
+from jobctl.engine.core.process import kill_tree, pid_alive
 
 
 class Child(Protocol):

@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from jobctl.backends.local import process_token
 from jobctl.engine.core.phases import Phase
+from jobctl.engine.core.process import process_token
 from jobctl.engine.scheduler.procs import (
     Child,
     ForeignChild,

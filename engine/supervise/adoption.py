@@ -19,8 +19,7 @@ import os
 import signal
 from pathlib import Path
 
-from jobctl.backends import BackendError, get_backend
-from jobctl.backends.base import NodeStatus
+from jobctl.backends import BackendError, NodeStatus, get_backend
 from jobctl.engine.channel.host import read_host
 from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan

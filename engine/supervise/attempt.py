@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobctl.backends import get_backend
-from jobctl.backends.local import process_token
 from jobctl.engine.channel.host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
 from jobctl.engine.core.events import Kind
+from jobctl.engine.core.process import process_token
 from jobctl.engine.supervise.launch import Run
 
 
@@ -31,7 +31,7 @@ class Attempt:
     """A submitted attempt: the backend that started it, its node handles, its host."""
 
     run: Run
-    backend: object  # status / cancel / logs, as in jobctl.backends.base.Backend
+    backend: object  # status / cancel / logs, as in jobctl.backends.Backend
     handles: list[str]
     host_proc: subprocess.Popen | None = None
     host: RunHost | None = None

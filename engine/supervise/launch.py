@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.backends import RunContext, get_backend
-from jobctl.backends.base import Rendered
+from jobctl.backends import Rendered, RunContext, get_backend
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
 from jobctl.spec import dump_yaml, spec_hash
@@ -152,12 +151,13 @@ def channel_env(host: str) -> tuple[dict[str, str], dict[str, str], int]:
     """
     import os
 
-    from jobctl.engine.channel.server import SECRET_ENV, URL_ENV, new_secret
+    from jobctl.engine.channel.server import new_secret
+    from jobctl.engine.core.env import CHANNEL_SECRET, CHANNEL_URL
 
     if os.environ.get("JOBCTL_CHANNEL", "on") == "off":
         return {}, {}, 0
     port = free_port(host)
-    return {URL_ENV: f"http://{host}:{port}"}, {SECRET_ENV: new_secret()}, port
+    return {CHANNEL_URL: f"http://{host}:{port}"}, {CHANNEL_SECRET: new_secret()}, port
 
 
 def last_lines(path: Path, n: int = 20) -> list[str]:

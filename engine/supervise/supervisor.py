@@ -30,14 +30,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jobctl.backends.base import Rendered
-from jobctl.backends.local import pid_alive, process_token
+from jobctl.backends import Rendered
 from jobctl.engine.calibration.cache import calibration_for
-from jobctl.engine.channel.server import SECRET_ENV
 from jobctl.engine.checkpoint.blocks import read_meta
 from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
+from jobctl.engine.core.env import CHANNEL_SECRET
 from jobctl.engine.core.phases import ACTIVE
 from jobctl.engine.core.plan import Plan
+from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.planner.resolver import describe, make_plan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
@@ -235,7 +235,7 @@ class Supervisor:
                 {"step": point.step, "source": point.source, "path": str(point.path)},
             )
         self.current, self.resume_dir = run, None
-        self.attempt = self.launcher.start(run, self.backend, senv.get(SECRET_ENV), cport)
+        self.attempt = self.launcher.start(run, self.backend, senv.get(CHANNEL_SECRET), cport)
         self.attempt.start_step = point.step if point else 0
         self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
         return self.phase

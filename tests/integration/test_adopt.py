@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from jobctl.backends.local import descendants, kill_tree
-from jobctl.engine.channel.host import pid_alive, read_host
+from jobctl.engine.channel.host import read_host
+from jobctl.engine.core.process import descendants, kill_tree, pid_alive
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.adoption import archive_offset
 from jobctl.engine.worker.reference import reference_train

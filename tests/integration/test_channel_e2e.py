@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jobctl.engine.channel import server as channel
-from jobctl.engine.channel.host import pid_alive, read_host
+from jobctl.engine.channel.host import read_host
+from jobctl.engine.core.process import pid_alive
 from jobctl.engine.state.db import StateDB
 
 from ..jobrun import events, run_job, tiny_spec

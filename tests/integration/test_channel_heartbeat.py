@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from jobctl.backends.local import kill_tree
+from jobctl.engine.core.process import kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from jobctl.backends.local import descendants, kill_tree
+from jobctl.engine.core.process import descendants, kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobctl.backends.local import kill_tree
+from jobctl.engine.core.process import kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import dump_yaml

@@ -15,8 +15,8 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from jobctl.backends.local import kill_tree
 from jobctl.engine.cli.app import app
+from jobctl.engine.core.process import kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch, check_devices, write_request
 

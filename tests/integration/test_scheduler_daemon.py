@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobctl.backends.local import kill_tree
 from jobctl.engine.cli.app import app
+from jobctl.engine.core.process import kill_tree
 from jobctl.engine.scheduler.book import ScheduleBook
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases

@@ -9,7 +9,7 @@ import pytest
 
 from jobctl.backends import BackendError, NodeStatus, Rendered, get_backend
 from jobctl.backends.base import BackendBase, StatusCache, run_command
-from jobctl.backends.local import kill_tree
+from jobctl.engine.core.process import kill_tree
 
 from .test_backend_render import context
 

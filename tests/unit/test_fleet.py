@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobctl.backends.local import process_token
 from jobctl.engine.cli.app import app
+from jobctl.engine.core.process import process_token
 from jobctl.engine.fleet.db import FleetDB
 from jobctl.engine.fleet.loader import load_fleet, parameter_sets, sanitise
 from jobctl.engine.fleet.planning import plan_fleet, record_fleet

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from jobctl.backends.local import process_token
-from jobctl.engine.channel.host import HOST_FILE, pid_alive, read_host
+from jobctl.engine.channel.host import HOST_FILE, read_host
+from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.supervise.adoption import AdoptError
 from jobctl.engine.supervise.attempt import claim_host
 from jobctl.engine.supervise.launch import free_port, register_run
