@@ -41,9 +41,7 @@ def _varuna(P: int, M: int) -> tuple[tuple[Action, ...], ...]:
     starts at t, so it knows when that gradient arrives and can time its recompute.
     """
     never = 1 << 62
-    forwards = [F(i) for i in range(M)]
-    recomputes = [R(i) for i in range(M)]
-    backwards = [B(i) for i in range(M)]
+    forwards, recomputes, backwards = ([op(i) for i in range(M)] for op in (F, R, B))
     free, next_f, next_b, recomputed = [0] * P, [0] * P, [0] * P, [False] * P
     f_end = [[never] * M for _ in range(P)]  # when F(i) on stage k ends
     grad_at = [[never] * M for _ in range(P - 1)] + [[0] * M]  # gradient arrival at k
@@ -54,26 +52,22 @@ def _varuna(P: int, M: int) -> tuple[tuple[Action, ...], ...]:
             if free[k] > t:
                 continue
             i, j = next_b[k], next_f[k]
-            forward = j < M and (k == 0 or f_end[k - 1][j] <= t)
+            grad = grad_at[k][i] if i < j else never  # never: no backward due
             if i < j and (recomputed[k] or k == P - 1):  # rule 2: only the backward now
-                op = "B" if grad_at[k][i] <= t else ""  # rule 3: the backward first
-            elif i < j and grad_at[k][i] <= t + T_R:
-                op = "R"  # rule 1: done by the time the gradient arrives
-            else:  # in whole time units a forward still fits before R is due
-                op = "F" if forward else ""
-            if op == "F":
+                if grad <= t:  # rule 3: the backward first
+                    order[k].append(backwards[i])
+                    if k > 0:
+                        grad_at[k - 1][i] = t + T_B
+                    recomputed[k], free[k], next_b[k] = False, t + T_B, i + 1
+                    finished += i + 1 == M
+            elif grad <= t + T_R:  # rule 1: done by the time the gradient arrives
+                order[k].append(recomputes[i])
+                recomputed[k], free[k] = True, t + T_R
+            elif j < M and (k == 0 or f_end[k - 1][j] <= t):
+                # In whole time units a forward still fits before R is due.
                 order[k].append(forwards[j])
                 f_end[k][j] = free[k] = t + T_F
                 next_f[k] += 1
-            elif op == "R":
-                order[k].append(recomputes[i])
-                recomputed[k], free[k] = True, t + T_R
-            elif op == "B":
-                order[k].append(backwards[i])
-                if k > 0:
-                    grad_at[k - 1][i] = t + T_B
-                recomputed[k], free[k], next_b[k] = False, t + T_B, i + 1
-                finished += next_b[k] == M
         if finished == P:
             return tuple(tuple(actions) for actions in order)
     raise RuntimeError(f"varuna schedule for P={P}, M={M} did not finish")
