@@ -1,8 +1,10 @@
-"""Watch a launched attempt: worker records into the state DB, how it ended out.
+"""Watch a launched attempt: its nodes through the backend, and how it ended.
 
 ``Monitor.poll_once()`` does one round (read new metrics, check every node) and returns
-how the attempt ended once it has; the supervisor (engine/supervise/supervisor.py) calls it once
-per step in a steady phase. Its clock is injected so tests drive time.
+how the attempt ended once it has; the supervisor (engine/supervise/supervisor.py) calls
+it once per step in a steady phase. The worker records go to ``AttemptRecords``
+(engine/supervise/records.py), whose state tells a stop from a loss. Its clock is
+injected so tests drive time.
 """
 
 from __future__ import annotations
@@ -15,16 +17,13 @@ from pathlib import Path
 
 from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
-from jobctl.engine.core.events import Kind, read_metrics
-from jobctl.engine.pruning.events import PruningWatch
-from jobctl.engine.rebalance.events import KINDS as REBALANCE_KINDS
-from jobctl.engine.rebalance.events import RebalanceWatch
+from jobctl.engine.core.events import read_metrics
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
 from jobctl.engine.supervise.launch import Run, failing_rank, last_lines
-from jobctl.engine.supervise.recovery import Loss, LossClock
+from jobctl.engine.supervise.records import AttemptRecords
+from jobctl.engine.supervise.recovery import Loss
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch
-from jobctl.engine.supervise.stragglers import StragglerDetector
 
 
 @dataclass
@@ -62,33 +61,18 @@ class Monitor:
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
         self.clock, self.activity = clock, activity  # activity: engine/supervise/activity.py
         self.beats = HeartbeatWatch(heartbeat_timeout_s, clock)
-        self.total = total_steps
+        self.scaling = ScaleWatch(run.dir, db.clock)
         self.on_event = on_event
+        watches = (self.beats, self.scaling)
+        self.records = AttemptRecords(db, run.id, total_steps, watches, straggler_threshold, clock)
         metrics = run.dir / "metrics.jsonl"
         self.offset = metrics.stat().st_size if metrics.exists() else 0  # earlier attempts
         if getattr(run, "metrics_offset", None) is not None:  # adopted: where the last one left
             self.offset = run.metrics_offset
-        self.losses: list[float] = []
-        self.last_upload = -1
-        self.sigterm_nodes: set[int] = set()
-        self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
-        self.trained = self.checkpointed = False  # in this attempt
         self.queued: str | None = None  # the scheduler's reason while a handle waits
         self.ran = False  # a handle was seen running in this attempt
-        self.scaling = ScaleWatch(run.dir, db.clock)
         self.scale_to: ScaleRequest | None = None
-        self.stopped_at: float | None = None
-        self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
-        self.finished = False
-        self.detector = StragglerDetector(threshold=straggler_threshold)
-        self.stragglers: list[int] = []
-        self.pruning = PruningWatch(db, run.id)
-        self.rebalance = RebalanceWatch(db, run.id)
-        self.lost = LossClock()
-        self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
-        self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
         self.failed_at: float | None = None
-        self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
         self.released: set[int] = set()  # nodes handed back to the backend
         self.released_handles: set[int] = set()  # handles that end on their own, exit 0
         self.left: set[int] = set()  # released handles seen ended
@@ -110,15 +94,20 @@ class Monitor:
         if self.scale_to is not None and outcome.kind == "stopped":
             req = self.scale_to
             msg = f"{req.reason}: morphing to {req.devices} device(s) after a checkpoint"
-            outcome = Outcome(False, 0, msg, self.losses, "morph", devices=req.devices)
-        outcome.straggler_nodes = self.detector.nodes(self.stragglers)
+            outcome = Outcome(False, 0, msg, self.records.losses, "morph", devices=req.devices)
+        outcome.straggler_nodes = self.records.detector.nodes(self.records.stragglers)
         if outcome.kind == "preempted" and outcome.loss is None:
-            outcome.loss = self.lost.loss(outcome.lost_nodes)
+            outcome.loss = self.records.lost.loss(outcome.lost_nodes)
         return outcome
+
+    def _ended(self, kind: str, code: int, message: str, lost: list[int] | None = None) -> Outcome:
+        """How the attempt ended, with its losses (only a completed attempt is ok)."""
+        return Outcome(kind == "completed", code, message, self.records.losses, kind, lost or [])
 
     def _check_scale(self) -> None:
         """A due scale request stops every rank gracefully (checkpoint, then exit)."""
-        if self.scale_to is not None or self.stopped_at is not None or self.finished:
+        r = self.records
+        if self.scale_to is not None or r.stopped_at is not None or r.finished:
             return
         req = self.scaling.due()
         if req is not None:
@@ -130,11 +119,11 @@ class Monitor:
         """Nodes packing freed go back to the backend once every rank on them has left
         (each wrote ``freed`` with the node script it ran under): their processes end on
         their own, which is expected."""
-        if not self.freed_ranks:
+        if not self.records.freed_ranks:
             return
         per_node = self.run.ctx.nproc_per_node
         left: dict[int, int] = {}
-        for node in self.freed_ranks.values():
+        for node in self.records.freed_ranks.values():
             left[node] = left.get(node, 0) + 1
         done = sorted(
             n
@@ -154,50 +143,63 @@ class Monitor:
         msg = f"released node(s) {done} freed by packing: {got.note}"
         self.db.add_event(self.run.id, "released", msg, {"nodes": done, "note": got.note})
 
-    def _poll(self) -> Outcome | None:
+    def _statuses(self) -> list[NodeStatus]:
+        """The backend's view of every handle; a released node's end is expected (exit 0)."""
         statuses = self.backend.status(self.handles)
-        for n in self.released_handles:  # a released node's end is expected (exit 0)
+        for n in self.released_handles:
             if statuses[n].done:
                 if n not in self.left:
                     self.left.add(n)
                     msg = f"node {n} left after its release ({statuses[n].detail})"
                     self.db.add_event(self.run.id, "node_left", msg, {"node": n})
                 statuses[n] = NodeStatus("succeeded", 0, statuses[n].detail)
+        return statuses
+
+    def _poll(self) -> Outcome | None:
+        statuses = self._statuses()
         codes = [s.exit_code for s in statuses]
         self._follow_queue(statuses)
-        if self.stopped_at is not None:
+        r = self.records
+        if r.stopped_at is not None:
             return self._stopped(statuses)
-        if self.finished and all(c is not None for c in codes):
+        if r.finished and all(c is not None for c in codes):
             # Every step trained and the final checkpoint is on disk: however the agents
             # left (a late SIGTERM, say), nothing is missing.
-            return Outcome(True, 0, "completed", self.losses)
-        quiet = self.sigterm_nodes or self.finished or self.queued is not None
-        silent = [] if quiet else self.beats.silent(codes)
-        silent = [n for n in silent if n not in self.rebalance.freed_nodes]  # packed away
-        if silent:  # processes still there, heartbeats gone: a lost or hung machine
-            self.backend.cancel(self.handles, 9)
-            t = self.beats.timeout_s
-            msg = f"no heartbeat from node(s) {silent} for {t:.0f} s"
-            self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
-            return Outcome(False, 1, msg, self.losses, "preempted", silent)
+            return self._ended("completed", 0, "completed")
+        if silent := self._silent(codes):
+            return silent
         gone = [n for n, s in enumerate(statuses) if s.phase == "stopped"]
         if gone:  # ended from outside: cancelled, out of time, preempted or lost
             self._consume_metrics()  # its last records (stopped?) may have come meanwhile
-            if self.stopped_at is not None:
+            if r.stopped_at is not None:
                 return self._stopped(statuses)
             self.backend.cancel(self.handles, 9)
             return self._ended_outside(statuses, gone)
         failed = [c for c in codes if c not in (None, 0)]
-        if failed and self.node_sigterm and not self.trained:
+        if failed and r.node_sigterm and not r.trained:
             # Told to stop while torchrun was still starting: no step trained, none lost.
             self.backend.cancel(self.handles, 9)
-            return Outcome(False, 0, "stopped before the first step", self.losses, "stopped")
+            return self._ended("stopped", 0, "stopped before the first step")
         if failed:
             return self._failed(codes)
         if all(c == 0 for c in codes):
             self._consume_metrics()
-            return Outcome(True, 0, "completed", self.losses)
+            return self._ended("completed", 0, "completed")
         return None
+
+    def _silent(self, codes: list[int | None]) -> Outcome | None:
+        """Processes still there, heartbeats gone: a lost or hung machine (not one told
+        to stop, waiting in a queue, or packed away)."""
+        r = self.records
+        if r.sigterm_nodes or r.finished or self.queued is not None:
+            return None
+        silent = [n for n in self.beats.silent(codes) if n not in r.rebalance.freed_nodes]
+        if not silent:
+            return None
+        self.backend.cancel(self.handles, 9)
+        msg = f"no heartbeat from node(s) {silent} for {self.beats.timeout_s:.0f} s"
+        self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
+        return self._ended("preempted", 1, msg, silent)
 
     def _nodes(self, handle_index: int) -> list[int]:
         """The run's nodes behind one handle (one batch job may hold them all)."""
@@ -210,21 +212,19 @@ class Monitor:
         causes = {statuses[n].cause for n in gone}
         what = ", ".join(sorted({statuses[n].detail for n in gone}))
         if "cancelled" in causes:
-            return Outcome(False, 0, f"cancelled ({what})", self.losses, "stopped")
+            return self._ended("stopped", 0, f"cancelled ({what})")
         if causes == {"timeout"}:
-            if self.checkpointed or not self.trained:
-                return Outcome(False, 0, f"time limit reached ({what})", self.losses, "stopped")
-            return Outcome(
-                False,
+            if self.records.checkpointed or not self.records.trained:
+                return self._ended("stopped", 0, f"time limit reached ({what})")
+            return self._ended(
+                "failed",
                 1,
                 f"time limit reached ({what}) before any checkpoint of this attempt: raise "
                 "hardware.slurm.time_limit_minutes, or set hardware.slurm.signal_before_s "
                 "so the ranks checkpoint before the limit",
-                self.losses,
-                "failed",
             )
         lost = sorted({k for n in gone for k in self._nodes(n)})
-        return Outcome(False, 1, f"lost node(s) {lost} ({what})", self.losses, "preempted", lost)
+        return self._ended("preempted", 1, f"lost node(s) {lost} ({what})", lost)
 
     def _follow_queue(self, statuses) -> None:
         """A handle waiting in its scheduler's queue (submitted, or requeued after a
@@ -254,9 +254,8 @@ class Monitor:
         node scripts find it): the old attempt's last records are read, then this
         monitor follows a fresh attempt."""
         self._consume_metrics()
-        self.stopped_at, self.sigterm_nodes, self.node_sigterm = None, set(), set()
-        self.stopped_ranks = set()
-        self.trained = self.checkpointed = self.ran = False
+        self.records.restart()
+        self.ran = False
         self.db.add_event(self.run.id, "requeue", f"requeued: {detail}")
 
     def _stopped(self, statuses) -> Outcome | None:
@@ -265,111 +264,30 @@ class Monitor:
         if pending:  # requeued (see ``_follow_queue``) before this monitor saw it run
             self._requeued(pending[0])
             return None
+        r = self.records
         if any(not s.done for s in statuses):
             # (Only where jobctl runs the node processes itself: a batch system may be
             # requeueing the job, and cancelling it now would end it for good.)
-            live = self.run.plan.world_size - len(self.freed_ranks)
-            everyone = len(self.stopped_ranks) >= live and (self.backend.name in ("local", "ssh"))
+            live = self.run.plan.world_size - len(r.freed_ranks)
+            everyone = len(r.stopped_ranks) >= live and (self.backend.name in ("local", "ssh"))
             grace = self.ALL_STOPPED_GRACE_S if everyone else self.STOP_EXIT_GRACE_S
-            if self.clock() - self.stopped_at < grace:
+            if self.clock() - r.stopped_at < grace:
                 return None
             self.backend.cancel(self.handles, 9)
         nodes = set(range(self.run.ctx.nnodes))
-        if self.sigterm_nodes >= nodes or not self.sigterm_nodes:
-            return Outcome(False, 0, "stopped after a checkpoint", self.losses, "stopped")
-        lost = sorted(self.sigterm_nodes)
-        return Outcome(
-            False, 0, f"node(s) {lost} preempted after a checkpoint", self.losses, "preempted", lost
-        )
+        if r.sigterm_nodes >= nodes or not r.sigterm_nodes:
+            return self._ended("stopped", 0, "stopped after a checkpoint")
+        lost = sorted(r.sigterm_nodes)
+        return self._ended("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
 
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
         for rec in recs:
-            self._record(rec)
+            self.records.record(rec)
             if self.activity is not None:  # after pruning and rebalancing had their say
                 self.activity.record(rec)
             if self.on_event:
                 self.on_event(rec)
-
-    def _record(self, rec: dict) -> None:
-        """Mirror one worker event into the state DB."""
-        kind, rid = rec["kind"], self.run.id
-        if "node" in rec and "ts" in rec and kind in (Kind.HEARTBEAT, Kind.ALIVE):
-            self.lost.saw(rec["node"], rec["ts"])
-        if kind == Kind.STEP:
-            self.trained = True
-            self.first_step_ts = self.first_step_ts or rec.get("ts")
-            self.losses.append(rec["loss"])
-            self.db.update_run(
-                rid, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
-            )
-            self.pruning.step(rec["step"])
-        elif kind == Kind.CHECKPOINT:
-            self.checkpointed = True
-            self.scaling.checkpointed(rec.get("ts", 0.0))
-            self.finished = self.finished or rec["step"] == self.total
-            self.db.update_run(rid, last_checkpoint=rec["step"])
-            self.db.add_event(
-                rid,
-                "checkpoint",
-                f"checkpoint at step {rec['step']} (local)",
-                {"step": rec["step"]},
-            )
-        elif kind == Kind.UPLOADED:  # ranks commit different steps, not in order
-            self.last_upload = max(self.last_upload, rec["step"])
-            self.db.update_run(rid, last_upload=self.last_upload)
-            self.db.add_event(
-                rid, "upload", f"checkpoint step {rec['step']} uploaded", {"step": rec["step"]}
-            )
-        elif kind == Kind.HEARTBEAT:
-            self._heartbeat(rec)
-        elif kind == Kind.ALIVE:  # the rank's sender thread: the machine is there, maybe waiting
-            self.beats.saw(rec["node"])
-        elif kind in (Kind.SIGTERM, Kind.NODE_SIGTERM):
-            (self.sigterm_nodes if kind == Kind.SIGTERM else self.node_sigterm).add(rec["node"])
-            self._notice(rec)
-        elif kind == Kind.STOPPED:
-            self.stopped_ranks.add(rec.get("rank", -1))
-            if self.stopped_at is None:
-                self.stopped_at = self.clock()
-                note = f"all ranks checkpointed step {rec['step']}"
-                self.db.add_event(rid, "stopped", note, {"step": rec["step"]})
-        elif kind == Kind.UPLOAD_ERROR:
-            self.db.add_event(rid, "upload_error", rec["error"], rec)
-        elif kind in (Kind.PRUNING, Kind.PROFILE):
-            self.pruning.record(rec)
-        elif kind in REBALANCE_KINDS:
-            self.rebalance.record(rec)
-        elif kind == Kind.FREED:
-            self.freed_ranks[rec["rank"]] = rec["host_node"]
-
-    def _notice(self, rec: dict) -> None:
-        """A node's SIGTERM (preemption notice, stop): persisted with its own time, which
-        the recovery time of a morph that drops the node starts from."""
-        node, ts = rec["node"], rec.get("ts", self.db.clock())
-        if self.lost.announced(node, ts):
-            msg = f"node {node} got SIGTERM: checkpoint at the end of the step, then leave"
-            self.db.add_event(self.run.id, "sigterm", msg, {"node": node, "ts": ts})
-
-    def _heartbeat(self, rec: dict) -> None:
-        self.beats.saw(rec["node"])
-        self.started.add(rec["rank"])
-        d = self.detector
-        d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
-        d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two
-        slow = d.stragglers()
-        if slow != self.stragglers:
-            self.stragglers = slow
-            nodes = d.nodes(slow)
-            self.db.update_run(self.run.id, stragglers=",".join(map(str, slow)) or None)
-            if slow:
-                self.db.add_event(
-                    self.run.id,
-                    "straggler",
-                    f"rank(s) {slow} on node(s) {nodes} persistently slower than "
-                    f"their stage peers by > {100 * d.threshold:.0f} %",
-                    {"ranks": slow, "nodes": nodes},
-                )
 
     def _failed(self, codes: list[int | None]) -> Outcome | None:
         """Nodes failed: a bug in the code fails the run; a worker process that died
@@ -382,7 +300,7 @@ class Monitor:
         failed = {k for n, c in enumerate(codes) if c not in (None, 0) for k in self._nodes(n)}
         plan = getattr(self.run, "plan", None)
         ranks = {r.rank: r.node for r in plan.ranks} if plan is not None else {}
-        lost = lost_process_nodes(self.run.dir, ranks, failed, self.started)
+        lost = lost_process_nodes(self.run.dir, ranks, failed, self.records.started)
         if not lost:
             self.failed_at = self.failed_at if self.failed_at is not None else self.clock()
             running = any(c is None for c in codes)
@@ -392,20 +310,15 @@ class Monitor:
         self.backend.cancel(self.handles, 9)
         msg = f"node(s) {lost} lost a worker process without an error report (killed)"
         self.db.add_event(self.run.id, "process_lost", msg, {"nodes": lost})
-        return Outcome(False, 1, msg, self.losses, "preempted", lost)
+        return self._ended("preempted", 1, msg, lost)
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)
         rank, log, note = self._failure_log()
         where = f"rank {rank}" if rank is not None else "a node"
         tail = "\n".join(last_lines(log)) if log else ""
-        return Outcome(
-            False,
-            code or 1,
-            f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}",
-            self.losses,
-            "failed",
-        )
+        msg = f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}"
+        return self._ended("failed", code or 1, msg)
 
     def _failure_log(self) -> tuple[int | None, Path | None, str]:
         """The failing rank and its log, asking the backend for the logs first: on ssh

@@ -272,14 +272,15 @@ class Supervisor:
     # -- while an attempt runs -----------------------------------------------------
     def _poll(self) -> str:
         outcome = self.monitor.poll_once()
-        if self.loss is not None and self.monitor.first_step_ts is not None:
-            record_recovery(self.db, self.run_id, self.loss, self.monitor.first_step_ts)
+        first_step_ts = self.monitor.records.first_step_ts
+        if self.loss is not None and first_step_ts is not None:
+            record_recovery(self.db, self.run_id, self.loss, first_step_ts)
             self.loss = None
         deadline = self.opts.deadline_s
         if outcome is None and deadline is not None and self.clock() - self.watched_at > deadline:
             self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
             msg = f"timed out after {deadline:.0f} s"
-            outcome = Outcome(False, 124, msg, self.monitor.losses, "failed")
+            outcome = Outcome(False, 124, msg, self.monitor.records.losses, "failed")
         if outcome is None:
             return self._refresh()
         self._close_attempt()

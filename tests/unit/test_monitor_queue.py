@@ -64,9 +64,9 @@ def test_requeue_without_a_graceful_stop_is_recorded_and_followed(tmp_path):
     # checkpoint: a node failure with requeue); it ran again from the checkpoint.
     mon, backend, db = _monitor(tmp_path, [RUNNING, REQUEUED, REQUEUED, RUNNING, DONE])
     _write(mon.run.dir, _step(1), _step(2))
-    assert mon.poll_once() is None and mon.trained
+    assert mon.poll_once() is None and mon.records.trained
     assert mon.poll_once() is None  # waiting again
-    assert not mon.trained and not mon.ran  # a fresh attempt is followed
+    assert not mon.records.trained and not mon.ran  # a fresh attempt is followed
     assert db.get_run("r")["phase"] == "launching"
     assert mon.poll_once() is None
     assert mon.poll_once() is None and db.get_run("r")["phase"] == "training"
@@ -89,10 +89,11 @@ def test_requeue_after_the_ranks_checkpointed_and_stopped(tmp_path):
         {"kind": "sigterm", "rank": 0, "node": 0, "ts": 0.0},
         {"kind": "checkpoint", "step": 2, "ts": 0.0},
     )
-    assert mon.poll_once() is None and mon.checkpointed
+    assert mon.poll_once() is None and mon.records.checkpointed
     _write(mon.run.dir, {"kind": "stopped", "step": 2, "rank": 0, "ts": 0.0})
     assert mon.poll_once() is None  # pending: requeued, not an outcome
-    assert mon.stopped_at is None and not mon.sigterm_nodes and not mon.checkpointed
+    seen = mon.records
+    assert seen.stopped_at is None and not seen.sigterm_nodes and not seen.checkpointed
     assert mon.poll_once() is None  # running again
     _write(mon.run.dir, _step(3), _step(4), {"kind": "checkpoint", "step": 4, "ts": 0.0})
     outcome = mon.poll_once()

@@ -1,0 +1,160 @@
+"""What one attempt's worker records say, mirrored into the state DB as they arrive.
+
+``AttemptRecords.record`` dispatches each record of ``metrics.jsonl`` through a table
+keyed by the event kinds of engine/core/events.py, one small handler per kind. The
+monitor (engine/supervise/monitor.py) reads the state kept here (trained, checkpointed,
+stopped, the nodes told to stop, the ranks packed away) to classify how the attempt
+ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.core.events import Kind
+from jobctl.engine.pruning.events import PruningWatch
+from jobctl.engine.rebalance.events import KINDS as REBALANCE_KINDS
+from jobctl.engine.rebalance.events import RebalanceWatch
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.recovery import LossClock
+from jobctl.engine.supervise.scaling import ScaleWatch
+from jobctl.engine.supervise.stragglers import StragglerDetector
+
+
+class AttemptRecords:
+    """The state of one attempt as its workers' records tell it."""
+
+    def __init__(
+        self,
+        db: StateDB,
+        run_id: str,
+        total_steps: int,
+        watches: tuple[HeartbeatWatch, ScaleWatch],
+        straggler_threshold: float,
+        clock: Callable[[], float],
+    ):
+        self.db, self.run_id, self.total, self.clock = db, run_id, total_steps, clock
+        self.beats, self.scaling = watches  # the monitor's, which it also polls
+        self.losses: list[float] = []
+        self.last_upload = -1
+        self.finished = False
+        self.detector = StragglerDetector(threshold=straggler_threshold)
+        self.stragglers: list[int] = []
+        self.pruning = PruningWatch(db, run_id)
+        self.rebalance = RebalanceWatch(db, run_id)
+        self.lost = LossClock()
+        self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
+        self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
+        self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
+        self.restart()
+        self.handlers: dict[str, Callable[[dict], None]] = {
+            Kind.STEP: self._step,
+            Kind.CHECKPOINT: self._checkpoint,
+            Kind.UPLOADED: self._uploaded,
+            Kind.HEARTBEAT: self._heartbeat,
+            Kind.ALIVE: self._alive,
+            Kind.SIGTERM: self._sigterm,
+            Kind.NODE_SIGTERM: self._node_sigterm,
+            Kind.STOPPED: self._stopped,
+            Kind.UPLOAD_ERROR: self._upload_error,
+            Kind.PRUNING: self.pruning.record,
+            Kind.PROFILE: self.pruning.record,
+            Kind.FREED: self._freed,
+            **dict.fromkeys(REBALANCE_KINDS, self.rebalance.record),
+        }
+
+    def restart(self) -> None:
+        """Forget what the last run of the batch job did: its scheduler requeued it."""
+        self.trained = self.checkpointed = False  # in this attempt
+        self.sigterm_nodes: set[int] = set()  # nodes whose ranks got SIGTERM
+        self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
+        self.stopped_at: float | None = None  # the monitor's clock at the first ``stopped``
+        self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
+
+    def record(self, rec: dict) -> None:
+        """Follow one worker record (kinds with no handler are the views' only)."""
+        kind = rec["kind"]
+        if "node" in rec and "ts" in rec and kind in (Kind.HEARTBEAT, Kind.ALIVE):
+            self.lost.saw(rec["node"], rec["ts"])
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler(rec)
+
+    def _step(self, rec: dict) -> None:
+        self.trained = True
+        self.first_step_ts = self.first_step_ts or rec.get("ts")
+        self.losses.append(rec["loss"])
+        self.db.update_run(
+            self.run_id, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
+        )
+        self.pruning.step(rec["step"])
+
+    def _checkpoint(self, rec: dict) -> None:
+        step = rec["step"]
+        self.checkpointed = True
+        self.scaling.checkpointed(rec.get("ts", 0.0))
+        self.finished = self.finished or step == self.total
+        self.db.update_run(self.run_id, last_checkpoint=step)
+        note = f"checkpoint at step {step} (local)"
+        self.db.add_event(self.run_id, "checkpoint", note, {"step": step})
+
+    def _uploaded(self, rec: dict) -> None:
+        step = rec["step"]
+        self.last_upload = max(self.last_upload, step)  # ranks commit steps out of order
+        self.db.update_run(self.run_id, last_upload=self.last_upload)
+        self.db.add_event(self.run_id, "upload", f"checkpoint step {step} uploaded", {"step": step})
+
+    def _alive(self, rec: dict) -> None:
+        """The rank's sender thread: the machine is there, maybe waiting."""
+        self.beats.saw(rec["node"])
+
+    def _sigterm(self, rec: dict) -> None:
+        self.sigterm_nodes.add(rec["node"])
+        self._notice(rec)
+
+    def _node_sigterm(self, rec: dict) -> None:
+        self.node_sigterm.add(rec["node"])
+        self._notice(rec)
+
+    def _notice(self, rec: dict) -> None:
+        """A node's SIGTERM (preemption notice, stop): persisted with its own time, which
+        the recovery time of a morph that drops the node starts from."""
+        node, ts = rec["node"], rec.get("ts", self.db.clock())
+        if self.lost.announced(node, ts):
+            msg = f"node {node} got SIGTERM: checkpoint at the end of the step, then leave"
+            self.db.add_event(self.run_id, "sigterm", msg, {"node": node, "ts": ts})
+
+    def _stopped(self, rec: dict) -> None:
+        self.stopped_ranks.add(rec.get("rank", -1))
+        if self.stopped_at is None:
+            self.stopped_at = self.clock()
+            note = f"all ranks checkpointed step {rec['step']}"
+            self.db.add_event(self.run_id, "stopped", note, {"step": rec["step"]})
+
+    def _upload_error(self, rec: dict) -> None:
+        self.db.add_event(self.run_id, "upload_error", rec["error"], rec)
+
+    def _freed(self, rec: dict) -> None:
+        self.freed_ranks[rec["rank"]] = rec["host_node"]
+
+    def _heartbeat(self, rec: dict) -> None:
+        self.beats.saw(rec["node"])
+        self.started.add(rec["rank"])
+        d = self.detector
+        d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])
+        d.close_step(rec["step"] - 2)  # heartbeats of a step arrive within a step or two
+        slow = d.stragglers()
+        if slow == self.stragglers:
+            return
+        self.stragglers = slow
+        nodes = d.nodes(slow)
+        self.db.update_run(self.run_id, stragglers=",".join(map(str, slow)) or None)
+        if slow:
+            self.db.add_event(
+                self.run_id,
+                "straggler",
+                f"rank(s) {slow} on node(s) {nodes} persistently slower than "
+                f"their stage peers by > {100 * d.threshold:.0f} %",
+                {"ranks": slow, "nodes": nodes},
+            )
