@@ -108,29 +108,26 @@ class Engine:
             if not heap:
                 break
             t, s = heapq.heappop(heap)
-            if waiting[s] == PARKED and t >= free[s] and not self._choose(s, t, settled=True):
-                free[s] = t
-                todo.append(s)
+            if waiting[s] != PARKED or t < free[s] or self._choose(s, self.pos[s], t, True):
+                continue
+            free[s], waiting[s] = t, BLOCKED
+            todo.append(s)
         blocked = [s for s in range(self.P) if self.pos[s] < len(self.lists[s])]
         if blocked:
             waits = ", ".join(f"stage {s} at {self.lists[s][self.pos[s]]}" for s in blocked)
             raise ValueError(f"schedule deadlocks in simulation: {waits}")
 
     def _advance(self, s: int) -> None:
-        """Run stage s's list from where it stopped until an input is missing.
-
-        The simulator's hot loop: one function, locals only, nothing allocated per
-        action but its start time.
-        """
+        """Run stage s's list from where it stopped until an input is missing (the hot
+        loop: one function, locals only, nothing allocated per action but its start)."""
         acts, starts, inbox, dur, f, r, b, nxt, prv = self.context[s]
         k, t, n, M = self.pos[s], self.free[s], len(acts), self.M
         inboxes, waiting, opp, capped = self.inbox, self.waiting, self.opportunistic, self.capped
-        waiting[s] = BLOCKED
-        while k < n:
+        while k < n:  # the caller set waiting[s] to BLOCKED
             a = acts[k]
             if opp and a.op is not FWD and inbox[M + a.micro_batch] > t:
-                self.pos[s] = k  # a backward task without its gradient: Varuna's deviation
-                if self._choose(s, t, settled=False):
+                # A backward task without its gradient: Varuna's deviation.
+                if self._choose(s, k, t, settled=False):
                     break
                 a = acts[k]
             op = a.op
@@ -150,8 +147,7 @@ class Engine:
             t += cost
             k += 1
             if dst >= 0:
-                arrival = self._send(s, key, t) if capped else t + dur[key]
-                inboxes[dst][key] = arrival
+                inboxes[dst][key] = arrival = self._send(s, key, t) if capped else t + dur[key]
                 w = waiting[dst]
                 if w == key:
                     waiting[dst] = BLOCKED
@@ -170,8 +166,9 @@ class Engine:
         heapq.heappush(inflight, arrival)
         return arrival
 
-    def _choose(self, s: int, t: float, settled: bool) -> bool:
-        """Stage s, free at t, is at a backward task; True if it must stop and wait.
+    def _choose(self, s: int, k: int, t: float, settled: bool) -> bool:
+        """Stage s, free at t, is at a backward task at position k; True if it must
+        stop and wait.
 
         The task is R(i) before its B(i), or a B(i) without recompute (never a B after
         its R: rule 2). If the gradient has not arrived by t and the next forward in
@@ -181,7 +178,7 @@ class Engine:
         every arrival up to t is computed (decisions in time order); if not, a decision
         that needs an arrival not computed yet parks the stage until t comes.
         """
-        acts, inbox, k = self.lists[s], self.inbox[s], self.pos[s]
+        acts, inbox = self.lists[s], self.inbox[s]
         a = acts[k]
         grad = inbox[self.M + a.micro_batch]
         keep = k == self.decided[s] or (a.op is BWD and a.micro_batch in self.rec[s])
