@@ -19,7 +19,7 @@ import re
 
 import yaml
 
-from jobctl.engine.core.env import CHANNEL_SECRET, CHANNEL_URL
+from jobctl.engine.core.env import CHANNEL_SECRET, CHANNEL_URL, RUN_DIR
 from jobctl.spec.sections import KubernetesSpec
 from jobctl.templates import render
 
@@ -110,7 +110,7 @@ def pod_script(ctx: RunContext, nnodes: tuple[int, int], name: str) -> str:
         rdzv_endpoint=f"{name}-rdzv:{ctx.rdzv_port}",
         python="python",
         max_restarts=ctx.max_restarts,
-        env={**node_env(ctx), "JOBCTL_RUN_DIR": run_dir},
+        env={**node_env(ctx), RUN_DIR: run_dir},
         inputs=sorted(ctx.inputs),
         inputs_dir=INPUTS_DIR,
     )

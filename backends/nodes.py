@@ -6,6 +6,7 @@ node's processes, joining the c10d rendezvous the supervisor hosts (``is_host=fa
 
 from __future__ import annotations
 
+from jobctl.engine.core.env import RDZV_ENDPOINT, RUN_DIR, THREADS
 from jobctl.engine.core.events import Kind
 from jobctl.templates import render
 
@@ -34,13 +35,13 @@ def node_scripts(ctx: RunContext, python: str | None = None) -> dict[str, str]:
 def node_env(ctx: RunContext) -> dict[str, str]:
     """Environment every node script exports."""
     return {
-        "JOBCTL_RUN_DIR": str(ctx.run_dir),
-        "JOBCTL_THREADS": str(ctx.threads),
+        RUN_DIR: str(ctx.run_dir),
+        THREADS: str(ctx.threads),
         "OMP_NUM_THREADS": str(ctx.threads),
         # Restarted workers otherwise time out in gloo init on stale addresses.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # The workers' process groups meet in the run host's store, which outlives any
         # worker (engine/worker/process.py: a packed-away rank may be the one torchrun made 0).
-        "JOBCTL_RDZV_ENDPOINT": ctx.rdzv_endpoint,
+        RDZV_ENDPOINT: ctx.rdzv_endpoint,
         **ctx.env,
     }

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.engine.channel.server import ChannelServer
-from jobctl.engine.core.env import CHANNEL_SECRET
+from jobctl.engine.core.env import CHANNEL_SECRET, HOST_CONF, HOST_IDLE_S
 from jobctl.engine.core.process import pid_alive, process_token
 
-CONF_ENV = "JOBCTL_HOST_CONF"
 HOST_FILE = "host.json"
 HOST_LOG = "run-host.log"  # beside host.json; logs/ holds the nodes' and ranks' logs
 
@@ -103,7 +102,7 @@ def spawn_run_host(
     with contextlib.suppress(FileNotFoundError):
         (run_dir / HOST_FILE).unlink()
     if idle_exit_s is None:
-        idle_exit_s = float(os.environ.get("JOBCTL_HOST_IDLE_S", "600"))
+        idle_exit_s = float(os.environ.get(HOST_IDLE_S, "600"))
     host = rdzv_endpoint.rsplit(":", 1)[0]
     conf = {
         "run_dir": str(run_dir),
@@ -113,7 +112,7 @@ def spawn_run_host(
         "supervisor": os.getpid(),
         "supervisor_token": process_token(os.getpid()),
     }
-    env = {**os.environ, CONF_ENV: json.dumps(conf)}
+    env = {**os.environ, HOST_CONF: json.dumps(conf)}
     env.pop(CHANNEL_SECRET, None)
     if secret:
         env[CHANNEL_SECRET] = secret
@@ -146,7 +145,7 @@ def wait_run_host(run_dir: Path, proc: subprocess.Popen, timeout: float = 120.0)
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    conf = json.loads(os.environ[CONF_ENV])
+    conf = json.loads(os.environ[HOST_CONF])
     secret = os.environ.pop(CHANNEL_SECRET, None)
     run_dir = Path(conf["run_dir"])
     stop = threading.Event()

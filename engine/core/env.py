@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # The state home and its database.
 #: The state directory (default ``./.jobctl``).
-HOME = "JOBCTL_HOME"
+STATE_HOME = "JOBCTL_HOME"
 #: A SQLAlchemy URL for the state database (default ``sqlite:///$JOBCTL_HOME/state.db``).
 DB_URL = "JOBCTL_DB_URL"
 

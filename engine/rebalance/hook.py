@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.checkpoint.manager import CheckpointManager
+from jobctl.engine.core.env import NODE, SHARED_CKPT_DISK
 from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.rebalance.rebalancer import imbalance, loads_of, rebalance
@@ -211,7 +212,7 @@ class Rebalancer:
             self.freed = True
             # host_node: the node script this process runs under (what the backend
             # releases), which torchrun's rendezvous order may map differently from the plan
-            host = int(os.environ.get("JOBCTL_NODE", old.rank(t.rank).node))
+            host = int(os.environ.get(NODE, old.rank(t.rank).node))
             t.events.write(
                 Kind.FREED, rank=t.rank, step=record["step"], migrate_s=got.seconds, host_node=host
             )
@@ -226,7 +227,7 @@ class Rebalancer:
         self._rebind_pruner(got)
         if packed:
             root = Path(t.spec.checkpoint.local_dir or t.run_dir / "checkpoints")
-            shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
+            shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
             t.ckpt = CheckpointManager(t.spec, new, t.rank, root, t.events, shared)
         t1 = time.perf_counter()
         ex = t.make_executor()  # the pipeline probes its new activation shapes

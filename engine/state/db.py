@@ -20,6 +20,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from jobctl.engine.core.env import DB_URL, STATE_HOME
 from jobctl.engine.core.phases import PhaseError, check_transition
 
 metadata = sa.MetaData()
@@ -73,7 +74,7 @@ CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (
 
 def default_home() -> Path:
     """``JOBCTL_HOME`` or ``./.jobctl``."""
-    return Path(os.environ.get("JOBCTL_HOME", ".jobctl")).resolve()
+    return Path(os.environ.get(STATE_HOME, ".jobctl")).resolve()
 
 
 def _sqlite_wal(dbapi_conn, _record) -> None:
@@ -104,7 +105,7 @@ class StateDB:
     ):
         self.home = Path(home) if home else default_home()
         self.home.mkdir(parents=True, exist_ok=True)
-        self.url = url or os.environ.get("JOBCTL_DB_URL") or f"sqlite:///{self.home / 'state.db'}"
+        self.url = url or os.environ.get(DB_URL) or f"sqlite:///{self.home / 'state.db'}"
         self.clock = clock
         self.engine = sa.create_engine(self.url)
         if self.engine.dialect.name == "sqlite":

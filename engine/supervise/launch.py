@@ -152,9 +152,9 @@ def channel_env(host: str) -> tuple[dict[str, str], dict[str, str], int]:
     import os
 
     from jobctl.engine.channel.server import new_secret
-    from jobctl.engine.core.env import CHANNEL_SECRET, CHANNEL_URL
+    from jobctl.engine.core.env import CHANNEL, CHANNEL_SECRET, CHANNEL_URL
 
-    if os.environ.get("JOBCTL_CHANNEL", "on") == "off":
+    if os.environ.get(CHANNEL, "on") == "off":
         return {}, {}, 0
     port = free_port(host)
     return {CHANNEL_URL: f"http://{host}:{port}"}, {CHANNEL_SECRET: new_secret()}, port

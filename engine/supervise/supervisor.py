@@ -34,7 +34,7 @@ from jobctl.backends import Rendered
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.checkpoint.blocks import read_meta
 from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
-from jobctl.engine.core.env import CHANNEL_SECRET
+from jobctl.engine.core.env import CHANNEL_SECRET, RESUME_DIR
 from jobctl.engine.core.phases import ACTIVE
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.core.process import pid_alive, process_token
@@ -222,7 +222,7 @@ class Supervisor:
     def _launch(self) -> str:
         self._transition("launching", self.plan.summary())
         point = self._resume_point()
-        env = {"JOBCTL_RESUME_DIR": str(point.path)} if point else {}
+        env = {RESUME_DIR: str(point.path)} if point else {}
         cenv, senv, cport = channel_env(self.spec.hardware.rendezvous_host)
         run = prepare_run(
             self.spec, self.plan, self.db, self.backend, self.run_id, {**env, **cenv}, senv

@@ -25,6 +25,15 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from jobctl.engine.core.env import (  # noqa: E402
+    NODE,
+    RDZV_ENDPOINT,
+    RESUME_DIR,
+    RUN_DIR,
+    THREADS,
+    TORCHRUN_RANK,
+)
+
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
     log_dir = run_dir / "logs"
@@ -58,7 +67,7 @@ def plan_rank(plan, env: dict) -> int:
     not match the plan, RANK stands.
     """
     rank = int(env["RANK"])
-    node, local = env.get("JOBCTL_NODE"), int(env.get("LOCAL_RANK", "0"))
+    node, local = env.get(NODE), int(env.get("LOCAL_RANK", "0"))
     if node is None or not node.isdigit() or int(env.get("WORLD_SIZE", "0")) != plan.world_size:
         return rank
     mine = [r for r in plan.ranks if r.node == int(node)]
@@ -83,9 +92,9 @@ def _store(env: dict, timeout: timedelta) -> dist.Store:
     host, port, world = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
     if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
-    first = env.get("JOBCTL_TORCHRUN_RANK", env["RANK"]) == "0"
+    first = env.get(TORCHRUN_RANK, env["RANK"]) == "0"
     boot = dist.TCPStore(host, port, world, is_master=first, timeout=timeout, multi_tenant=True)
-    lasting = env.get("JOBCTL_RDZV_ENDPOINT")
+    lasting = env.get(RDZV_ENDPOINT)
     if not lasting:
         return boot
     _KEEP.append(boot)  # rank 0's server must outlive the other workers' reads
@@ -98,18 +107,18 @@ def _store(env: dict, timeout: timedelta) -> dist.Store:
 
 
 def main() -> int:
-    run_dir = Path(os.environ["JOBCTL_RUN_DIR"])
+    run_dir = Path(os.environ[RUN_DIR])
     from jobctl.engine.core.plan import Plan
     from jobctl.spec import load_spec
 
     plan = Plan.model_validate_json((run_dir / "plan.json").read_text())
     rank = plan_rank(plan, os.environ)
     # Code that reads RANK (user models do) sees the rank torch.distributed will use.
-    os.environ["JOBCTL_TORCHRUN_RANK"], os.environ["RANK"] = os.environ["RANK"], str(rank)
+    os.environ[TORCHRUN_RANK], os.environ["RANK"] = os.environ["RANK"], str(rank)
     _redirect_output(run_dir, rank)
-    node = os.environ.get("JOBCTL_NODE", "?")
-    print(f"rank {rank} on node {node} (torchrun rank {os.environ['JOBCTL_TORCHRUN_RANK']})")
-    torch.set_num_threads(int(os.environ.get("JOBCTL_THREADS", "1")))
+    node = os.environ.get(NODE, "?")
+    print(f"rank {rank} on node {node} (torchrun rank {os.environ[TORCHRUN_RANK]})")
+    torch.set_num_threads(int(os.environ.get(THREADS, "1")))
     from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
     from jobctl.engine.runtime.trainer import Trainer
 
@@ -125,7 +134,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
         if _early_sigterm:
             trainer.request_stop()
-        resume = os.environ.get("JOBCTL_RESUME_DIR")
+        resume = os.environ.get(RESUME_DIR)
         if resume:
             trainer.resume_from(Path(resume))
         trainer.run()

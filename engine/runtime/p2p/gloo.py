@@ -18,6 +18,8 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from jobctl.engine.core.env import PG_TIMEOUT_S
+
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
 
 
@@ -25,7 +27,7 @@ def pg_timeout_s() -> float:
     """Seconds a collective or a receive may wait before its peer counts as hung
     (``JOBCTL_PG_TIMEOUT_S``, default 300): the process group's timeout, and the
     shared-memory channels' too."""
-    return float(os.environ.get("JOBCTL_PG_TIMEOUT_S", "300"))
+    return float(os.environ.get(PG_TIMEOUT_S, "300"))
 
 
 def comm_device() -> torch.device:

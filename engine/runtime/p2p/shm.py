@@ -35,6 +35,8 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from jobctl.engine.core.env import P2P
+
 SHM_DIR = "/dev/shm"
 SLOTS = 8  # the fewest slots a ring has
 MAX_SHARE = 0.25  # of /dev/shm's free space the two rings of a pair may take
@@ -153,7 +155,7 @@ def ring_slots(messages_per_step: int) -> int:
 
 
 def _decide(shape, dtype, device: torch.device, slots: int) -> bool:
-    if os.environ.get("JOBCTL_P2P", "shm") == "gloo" or device.type != "cpu":
+    if os.environ.get(P2P, "shm") == "gloo" or device.type != "cpu":
         return False
     if shape is None or not os.path.isdir(SHM_DIR):
         return False
