@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.resolver import PlanError, make_plan
+from jobctl.engine.state.db import StateDB
+from jobctl.spec import ElasticitySpec, JobSpec
 
 REQUEST = "scale.json"
 
@@ -75,14 +78,14 @@ class ScaleWatch:
         return req
 
 
-def pool_devices(spec) -> int:
+def pool_devices(spec: JobSpec) -> int:
     """Devices of the hardware pool, capped by ``elasticity.max_devices``."""
     hw = spec.hardware
     pool = hw.nodes * hw.processes_per_node
     return min(pool, spec.elasticity.max_devices or pool)
 
 
-def check_devices(spec, devices: int) -> str | None:
+def check_devices(spec: JobSpec, devices: int) -> str | None:
     """Why the job cannot run on ``devices`` (naming the field to change), or None."""
     el, hw = spec.elasticity, spec.hardware
     pool = hw.nodes * hw.processes_per_node
@@ -107,7 +110,7 @@ def check_devices(spec, devices: int) -> str | None:
     return None
 
 
-def morph_plan(spec, devices: int):
+def morph_plan(spec: JobSpec, devices: int) -> Plan | None:
     """The plan for ``devices``; explicit P and D become free when they no longer fit."""
     if devices < max(1, spec.elasticity.min_devices):
         return None
@@ -123,33 +126,43 @@ def morph_plan(spec, devices: int):
             return None
 
 
-def excluded_devices(spec, plan, straggler_nodes: list[int], lost: list[int]) -> int:
+def excluded_devices(
+    el: ElasticitySpec, plan: Plan, straggler_nodes: list[int], lost: list[int]
+) -> int:
     """Devices of straggler nodes to leave out at this morph (``exclude_stragglers``)."""
-    if not spec.elasticity.exclude_stragglers:
+    if not el.exclude_stragglers:
         return 0
     sizes = plan.node_sizes()
     return sum(sizes[n] for n in set(straggler_nodes) - set(lost) if n < len(sizes))
 
 
-def next_attempt(spec, plan, outcome, db, run_id: str, run_dir: Path, backend: str):
+def _target_devices(el: ElasticitySpec, plan: Plan, outcome) -> int | None:
+    """Devices the next attempt asks for after ``outcome`` (stragglers still in), or None
+    when the run is over: a morph's own target, or after a preemption (with
+    ``elasticity.enabled``) the devices left."""
+    if outcome.kind == "morph":
+        return outcome.devices
+    if outcome.kind == "preempted" and el.enabled:
+        sizes = plan.node_sizes()
+        return plan.world_size - sum(sizes[n] for n in outcome.lost_nodes if n < len(sizes))
+    return None
+
+
+def next_attempt(
+    spec: JobSpec, plan: Plan, outcome, db: StateDB, run_id: str, run_dir: Path, backend: str
+) -> Plan | None:
     """The plan of the next attempt after ``outcome``, or None when the run is over.
 
-    A ``morph`` outcome (``jobctl scale``, capacity back) re-plans for its devices; a
-    ``preempted`` one, with ``elasticity.enabled``, for the devices left. Straggler
-    nodes are left out when ``elasticity.exclude_stragglers`` says so. After a
-    preemption on the local backend the lost slots come back after
+    Straggler nodes are left out when ``elasticity.exclude_stragglers`` says so. After
+    a preemption on the local backend the lost slots come back after
     ``elasticity.regrow_backoff_s``, and the run grows back at its next checkpoint.
     """
-    el = spec.elasticity
-    sizes = plan.node_sizes()
     clear_request(run_dir)  # a request not yet due dies with the attempt it was for
-    if outcome.kind == "morph":
-        target = outcome.devices
-    elif outcome.kind == "preempted" and el.enabled:
-        target = plan.world_size - sum(sizes[n] for n in outcome.lost_nodes if n < len(sizes))
-    else:
+    target = _target_devices(spec.elasticity, plan, outcome)
+    if target is None:
         return None
-    skip = excluded_devices(spec, plan, outcome.straggler_nodes, outcome.lost_nodes)
+    lost = outcome.lost_nodes
+    skip = excluded_devices(spec.elasticity, plan, outcome.straggler_nodes, lost)
     if skip and morph_plan(spec, target - skip) is None:
         skip = 0  # leaving the stragglers out would leave too little: keep them
     devices = target - skip
@@ -157,27 +170,15 @@ def next_attempt(spec, plan, outcome, db, run_id: str, run_dir: Path, backend: s
     if next_plan is None:
         outcome.message += f"; {devices} device(s) left, below elasticity.min_devices"
         return None
-    left_out = sorted(set(outcome.straggler_nodes) - set(outcome.lost_nodes)) if skip else []
+    left_out = sorted(set(outcome.straggler_nodes) - set(lost)) if skip else []
     note = f"; straggler node(s) {left_out} left out ({skip} device(s))" if skip else ""
     now = time.time()
     if outcome.kind == "preempted":
-        db.add_event(
-            run_id,
-            "preemption",
-            f"{outcome.message}; {devices} device(s) left{note}",
-            {"lost_nodes": outcome.lost_nodes, "devices": devices, "ts": now},
-        )
+        msg = f"{outcome.message}; {devices} device(s) left{note}"
+        db.add_event(run_id, "preemption", msg, {"lost_nodes": lost, "devices": devices, "ts": now})
         grow_to = pool_devices(spec) - skip
         if backend == "local" and grow_to > devices:
-            back = now + el.regrow_backoff_s
-            write_request(run_dir, ScaleRequest(grow_to, "capacity returned", back, True))
-            db.add_event(
-                run_id,
-                "capacity",
-                f"lost slot(s) free again after {el.regrow_backoff_s:.0f} s: growing back "
-                f"to {grow_to} device(s) at the first checkpoint after that",
-                {"devices": grow_to, "not_before": back},
-            )
+            _regrow_later(spec.elasticity, db, run_id, run_dir, grow_to, now)
     db.add_event(
         run_id,
         "morph",
@@ -187,3 +188,19 @@ def next_attempt(spec, plan, outcome, db, run_id: str, run_dir: Path, backend: s
          "excluded_nodes": left_out, "ts": now},
     )  # fmt: skip
     return next_plan
+
+
+def _regrow_later(
+    el: ElasticitySpec, db: StateDB, run_id: str, run_dir: Path, devices: int, now: float
+) -> None:
+    """Lost slots count as free again ``elasticity.regrow_backoff_s`` after ``now``:
+    leave a request to grow back to ``devices`` at the first checkpoint after that."""
+    back = now + el.regrow_backoff_s
+    write_request(run_dir, ScaleRequest(devices, "capacity returned", back, True))
+    db.add_event(
+        run_id,
+        "capacity",
+        f"lost slot(s) free again after {el.regrow_backoff_s:.0f} s: growing back "
+        f"to {devices} device(s) at the first checkpoint after that",
+        {"devices": devices, "not_before": back},
+    )
