@@ -19,20 +19,16 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search, search
 from jobctl.engine.planner.simulator.simulation import SimResult
+from jobctl.spec import JobSpec
 
-__all__ = ["PlanError", "make_plan", "plan_and_simulate", "pool_size"]
+__all__ = ["PlanError", "make_plan", "plan_and_simulate"]
 
 TOP_ALTERNATIVES = 8
 TOP_REJECTED = 4
 
 
-def pool_size(spec) -> int:
-    """Devices in the spec's hardware pool."""
-    return spec.hardware.nodes * spec.hardware.processes_per_node
-
-
 def make_plan(
-    spec,
+    spec: JobSpec,
     devices: int | None = None,
     calibration: Calibration | None = None,
     home: Path | None = None,
@@ -46,13 +42,13 @@ def make_plan(
 
 
 def plan_and_simulate(
-    spec,
+    spec: JobSpec,
     devices: int | None = None,
     calibration: Calibration | None = None,
     home: Path | None = None,
 ) -> tuple[Plan, SimResult]:
     """``make_plan``, and the simulated step of the chosen plan (for timelines)."""
-    G = devices if devices is not None else pool_size(spec)
+    G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     cal = calibration or calibration_for(spec, home)
@@ -73,7 +69,7 @@ def describe(cal: Calibration) -> str:
     return f"measured calibration {fp.key} ({when}, {fp.device}, torch {fp.torch})"
 
 
-def build_plan(spec, cal: Calibration, found: Search, G: int) -> Plan:
+def build_plan(spec: JobSpec, cal: Calibration, found: Search, G: int) -> Plan:
     """The winning candidate as a Plan, with its prediction and the alternatives."""
     win = found.ranked[0]
     lay = win.layout
@@ -110,7 +106,7 @@ def build_plan(spec, cal: Calibration, found: Search, G: int) -> Plan:
     )
 
 
-def _throughput(spec, cand: Candidate) -> tuple[float, float, float]:
+def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:
     """Samples/s, samples/s per device, USD per 1,000 samples."""
     samples = spec.training.global_batch_size / cand.step
     devices = cand.layout.devices
@@ -118,7 +114,7 @@ def _throughput(spec, cand: Candidate) -> tuple[float, float, float]:
     return samples, samples / devices, price / 3600.0 / samples * 1000.0
 
 
-def predict(spec, cal: Calibration, cand: Candidate) -> Prediction:
+def predict(spec: JobSpec, cal: Calibration, cand: Candidate) -> Prediction:
     """The simulated step of a candidate as a Prediction."""
     samples, per_device, cost = _throughput(spec, cand)
     return Prediction(
@@ -133,7 +129,7 @@ def predict(spec, cal: Calibration, cand: Candidate) -> Prediction:
     )
 
 
-def alternatives(spec, found: Search, G: int) -> list[Alternative]:
+def alternatives(spec: JobSpec, found: Search, G: int) -> list[Alternative]:
     """The best runners-up with why each lost, then a few that could not run."""
     win = found.ranked[0]
     out = []

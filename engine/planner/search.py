@@ -32,6 +32,7 @@ from jobctl.engine.planner.stage_costs import (
     stage_memory,
 )
 from jobctl.engine.schedule.generators import generate
+from jobctl.spec import HardwareSpec, JobSpec, ParallelismSpec, TrainingSpec
 
 GB = 1024**3
 STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
@@ -72,9 +73,8 @@ class Search:
     explanation: list[str]
 
 
-def schedule_options(spec, P: int) -> list[tuple[str, bool | None]]:
+def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | None]]:
     """(schedule, recompute) pairs to try; recompute None: decide by memory."""
-    par = spec.parallelism
     if par.schedule != "auto":
         names: tuple[str, ...] = (par.schedule,)
     else:  # one stage has no pipeline: every schedule is its F B F B ... there
@@ -83,17 +83,17 @@ def schedule_options(spec, P: int) -> list[tuple[str, bool | None]]:
     return [(n, flag if n in ("gpipe", "1f1b") else False) for n in names]
 
 
-def generator_options(spec, layout: Layout) -> dict:
+def generator_options(par: ParallelismSpec, layout: Layout) -> dict:
     """Options for ``schedules.generate`` (recompute, advance_num)."""
     opts: dict = {}
     if layout.schedule in ("gpipe", "1f1b") and layout.recompute:
         opts["recompute"] = True
-    if layout.schedule == "advance_forward" and spec.parallelism.advance_num is not None:
-        opts["advance_num"] = spec.parallelism.advance_num
+    if layout.schedule == "advance_forward" and par.advance_num is not None:
+        opts["advance_num"] = par.advance_num
     return opts
 
 
-def hosting(spec, P: int, D: int, cores: int) -> Hosting:
+def hosting(spec: JobSpec, P: int, D: int, cores: int) -> Hosting:
     """Placement of P x D ranks; CPU ranks of the local backend share ``cores``."""
     hw = spec.hardware
     share = hw.one_machine and hw.device == "cpu"
@@ -103,7 +103,7 @@ def hosting(spec, P: int, D: int, cores: int) -> Hosting:
     )
 
 
-def choose_m(spec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[str]]:
+def choose_m(spec: JobSpec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[str]]:
     """Varuna's m: the lowest m where F(m)/m stops improving, among sizes that fit."""
     explicit, cal = spec.training.micro_batch_size, tables.cal
     ms = sorted(cal.micro_batch_sizes)
@@ -127,7 +127,7 @@ def choose_m(spec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[st
     return m, [*lines, f"m={m}: {why}"]
 
 
-def divisible_layouts(spec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
+def divisible_layouts(spec: JobSpec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
     """(D, m, note) to try for P: D = floor(G/P) if the global batch divides, else the
     nearest D below with the same m, and the nearest m that divides at full D."""
     B, par = spec.training.global_batch_size, spec.parallelism
@@ -154,28 +154,28 @@ def divisible_layouts(spec, P: int, G: int, m: int) -> list[tuple[int, int, str]
     return out
 
 
-def fill_variant(spec, P: int, D: int, m: int) -> int | None:
+def fill_variant(training: TrainingSpec, P: int, D: int, m: int) -> int | None:
     """A smaller m giving at least P micro-batches, when m leaves the pipeline unfilled."""
-    per = spec.training.global_batch_size // D
-    if isinstance(spec.training.micro_batch_size, int) or per // m >= P:
+    per = training.global_batch_size // D
+    if isinstance(training.micro_batch_size, int) or per // m >= P:
         return None
     smaller = [d for d in range(1, m) if per % d == 0 and per // d >= P]
     return max(smaller) if smaller else None
 
 
-def candidates_for(spec, tables: Tables, P: int, G: int, m: int) -> list[Candidate]:
+def candidates_for(spec: JobSpec, tables: Tables, P: int, G: int, m: int) -> list[Candidate]:
     """Every (D, m, schedule) candidate for P stages, with bounds, not yet simulated."""
     out = []
     variants = divisible_layouts(spec, P, G, m)
     for D, mm, _ in list(variants):
-        smaller = fill_variant(spec, P, D, mm)
+        smaller = fill_variant(spec.training, P, D, mm)
         if smaller is not None:
             variants.append((D, smaller, f"m={smaller} so that M >= P={P}"))
     for D, mm, note in variants:
         M = spec.training.global_batch_size // (D * mm)
         stages, host = tables.stages(P, mm), hosting(spec, P, D, tables.cal.host.cores)
         costs = stage_costs(tables.cal, Layout(P, D, mm, M, ""), stages, host, tables.times(mm))
-        for name, recompute in schedule_options(spec, P):
+        for name, recompute in schedule_options(spec.parallelism, P):
             for rec in (False, True) if recompute is None else (recompute,):
                 layout = Layout(P, D, mm, M, name, rec)
                 cand = Candidate(layout, stages, host, costs, note)
@@ -195,15 +195,15 @@ def _recompute_counts(layout: Layout) -> list[int]:
     return [0] * P
 
 
-def _schedule(spec, lay: Layout) -> list[list[Action]]:
-    return generate(lay.schedule, lay.P, lay.M, **generator_options(spec, lay))
+def _schedule(par: ParallelismSpec, lay: Layout) -> list[list[Action]]:
+    return generate(lay.schedule, lay.P, lay.M, **generator_options(par, lay))
 
 
-def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -> None:
+def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -> None:
     """Generate the schedule, check memory, simulate; fills ``memory``/``sim``/``why_not``."""
     lay, cal = cand.layout, tables.cal
     # GPipe's and 1F1B's memory has a closed form: generate them only if they fit.
-    actions = None if lay.schedule in ("gpipe", "1f1b") else _schedule(spec, lay)
+    actions = None if lay.schedule in ("gpipe", "1f1b") else _schedule(spec.parallelism, lay)
     cand.memory = stage_memory(cal, cand.stages, activation_peaks(lay, actions), lay.m)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
     if cand.memory[worst] > cap:
@@ -212,7 +212,7 @@ def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -
             f"> {spec.hardware.memory_gb} GB"
         )
         return
-    actions = cand.actions = actions or _schedule(spec, lay)
+    actions = cand.actions = actions or _schedule(spec.parallelism, lay)
     costs = cand.costs.model(lay, recompute_counts(actions))
     if cand.hosting.share_cores:
         # Messages cost more with load only where ranks outnumber cores (``contend``).
@@ -222,7 +222,7 @@ def evaluate(spec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -
         _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
 
 
-def search(spec, G: int, cal: Calibration, source: str) -> Search:
+def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
     """Sweep, simulate and rank every candidate layout for G devices."""
     cap = spec.hardware.memory_gb * GB
     n, par = cal.num_blocks, spec.parallelism
@@ -236,7 +236,7 @@ def search(spec, G: int, cal: Calibration, source: str) -> Search:
         Ps = _pipeline_depths(spec, tables, G, m, cap, explain)
         cands = [c for P in Ps for c in candidates_for(spec, tables, P, G, m)]
         for c in cands:
-            check_explicit(spec, c.layout, G)
+            check_explicit(spec.training, c.layout, G)
         ranked, rejected = _run(spec, tables, cands, cap)
         smaller = [x for x in cal.micro_batch_sizes if x < m]
         if ranked or isinstance(spec.training.micro_batch_size, int) or not smaller:
@@ -246,13 +246,14 @@ def search(spec, G: int, cal: Calibration, source: str) -> Search:
     if not ranked:
         worst = min(rejected, key=lambda c: max(c.memory or [float("inf")]))
         raise PlanError(
-            f"no layout fits: {worst.layout.label()} {worst.why_not}; " + _fit_hint(spec, tables, G)
+            f"no layout fits: {worst.layout.label()} {worst.why_not}; "
+            + _fit_hint(spec.hardware, tables, G)
         )
     explain += sweep_lines(Ps, ranked, rejected)
     return Search(ranked, rejected, explain)
 
 
-def _pipeline_depths(spec, tables: Tables, G: int, m: int, cap: float, explain: list[str]):
+def _pipeline_depths(spec: JobSpec, tables: Tables, G: int, m: int, cap: float, explain: list[str]):
     """The P values to sweep: explicit P, else the smallest that fits to min(blocks, G)."""
     par, n = spec.parallelism, tables.cal.num_blocks
     if isinstance(par.pipeline_stages, int):
@@ -261,7 +262,7 @@ def _pipeline_depths(spec, tables: Tables, G: int, m: int, cap: float, explain: 
     top = min(n, G)
     low = next((P for P in range(1, top + 1) if tables.min_memory(P, m) <= cap), None)
     if low is None:
-        raise PlanError(_fit_hint(spec, tables, G))
+        raise PlanError(_fit_hint(spec.hardware, tables, G))
     explain.append(
         f"P sweep: from {low} (smallest P whose stages fit {spec.hardware.memory_gb} GB "
         f"at m={m}) to {top} = min(blocks {n}, G {G})"
@@ -269,9 +270,9 @@ def _pipeline_depths(spec, tables: Tables, G: int, m: int, cap: float, explain: 
     return range(low, top + 1)
 
 
-def check_explicit(spec, layout: Layout, G: int) -> None:
+def check_explicit(training: TrainingSpec, layout: Layout, G: int) -> None:
     """The errors an explicit P, D or m can cause, with what would fit."""
-    B, P, D = spec.training.global_batch_size, layout.P, layout.D
+    B, P, D = training.global_batch_size, layout.P, layout.D
     if P * D > G:
         raise PlanError(
             f"P x D = {P} x {D} = {P * D} devices, but only {G} are available: "
@@ -287,7 +288,7 @@ def check_explicit(spec, layout: Layout, G: int) -> None:
         )
 
 
-def _run(spec, tables: Tables, cands: list[Candidate], cap: float):
+def _run(spec: JobSpec, tables: Tables, cands: list[Candidate], cap: float):
     """Evaluate candidates best bound first, skipping those that cannot win."""
     ranked, rejected = [], []
     best: float | None = None
@@ -312,12 +313,12 @@ def rank_key(c: Candidate) -> tuple[float, int, float]:
     return (round(c.step, 12), c.layout.devices, max(c.memory))
 
 
-def _fit_hint(spec, tables: Tables, G: int) -> str:
+def _fit_hint(hardware: HardwareSpec, tables: Tables, G: int) -> str:
     """What would fit memory when nothing does at this G."""
-    cap, n = spec.hardware.memory_gb * GB, tables.cal.num_blocks
+    mem, n = hardware.memory_gb, tables.cal.num_blocks
+    cap = mem * GB
     need = {P: tables.min_memory(P, 1) for P in range(1, n + 1)}
     low = next((P for P in range(1, n + 1) if need[P] <= cap), None)
-    mem = spec.hardware.memory_gb
     if low is None:
         return (
             f"the model does not fit {mem} GB devices even with one block per stage "

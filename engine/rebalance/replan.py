@@ -37,6 +37,7 @@ from jobctl.engine.planner.stage_costs import (
 )
 from jobctl.engine.rebalance.rebalancer import MemoryFn, Stages, first_fit_pack, rebalance
 from jobctl.engine.schedule.generators import generate
+from jobctl.spec.job import JobSpec
 
 
 def layout_of(plan: Plan, P: int | None = None) -> Layout:
@@ -48,7 +49,8 @@ def layout_of(plan: Plan, P: int | None = None) -> Layout:
 
 
 def actions_for(spec, layout: Layout):
-    return generate(layout.schedule, layout.P, layout.M, **generator_options(spec, layout))
+    options = generator_options(spec.parallelism, layout)
+    return generate(layout.schedule, layout.P, layout.M, **options)
 
 
 def memory_model(spec, cal: Calibration, layout: Layout) -> MemoryFn:
@@ -101,7 +103,53 @@ def simulate_stages(
     return simulate(actions, model, seed)
 
 
-def replan(spec, plan: Plan, stages: Stages, sim: SimResult | None = None, cal=None) -> Plan:
+def _fewer_stages(spec: JobSpec, plan: Plan, stages: Stages) -> tuple[list[StagePlan], list]:
+    """Stage plans and ranks of ``plan`` on fewer stages: ranks placed as the planner
+    places them, action lists regenerated."""
+    P = len(stages)
+    actions = actions_for(spec, layout_of(plan, P))
+    ranks = place(P, plan.D, plan.processes_per_node, spec.parallelism.placement)
+    by_stage: list[list[int]] = [[] for _ in range(P)]
+    for r in sorted(ranks, key=lambda r: r.replica):
+        by_stage[r.stage].append(r.rank)
+    new_stages = [
+        StagePlan(
+            index=s,
+            blocks=list(blocks),
+            ranks=by_stage[s],
+            recompute=any(a.op.value == "R" for a in actions[s]),
+            actions=" ".join(str(a) for a in actions[s]),
+        )
+        for s, blocks in enumerate(stages)
+    ]
+    return new_stages, ranks
+
+
+def _prediction(spec: JobSpec, plan: Plan, stages: Stages, sim: SimResult, cal: Calibration):
+    """``plan``'s prediction updated to the simulated step of ``stages``."""
+    P = len(stages)
+    mem = memory_model(spec, cal, layout_of(plan, P))(stages)
+    samples = plan.global_batch_size / sim.step_time
+    price = spec.hardware.price_per_hour * P * plan.D / 3600.0
+    return plan.prediction.model_copy(
+        update={
+            "step_time_s": sim.step_time,
+            "samples_per_s": samples,
+            "samples_per_s_per_device": samples / (P * plan.D),
+            "memory_per_stage_gb": [x / GB for x in mem],
+            "bubble_ratio": sim.bubble_ratio,
+            "cost_per_1k_samples": price / samples * 1000.0,
+        }
+    )
+
+
+def replan(
+    spec: JobSpec,
+    plan: Plan,
+    stages: Stages,
+    sim: SimResult | None = None,
+    cal: Calibration | None = None,
+) -> Plan:
     """``plan`` with a new stage map; fewer stages re-place the ranks (the first
     P' x D global ranks stay, the rest are freed) and regenerate the action lists."""
     P = len(stages)
@@ -112,22 +160,7 @@ def replan(spec, plan: Plan, stages: Stages, sim: SimResult | None = None, cal=N
         ]
         ranks = plan.ranks
     else:
-        layout = layout_of(plan, P)
-        actions = actions_for(spec, layout)
-        ranks = place(P, plan.D, plan.processes_per_node, spec.parallelism.placement)
-        by_stage: list[list[int]] = [[] for _ in range(P)]
-        for r in sorted(ranks, key=lambda r: r.replica):
-            by_stage[r.stage].append(r.rank)
-        new_stages = [
-            StagePlan(
-                index=s,
-                blocks=list(blocks),
-                ranks=by_stage[s],
-                recompute=any(a.op.value == "R" for a in actions[s]),
-                actions=" ".join(str(a) for a in actions[s]),
-            )
-            for s, blocks in enumerate(stages)
-        ]
+        new_stages, ranks = _fewer_stages(spec, plan, stages)
     update: dict = {
         "P": P,
         "stages": new_stages,
@@ -136,24 +169,7 @@ def replan(spec, plan: Plan, stages: Stages, sim: SimResult | None = None, cal=N
         "alternatives": [],
     }
     if sim is not None and plan.prediction is not None and cal is not None:
-        layout = layout_of(plan, P)
-        mem = memory_model(spec, cal, layout)(stages)
-        samples = plan.global_batch_size / sim.step_time
-        update["prediction"] = plan.prediction.model_copy(
-            update={
-                "step_time_s": sim.step_time,
-                "samples_per_s": samples,
-                "samples_per_s_per_device": samples / (P * plan.D),
-                "memory_per_stage_gb": [x / GB for x in mem],
-                "bubble_ratio": sim.bubble_ratio,
-                "cost_per_1k_samples": spec.hardware.price_per_hour
-                * P
-                * plan.D
-                / 3600.0
-                / samples
-                * 1000.0,
-            }
-        )
+        update["prediction"] = _prediction(spec, plan, stages, sim, cal)
     return plan.model_copy(update=update)
 
 
