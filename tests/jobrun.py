@@ -19,11 +19,37 @@ from jobctl.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
+JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
+"""The jobctl command line, as a module of this interpreter."""
+PRUNE_AND_REBALANCE_3 = {
+    "pruning.start_step": 2,
+    "pruning.end_step": 6,
+    "pruning.frequency": 2,
+    "pruning.initial_sparsity": 0.2,
+    "hardware.processes_per_node": 3,
+    "parallelism.pipeline_stages": 3,
+    "parallelism.data_parallel": 1,
+    "rebalancing.enabled": True,
+    "rebalancing.tolerance": 0.0,
+}
+"""Overrides of jobs/pruning.yaml: 3 stages on one node that prune at steps 2, 4, 6 and
+rebalance after each profiled step."""
 
 
 def tiny_spec(**overrides):
     """The quickstart spec with dotted overrides (e.g. ``{"training.steps": 3}``)."""
     return load_spec(QUICKSTART, overrides=overrides)
+
+
+def quickstart_with(path: Path, *edits: tuple[str, str]) -> Path:
+    """Write jobs/quickstart.yaml with each ``(old, new)`` text edit (``old`` must be in it)
+    to ``path``; returns ``path``."""
+    text = QUICKSTART.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
 
 
 def rebalancing_spec(**extra):
@@ -35,33 +61,20 @@ def rebalancing_spec(**extra):
         "training.optimizer": "sgd",
         "training.lr": 0.3,
         "training.momentum": 0.9,
-        "pruning.start_step": 2,
-        "pruning.end_step": 6,
-        "pruning.frequency": 2,
-        "pruning.initial_sparsity": 0.2,
-        "hardware.processes_per_node": 3,
-        "parallelism.pipeline_stages": 3,
-        "parallelism.data_parallel": 1,
-        "rebalancing.enabled": True,
+        **PRUNE_AND_REBALANCE_3,
         "rebalancing.balancer": "partition",
         "rebalancing.by": "params",
-        "rebalancing.tolerance": 0.0,
         **extra,
     }
     return load_spec(ROOT / "jobs" / "pruning.yaml", overrides=overrides)
 
 
-def run_job(
-    spec,
-    home: Path,
-    devices: int | None = None,
-    resume_dir: Path | None = None,
-    deadline_s: float = 240.0,
-):
-    """Plan and run ``spec`` to the end on local processes; returns (run, outcome)."""
+def run_job(spec, home: Path, devices: int | None = None, **options):
+    """Plan and run ``spec`` to the end on local processes; returns (run, outcome).
+    ``options``: ApplyOptions fields (``resume_dir``, ``deadline_s``, 240 s by default)."""
     plan = make_plan(spec, devices)
     db = StateDB(home)
-    opts = ApplyOptions(resume_dir=resume_dir, deadline_s=deadline_s, show_progress=False)
+    opts = ApplyOptions(**{"deadline_s": 240.0, **options}, show_progress=False)
     return launch(spec, plan, db, None, opts, Console(quiet=True))
 
 
@@ -81,18 +94,36 @@ def write_spec(spec, path: Path) -> Path:
     return path
 
 
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment of a jobctl command on ``home``: ``JOBCTL_HOME`` and a wide terminal."""
+    return {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
+
+
+def run_cli(home: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``jobctl ARGS`` on ``home`` in its own process from the repository root, to the
+    end (or ``timeout``), its output captured as text."""
+    return subprocess.run(
+        [*JOBCTL, *args],
+        env=cli_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def start_apply(
     spec_file: Path, home: Path, output: bool = False, unset: tuple[str, ...] = ()
 ) -> subprocess.Popen:
     """``jobctl apply spec_file`` as its own process group (a supervisor tests can kill),
     with ``JOBCTL_HOME=home``; its output is captured as text with ``output``, else
     dropped. ``unset``: environment variables it must not inherit."""
-    env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
+    env = cli_env(home)
     for name in unset:
         env.pop(name, None)
     out = subprocess.PIPE if output else subprocess.DEVNULL
     return subprocess.Popen(
-        [sys.executable, "-m", "jobctl.engine.cli.app", "apply", str(spec_file)],
+        [*JOBCTL, "apply", str(spec_file)],
         env=env,
         cwd=ROOT,
         stdout=out,

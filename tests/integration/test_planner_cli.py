@@ -1,8 +1,7 @@
-"""`jobctl plan --explain/--gantt` and `jobctl calibrate` through the typer CLI."""
+"""`jobctl calibrate` through the typer CLI, and the plan that uses its record
+(tests/unit/test_planner_cli.py: `jobctl plan --explain/--gantt/--json`)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from typer.testing import CliRunner
@@ -12,66 +11,6 @@ from jobctl.engine.calibration.cache import cache_path, find_cached, fingerprint
 from ..jobrun import QUICKSTART, tiny_spec
 
 runner = CliRunner()
-
-
-def _auto_job(tmp_path):
-    text = QUICKSTART.read_text()
-    for old, new in [
-        ("  pipeline_stages: 2", "  pipeline_stages: auto"),
-        ("  data_parallel: 2", "  data_parallel: auto"),
-        ("  schedule: 1f1b", "  schedule: auto"),
-        ("  micro_batch_size: 2 ", "  micro_batch_size: auto "),
-    ]:
-        assert old in text
-        text = text.replace(old, new)
-    path = tmp_path / "auto.yaml"
-    path.write_text(text)
-    return path
-
-
-def test_plan_explain_prints_the_reasoning_and_alternatives(tmp_path):
-    from jobctl.engine.cli.app import app
-
-    job = _auto_job(tmp_path)
-    r = runner.invoke(
-        app, ["plan", str(job), "--explain", "--home", str(tmp_path)], env={"COLUMNS": "250"}
-    )
-    assert r.exit_code == 0, r.output
-    assert "why this plan" in r.output and "costs: analytic" in r.output
-    assert "F(m)/m" in r.output and "P sweep: from 1" in r.output and "winner:" in r.output
-    assert "alternatives" in r.output and "slower" in r.output
-    assert "predicted (analytic)" in r.output
-
-
-def test_plan_gantt_writes_a_png(tmp_path):
-    from jobctl.engine.cli.app import app
-
-    out = tmp_path / "gantt.png"
-    r = runner.invoke(app, ["plan", str(QUICKSTART), "--gantt", str(out), "--home", str(tmp_path)])
-    assert r.exit_code == 0, r.output
-    assert out.read_bytes()[:4] == b"\x89PNG" and f"wrote {out}" in r.output.replace("\n", "")
-
-
-def test_plan_json_carries_prediction_and_alternatives(tmp_path):
-    from jobctl.engine.cli.app import app
-
-    job = _auto_job(tmp_path)
-    r = runner.invoke(app, ["plan", str(job), "--json", "--home", str(tmp_path)])
-    assert r.exit_code == 0, r.output
-    plan = json.loads(r.output)
-    assert plan["prediction"]["source"] == "analytic"
-    assert plan["alternatives"] and all(a["why_not"] for a in plan["alternatives"])
-    assert plan["explanation"][-1].startswith("winner:")
-
-
-def test_plan_infeasible_memory_exits_2_with_what_would_fit(tmp_path):
-    from jobctl.engine.cli.app import app
-
-    job = _auto_job(tmp_path)
-    job.write_text(job.read_text().replace("  memory_gb: 2 ", "  memory_gb: 0.000001 "))
-    r = runner.invoke(app, ["plan", str(job), "--home", str(tmp_path)])
-    assert r.exit_code == 2
-    assert "cannot plan" in r.output and "hardware.memory_gb" in r.output
 
 
 @pytest.mark.multiproc

@@ -23,7 +23,15 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import load_spec
 
-from ..jobrun import ROOT, events, final_weights, rebalancing_spec, run_job, step_losses
+from ..jobrun import (
+    PRUNE_AND_REBALANCE_3,
+    ROOT,
+    events,
+    final_weights,
+    rebalancing_spec,
+    run_job,
+    step_losses,
+)
 
 STEPS = 8
 
@@ -102,15 +110,7 @@ def _heavy_spec(heavy: int, **extra):
         "training.steps": STEPS,
         "training.optimizer": "adamw",
         "training.weight_decay": 0.1,
-        "pruning.start_step": 2,
-        "pruning.end_step": 6,
-        "pruning.frequency": 2,
-        "pruning.initial_sparsity": 0.2,
-        "hardware.processes_per_node": 3,
-        "parallelism.pipeline_stages": 3,
-        "parallelism.data_parallel": 1,
-        "rebalancing.enabled": True,
-        "rebalancing.tolerance": 0.0,
+        **PRUNE_AND_REBALANCE_3,
         **extra,
     }
     return load_spec(ROOT / "jobs" / "pruning.yaml", overrides=overrides)
