@@ -25,7 +25,7 @@ from jobctl.engine.calibration.analytic import (
     link_from_spec,
 )
 from jobctl.engine.calibration.record import CALIBRATION_VERSION, Calibration, Fingerprint
-from jobctl.engine.state.db import default_home
+from jobctl.engine.core.home import default_home
 
 DEFAULT_THREADS = 1  # worker processes run with one intra-op thread (JOBCTL_THREADS)
 

@@ -40,7 +40,6 @@ class Phase(str, enum.Enum):
     STOPPED = "stopped"
 
 
-TERMINAL = {Phase.COMPLETED, Phase.FAILED}
 ACTIVE = {Phase.TRAINING, Phase.PRUNING, Phase.REBALANCING, Phase.CHECKPOINTING, Phase.UPLOADING}
 _ANY_LIVE = {
     Phase.PENDING,

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from jobctl.engine.calibration.cache import device_name
+from jobctl.engine.core.home import default_home
 from jobctl.engine.pruning.sparse import CsrWeights, csr_linear
-from jobctl.engine.state.db import default_home
 
 SPARSITIES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 MARGIN = 0.9  # CSR must take at most 90 % of dense time: noise must not flip a layer

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from jobctl.engine.core.env import DB_URL, STATE_HOME
+from jobctl.engine.core.env import DB_URL
+from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
 
 metadata = sa.MetaData()
@@ -70,11 +71,6 @@ events = sa.Table(
 )
 
 CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (never seen)
-
-
-def default_home() -> Path:
-    """``JOBCTL_HOME`` or ``./.jobctl``."""
-    return Path(os.environ.get(STATE_HOME, ".jobctl")).resolve()
 
 
 def _sqlite_wal(dbapi_conn, _record) -> None:

@@ -33,6 +33,7 @@ from torch import nn
 
 from jobctl.engine.calibration.cache import DEFAULT_THREADS, calibration_for
 from jobctl.engine.core.events import read_metrics
+from jobctl.engine.core.home import default_home
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import model_def
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -48,7 +49,7 @@ from jobctl.engine.rebalance.replan import (
     memory_model,
     simulate_stages,
 )
-from jobctl.engine.state.db import StateDB, default_home
+from jobctl.engine.state.db import StateDB
 
 
 @dataclass(frozen=True)
