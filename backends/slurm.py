@@ -134,30 +134,26 @@ class SlurmBackend(BackendBase):
         job = handles[0]
         info = job_fields(job)
         hosts = run_command(["scontrol", "show", "hostnames", info["NodeList"]]).split()
-        scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
-        batch = info.get("BatchHost")  # runs the batch script: Slurm cannot drop it
-        pairs = [
-            (os.path.join(scripts, f"node-{k}.pid"), hosts[k])
-            for k in nodes
-            if k < len(hosts) and hosts[k] != batch
-        ]
+        pairs = _freed_nodes(info, hosts, nodes)
         freed = [host for _, host in pairs]
         kept = [h for h in hosts if h not in freed]
         if not freed or not kept:
-            asked = [hosts[k] for k in nodes if k < len(hosts)]
+            asked, batch = [hosts[k] for k in nodes if k < len(hosts)], info.get("BatchHost")
             why = f" ({batch} runs its batch script)" if batch in asked else ""
             return Released([], f"Slurm job {job} keeps {info['NodeList']}{why}")
-        pid_files = [pid_file for pid_file, _ in pairs]
         for pid_file, host in pairs:
-            with open(pid_file) as f:
-                pid = int(f.read().strip())
-            run_command(
-                ["srun", f"--jobid={job}", "--overlap", f"--nodelist={host}", "--nodes=1",
-                 "--ntasks=1", "--output=/dev/null", "kill", "-USR1", str(pid)],
-                timeout=60,
-            )  # fmt: skip
-        # A released node script removes its pid file as it exits 0 (a task that Slurm
-        # killed instead would fail the step).
+            _tell_to_leave(job, host, pid_file)
+        self._wait_left(job, nodes, [pid_file for pid_file, _ in pairs])
+        # (Requeue first: slurmctld refuses job updates for a while after a resize.)
+        run_command(["scontrol", "update", f"JobId={job}", "Requeue=0"])
+        run_command(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(kept)}"])
+        self._cache.clear()
+        note = f"Slurm job {job} gave back {','.join(freed)}; it runs on {','.join(kept)}"
+        return Released([], note)
+
+    def _wait_left(self, job: str, nodes: list[int], pid_files: list[str]) -> None:
+        """Wait until every released node script has exited: it removes its pid file as
+        it exits 0 (a task that Slurm killed instead would fail the step)."""
         deadline = time.monotonic() + self.RELEASE_TIMEOUT_S
         while any(os.path.exists(f) for f in pid_files):
             if time.monotonic() > deadline:
@@ -166,12 +162,30 @@ class SlurmBackend(BackendBase):
                     f"{self.RELEASE_TIMEOUT_S:.0f} s of their release; the job keeps them"
                 )
             time.sleep(0.2)
-        # (Requeue first: slurmctld refuses job updates for a while after a resize.)
-        run_command(["scontrol", "update", f"JobId={job}", "Requeue=0"])
-        run_command(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(kept)}"])
-        self._cache.clear()
-        note = f"Slurm job {job} gave back {','.join(freed)}; it runs on {','.join(kept)}"
-        return Released([], note)
+
+
+def _freed_nodes(info: dict[str, str], hosts: list[str], nodes: list[int]) -> list[tuple[str, str]]:
+    """(pid file, host) of each node of ``nodes`` the job can give up: not the batch
+    host, which runs the batch script and which Slurm cannot drop."""
+    scripts = os.path.join(info["WorkDir"], "scripts")  # each node script's pid is there
+    batch = info.get("BatchHost")
+    return [
+        (os.path.join(scripts, f"node-{k}.pid"), hosts[k])
+        for k in nodes
+        if k < len(hosts) and hosts[k] != batch
+    ]
+
+
+def _tell_to_leave(job: str, host: str, pid_file: str) -> None:
+    """SIGUSR1 to the node script on ``host`` (its pid in ``pid_file``), through a step
+    that overlaps the job's: the script ends its agent and exits 0."""
+    with open(pid_file) as f:
+        pid = int(f.read().strip())
+    run_command(
+        ["srun", f"--jobid={job}", "--overlap", f"--nodelist={host}", "--nodes=1",
+         "--ntasks=1", "--output=/dev/null", "kill", "-USR1", str(pid)],
+        timeout=60,
+    )  # fmt: skip
 
 
 def job_fields(job_id: str) -> dict[str, str]:

@@ -119,30 +119,35 @@ class ChannelSink:
             print(f"jobctl: {left} event(s) not delivered: {self.last_error}", file=sys.stderr)
         return ok
 
+    def _next_batch(self) -> list[dict] | None:
+        """The batch to post: the one not yet acknowledged, else up to ``batch`` queued
+        events (the count of dropped ones first; an ``alive`` event when idle); None
+        once closing with nothing left."""
+        with self._cond:
+            if not self._pending:
+                if not self._q:
+                    if self._closing:
+                        return None
+                    self._cond.wait(self.interval)
+                n = min(self.batch, len(self._q))
+                self._pending = [self._q.popleft() for _ in range(n)]
+                self._pending_real = n
+                idle = time.monotonic() - self._last_post >= self.alive_s
+                if not n and idle and self.alive is not None and not self._closing:
+                    self._pending = [{"kind": Kind.ALIVE, "ts": time.time(), **self.alive}]
+                if self.dropped:
+                    lost = {"kind": Kind.CHANNEL_DROPPED, "ts": time.time(), "count": self.dropped}
+                    self._pending.insert(0, lost)
+                    self.dropped = 0
+            return self._pending
+
     def _run(self) -> None:
+        """The sender thread: post each batch until it is acknowledged, backing off."""
         backoff = 0.1
         while True:
-            with self._cond:
-                if not self._pending:
-                    if not self._q:
-                        if self._closing:
-                            return
-                        self._cond.wait(self.interval)
-                    n = min(self.batch, len(self._q))
-                    self._pending = [self._q.popleft() for _ in range(n)]
-                    self._pending_real = n
-                    idle = time.monotonic() - self._last_post >= self.alive_s
-                    if not n and idle and self.alive is not None and not self._closing:
-                        self._pending = [{"kind": Kind.ALIVE, "ts": time.time(), **self.alive}]
-                    if self.dropped:
-                        lost = {
-                            "kind": Kind.CHANNEL_DROPPED,
-                            "ts": time.time(),
-                            "count": self.dropped,
-                        }
-                        self._pending.insert(0, lost)
-                        self.dropped = 0
-                batch = self._pending
+            batch = self._next_batch()
+            if batch is None:
+                return
             if not batch:
                 continue
             try:

@@ -143,7 +143,37 @@ def wait_run_host(run_dir: Path, proc: subprocess.Popen, timeout: float = 120.0)
     raise RuntimeError(f"run host did not start within {timeout:.0f} s")
 
 
+def _write_host_file(run_dir: Path, conf: dict, url: str) -> None:
+    """Publish this host in ``host.json`` (replaced whole: a reader never sees half)."""
+    info = {
+        "pid": os.getpid(),
+        "token": process_token(os.getpid()),
+        "rdzv_endpoint": conf["rdzv_endpoint"],
+        "channel_url": url,
+        "supervisor": conf["supervisor"],
+        "supervisor_token": conf.get("supervisor_token"),
+    }
+    tmp = run_dir / f".{HOST_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(info))
+    tmp.replace(run_dir / HOST_FILE)
+
+
+def _serve_while_needed(
+    run_dir: Path, stop: threading.Event, idle: float, last: list[float]
+) -> None:
+    """Return on a signal, or once no supervisor is left and no event came for ``idle`` s
+    (``last[0]``: when the last one came)."""
+    while not stop.wait(1.0):
+        # host.json names the supervisor now (a `jobctl resume` may have adopted the run)
+        me = read_host(run_dir)
+        if (me is None or not me.supervised()) and time.monotonic() - last[0] > idle:
+            print(f"supervisor gone and no event for {idle:.0f} s: exiting", flush=True)
+            return
+
+
 def main() -> int:
+    """The run host: the workers' rendezvous store and the event channel, kept up while
+    a supervisor lives or events come in (``conf`` from ``spawn_run_host``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     conf = json.loads(os.environ[HOST_CONF])
     secret = os.environ.pop(CHANNEL_SECRET, None)
@@ -165,26 +195,10 @@ def main() -> int:
         chost, cport = conf["channel"]
         server = ChannelServer(chost, int(cport), secret, run_dir / "metrics.jsonl", seen).start()
     url = server.url if server else ""
-    info = {
-        "pid": os.getpid(),
-        "token": process_token(os.getpid()),
-        "rdzv_endpoint": conf["rdzv_endpoint"],
-        "channel_url": url,
-        "supervisor": conf["supervisor"],
-        "supervisor_token": conf.get("supervisor_token"),
-    }
-    tmp = run_dir / f".{HOST_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(info))
-    tmp.replace(run_dir / HOST_FILE)
+    _write_host_file(run_dir, conf, url)
     print(f"run host {os.getpid()}: store {conf['rdzv_endpoint']}, channel {url or 'off'}")
     sys.stdout.flush()
-    idle = float(conf["idle_exit_s"])
-    while not stop.wait(1.0):
-        # host.json names the supervisor now (a `jobctl resume` may have adopted the run)
-        me = read_host(run_dir)
-        if (me is None or not me.supervised()) and time.monotonic() - last[0] > idle:
-            print(f"supervisor gone and no event for {idle:.0f} s: exiting", flush=True)
-            break
+    _serve_while_needed(run_dir, stop, float(conf["idle_exit_s"]), last)
     if server is not None:
         server.close()
         print(f"run host stopping ({server.rejected} request(s) rejected)", flush=True)
