@@ -29,11 +29,6 @@ class HeartbeatWatch:
     def saw(self, node: int) -> None:
         self.last[node] = self.clock()
 
-    def reset(self) -> None:
-        """Restart every node's clock (after a pause the supervisor itself caused)."""
-        now = self.clock()
-        self.last = dict.fromkeys(self.last, now)
-
     def silent(self, codes: list[int | None]) -> list[int]:
         """Nodes silent for over ``timeout_s`` whose handle still runs.
 

@@ -59,9 +59,6 @@ def B(i: int) -> Action:  # noqa: N802
     return Action(Op.BACKWARD, i)
 
 
-StageActions = list[Action]
-
-
 def format_actions(actions: list[Action]) -> str:
     """Compact string form of one stage's actions."""
     return " ".join(str(a) for a in actions)

@@ -150,10 +150,6 @@ class Manifest:
     files: dict[str, FileEntry]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(entry.size for entry in self.files.values())
-
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT_VERSION,
