@@ -111,6 +111,10 @@ class Uploader:
         self._worker: threading.Thread | None = None
         self._closing = False
         self._current: UploadJob | None = None
+        self._clear_status()
+
+    def _clear_status(self) -> None:
+        """What ``status`` reports before the first upload."""
         self._bytes = (0, 0)
         self._last_committed: int | None = None
         self._last_error: str | None = None

@@ -292,10 +292,6 @@ class Pruner:
         self.named, self.opt, self.group = named, opt, group
         self._csr_stale = self.spec.pruning.sparse_threshold is not None
 
-    def masks_of_block(self, block: int) -> Masks:
-        prefix = f"layers.{block}."
-        return {n: m for n, m in self.masks.items() if n.startswith(prefix)}
-
     def load(self, ckpt_dir: Path, step: int) -> None:
         """Masks from a checkpoint (written with the block files) for this stage."""
         for n, m in load_masks(ckpt_dir, list(self.named), self.ties).items():

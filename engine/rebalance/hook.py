@@ -5,13 +5,15 @@ per-block forward+backward seconds, nonzero parameter counts and its stage's mea
 compute; rank 0 runs the spec's balancer (``rebalance``), optionally the packer
 (``choose_pack``; pruning's later collectives then run on the live ranks), builds the
 new Plan and broadcasts it. Every rank then migrates its
-blocks live (``migrate``), the trainer continues on the new stage, optimizer,
-topology and action list, rank 0 rewrites ``plan.json`` (what a resume reads;
+blocks live (``migrate``) and hands the trainer a ``Relayout`` (the new stage,
+optimizer, topology and action list), which the trainer applies; once it trains
+again, rank 0 rewrites ``plan.json`` (what a resume reads;
 checkpoints are per block, so they are layout-independent) and emits ``rebalanced``
 or ``packed``. The step after a move is measured and reported as
 ``rebalance_measured`` (stage compute and step time, before vs after); a move's record
 carries its cost (``decide_s`` + ``migrate_s`` + ``resume_s`` = ``seconds``). Freed ranks
-(after a pack) close their checkpoint writer and leave the training loop cleanly.
+(after a pack) leave the training loop cleanly once the trainer closed their
+checkpoint writer.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ import os
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from jobctl.engine.calibration.cache import calibration_for
-from jobctl.engine.checkpoint.manager import CheckpointManager
-from jobctl.engine.core.env import NODE, SHARED_CKPT_DISK
-from jobctl.engine.core.events import Kind
+from jobctl.engine.core.env import NODE
+from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.rebalance.rebalancer import imbalance, loads_of, rebalance
+from jobctl.engine.model.blocks import ModelDef
+from jobctl.engine.pruning.pruner import Pruner
+from jobctl.engine.rebalance.rebalancer import Decision, imbalance, loads_of, rebalance
 from jobctl.engine.rebalance.replan import (
     choose_pack,
     layout_of,
@@ -36,8 +40,10 @@ from jobctl.engine.rebalance.replan import (
     replan,
     simulate_stages,
 )
-from jobctl.engine.runtime.executor import StepExecutor, StepStats
-from jobctl.engine.runtime.migration import migrate
+from jobctl.engine.runtime.executor import StepStats
+from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
+from jobctl.engine.runtime.migration import Migrated, migrate
+from jobctl.spec.job import JobSpec
 
 
 def _block_nnz(stage) -> dict[int, int]:
@@ -53,19 +59,39 @@ def _compute_s(stats: StepStats) -> float:
     return sum(stats.fwd_s) + sum(stats.bwd_s)
 
 
-class Rebalancer:
-    """Decides and carries out moves for one trainer (one per rank)."""
+def _stage_maxima(every: list[dict], P: int, key: str) -> list[float]:
+    """Per stage, the largest ``key`` over its replicas' records."""
+    measured = [0.0] * P
+    for r in every:
+        measured[r["stage"]] = max(measured[r["stage"]], r[key])
+    return measured
 
-    def __init__(self, trainer):
-        self.t = trainer
-        self.cfg = trainer.spec.rebalancing
+
+class Rebalancer(StepHook):
+    """Decides and carries out moves for one rank's trainer (a step hook)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        mdef: ModelDef,
+        device: torch.device,
+        events: EventLog,
+        run_dir: Path,
+        pruner: Pruner | None = None,
+    ):
+        self.spec, self.cfg, self.mdef, self.device = spec, spec.rebalancing, mdef, device
+        self.events, self.run_dir, self.pruner = events, run_dir, pruner
+        self.state: StageState | None = None  # the trainer's, as of the latest step
         self.handled: int | None = None  # profile step already acted on
         self.measure: dict | None = None  # pending "after" measurement
-        self.freed = False
         self.pending: tuple[str, dict, int] | None = None  # held move: plan, record, step
 
+    @property
+    def rank(self) -> int:
+        return self.state.topo.rank
+
     def _group(self):
-        return self.t.live_group
+        return self.state.live_group
 
     def _gather(self, obj) -> list:
         n = dist.get_world_size(self._group()) if dist.is_initialized() else 1
@@ -74,43 +100,43 @@ class Rebalancer:
         return out
 
     def _leader(self) -> bool:
-        return self.t.rank == 0
+        return self.rank == 0
 
-    def after_step(self, done: int, stats: StepStats, seconds: float) -> StepExecutor | None:
-        """Called by every live rank after step ``done``; a new executor if layers moved."""
+    def after_step(self, end: StepEnd) -> Relayout | None:
+        """Called by every live rank after step ``end.done``; a new stage if layers moved."""
+        self.state = end.state
+        done = end.done
         if self.measure is not None:
-            self._report_after(done, stats, seconds)
-        p = self.t.pruner
+            self._report_after(done, end.stats, end.seconds)
+        p = self.pruner
         prof = p.last_profile if p is not None else None
         fresh = prof is not None and prof["step"] == done and self.handled != done
         if self.pending is not None and not fresh and done >= self.pending[2]:
             new_json, record, _ = self.pending
             self.pending = None
-            self._measure_before(record, stats, seconds)  # the held layout's last step
+            self._measure_before(record, end.stats, end.seconds)  # the held layout's last step
             return self._move(Plan.model_validate_json(new_json), record)
         if not self.cfg.enabled or not fresh:
             return None
         self.handled, self.pending = done, None  # a new profile replaces a held move
-        return self._rebalance(done, prof, stats, seconds)
+        return self._rebalance(done, prof, end.stats, end.seconds)
 
     def _measure_before(self, record: dict, stats: StepStats, seconds: float) -> None:
-        every = self._gather({"stage": self.t.topo.stage, "c": _compute_s(stats), "s": seconds})
-        measured = [0.0] * self.t.plan.P
-        for r in every:
-            measured[r["stage"]] = max(measured[r["stage"]], r["c"])
-        record.update(measured_stage_s_before=measured, measured_step_s_before=max(
-            r["s"] for r in every
-        ))  # fmt: skip
+        every = self._gather({"stage": self.state.topo.stage, "c": _compute_s(stats), "s": seconds})
+        record.update(
+            measured_stage_s_before=_stage_maxima(every, self.state.plan.P, "c"),
+            measured_step_s_before=max(r["s"] for r in every),
+        )
 
     # -- deciding -----------------------------------------------------------------
     def _rebalance(self, done: int, prof: dict, stats: StepStats, seconds: float):
-        t, t0 = self.t, time.perf_counter()
+        t0, topo = time.perf_counter(), self.state.topo
         mine = {
-            "rank": t.rank,
-            "replica": t.topo.replica,
-            "stage": t.topo.stage,
+            "rank": self.rank,
+            "replica": topo.replica,
+            "stage": topo.stage,
             "time": {int(b): v["fwd_s"] + v["bwd_s"] for b, v in prof["blocks"].items()},
-            "nnz": _block_nnz(t.stage),
+            "nnz": _block_nnz(self.state.stage),
             "compute_s": _compute_s(stats),
             "step_s": seconds,
         }
@@ -123,7 +149,7 @@ class Rebalancer:
         record["decide_s"] = time.perf_counter() - t0  # gather, balancer, packer, broadcast
         if new_json is None:
             if self._leader():
-                t.events.write(Kind.REBALANCE, **record)
+                self.events.write(Kind.REBALANCE, **record)
             return None
         if self.cfg.hold_steps:
             record["held_until"] = done + self.cfg.hold_steps
@@ -132,16 +158,9 @@ class Rebalancer:
         return self._move(Plan.model_validate_json(new_json), record)
 
     def _decide(self, done: int, every: list[dict]) -> tuple[str | None, dict]:
-        t, cfg = self.t, self.cfg
-        plan, spec = t.plan, t.spec
-        n = len(plan.block_names)
-        times, nnz = [0.0] * n, [0] * n
-        for r in every:
-            if r["replica"] == 0:
-                for b, v in r["time"].items():
-                    times[b] = v
-                for b, v in r["nnz"].items():
-                    nnz[b] = v
+        """The leader's decision: the new plan (None: layers stay) and its record."""
+        cfg, plan, spec = self.cfg, self.state.plan, self.spec
+        times, nnz = _replica0_blocks(every, len(plan.block_names))
         costs = times if cfg.by == "time" else [float(x) for x in nnz]
         stages = [list(s.blocks) for s in plan.stages]
         cal = calibration_for(spec)
@@ -159,28 +178,12 @@ class Rebalancer:
             if pack is not None:
                 new_stages = pack.stages
         before = simulate_stages(spec, cal, lay, stages, times)
-        after_lay = layout_of(plan, len(new_stages))
-        after = simulate_stages(spec, cal, after_lay, new_stages, times)
-        measured = [0.0] * plan.P
-        for r in every:
-            measured[r["stage"]] = max(measured[r["stage"]], r["compute_s"])
+        after = simulate_stages(spec, cal, layout_of(plan, len(new_stages)), new_stages, times)
         record = {
-            "step": done,
-            "balancer": cfg.balancer,
-            "by": cfg.by,
-            "reason": d.reason,
-            "stages_before": stages,
-            "stages_after": new_stages,
-            "moves": _moves(stages, new_stages),
-            "load_before": d.before,
-            "load_after": loads_of(costs, new_stages),
-            "imbalance_before": d.imbalance_before,
-            "imbalance_after": imbalance(loads_of(costs, new_stages)),
-            "predicted_stage_s_before": loads_of(times, stages),
-            "predicted_stage_s_after": loads_of(times, new_stages),
+            **_decision_fields(done, d, costs, times, stages, new_stages),
             "predicted_step_s_before": before.step_time,
             "predicted_step_s_after": after.step_time,
-            "measured_stage_s_before": measured,
+            "measured_stage_s_before": _stage_maxima(every, plan.P, "compute_s"),
             "measured_step_s_before": max(r["step_s"] for r in every),
             "packed_to": len(new_stages) if pack is not None else None,
             "pack_considered": pack.considered if pack is not None else None,
@@ -190,72 +193,61 @@ class Rebalancer:
         return replan(spec, plan, new_stages, after, cal).model_dump_json(), record
 
     # -- moving -------------------------------------------------------------------
-    def _move(self, new: Plan, record: dict) -> StepExecutor | None:
-        t = self.t
-        old = t.plan
-        mine_new = set(new.stage_of(t.rank).blocks) if t.rank < new.world_size else set()
-        left = sorted(set(t.stage.block_ids) - mine_new)
-        extras = t.pruner.release(left) if t.pruner is not None else {}
-        got = migrate(old, new, t.rank, t.stage, t.opt, t.mdef, t.spec.training, extras, t.device)
-        packed = new.world_size < old.world_size
-        if packed:
-            t.ckpt.close()  # parts of earlier steps are all written before the world shrinks
-        if got.live_group is not None:
-            t.live_group = got.live_group
-        t.plan = new
+    def _move(self, new: Plan, record: dict) -> Relayout:
+        """Migrate this rank's blocks to ``new``'s layout; the trainer applies the result."""
+        st = self.state
+        old, rank = st.plan, self.rank
+        mine_new = set(new.stage_of(rank).blocks) if rank < new.world_size else set()
+        left = sorted(set(st.stage.block_ids) - mine_new)
+        extras = self.pruner.release(left) if self.pruner is not None else {}
+        got = migrate(old, new, rank, st.stage, st.opt, self.mdef, self.spec.training, extras,
+                      self.device)  # fmt: skip
+        live = got.live_group if got.live_group is not None else st.live_group
         record.update(
             migrate_s=got.seconds,
             bytes_moved=got.bytes_sent,
             moved_at=record.get("held_until", record["step"]),
         )
+        packed = new.world_size < old.world_size
         if got.freed:
-            self.freed = True
-            # host_node: the node script this process runs under (what the backend
-            # releases), which torchrun's rendezvous order may map differently from the plan
-            host = int(os.environ.get(NODE, old.rank(t.rank).node))
-            t.events.write(
-                Kind.FREED, rank=t.rank, step=record["step"], migrate_s=got.seconds, host_node=host
-            )
-            return None
-        t.stage, t.named, t.opt, t.topo, t.actions = (
-            got.stage,
-            got.named,
-            got.opt,
-            got.topo,
-            got.actions,
+            return Relayout(None, packed, lambda _: self._freed(old, record, got.seconds))
+        state = StageState(new, got.stage, got.named, got.opt, got.topo, got.actions, live)
+        self._rebind_pruner(got, live)
+        return Relayout(state, packed, lambda resume_s: self._moved(old, new, record, resume_s))
+
+    def _freed(self, old: Plan, record: dict, migrate_s: float) -> None:
+        """This rank was packed away: say so, with the node script it runs under."""
+        # host_node: the node script this process runs under (what the backend
+        # releases), which torchrun's rendezvous order may map differently from the plan
+        host = int(os.environ.get(NODE, old.rank(self.rank).node))
+        self.events.write(
+            Kind.FREED, rank=self.rank, step=record["step"], migrate_s=migrate_s, host_node=host
         )
-        self._rebind_pruner(got)
-        if packed:
-            root = Path(t.spec.checkpoint.local_dir or t.run_dir / "checkpoints")
-            shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
-            t.ckpt = CheckpointManager(t.spec, new, t.rank, root, t.events, shared)
-        t1 = time.perf_counter()
-        ex = t.make_executor()  # the pipeline probes its new activation shapes
-        # Every live rank can train again: the next step would wait for the slowest rank
-        # anyway, so the leader's clock now holds the move's whole cost.
-        dist.barrier(group=t.live_group)
-        record["resume_s"] = time.perf_counter() - t1
+
+    def _moved(self, old: Plan, new: Plan, record: dict, resume_s: float) -> None:
+        """The trainer trains on under ``new``: record the move's whole cost and, on the
+        leader, publish the new plan and the move."""
+        record["resume_s"] = resume_s
         # the rebalancing's whole cost (DynPipe Table 4.1: decision and transfer)
         record["seconds"] = record["decide_s"] + record["migrate_s"] + record["resume_s"]
         if self._leader():
-            tmp = t.run_dir / "plan.json.tmp"
+            tmp = self.run_dir / "plan.json.tmp"
             tmp.write_text(new.model_dump_json(indent=2))
-            tmp.replace(t.run_dir / "plan.json")
+            tmp.replace(self.run_dir / "plan.json")
+            packed = new.world_size < old.world_size
             if packed:
+                freed_nodes = sorted({r.node for r in old.ranks} - {r.node for r in new.ranks})
                 freed_ranks = list(range(new.world_size, old.world_size))
-                live_nodes = {r.node for r in new.ranks}
-                freed_nodes = sorted({r.node for r in old.ranks} - live_nodes)
                 record.update(freed_ranks=freed_ranks, freed_nodes=freed_nodes)
-            t.events.write(Kind.PACKED if packed else Kind.REBALANCED, **record)
+            self.events.write(Kind.PACKED if packed else Kind.REBALANCED, **record)
         self.measure = record
-        return ex
 
-    def _rebind_pruner(self, got) -> None:
-        p = self.t.pruner
+    def _rebind_pruner(self, got: Migrated, live_group) -> None:
+        p = self.pruner
         if p is None:
             return
         p.stage, p.topo = got.stage, got.topo
-        p.rebind(got.named, got.opt, self.t.live_group)
+        p.rebind(got.named, got.opt, live_group)
         for name in [n for n in p.masks if n not in got.named]:
             _drop_mask(p, name)
         for name, mask in got.extras.items():
@@ -264,14 +256,11 @@ class Rebalancer:
 
     def _report_after(self, done: int, stats: StepStats, seconds: float) -> None:
         before, self.measure = self.measure, None
-        every = self._gather({"stage": self.t.topo.stage, "c": _compute_s(stats), "s": seconds})
+        every = self._gather({"stage": self.state.topo.stage, "c": _compute_s(stats), "s": seconds})
         if not self._leader():
             return
-        measured = [0.0] * self.t.plan.P
-        for r in every:
-            measured[r["stage"]] = max(measured[r["stage"]], r["c"])
-        after_step = max(r["s"] for r in every)
-        self.t.events.write(
+        measured = _stage_maxima(every, self.state.plan.P, "c")
+        self.events.write(
             Kind.REBALANCE_MEASURED,
             step=done,
             measured_stage_s_before=before["measured_stage_s_before"],
@@ -279,8 +268,46 @@ class Rebalancer:
             imbalance_measured_before=imbalance(before["measured_stage_s_before"]),
             imbalance_measured_after=imbalance(measured),
             step_s_before=before["measured_step_s_before"],
-            step_s_after=after_step,
+            step_s_after=max(r["s"] for r in every),
         )
+
+
+def _replica0_blocks(every: list[dict], n: int) -> tuple[list[float], list[int]]:
+    """Per block, replica 0's measured seconds and nonzero parameter count."""
+    times, nnz = [0.0] * n, [0] * n
+    for r in every:
+        if r["replica"] == 0:
+            for b, v in r["time"].items():
+                times[b] = v
+            for b, v in r["nnz"].items():
+                nnz[b] = v
+    return times, nnz
+
+
+def _decision_fields(
+    done: int,
+    d: Decision,
+    costs: list[float],
+    times: list[float],
+    stages: list[list[int]],
+    new_stages: list[list[int]],
+) -> dict:
+    """A decision's record: the balancer's loads and the per-stage predictions."""
+    return {
+        "step": done,
+        "balancer": d.balancer,
+        "by": d.by,
+        "reason": d.reason,
+        "stages_before": stages,
+        "stages_after": new_stages,
+        "moves": _moves(stages, new_stages),
+        "load_before": d.before,
+        "load_after": loads_of(costs, new_stages),
+        "imbalance_before": d.imbalance_before,
+        "imbalance_after": imbalance(loads_of(costs, new_stages)),
+        "predicted_stage_s_before": loads_of(times, stages),
+        "predicted_stage_s_after": loads_of(times, new_stages),
+    }
 
 
 def _moves(old: list[list[int]], new: list[list[int]]) -> list[list[int]]:
@@ -289,7 +316,7 @@ def _moves(old: list[list[int]], new: list[list[int]]) -> list[list[int]]:
     return [[b, k, where[b]] for k, blocks in enumerate(old) for b in blocks if where[b] != k]
 
 
-def _drop_mask(pruner, name: str) -> None:
+def _drop_mask(pruner: Pruner, name: str) -> None:
     """A tied alias now shares its canonical's Parameter: the canonical's mask rules."""
     pruner.masks.pop(name, None)
     getattr(pruner, "_pruned", {}).pop(name, None)

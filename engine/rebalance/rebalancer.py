@@ -21,7 +21,7 @@ and returns a :class:`Decision` with the new map and the block moves.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jobctl.engine.planner.partition import partition
 
@@ -50,7 +50,6 @@ class Decision:
     after: list[float]
     reason: str = ""
     iterations: int = 0
-    memory_after: list[float] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -158,6 +157,21 @@ def partition_fitting(
     return stages
 
 
+def _balance(
+    costs: Sequence[float], stages: Stages, balancer: str, memory: MemoryFn | None, cap: float
+) -> tuple[Stages, int, str]:
+    """The balancer's map, its iterations, and why diffusion ran instead (or "")."""
+    if balancer == "partition":
+        new = partition_fitting(costs, len(stages), memory, cap)
+        if new is None:
+            new, iters = diffusion(costs, stages, memory, cap)
+            return new, iters, "exact partition does not fit memory; diffusion instead"
+        return new, 0, ""
+    if balancer == "diffusion":
+        return (*diffusion(costs, stages, memory, cap), "")
+    raise ValueError(f"unknown balancer {balancer!r}; valid: diffusion, partition")
+
+
 def rebalance(
     costs: Sequence[float],
     stages: Stages,
@@ -174,32 +188,14 @@ def rebalance(
     if imbalance(before) <= tolerance:
         keep.reason = f"imbalance {imbalance(before):.3f} within tolerance {tolerance}"
         return keep
-    iters = 0
-    if balancer == "partition":
-        new = partition_fitting(costs, len(stages), memory, cap)
-        if new is None:
-            new, iters = diffusion(costs, stages, memory, cap)
-            keep.reason = "exact partition does not fit memory; diffusion instead"
-    elif balancer == "diffusion":
-        new, iters = diffusion(costs, stages, memory, cap)
-    else:
-        raise ValueError(f"unknown balancer {balancer!r}; valid: diffusion, partition")
+    new, iters, keep.reason = _balance(costs, stages, balancer, memory, cap)
     after = loads_of(costs, new)
     if max(after) >= max(before) * (1 - 1e-9):
         keep.reason = keep.reason or "no move lowers the slowest stage"
         keep.iterations = iters
         return keep
-    return Decision(
-        balancer,
-        by,
-        new,
-        moves_between(stages, new),
-        before,
-        after,
-        keep.reason or f"max stage load {max(before):.4g} -> {max(after):.4g}",
-        iters,
-        memory(new) if memory is not None else [],
-    )
+    reason = keep.reason or f"max stage load {max(before):.4g} -> {max(after):.4g}"
+    return Decision(balancer, by, new, moves_between(stages, new), before, after, reason, iters)
 
 
 def first_fit_pack(memory_per_stage: Sequence[float], cap: float, target: int) -> list[list[int]]:

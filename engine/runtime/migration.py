@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import io
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.optim import build_optimizer
 from jobctl.engine.runtime.p2p.gloo import comm_device
 from jobctl.engine.runtime.topology import Topology, build_topology
+from jobctl.spec.sections import TrainingSpec
 
 Tensors = dict[str, torch.Tensor]
 
@@ -49,10 +50,8 @@ class Migrated:
     left: list[int]  # blocks that left this rank
     arrived: list[int]  # blocks that arrived
     bytes_sent: int = 0
-    bytes_received: int = 0
     seconds: float = 0.0
     live_group: object | None = None  # group of the ranks still training (after a pack)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def freed(self) -> bool:
@@ -136,26 +135,13 @@ class _Reuse(ModelDef):
         return block
 
 
-def migrate(
-    old: Plan,
-    new: Plan,
-    rank: int,
-    stage: Stage,
-    opt: torch.optim.Optimizer,
-    mdef: ModelDef,
-    training,
-    extras: Tensors | None = None,
-    device: torch.device | None = None,
-) -> Migrated:
-    """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks."""
-    t0 = time.perf_counter()
-    extras = extras or {}
-    device = device or torch.device("cpu")
-    mine_old = set(old.stage_of(rank).blocks)
-    member = rank < len(new.ranks)
-    mine_new = list(new.stage_of(rank).blocks) if member else []
+def _exchange(
+    old: Plan, new: Plan, rank: int, stage: Stage, opt, extras: Tensors, device: torch.device
+) -> tuple[dict[str, dict], int]:
+    """Send this rank's leaving blocks and receive its arriving ones, in the global
+    order of ``transfers``; returns what arrived (by unsplit name) and the bytes sent."""
     received: dict[str, dict] = {}
-    sent = got = 0
+    sent = 0
     for src, dst, blocks in transfers(old, new):
         if src == rank:
             data = _pack(stage, opt, extras, blocks)
@@ -163,23 +149,14 @@ def migrate(
             sent += len(data)
         elif dst == rank:
             data = _recv_bytes(src)
-            got += len(data)
             received.update(torch.load(io.BytesIO(data), map_location=device, weights_only=True))
-    left = sorted(mine_old - set(mine_new))
-    arrived = sorted(set(mine_new) - mine_old)
-    # New groups: every rank of the old world creates them, in the same order.
-    topo = build_topology(new, rank, bool(mdef.ties))
-    live = None
-    if new.world_size < old.world_size:
-        live = dist.new_group(list(range(new.world_size)))
-    out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, got, live_group=live)
-    if not member:
-        out.seconds = time.perf_counter() - t0
-        return out
-    kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
-    new_stage = Stage(_Reuse(mdef, kept), mine_new)
-    _fill_arrivals(new_stage, received, device)
-    named = dict(new_stage.named_parameters())
+    return received, sent
+
+
+def _optimizer(
+    named: dict[str, nn.Parameter], opt, received: dict[str, dict], training: TrainingSpec
+) -> torch.optim.Optimizer:
+    """A fresh optimizer over the new stage holding the kept and the moved state."""
     new_opt = build_optimizer(list(named.values()), training)
     new_opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"]
     for name, p in named.items():
@@ -188,9 +165,43 @@ def migrate(
                 new_opt.state[p] = received[name]["s"]
         elif p in opt.state:  # a kept parameter: same object, same state
             new_opt.state[p] = opt.state[p]
-    out.stage, out.named, out.opt = new_stage, named, new_opt
-    out.actions = new.stage_of(rank).action_list()
-    out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
+    return new_opt
+
+
+def migrate(
+    old: Plan,
+    new: Plan,
+    rank: int,
+    stage: Stage,
+    opt: torch.optim.Optimizer,
+    mdef: ModelDef,
+    training: TrainingSpec,
+    extras: Tensors | None = None,
+    device: torch.device | None = None,
+) -> Migrated:
+    """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks."""
+    t0 = time.perf_counter()
+    device = device or torch.device("cpu")
+    mine_old = set(old.stage_of(rank).blocks)
+    member = rank < len(new.ranks)
+    mine_new = list(new.stage_of(rank).blocks) if member else []
+    received, sent = _exchange(old, new, rank, stage, opt, extras or {}, device)
+    left = sorted(mine_old - set(mine_new))
+    arrived = sorted(set(mine_new) - mine_old)
+    # New groups: every rank of the old world creates them, in the same order.
+    topo = build_topology(new, rank, bool(mdef.ties))
+    live = None
+    if new.world_size < old.world_size:
+        live = dist.new_group(list(range(new.world_size)))
+    out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, live_group=live)
+    if member:
+        kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
+        out.stage = Stage(_Reuse(mdef, kept), mine_new)
+        _fill_arrivals(out.stage, received, device)
+        out.named = dict(out.stage.named_parameters())
+        out.opt = _optimizer(out.named, opt, received, training)
+        out.actions = new.stage_of(rank).action_list()
+        out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
     out.seconds = time.perf_counter() - t0
     return out
 

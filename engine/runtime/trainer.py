@@ -1,25 +1,25 @@
-"""The training loop of one worker: build the stage, run steps, report, checkpoint.
+"""The training loop of one worker: run steps, report, checkpoint, apply new layouts.
 
-One optimizer step = the stage's action list for all micro-batches (gradient
-accumulation keeps the global batch fixed), then the gradient sum over replicas and
-tied stages, then the optimizer update. The loss of the step is the sum of the last
-stage's weighted micro-batch losses over its replicas: the global-batch mean, exactly
-what a single process would compute.
+One optimizer step (``runtime.step.train_step``) = the stage's action list for all
+micro-batches (gradient accumulation keeps the global batch fixed), then the gradient
+sum over replicas and tied stages, then the optimizer update. The loss of the step is
+the sum of the last stage's weighted micro-batch losses over its replicas: the
+global-batch mean, exactly what a single process would compute. Pruning and
+rebalancing plug in as :class:`~jobctl.engine.runtime.hook.StepHook` s that the worker
+builds; a hook's :class:`~jobctl.engine.runtime.hook.Relayout` is applied here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.blocks import (
     blocks_written_by,
     load_blocks,
@@ -27,55 +27,25 @@ from jobctl.engine.checkpoint.blocks import (
     snapshot_blocks,
 )
 from jobctl.engine.checkpoint.manager import CheckpointManager
-from jobctl.engine.core.actions import Action
-from jobctl.engine.core.events import Kind
+from jobctl.engine.core.env import SHARED_CKPT_DISK
+from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data
-from jobctl.engine.model.blocks import Stage, block_seed, model_def
-from jobctl.engine.pruning.pruner import Pruner
-from jobctl.engine.rebalance.hook import Rebalancer
-from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
-from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
-from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s, recv_meta, send_meta
+from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.runtime.executor import StepExecutor, StepStats
+from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
+from jobctl.engine.runtime.optim import build_optimizer, lr_at, sync_gradients, tied_names
+from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
+from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
 from jobctl.engine.runtime.topology import build_topology
+from jobctl.engine.runtime.vitals import compute_fields, memory_fields
 from jobctl.spec import spec_hash
+from jobctl.spec.job import JobSpec
+from jobctl.spec.sections import HardwareSpec, TrainingSpec
 
 
-def _max_rss_mb() -> float:
-    """Peak resident memory of this process (CPU) in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _rss_mb() -> float:
-    """Resident memory of this process now, in MiB (/proc; the peak where there is none)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return _max_rss_mb()
-    return pages * resource.getpagesize() / 2**20
-
-
-def memory_fields(device: torch.device) -> dict:
-    """A heartbeat's memory: the CUDA allocator's peak on a GPU, the process RSS on CPU."""
-    out = {"max_rss_mb": _max_rss_mb()}
-    if device.type == "cuda":
-        out.update(mem_mb=torch.cuda.max_memory_allocated(device) / 2**20, mem_kind="cuda_peak")
-    else:
-        out.update(mem_mb=_rss_mb(), mem_kind="rss")
-    return out
-
-
-def compute_fields(stats: StepStats, micro_batches: int) -> dict:
-    """Per-micro-batch compute of one step: forward (recomputes included) and backward
-    means in ms, and their sum in seconds (``compute_s``, what the straggler detector
-    compares with the stage peers). Waits for peers are not compute and not counted."""
-    n = max(1, micro_batches)
-    fwd, bwd = sum(stats.fwd_s) / n, sum(stats.bwd_s) / n
-    return {"fwd_ms": 1e3 * fwd, "bwd_ms": 1e3 * bwd, "compute_s": fwd + bwd}
-
-
-def same_machine(spec, plan: Plan, rank: int):
+def same_machine(hardware: HardwareSpec, plan: Plan, rank: int):
     """``peer -> bool``: does ``peer`` run on ``rank``'s machine (shared memory reaches it)?
 
     Where every "node" is this machine (``HardwareSpec.one_machine``, as the planner's
@@ -83,10 +53,23 @@ def same_machine(spec, plan: Plan, rank: int):
     memory too, not gloo's loopback TCP (which cost a 4-stage pipeline over two local
     "nodes" 8 % of its step on 2 cores). Elsewhere, a node is a machine.
     """
-    if spec.hardware.one_machine:
+    if hardware.one_machine:
         return lambda peer: True
     me = plan.rank(rank).node
     return lambda peer: plan.rank(peer).node == me
+
+
+def build_state(
+    mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
+) -> StageState:
+    """The stage state ``rank`` starts under: its stage of ``plan`` and a fresh optimizer
+    (creates the process groups: collective, every rank in the same order)."""
+    topo = build_topology(plan, rank, bool(mdef.ties))
+    me = plan.stage_of(rank)
+    stage = Stage(mdef, me.blocks).to(device)
+    named = dict(stage.named_parameters())
+    opt = build_optimizer(list(named.values()), training)
+    return StageState(plan, stage, named, opt, topo, me.action_list())
 
 
 class StopVote:
@@ -118,203 +101,180 @@ class StopVote:
 
 
 class Trainer:
-    """Everything one rank needs to train its stage."""
+    """Everything one rank needs to train its stage; plug-ins come as ``hooks``, and
+    ``masks`` (pruning's, if any) are checkpointed with the blocks."""
 
-    def __init__(self, spec, plan: Plan, run_dir: Path, rank: int, device: torch.device):
-        self.spec, self.plan, self.run_dir, self.rank, self.device = (
-            spec,
-            plan,
-            run_dir,
-            rank,
-            device,
-        )
-        self.mdef = model_def(spec.model, spec.training.seed)
-        self.topo = build_topology(plan, rank, bool(self.mdef.ties))
-        me = plan.stage_of(rank)
-        self.actions: list[Action] = me.action_list()
-        self.stage = Stage(self.mdef, me.blocks).to(device)
-        self.named = dict(self.stage.named_parameters())
-        self.opt = build_optimizer(list(self.named.values()), spec.training)
-        self.ties = tied_names(self.mdef.ties)
+    STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        mdef: ModelDef,
+        state: StageState,
+        run_dir: Path,
+        device: torch.device,
+        events: EventLog,
+        hooks: list[StepHook] | None = None,
+        masks: Callable[[], dict[str, torch.Tensor]] | None = None,
+    ):
+        self.spec, self.mdef, self.state = spec, mdef, state
+        self.run_dir, self.device, self.events = run_dir, device, events
+        self.rank = state.topo.rank
+        self.hooks, self.masks = hooks or [], masks
+        self.ties = tied_names(mdef.ties)
+        plan = state.plan
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
         self.data = make_data(spec)
         self.start_step = 0
         self.stop_requested = False
-        # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
-        self.events = event_sink(run_dir, rank, plan.rank(rank).node)
-        root = Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
-        shared = os.environ.get("JOBCTL_SHARED_CKPT_DISK", "1") == "1"
-        self.ckpt = CheckpointManager(spec, plan, rank, root, self.events, shared)
-        self.pruner = (
-            Pruner(
-                spec,
-                self.stage,
-                self.named,
-                self.opt,
-                self.topo,
-                self.mdef.ties,
-                self.events,
-                micro_batch=self.plan.micro_batch_size,
-            )
-            if spec.pruning.enabled
-            else None
-        )
-        self.live_group = None  # the ranks still training, once packing freed some
-        self._executor: StepExecutor | None = None  # the latest make_executor's
-        self.rebalancer = Rebalancer(self) if spec.rebalancing.enabled else None
+        self.freed = False  # packed away by a hook's relayout
+        self.ckpt = self._checkpoints()
+        self.executor: StepExecutor | None = None  # the latest make_executor's
         self.stop_vote = StopVote()
 
-    def _autocast(self):
-        if self.spec.training.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _checkpoints(self) -> CheckpointManager:
+        root = Path(self.spec.checkpoint.local_dir or self.run_dir / "checkpoints")
+        shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
+        return CheckpointManager(self.spec, self.state.plan, self.rank, root, self.events, shared)
 
-    def probe_shapes(self) -> Channels:
-        """Propagate activation shapes down the pipeline with one dry forward per stage."""
-        t = self.topo
-        if t.is_first:
-            x = torch.zeros(self.shard.micro_batch, self.spec.model.seq_len, dtype=torch.long)
-            in_shape, in_dtype = None, None
-        else:
-            in_shape, in_dtype = recv_meta(t.prev)
-            x = torch.zeros(in_shape, dtype=in_dtype)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), self._autocast():
-            out = self.stage(x.to(self.device))
-        if t.next is not None:
-            send_meta(out, t.next)
-        return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype)
+    def _compute(self):
+        return autocast(self.spec.training.precision, self.device)
 
     def resume_from(self, ckpt_dir: Path) -> None:
         """Load weights and optimizer state; continue at the checkpoint's next sample."""
         meta = read_meta(ckpt_dir)
-        if meta["global_batch_size"] != self.plan.global_batch_size:
+        if meta["global_batch_size"] != self.state.plan.global_batch_size:
             raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
-        load_blocks(self.stage, self.opt, ckpt_dir, self.mdef.ties)
+        load_blocks(self.state.stage, self.state.opt, ckpt_dir, self.mdef.ties)
         self.start_step = int(meta["step"])
-        if self.pruner is not None:
-            self.pruner.load(ckpt_dir, self.start_step)
 
     def run(self) -> None:
+        """Train from ``start_step`` to ``training.steps``, or until a stop or a pack."""
         if f"rank-{self.rank}" == self.ckpt.local_parts[0]:
             self.ckpt.clear_stale_staging()
         dist.barrier()  # nobody stages before stale staging folders are gone
-        ex = self.make_executor()
-        total = self.spec.training.steps
-        if self.pruner is not None and self.start_step == 0:
-            self.pruner.maybe_prune(0)  # a schedule may start before the first step
+        self.make_executor()
         last_report = None  # when the previous step was reported (its period's start)
-        for step in range(self.start_step, total):
-            t0 = time.perf_counter()
-            with self.pruner.profile_step(step) if self.pruner else contextlib.nullcontext():
-                stats = self.train_step(ex, step)
+        for step in range(self.start_step, self.spec.training.steps):
+            for hook in self.hooks:
+                hook.before_step(step)
+            stats, times = self.train_step(step)
             loss = self.global_loss(stats)
             now = time.perf_counter()
-            seconds = now - t0
             # What users see (step_time_s, samples/s) is the step's period: report to
             # report, so the previous step's checkpoint, pruning and rebalancing work and
             # this rank's wait for the pipeline's tail all count.
-            self.report(step + 1, loss, now - (last_report or t0), stats)
+            self.report(step + 1, loss, now - (last_report or times.start), stats)
             last_report = now
-            done = step + 1
-            stopping = self.stop_vote.result()  # asked before the previous step ended
-            if self.pruner is not None:
-                self.pruner.maybe_prune(done)  # after step `done`'s optimizer step
-            if self.rebalancer is not None:  # after a profiled step: move layers, or pack
-                ex = self.rebalancer.after_step(done, stats, seconds) or ex
-                if self.rebalancer.freed:  # packed away: this rank's part is done
-                    return
-            if not stopping and done < total:
-                self.stop_vote.start(self.stop_requested, self.live_group)
-            if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
-                self.checkpoint(done, final=stopping or done == total)
-            self.ckpt.poll()
-            if stopping:
-                self.ckpt.close(timeout=self.STOP_UPLOAD_GRACE_S)
-                self.events.write(Kind.STOPPED, step=done, rank=self.rank)
+            if not self._end_step(StepEnd(step + 1, stats, now - times.start, self.state)):
                 return
         self.ckpt.close()  # the final checkpoint must reach the remote store
 
-    STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
+    def _end_step(self, end: StepEnd) -> bool:
+        """The hooks, the stop vote and checkpoints after step ``end.done``; False when
+        this rank leaves the loop (stopped, or packed away)."""
+        done, total = end.done, self.spec.training.steps
+        stopping = self.stop_vote.result()  # asked before the previous step ended
+        for hook in self.hooks:  # pruning, then rebalancing (which may move layers)
+            change = hook.after_step(end)
+            if change is not None and not self.apply(change):
+                return False  # packed away: this rank's part is done
+            end = StepEnd(end.done, end.stats, end.seconds, self.state)
+        if not stopping and done < total:
+            self.stop_vote.start(self.stop_requested, self.state.live_group)
+        if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
+            self.checkpoint(done, final=stopping or done == total)
+        self.ckpt.poll()
+        if stopping:
+            self.ckpt.close(timeout=self.STOP_UPLOAD_GRACE_S)
+            self.events.write(Kind.STOPPED, step=done, rank=self.rank)
+        return not stopping
+
+    def apply(self, change: Relayout) -> bool:
+        """Train on under a hook's new layout; False if it packed this rank away."""
+        if change.packed:
+            self.ckpt.close()  # parts of earlier steps are all written before the world shrinks
+        if change.state is None:
+            self.freed = True
+            change.settled(None)
+            return False
+        self.state = change.state
+        if change.packed:
+            self.ckpt = self._checkpoints()
+        t1 = time.perf_counter()
+        self.make_executor()  # the pipeline probes its new activation shapes
+        # Every live rank can train again: the next step would wait for the slowest rank
+        # anyway, so the leader's clock now holds the move's whole cost.
+        dist.barrier(group=self.state.live_group)
+        change.settled(time.perf_counter() - t1)
+        return True
 
     def make_executor(self) -> StepExecutor:
         """Probe activation shapes down the pipeline and build the step executor, with
         shared-memory links to the neighbours on this machine (replacing any earlier)."""
-        chans = self.probe_shapes()
-        if self._executor is not None:
-            self._executor.close()
+        st = self.state
+        seq_len = self.spec.model.seq_len
+        chans = probe_channels(
+            st.stage, st.topo, self.shard.micro_batch, seq_len, self.device, self._compute
+        )
+        if self.executor is not None:
+            self.executor.close()
+        here = same_machine(self.spec.hardware, st.plan, self.rank)
         links = connect_neighbours(
-            self.topo,
-            chans,
-            self.device,
-            same_machine(self.spec, self.plan, self.rank),
-            pg_timeout_s(),
-            self.shard.micro_batches,
+            st.topo, chans, self.device, here, pg_timeout_s(), self.shard.micro_batches
         )
-        self._executor = StepExecutor(
-            self.stage,
-            self.topo,
-            self.data,
-            self.shard,
-            chans,
-            self.device,
-            opportunistic=self.spec.parallelism.schedule == "varuna",
-            links=links,
-        )
-        return self._executor
+        varuna = self.spec.parallelism.schedule == "varuna"
+        self.executor = StepExecutor(
+            st.stage, st.topo, self.data, self.shard, chans, self.device,
+            opportunistic=varuna, links=links,
+        )  # fmt: skip
+        return self.executor
 
     def request_stop(self) -> None:
         """Ask for a checkpoint-then-exit (SIGTERM): all ranks stop together, at the end
         of the step after the one this lands in (see :class:`StopVote`)."""
         self.stop_requested = True
-        me = self.plan.rank(self.rank)
+        me = self.state.plan.rank(self.rank)
         self.events.write(Kind.SIGTERM, rank=self.rank, node=me.node)
 
-    def train_step(self, ex: StepExecutor, step: int) -> StepStats:
-        # The RNG (dropout) is a pure function of (seed, step, stage, replica): runs are
-        # reproducible and a resumed run needs no saved RNG state.
-        torch.manual_seed(block_seed(self.spec.training.seed, 1_000_000 + step * 4096 + self.rank))
-        self.opt.zero_grad(set_to_none=True)
-        with self._autocast():
-            stats = ex.run(self.actions, step)
-        sync_gradients(self.named, self.topo, self.ties)
-        if self.pruner is not None:
-            self.pruner.mask_grads()
-        set_lr(self.opt, lr_at(step, self.spec.training))
-        self.opt.step()
-        if self.pruner is not None:
-            self.pruner.after_step()
-        return stats
+    def train_step(self, step: int) -> tuple[StepStats, StepTimes]:
+        """Loop step ``step`` on the current layout (see ``runtime.step.train_step``)."""
+        st = self.state
+        return train_step(
+            self.executor, st.actions, st.opt, self.spec.training, step, self.rank,
+            compute=self._compute, hooks=self.hooks,
+            sync=lambda: sync_gradients(st.named, st.topo, self.ties),
+        )  # fmt: skip
 
     def global_loss(self, stats: StepStats) -> float | None:
         """Global-batch mean loss, on last-stage ranks."""
-        if not self.topo.is_last:
+        topo = self.state.topo
+        if not topo.is_last:
             return None
         total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=comm_device())
-        if self.topo.dp_group is not None:
-            dist.all_reduce(total, group=self.topo.dp_group)
+        if topo.dp_group is not None:
+            dist.all_reduce(total, group=topo.dp_group)
         return float(total)
 
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
-        me = self.plan.rank(self.rank)
+        """Heartbeat (every rank), step record (the reporter) and a log line every
+        ``training.log_every`` steps (this rank's stdout, ``jobctl logs --rank``)."""
+        plan = self.state.plan
+        me = plan.rank(self.rank)
         self.events.write(
-            Kind.HEARTBEAT,
-            step=step,
-            rank=self.rank,
-            stage=me.stage,
-            node=me.node,
-            **compute_fields(stats, self.plan.micro_batches),
-            **memory_fields(self.device),
-        )
-        if not self.topo.is_reporter:
+            Kind.HEARTBEAT, step=step, rank=self.rank, stage=me.stage, node=me.node,
+            **compute_fields(stats, plan.micro_batches), **memory_fields(self.device),
+        )  # fmt: skip
+        samples_per_s = plan.global_batch_size / seconds
+        if step % self.spec.training.log_every == 0:
+            shown = "-" if loss is None else f"{loss:.4f}"
+            print(f"step {step} loss {shown} samples/s {samples_per_s:.1f}", flush=True)
+        if not self.state.topo.is_reporter:
             return
         self.events.write(
-            Kind.STEP,
-            step=step,
-            loss=loss,
-            step_time_s=seconds,
-            samples_per_s=self.plan.global_batch_size / seconds,
-            deviations=stats.deviations,
-        )
+            Kind.STEP, step=step, loss=loss, step_time_s=seconds,
+            samples_per_s=samples_per_s, deviations=stats.deviations,
+        )  # fmt: skip
 
     def checkpoint(self, step: int, final: bool = False) -> None:
         """Snapshot this rank's blocks; a background writer does the rest.
@@ -323,17 +283,18 @@ class Trainer:
         writes the manifest and renames the staging folder (atomic commit), then queues
         the background upload.
         """
-        mine = blocks_written_by(self.plan, self.rank)
-        masks = self.pruner.masks if self.pruner is not None else None
-        snap = snapshot_blocks(self.stage, self.opt, mine, self.mdef.ties, masks)
+        st = self.state
+        mine = blocks_written_by(st.plan, self.rank)
+        masks = self.masks() if self.masks is not None else None
+        snap = snapshot_blocks(st.stage, st.opt, mine, self.mdef.ties, masks)
         meta = {
             "step": step,
-            "next_sample": step * self.plan.global_batch_size,
-            "global_batch_size": self.plan.global_batch_size,
-            "plan": self.plan.model_dump(mode="json"),
+            "next_sample": step * st.plan.global_batch_size,
+            "global_batch_size": st.plan.global_batch_size,
+            "plan": st.plan.model_dump(mode="json"),
             "spec_hash": self.spec_hash,
             # Dropout RNG and learning rate are pure functions of the step (see
-            # train_step and optim.lr_at): resuming at `step` restores both exactly.
+            # runtime.step and optim.lr_at): resuming at `step` restores both exactly.
             "rng": "derived from (training.seed, step, rank)",
             "lr": lr_at(step, self.spec.training),
         }

@@ -21,6 +21,7 @@ import traceback  # noqa: E402
 import uuid  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -33,6 +34,11 @@ from jobctl.engine.core.env import (  # noqa: E402
     THREADS,
     TORCHRUN_RANK,
 )
+
+if TYPE_CHECKING:
+    from jobctl.engine.core.plan import Plan
+    from jobctl.engine.runtime.trainer import Trainer
+    from jobctl.spec.job import JobSpec
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
@@ -106,6 +112,38 @@ def _store(env: dict, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"jobctl/pg/{prefix}/", store)
 
 
+def _join_group(plan: Plan, rank: int) -> None:
+    """Join the run's process group as ``rank`` (see ``_store`` for where it meets)."""
+    from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
+
+    timeout = timedelta(seconds=pg_timeout_s())
+    backend = "nccl" if plan.device == "cuda" else "gloo"
+    world = int(os.environ["WORLD_SIZE"])
+    store = _store(os.environ, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
+    """Build the trainer and train; a failure is written to ``errors/rank-<RANK>.txt``."""
+    from jobctl.engine.worker.assembly import build_trainer
+
+    resume = os.environ.get(RESUME_DIR)
+    try:
+        device = _device(plan.device)
+        trainer = build_trainer(spec, plan, run_dir, rank, device, Path(resume) if resume else None)
+        # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
+        signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+        if _early_sigterm:
+            trainer.request_stop()
+        trainer.run()
+    except BaseException:
+        traceback.print_exc()
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
+        raise
+    return trainer
+
+
 def main() -> int:
     run_dir = Path(os.environ[RUN_DIR])
     from jobctl.engine.core.plan import Plan
@@ -119,33 +157,12 @@ def main() -> int:
     node = os.environ.get(NODE, "?")
     print(f"rank {rank} on node {node} (torchrun rank {os.environ[TORCHRUN_RANK]})")
     torch.set_num_threads(int(os.environ.get(THREADS, "1")))
-    from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
-    from jobctl.engine.runtime.trainer import Trainer
-
     spec = load_spec(run_dir / "spec.yaml")
-    timeout = timedelta(seconds=pg_timeout_s())
-    backend = "nccl" if plan.device == "cuda" else "gloo"
-    world = int(os.environ["WORLD_SIZE"])
-    store = _store(os.environ, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    try:
-        trainer = Trainer(spec, plan, run_dir, rank, _device(plan.device))
-        # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
-        signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
-        if _early_sigterm:
-            trainer.request_stop()
-        resume = os.environ.get(RESUME_DIR)
-        if resume:
-            trainer.resume_from(Path(resume))
-        trainer.run()
-    except BaseException:
-        traceback.print_exc()
-        (run_dir / "errors").mkdir(exist_ok=True)
-        (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
-        raise
+    _join_group(plan, rank)
+    trainer = _train(spec, plan, run_dir, rank)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
-    if trainer.rebalancer is not None and trainer.rebalancer.freed:
+    if trainer.freed:
         # Packed away: nothing of this rank is left to finish once its events are
         # delivered. Leave at once (interpreter teardown took seconds at times), so the
         # supervisor can hand this node back to the backend while the others train.

@@ -20,13 +20,14 @@ import torch.multiprocessing as mp
 
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data
-from jobctl.engine.model.blocks import Stage, block_seed, model_def
+from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.rebalance.replan import replan
 from jobctl.engine.runtime.executor import Channels, StepExecutor
 from jobctl.engine.runtime.migration import migrate, transfers
-from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
+from jobctl.engine.runtime.optim import build_optimizer, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import recv_meta, send_meta
+from jobctl.engine.runtime.step import train_step
 from jobctl.engine.runtime.topology import build_topology
 from jobctl.engine.worker.reference import reference_train
 
@@ -80,12 +81,10 @@ class _Worker:
         self.ex = StepExecutor(self.stage, t, self.data, shard, chans, torch.device("cpu"))
 
     def step(self, step: int) -> float | None:
-        torch.manual_seed(block_seed(self.spec.training.seed, 1_000_000 + step * 4096 + self.rank))
-        self.opt.zero_grad(set_to_none=True)
-        stats = self.ex.run(self.actions, step)
-        sync_gradients(self.named, self.topo, self.ties)
-        set_lr(self.opt, lr_at(step, self.spec.training))
-        self.opt.step()
+        stats, _ = train_step(
+            self.ex, self.actions, self.opt, self.spec.training, step, self.rank,
+            sync=lambda: sync_gradients(self.named, self.topo, self.ties),
+        )  # fmt: skip
         if not self.topo.is_last:
             return None
         total = torch.tensor([stats.loss_sum], dtype=torch.float64)

@@ -53,9 +53,9 @@ def test_local_backend_ranks_on_other_nodes_share_memory_elsewhere_only_on_their
     plan = _plan()  # ranks 0, 1 on node 0; 2, 3 on node 1
     local = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})
     assert local.hardware.backend == "local"
-    assert [same_machine(local, plan, 1)(p) for p in range(4)] == [True] * 4
+    assert [same_machine(local.hardware, plan, 1)(p) for p in range(4)] == [True] * 4
     slurm = local.model_copy(
         update={"hardware": local.hardware.model_copy(update={"backend": "slurm"})}
     )
-    assert [same_machine(slurm, plan, 1)(p) for p in range(4)] == [True, True, False, False]
-    assert [same_machine(slurm, plan, 2)(p) for p in range(4)] == [False, False, True, True]
+    assert [same_machine(slurm.hardware, plan, 1)(p) for p in range(4)] == [True, True, False, False]
+    assert [same_machine(slurm.hardware, plan, 2)(p) for p in range(4)] == [False, False, True, True]

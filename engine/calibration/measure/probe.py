@@ -31,9 +31,15 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from jobctl.engine.runtime.topology import Topology
+    from jobctl.spec.job import JobSpec
+    from jobctl.spec.sections import TrainingSpec
 
 PROBE_STEPS = 14
 PROBE_WARMUP = 4
@@ -56,7 +62,7 @@ def probe_phases(job: dict, world: int) -> list[tuple[str, list[list[int]]]]:
     return phases
 
 
-def probe_pipeline(rank: int, world: int, job: dict, spec) -> dict:
+def probe_pipeline(rank: int, world: int, job: dict, spec: JobSpec) -> dict:
     """Run the probe phases; returns on every rank, per phase, its blocks per stage and
     the seconds per step of the pipeline's executor run (the latest of its stages;
     steps start together), of the rest of the step loop (the latest stage's), and per
@@ -94,7 +100,7 @@ def _latest(per_rank: list[list[float]]) -> list[float]:
     return [max(xs) for xs in zip(*per_rank, strict=True)]
 
 
-def model_seconds(spec, stage, m: int, M: int):
+def model_seconds(spec: JobSpec, stage, m: int, M: int):
     """A function timing (this thread's CPU seconds) ``stage``, the job's whole model,
     forward, loss and backward over ``M`` micro-batches of ``m`` (its gradients are
     left summed: zero_grad clears them): the same work in the calibrating process and
@@ -115,85 +121,72 @@ def model_seconds(spec, stage, m: int, M: int):
     return run
 
 
-def _run_pipeline(rank: int, job: dict, spec, stages: list[list[int]]) -> dict:
-    from jobctl.engine.core.events import EventLog
-    from jobctl.engine.data.dataset import Sharding, make_data
-    from jobctl.engine.model.blocks import Stage, block_seed, model_def
-    from jobctl.engine.runtime.executor import Channels, StepExecutor
-    from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
-    from jobctl.engine.runtime.p2p.gloo import recv_meta, send_meta
-    from jobctl.engine.runtime.p2p.shm import connect_neighbours
+def _probe_topology(rank: int, P: int) -> Topology:
+    """Rank ``rank`` of a P-stage pipeline with one replica and no tied group."""
     from jobctl.engine.runtime.topology import Topology
-    from jobctl.engine.runtime.trainer import compute_fields, memory_fields
+
+    return Topology(
+        rank=rank, stage=rank, replica=0, P=P, D=1,
+        prev=None if rank == 0 else rank - 1, next=None if rank == P - 1 else rank + 1,
+        dp_ranks=[rank], dp_group=None, tied_ranks=[], tied_group=None,
+    )  # fmt: skip
+
+
+def _run_pipeline(rank: int, job: dict, spec: JobSpec, stages: list[list[int]]) -> dict:
+    """This rank's stage of one probe phase: the trainer's step, timed in its parts."""
+    from jobctl.engine.data.dataset import Sharding, make_data
+    from jobctl.engine.model.blocks import Stage, model_def
+    from jobctl.engine.runtime.executor import StepExecutor
+    from jobctl.engine.runtime.optim import build_optimizer
+    from jobctl.engine.runtime.p2p.shm import connect_neighbours
+    from jobctl.engine.runtime.step import probe_channels
     from jobctl.engine.schedule.generators import generate
 
     M, m, P = job["probe_micro_batches"], job["probe_m"], len(stages)
-    first, last = rank == 0, rank == P - 1
-    mdef = model_def(spec.model, spec.training.seed)
-    stage = Stage(mdef, stages[rank])
-    params = list(stage.parameters())
-    opt = build_optimizer(params, spec.training)
-    topo = Topology(
-        rank=rank,
-        stage=rank,
-        replica=0,
-        P=P,
-        D=1,
-        prev=None if first else rank - 1,
-        next=None if last else rank + 1,
-        dp_ranks=[rank],
-        dp_group=None,
-        tied_ranks=[],
-        tied_group=None,
-    )
-    shard = Sharding(M * m, 1, m)
-    data = make_data(spec)
-    x = torch.zeros(m, spec.model.seq_len, dtype=torch.long)
-    in_shape, in_dtype = None, None
-    if not first:
-        in_shape, in_dtype = recv_meta(rank - 1)
-        x = torch.zeros(in_shape, dtype=in_dtype)
-    with torch.no_grad():
-        y = stage(x)
-    if not last:
-        send_meta(y, rank + 1)
-    chans = Channels(in_shape, in_dtype, tuple(y.shape), y.dtype)
-    cpu = torch.device("cpu")
+    stage = Stage(model_def(spec.model, spec.training.seed), stages[rank])
+    opt = build_optimizer(list(stage.parameters()), spec.training)
+    topo, cpu = _probe_topology(rank, P), torch.device("cpu")
+    chans = probe_channels(stage, topo, m, spec.model.seq_len, cpu)
     links = connect_neighbours(topo, chans, cpu, lambda peer: True, 300.0, M)  # as the runtime
-    ex = StepExecutor(stage, topo, data, shard, chans, cpu, links=links)
+    ex = StepExecutor(stage, topo, make_data(spec), Sharding(M * m, 1, m), chans, cpu, links=links)
     actions = generate("1f1b", P, M)[rank]
-    events = EventLog(Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl")
-    runs, rests, opts, bare = [], [], [], []
     reference = model_seconds(spec, stage, m, M) if P == 1 else None
     try:
+        return _probe_steps(ex, actions, opt, spec.training, topo, reference)
+    finally:
+        ex.close()
+
+
+def _probe_steps(ex, actions, opt, training: TrainingSpec, topo: Topology, reference) -> dict:
+    """The trainer's step (``runtime.step.train_step``), its collectives aside
+    (calibrated apart), then the heartbeat and step lines; per step after the warm-up,
+    the seconds of the run, of the update and of the rest."""
+    from jobctl.engine.core.events import EventLog, Kind
+    from jobctl.engine.runtime.step import train_step
+    from jobctl.engine.runtime.vitals import compute_fields, memory_fields
+
+    rank, cpu, M = topo.rank, torch.device("cpu"), ex.shard.micro_batches
+    events = EventLog(Path(tempfile.gettempdir()) / f"jobctl-probe-{os.getpid()}.jsonl")
+    runs, rests, opts, bare = [], [], [], []
+    try:
         for step in range(PROBE_WARMUP + PROBE_STEPS):
-            # The trainer's step (Trainer.run / train_step), its collectives aside
-            # (calibrated apart): seed, zero_grad, the schedule, the optimizer, the
-            # heartbeat and step lines.
-            t0 = time.perf_counter()
-            torch.manual_seed(block_seed(spec.training.seed, 1_000_000 + step * 4096 + rank))
-            opt.zero_grad(set_to_none=True)
-            t1 = time.perf_counter()
-            stats = ex.run(actions, step)
-            t2 = time.perf_counter()
-            set_lr(opt, lr_at(step, spec.training))
-            opt.step()
-            t3 = time.perf_counter()
+            stats, t = train_step(ex, actions, opt, training, step, rank)
             fields = compute_fields(stats, M)
-            events.write("heartbeat", step=step, rank=rank, **fields, **memory_fields(cpu))
-            if last:
-                events.write("step", step=step, loss=stats.loss_sum, step_time_s=t3 - t0)
+            events.write(Kind.HEARTBEAT, step=step, rank=rank, **fields, **memory_fields(cpu))
+            if topo.is_last:
+                events.write(
+                    Kind.STEP, step=step, loss=stats.loss_sum, step_time_s=t.updated - t.start
+                )
             t4 = time.perf_counter()
-            _pipeline_sync(rank, P)  # as the trainer's stop vote: steps start together
+            _pipeline_sync(rank, topo.P)  # as the trainer's stop vote: steps start together
             if step >= PROBE_WARMUP:
-                runs.append(t2 - t1)
-                opts.append(t3 - t2)
-                rests.append(t4 - t3 + t1 - t0)
+                runs.append(t.run_end - t.run_start)
+                opts.append(t.updated - t.run_end)
+                rests.append(t4 - t.updated + t.run_start - t.start)
                 if reference is not None:  # the machine's speed now, between steps
                     bare.append(reference())
     finally:
         events.path.unlink(missing_ok=True)
-        ex.close()
     return {"run": runs, "rest": rests, "opt": opts, "bare": bare}
 
 

@@ -1,0 +1,77 @@
+"""How plug-ins (pruning, rebalancing) join the training loop: one small protocol.
+
+The trainer owns the loop; a :class:`StepHook` is told where the loop is and may hand
+back a :class:`Relayout` (a new stage layout it migrated to), which the trainer
+applies. Hooks are built and handed to the trainer by the layer above
+(``engine.worker``), so the runtime knows no plug-in by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from jobctl.engine.core.actions import Action
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import Stage
+from jobctl.engine.runtime.executor import StepStats
+from jobctl.engine.runtime.topology import Topology
+
+
+@dataclass
+class StageState:
+    """What one rank trains under: the plan, its stage and the stage's optimizer,
+    topology and action list, and the group of ranks still training."""
+
+    plan: Plan
+    stage: Stage
+    named: dict[str, nn.Parameter]
+    opt: torch.optim.Optimizer
+    topo: Topology
+    actions: list[Action]
+    live_group: object | None = None  # None: every rank (packing frees some)
+
+
+@dataclass
+class StepEnd:
+    """A trained and reported step, as the hooks see it."""
+
+    done: int  # optimizer steps done
+    stats: StepStats
+    seconds: float  # the step's own wall seconds (train, loss)
+    state: StageState
+
+
+@dataclass
+class Relayout:
+    """A new stage state a hook migrated this rank to; the trainer applies it.
+
+    ``settled`` is called once the trainer trains again under it, with the seconds it
+    took to resume (the new executor and a barrier over the live ranks), or with None
+    when ``state`` is None: the rank was packed away and leaves the loop.
+    """
+
+    state: StageState | None
+    packed: bool  # the world shrank: checkpoints continue on the new plan
+    settled: Callable[[float | None], None]
+
+
+class StepHook(Protocol):
+    """A plug-in of the training loop; every live rank calls every method. A hook
+    subclasses this and overrides what it needs: the others do nothing."""
+
+    def before_step(self, step: int) -> None:
+        """Loop step ``step`` (0-based) is about to train."""
+
+    def before_update(self) -> None:
+        """Gradients are summed; the optimizer has not stepped yet."""
+
+    def after_update(self) -> None:
+        """The optimizer stepped (the step's last work before its loss is summed)."""
+
+    def after_step(self, end: StepEnd) -> Relayout | None:
+        """Step ``end.done`` is reported; a new layout for the trainer, if any."""

@@ -1,0 +1,102 @@
+"""One optimizer step of a stage: the one definition the trainer and the calibration
+probe both run, and the dry forward that sizes a pipeline's messages.
+
+A step seeds the RNG from (seed, step, rank), clears the gradients, runs the stage's
+action list over all micro-batches, lets the caller sum gradients, and updates the
+weights at the step's learning rate; hooks see the update from both sides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from jobctl.engine.core.actions import Action
+from jobctl.engine.model.blocks import Stage, block_seed
+from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
+from jobctl.engine.runtime.hook import StepHook
+from jobctl.engine.runtime.optim import lr_at, set_lr
+from jobctl.engine.runtime.p2p.gloo import recv_meta, send_meta
+from jobctl.engine.runtime.topology import Topology
+from jobctl.spec.sections import TrainingSpec
+
+
+@dataclass
+class StepTimes:
+    """``time.perf_counter`` marks of one step."""
+
+    start: float
+    run_start: float  # seeded, gradients cleared
+    run_end: float  # the action list ran
+    updated: float  # the optimizer stepped
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The RNG seed of ``step`` on ``rank``: dropout is a pure function of (seed, step,
+    rank), so runs are reproducible and a resumed run needs no saved RNG state."""
+    return block_seed(seed, 1_000_000 + step * 4096 + rank)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The compute context of a spec's ``training.precision``."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(
+    ex: StepExecutor,
+    actions: list[Action],
+    opt: torch.optim.Optimizer,
+    training: TrainingSpec,
+    step: int,
+    rank: int,
+    *,
+    compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    sync: Callable[[], None] | None = None,
+    hooks: Sequence[StepHook] = (),
+) -> tuple[StepStats, StepTimes]:
+    """Train loop step ``step``: the action list under ``compute`` (autocast), ``sync``
+    (the gradient sum over replicas and tied stages), then the optimizer update."""
+    start = time.perf_counter()
+    torch.manual_seed(step_seed(training.seed, step, rank))
+    opt.zero_grad(set_to_none=True)
+    run_start = time.perf_counter()
+    with compute():
+        stats = ex.run(actions, step)
+    run_end = time.perf_counter()
+    if sync is not None:
+        sync()
+    for hook in hooks:
+        hook.before_update()
+    set_lr(opt, lr_at(step, training))
+    opt.step()
+    for hook in hooks:
+        hook.after_update()
+    return stats, StepTimes(start, run_start, run_end, time.perf_counter())
+
+
+def probe_channels(
+    stage: Stage,
+    topo: Topology,
+    micro_batch: int,
+    seq_len: int,
+    device: torch.device,
+    compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Channels:
+    """Propagate activation shapes down the pipeline with one dry forward per stage."""
+    if topo.is_first:
+        x = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+        in_shape, in_dtype = None, None
+    else:
+        in_shape, in_dtype = recv_meta(topo.prev)
+        x = torch.zeros(in_shape, dtype=in_dtype)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), compute():
+        out = stage(x.to(device))
+    if topo.next is not None:
+        send_meta(out, topo.next)
+    return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype)

@@ -1,0 +1,53 @@
+"""How a worker puts its trainer together: the event sink, the rank's stage, and the
+plug-ins the spec turns on (pruning, rebalancing), handed to the trainer as hooks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from jobctl.engine.channel.client import event_sink
+from jobctl.engine.core.events import EventLog
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import ModelDef, model_def
+from jobctl.engine.pruning.hook import PruningHook
+from jobctl.engine.pruning.pruner import Pruner
+from jobctl.engine.rebalance.hook import Rebalancer
+from jobctl.engine.runtime.hook import StageState, StepHook
+from jobctl.engine.runtime.trainer import Trainer, build_state
+from jobctl.spec.job import JobSpec
+
+
+def _pruner(spec: JobSpec, state: StageState, mdef: ModelDef, events: EventLog) -> Pruner:
+    """This rank's pruner over its stage (collective: every rank builds one)."""
+    return Pruner(
+        spec, state.stage, state.named, state.opt, state.topo, mdef.ties, events,
+        micro_batch=state.plan.micro_batch_size,
+    )  # fmt: skip
+
+
+def build_trainer(
+    spec: JobSpec,
+    plan: Plan,
+    run_dir: Path,
+    rank: int,
+    device: torch.device,
+    resume: Path | None = None,
+) -> Trainer:
+    """The trainer of ``rank``, with its hooks; from checkpoint ``resume`` if given."""
+    # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
+    events = event_sink(run_dir, rank, plan.rank(rank).node)
+    mdef = model_def(spec.model, spec.training.seed)
+    state = build_state(mdef, spec.training, plan, rank, device)
+    pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
+    hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
+    if spec.rebalancing.enabled:
+        hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
+    masks = None if pruner is None else (lambda: pruner.masks)
+    trainer = Trainer(spec, mdef, state, run_dir, device, events, hooks, masks)
+    if resume is not None:
+        trainer.resume_from(resume)
+        if pruner is not None:
+            pruner.load(resume, trainer.start_step)
+    return trainer
