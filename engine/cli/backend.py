@@ -41,10 +41,3 @@ def render_or_exit(err: Console, spec_file: Path, backend: str, ctx) -> Rendered
         return get_backend(backend).render(ctx)
     except (BackendError, ValueError) as e:
         exit_with(err, spec_file, backend, "render", e)
-
-
-def fail_launch(db, name: str, run_id: str | None) -> None:
-    """Mark the run whose submission the backend refused as failed (not left launching)."""
-    row = db.get_run(run_id or name)
-    if row is not None and row["phase"] not in ("completed", "failed", "stopped"):
-        db.set_phase(row["id"], "failed", "the backend refused the run", exit_code=2)

@@ -1,4 +1,4 @@
-"""Options and look-ups shared by the ``jobctl`` command modules."""
+"""Options, consoles and look-ups shared by the ``jobctl`` command modules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.planner.resolver import PlanError, make_plan
 from jobctl.engine.state.db import StateDB
+from jobctl.spec import JobSpec, SpecError, load_spec
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -17,6 +20,11 @@ HomeOpt = Annotated[
     Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
 ]
 RunArg = Annotated[str, typer.Argument(help="run id or name")]
+SpecArg = Annotated[Path, typer.Argument(help="job spec YAML file", show_default=False)]
+DevicesOpt = Annotated[
+    int | None, typer.Option("--devices", help="plan for N devices instead of the pool")
+]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="override hardware.backend")]
 
 
 def find_run(db: StateDB, ref: str) -> dict:
@@ -26,3 +34,25 @@ def find_run(db: StateDB, ref: str) -> dict:
         err.print(f"[red]error:[/red] no run {ref!r}; `jobctl status` lists runs")
         raise typer.Exit(2)
     return row
+
+
+def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
+    """The job spec at ``path``; exit 2 with every issue when it is invalid or missing."""
+    try:
+        return load_spec(path, overrides=overrides)
+    except SpecError as e:
+        err.print(f"[red]error:[/red] {path}: invalid job spec", highlight=False)
+        err.print(str(e), highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    except FileNotFoundError:
+        err.print(f"[red]error:[/red] {path}: no such file")
+        raise typer.Exit(2) from None
+
+
+def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
+    """The plan of ``spec`` for ``devices``; exit 2 when none fits."""
+    try:
+        return make_plan(spec, devices)
+    except (PlanError, ValueError) as e:
+        err.print(f"[red]error:[/red] {path}: cannot plan: {e}", highlight=False)
+        raise typer.Exit(2) from None

@@ -16,16 +16,12 @@ from rich.console import Console
 
 from jobctl.engine.fleet.db import FleetDB
 from jobctl.engine.fleet.loader import Fleet, load_fleet
+from jobctl.engine.fleet.members import member_rows
 from jobctl.engine.fleet.planning import FleetPlan, plan_fleet, record_fleet
 from jobctl.engine.fleet.runner import FleetBusy, FleetRunner
 from jobctl.engine.scheduler.procs import hostname, pid_alive, stop_tree
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.views.fleet import (
-    FleetProgress,
-    member_rows,
-    print_fleet_plan,
-    print_fleet_status,
-)
+from jobctl.engine.views.fleet import FleetProgress, print_fleet_plan, print_fleet_status
 from jobctl.spec import SpecError
 
 fleet_app = typer.Typer(
@@ -104,8 +100,12 @@ def resume(
 
 
 def _run(db: StateDB, name: str, poll: float) -> None:
-    with FleetProgress(console, db) as progress:
-        runner = FleetRunner(db, name, poll_s=poll, on_tick=progress.update)
+    with FleetProgress(console) as progress:
+
+        def tick(members: list[dict]) -> None:
+            progress.update(member_rows(db, members))
+
+        runner = FleetRunner(db, name, poll_s=poll, on_tick=tick)
         stops = (signal.SIGTERM, signal.SIGINT)
         previous = {s: signal.signal(s, lambda *_: runner.request_stop()) for s in stops}
         try:

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from jobctl.engine.cli.common import HomeOpt, console, err, find_run
+from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.run_requests import request_stop
 from jobctl.engine.views import tables as views
 
+# What ``stop`` says it did, by Stopping.how.
+STOP_MESSAGES = {
+    "ended": "run {s.run_id} is already {s.phase}",
+    "asked": "asked the supervisor (pid {s.supervisor}) of {s.run_id} to have its nodes "
+    "checkpoint and stop",
+    "between": "run {s.run_id} stopped; `jobctl resume {s.run_id}` continues it",
+    "signalled": "asked {s.nodes} node(s) of {s.run_id} to checkpoint and stop",
+}
 
-def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeOpt = None) -> None:
+
+def stop(run: RunArg, home: HomeOpt = None) -> None:
     """Stop a run gracefully: every rank checkpoints at the end of its step, then exits.
 
     A supervised run gets the request through the state DB: its supervisor signals the
@@ -22,33 +31,9 @@ def stop(run: Annotated[str, typer.Argument(help="run id or name")], home: HomeO
     if it is between two attempts. Without a live supervisor the recorded nodes are
     signalled directly.
     """
-    import signal
-
-    from jobctl.backends import get_backend
-    from jobctl.engine.core.process import pid_alive
-
     db = StateDB(home)
-    row = find_run(db, run)
-    if row["phase"] in ("completed", "failed", "stopped"):
-        console.print(f"run {row['id']} is already {row['phase']}")
-        return
-    sup = row["supervisor_pid"]
-    if sup and pid_alive(sup, row["supervisor_token"]):
-        db.request_stop(row["id"], f"stop requested from pid {os.getpid()}")
-        console.print(
-            f"asked the supervisor (pid {sup}) of {row['id']} to have its nodes checkpoint and stop"
-        )
-        return
-    if row["phase"] in ("pending", "calibrating", "planning", "morphing"):
-        # Between two attempts and nobody supervising: no node runs that could checkpoint.
-        db.set_phase(row["id"], "stopped", "stopped between attempts (no supervisor)")
-        console.print(f"run {row['id']} stopped; `jobctl resume {row['id']}` continues it")
-        return
-    handles = [h for h in (row["pids"] or "").split(",") if h]
-    # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
-    get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
-    db.add_event(row["id"], "stop", f"SIGTERM sent to {len(handles)} node(s) (no supervisor)")
-    console.print(f"asked {len(handles)} node(s) of {row['id']} to checkpoint and stop")
+    s = request_stop(db, find_run(db, run))
+    console.print(STOP_MESSAGES[s.how].format(s=s))
 
 
 def status(

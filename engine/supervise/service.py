@@ -5,6 +5,10 @@ one, re-planned for the devices available now with the same global batch (Varuna
 job morphing): the new layout loads the layout-independent checkpoint and training
 goes on from the exact next sample. The state machine that does it, one transition
 per step, is engine/supervise/supervisor.py; ``launch`` runs it to the end.
+
+The command line asks this layer what to do and prints the answer: which earlier run
+an ``apply`` continues, what becomes of a run whose backend refused it; the stop and
+scale requests are in engine/supervise/run_requests.py.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.launch import Run
 from jobctl.engine.supervise.monitor import Outcome
 from jobctl.engine.supervise.supervisor import Supervisor
+from jobctl.spec import JobSpec
 
 
 @dataclass
@@ -34,7 +39,7 @@ class ApplyOptions:
 
 
 def launch(
-    spec,
+    spec: JobSpec,
     plan: Plan | None,
     db: StateDB,
     spec_path: str | None,
@@ -52,3 +57,20 @@ def launch(
     launcher (engine/supervise/attempt.py) in tests.
     """
     return Supervisor(spec, plan, db, spec_path, opts, console, launcher).run_to_end()
+
+
+def unfinished_run(db: StateDB, name: str, fresh: bool, resume_dir: Path | None) -> str | None:
+    """The id of the unfinished earlier run of job ``name`` that an ``apply`` continues
+    from its newest checkpoint; None for a new run (asked for with ``fresh``, or
+    starting from the checkpoint folder ``resume_dir``, or no unfinished run)."""
+    previous = db.get_run(name)
+    if previous and previous["phase"] != "completed" and not fresh and resume_dir is None:
+        return previous["id"]
+    return None
+
+
+def fail_refused(db: StateDB, name: str, run_id: str | None) -> None:
+    """Mark the run whose submission the backend refused as failed (not left launching)."""
+    row = db.get_run(run_id or name)
+    if row is not None and row["phase"] not in ("completed", "failed", "stopped"):
+        db.set_phase(row["id"], "failed", "the backend refused the run", exit_code=2)

@@ -1,1 +1,8 @@
-"""jobctl.engine.views: TODO."""
+"""jobctl.engine.views: rendering only, of data the layers below computed.
+
+Views never import torch and take from the rest of jobctl only types and constants
+(tests/unit/test_layers.py checks it): the command line computes, then hands the data
+over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning`` and ``rebalance``
+print to the terminal; ``gantt`` draws a simulated step; ``svg`` and ``png`` draw
+charts; ``report`` writes the HTML page of ``jobctl report``.
+"""

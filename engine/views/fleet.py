@@ -10,7 +10,6 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from jobctl.engine.fleet.planning import FleetPlan
-from jobctl.engine.state.db import StateDB
 
 
 def _value(v: Any) -> str:
@@ -59,19 +58,8 @@ def print_fleet_plan(console: Console, fp: FleetPlan) -> None:
     )
 
 
-def member_rows(db: StateDB, members: list[dict]) -> list[dict]:
-    """Fleet members joined with their newest run (phase, step, loss, run id)."""
-    rows = []
-    for m in members:
-        run = db.get_run(m["run_id"] or m["member"]) if m["state"] != "pending" else None
-        if run is not None and m["started_at"] and run["updated_at"] < m["started_at"] - 5:
-            run = None  # an older run of the same name, not this launch
-        rows.append({**m, "run": run})
-    return rows
-
-
 def print_fleet_status(console: Console, fleet: dict, rows: list[dict], runner: str) -> None:
-    """The fleet's state and a table of its members."""
+    """The fleet's state and a table of its members (engine/fleet/members.py)."""
     console.print(
         f"[bold]fleet[/bold] {fleet['name']} ({fleet['file']}): {fleet['state']}, "
         f"pool {fleet['pool_devices']} device(s), at most {fleet['max_concurrent']} at once; "
@@ -101,8 +89,7 @@ def print_fleet_status(console: Console, fleet: dict, rows: list[dict], runner: 
 class FleetProgress:
     """A live progress bar per member, fed by the runner's ticks."""
 
-    def __init__(self, console: Console, db: StateDB) -> None:
-        self.db = db
+    def __init__(self, console: Console) -> None:
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -121,8 +108,9 @@ class FleetProgress:
     def __exit__(self, *exc) -> None:
         self.bar.__exit__(*exc)
 
-    def update(self, members: list[dict]) -> None:
-        for r in member_rows(self.db, members):
+    def update(self, rows: list[dict]) -> None:
+        """Each member's bar from its row joined with its run (engine/fleet/members.py)."""
+        for r in rows:
             run = r["run"] or {}
             if r["member"] not in self.tasks:
                 self.tasks[r["member"]] = self.bar.add_task(

@@ -1,205 +1,13 @@
-"""Predicted stage load after pruning, and what rebalancing would recover (``jobctl plan``).
-
-Per pruning step of the schedule, each block's calibrated forward+backward time is
-rescaled for the sparsity of its prunable layers. Where the sparsities come from:
-
-* ``profile``: the newest earlier run of this job in the state home that recorded
-  its pruning steps (each layer's sparsity under global magnitude pruning, which
-  leaves layers unevenly sparse), at the steps whose target matches the schedule's;
-* ``uniform``: otherwise the schedule, with global pruning assumed to leave every
-  prunable layer at the schedule's sparsity (the view says which).
-
-A layer computing densely (masked weights) takes as long as before. One computing in
-CSR takes the measured CSR / dense ratio of its shape class at its sparsity
-(``sparse_threshold: auto``, the crossover records of ``pruning_crossover``), or, with a
-fixed threshold, a time proportional to its nonzeros and equal to dense at the
-threshold. A layer's share of its block's time is its share of the block's parameters.
-The balancer of ``rebalancing`` then runs on those costs (or on nonzero parameter
-counts, ``by: params``) and the simulator predicts the step with the static and the
-rebalanced stage map; a stage's idle % is ``1 - busy / step time`` of that simulated
-step (its compute over the whole step, allreduce and optimizer included).
-"""
+"""``jobctl plan``'s rebalancing section: the predicted stage idle after each pruning
+step, with the static stage map and after rebalancing (engine/rebalance/preview.py
+computes it)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 from rich.console import Console
 from rich.table import Table
-from torch import nn
 
-from jobctl.engine.calibration.cache import DEFAULT_THREADS, calibration_for
-from jobctl.engine.core.events import read_metrics
-from jobctl.engine.core.home import default_home
-from jobctl.engine.core.plan import Plan
-from jobctl.engine.model.blocks import model_def
-from jobctl.engine.planner.simulator.simulation import SimResult
-from jobctl.engine.planner.stage_costs import BlockTimes
-from jobctl.engine.pruning.crossover import load, ratio_at, record_path, shape_key
-from jobctl.engine.pruning.pruner import prunable_names
-from jobctl.engine.pruning.schedule import schedule
-from jobctl.engine.rebalance.rebalancer import Stages, loads_of, rebalance
-from jobctl.engine.rebalance.replan import (
-    choose_pack,
-    layout_of,
-    memory_cap,
-    memory_model,
-    simulate_stages,
-)
-from jobctl.engine.state.db import StateDB
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One prunable weight: its block, name, (out, in) shape and whether an
-    ``nn.Linear`` computes with it (only those can switch to CSR)."""
-
-    block: int
-    name: str
-    shape: tuple[int, int]
-    numel: int
-    linear: bool
-
-
-def model_layers(spec) -> tuple[list[int], list[Layer]]:
-    """(parameter elements per block, the prunable weights), from meta-device shapes;
-    a pruned tied embedding's head counts too (it computes with the same mask)."""
-    mdef = model_def(spec.model, spec.training.seed)
-    totals, found = [], {}
-    with torch.device("meta"):
-        for i in range(mdef.num_blocks):
-            block = mdef.block(i)
-            mods = dict(block.named_modules())
-            totals.append(sum(p.numel() for p in block.parameters()))
-            for n, p in block.named_parameters():
-                owner, _, leaf = n.rpartition(".")
-                linear = isinstance(mods.get(owner), nn.Linear) and leaf == "weight"
-                shape = (p.shape[0], p.numel() // p.shape[0]) if p.dim() else (1, 1)
-                found[f"layers.{i}.{n}"] = Layer(i, f"layers.{i}.{n}", shape, p.numel(), linear)
-    names = set(prunable_names(list(found), spec.pruning.prunable, mdef.ties))
-    names |= {t.alias for t in mdef.ties if t.canonical in names}
-    return totals, [found[n] for n in found if n in names]
-
-
-def sparsity_profile(spec, home: Path | None, layers: list[Layer]) -> dict[int, dict]:
-    """Per pruning step, each layer's sparsity as the newest earlier run of this job
-    recorded it (``pruning`` records with ``layer_sparsity``); {} when none did."""
-    home = Path(home or default_home())
-    if not (os.environ.get("JOBCTL_DB_URL") or (home / "state.db").exists()):
-        return {}  # never create a state database just to plan
-    targets = dict(schedule(spec))
-    names = {layer.name for layer in layers}
-    for run in StateDB(home).list_runs():
-        path = Path(run["run_dir"]) / "metrics.jsonl"
-        if run["name"] != spec.name or not path.exists():
-            continue
-        found = {}
-        for rec in read_metrics(path, 0)[0]:  # the run may still be appending
-            if rec.get("kind") != "pruning" or set(rec.get("layer_sparsity", {})) != names:
-                continue
-            if abs(targets.get(rec["step"], -1.0) - rec["target_sparsity"]) < 1e-9:
-                found[rec["step"]] = rec["layer_sparsity"]
-        if found:
-            return found
-    return {}
-
-
-def csr_ratio(spec, layer: Layer, sparsity: float, records: dict, tokens: int) -> float:
-    """Time of ``layer`` at ``sparsity`` relative to dense (1.0: it computes densely)."""
-    limit = spec.pruning.sparse_threshold
-    if limit is None or not layer.linear:
-        return 1.0
-    if limit == "auto":
-        rec = records.get(shape_key((*layer.shape, tokens)), {})
-        x = rec.get("crossover")
-        return 1.0 if x is None or sparsity < x else ratio_at(rec, sparsity) or 1.0
-    return (1 - sparsity) / (1 - limit) if sparsity > limit else 1.0
-
-
-def pruned_costs(
-    spec, times: list[float], sparsity: dict[str, float], records: dict, tokens: int
-) -> tuple[list[float], list[float]]:
-    """(predicted seconds, nonzero parameters) per block with each prunable layer at
-    ``sparsity[name]``."""
-    totals, layers = model_layers(spec)
-    secs, nnz = list(times), [float(n) for n in totals]
-    for layer in layers:
-        s, b = sparsity[layer.name], layer.block
-        share = layer.numel / totals[b] if totals[b] else 0.0
-        secs[b] -= times[b] * share * (1.0 - csr_ratio(spec, layer, s, records, tokens))
-        nnz[b] -= layer.numel * s
-    return secs, nnz
-
-
-def idle_fractions(sim: SimResult) -> list[float]:
-    """Per stage, 1 - busy / step time of a simulated step."""
-    return [1.0 - b / sim.step_time if sim.step_time > 0 else 0.0 for b in sim.busy]
-
-
-@dataclass
-class Row:
-    step: int
-    sparsity: float
-    source: str  # "profile" or "uniform"
-    static: list[float]  # stage seconds
-    balanced: list[float]
-    stages: Stages
-    idle_static: list[float]
-    idle_balanced: list[float]
-    step_static: float
-    step_balanced: float
-    pack: int | None
-
-
-def predict(spec, plan: Plan, home=None) -> list[Row]:
-    """One row per pruning step: stage seconds and idle static vs rebalanced."""
-    cal = calibration_for(spec, home)
-    times = BlockTimes.at(cal, plan.micro_batch_size)
-    base = [f + b for f, b in zip(times.fwd, times.bwd, strict=True)]
-    lay, cfg = layout_of(plan), spec.rebalancing
-    stages = [list(s.blocks) for s in plan.stages]
-    mem, cap = memory_model(spec, cal, lay), memory_cap(spec)
-    _, layers = model_layers(spec)
-    profile = sparsity_profile(spec, home, layers)
-    records = load(record_path(home, torch.device(spec.hardware.device), DEFAULT_THREADS))
-    tokens = plan.micro_batch_size * spec.model.seq_len
-    rows = []
-    for step, s in schedule(spec):
-        if s <= 0.0:  # nothing pruned at this step (see pruning_schedule.target_at)
-            continue
-        sparsity = profile.get(step) or {layer.name: s for layer in layers}
-        secs, nnz = pruned_costs(spec, base, sparsity, records, tokens)
-        costs = secs if cfg.by == "time" else nnz
-        d = rebalance(costs, stages, cfg.balancer, cfg.by, cfg.tolerance, mem, cap)
-        pack = None
-        if cfg.pack:
-            got = choose_pack(
-                spec, cal, plan, secs, d.stages, cfg.tolerance, cfg.target_devices,
-                cfg.balancer, costs,
-            )  # fmt: skip
-            pack = got.P if got is not None else None
-        static = simulate_stages(spec, cal, lay, stages, secs)
-        balanced = simulate_stages(spec, cal, lay, d.stages, secs)
-        rows.append(
-            Row(
-                step,
-                s,
-                "profile" if step in profile else "uniform",
-                loads_of(secs, stages),
-                loads_of(secs, d.stages),
-                d.stages,
-                idle_fractions(static),
-                idle_fractions(balanced),
-                static.step_time,
-                balanced.step_time,
-                pack,
-            )  # fmt: skip
-        )
-        stages = d.stages
-    return rows
+from jobctl.engine.rebalance.preview import RebalancePreview
 
 
 def _idle(xs: list[float]) -> str:
@@ -207,13 +15,10 @@ def _idle(xs: list[float]) -> str:
     return f"{100 * max(xs):.0f}: {' '.join(f'{100 * x:.0f}' for x in xs)}"
 
 
-def print_rebalancing(console: Console, spec, plan: Plan, home=None) -> None:
+def print_rebalancing(console: Console, preview: RebalancePreview) -> None:
     """The predicted imbalance after each pruning step, and what rebalancing recovers."""
-    cfg = spec.rebalancing
+    cfg = preview.rebalancing
     how = f"{cfg.balancer} by {cfg.by}" if cfg.enabled else "if enabled: partition by time"
-    if not cfg.enabled:
-        cfg = cfg.model_copy(update={"balancer": "partition", "by": "time"})
-        spec = spec.model_copy(update={"rebalancing": cfg})
     table = Table(title=f"predicted stage idle after pruning (rebalancing: {how})")
     for col in ("step (sparsity)", "layers", "idle %", "rebalanced"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -221,7 +26,7 @@ def print_rebalancing(console: Console, spec, plan: Plan, home=None) -> None:
     table.add_column("stages", no_wrap=True)
     if cfg.pack:
         table.add_column("pack", justify="right")
-    for r in predict(spec, plan, home):
+    for r in preview.rows:
         cells = [
             f"{r.step} ({100 * r.sparsity:.0f} %)",
             r.source,
@@ -239,15 +44,15 @@ def print_rebalancing(console: Console, spec, plan: Plan, home=None) -> None:
         "stage, with the static stage map and after rebalancing (blocks per stage: stages). "
         "layers: 'profile' = each layer's sparsity as an earlier run of this job recorded "
         "it; 'uniform' = global pruning assumed to leave every prunable layer at the "
-        f"schedule's sparsity. {_compute_note(spec)} Measured per-block times "
-        "after each pruning step drive the real decision.",
+        f"schedule's sparsity. {_compute_note(preview.sparse_threshold)} Measured per-block "
+        "times after each pruning step drive the real decision.",
         soft_wrap=True,
         highlight=False,
     )
 
 
-def _compute_note(spec) -> str:
-    limit = spec.pruning.sparse_threshold
+def _compute_note(limit: float | str | None) -> str:
+    """How pruned layers compute under ``pruning.sparse_threshold``."""
     if limit is None:
         return "Layers compute densely (sparse_threshold: null): pruning leaves their time."
     if limit == "auto":

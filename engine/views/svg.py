@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from html import escape
 
+from jobctl.engine.supervise.report_data import Marker
+
 MARKER_COLOURS = {
     "checkpoint": "#54A24B",
     "upload": "#72B7B2",
@@ -26,6 +28,8 @@ MARKER_COLOURS = {
 
 @dataclass
 class Series:
+    """One polyline: its points, colour and CSS class."""
+
     name: str
     xs: list[float]
     ys: list[float]
@@ -34,14 +38,9 @@ class Series:
 
 
 @dataclass
-class Marker:
-    x: float
-    kind: str
-    label: str
-
-
-@dataclass
 class Chart:
+    """Series over shared axes with vertical event markers, drawn ``width`` x ``height``."""
+
     title: str
     x_label: str
     y_label: str
@@ -65,9 +64,29 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def render(chart: Chart) -> str:
-    """The chart as an ``<svg>`` element (HTML5 inline SVG)."""
-    W, H = chart.width, chart.height
+@dataclass(frozen=True)
+class _Frame:
+    """The plot area of a chart (pixels) and the data range it spans."""
+
+    left: float
+    top: float
+    pw: float
+    ph: float
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def py(self, y: float) -> float:
+        return self.top + self.ph - (y - self.y0) / (self.y1 - self.y0) * self.ph
+
+
+def _frame(chart: Chart) -> _Frame:
+    """The data range of every finite point and marker, the y axis from 0 when the
+    data sits well above it."""
     left, right, top, bottom = 64, 16, 28, 44
     pts = [(x, y) for s in chart.series for x, y in zip(s.xs, s.ys, strict=True)]
     finite = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
@@ -78,42 +97,58 @@ def render(chart: Chart) -> str:
     if y0 > 0 and y0 < 0.5 * y1:
         y0 = 0.0
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    pw, ph = W - left - right, H - top - bottom
+    pw, ph = chart.width - left - right, chart.height - top - bottom
+    return _Frame(left, top, pw, ph, x0, x1, y0, y1)
 
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
 
-    def py(y: float) -> float:
-        return top + ph - (y - y0) / (y1 - y0) * ph
-
+def render(chart: Chart) -> str:
+    """The chart as an ``<svg>`` element (HTML5 inline SVG)."""
+    W, H, f = chart.width, chart.height, _frame(chart)
+    left, top, pw, ph = f.left, f.top, f.pw, f.ph
     out = [
         f'<svg class="chart" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">',
         f"<title>{escape(chart.title)}</title>",
         f'<text x="{left}" y="18" class="ct">{escape(chart.title)}</text>',
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>',
     ]
-    for t in _ticks(y0, y1):
-        y = py(t)
+    for t in _ticks(f.y0, f.y1):
+        y = f.py(t)
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yt">{_fmt(t)}</text>')
-    for t in _ticks(x0, x1, 8):
-        x = px(t)
+    for t in _ticks(f.x0, f.x1, 8):
+        x = f.px(t)
         out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" class="xt">{_fmt(t)}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{H - 6}" class="xl">{escape(chart.x_label)}</text>')
     out.append(
         f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" class="xl">'
         f"{escape(chart.y_label)}</text>"
     )
+    out += _marker_lines(chart, f)
+    out += _polylines(chart, f)
+    out.append(_legend(chart, left + pw))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _marker_lines(chart: Chart, f: _Frame) -> list[str]:
+    """A dashed vertical line per marker, its label as the hover title."""
+    out = []
     for m in chart.markers:
-        x, colour = px(m.x), MARKER_COLOURS.get(m.kind, "#888")
+        x, colour = f.px(m.x), MARKER_COLOURS.get(m.kind, "#888")
         out.append(
             f'<line class="marker marker-{escape(m.kind)}" data-kind="{escape(m.kind)}" '
-            f'x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="{colour}">'
+            f'x1="{x:.1f}" x2="{x:.1f}" y1="{f.top}" y2="{f.top + f.ph}" stroke="{colour}">'
             f"<title>{escape(m.label)}</title></line>"
         )
+    return out
+
+
+def _polylines(chart: Chart, f: _Frame) -> list[str]:
+    """A polyline per series over its finite points, their count in ``data-points``."""
+    out = []
     for s in chart.series:
         coords = [
-            f"{px(x):.1f},{py(y):.1f}"
+            f"{f.px(x):.1f},{f.py(y):.1f}"
             for x, y in zip(s.xs, s.ys, strict=True)
             if math.isfinite(x) and math.isfinite(y)
         ]
@@ -122,9 +157,7 @@ def render(chart: Chart) -> str:
             f'data-points="{len(coords)}" fill="none" stroke="{s.colour}" stroke-width="1.5" '
             f'points="{" ".join(coords)}"><title>{escape(s.name)}</title></polyline>'
         )
-    out.append(_legend(chart, left + pw))
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 def _legend(chart: Chart, right_edge: float) -> str:

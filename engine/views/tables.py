@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.calibration.record import Calibration, RuntimeCalibration
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.supervise.figures import RunFigures
 
@@ -153,23 +153,27 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
     )
     slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
     console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
-    rt = cal.runtime
-    if rt is not None:
+    if cal.runtime is not None:
+        _print_runtime(console, cal.runtime)
+
+
+def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
+    """The pipeline probes' costs and the machine's drift, warning when it moved."""
+    console.print(
+        f"runtime ({rt.source}, pipeline probes): {1e3 * rt.action_s:.3f} ms per action, "
+        f"{1e3 * rt.message_s:+.3f} ms per message ({1e3 * rt.message_busy_s:+.3f} ms "
+        f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
+        f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing "
+        "(compute times scaled to the probes)",
+        soft_wrap=True,
+    )
+    if not rt.steady:
         console.print(
-            f"runtime ({rt.source}, pipeline probes): {1e3 * rt.action_s:.3f} ms per action, "
-            f"{1e3 * rt.message_s:+.3f} ms per message ({1e3 * rt.message_busy_s:+.3f} ms "
-            f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
-            f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing "
-            "(compute times scaled to the probes)",
+            "[yellow]the machine's speed moved during the calibration: plans follow the "
+            "probes' speed; run `jobctl calibrate` again at a steadier time if its "
+            "predictions are off[/yellow]",
             soft_wrap=True,
         )
-        if not rt.steady:
-            console.print(
-                "[yellow]the machine's speed moved during the calibration: plans follow the "
-                "probes' speed; run `jobctl calibrate` again at a steadier time if its "
-                "predictions are off[/yellow]",
-                soft_wrap=True,
-            )
 
 
 def human_bytes(n: float) -> str:

@@ -188,14 +188,14 @@ def test_simulator_sees_rebalancing_gain_and_packing():
 
 
 def _block_layers(spec, block: int):
-    from jobctl.engine.views.rebalance import model_layers
+    from jobctl.engine.rebalance.preview import model_layers
 
     totals, layers = model_layers(spec)
     return totals, {x.name.split(".", 2)[2]: x for x in layers if x.block == block}
 
 
 def test_pruned_cost_prediction_per_layer_by_hand():
-    from jobctl.engine.views.rebalance import pruned_costs
+    from jobctl.engine.rebalance.preview import pruned_costs
 
     spec = tiny_spec(**{"pruning.enabled": True, "pruning.end_step": 50})  # hidden 64
     totals, layers = _block_layers(spec, 1)
@@ -232,8 +232,8 @@ def test_pruned_cost_prediction_per_layer_by_hand():
 
 def test_idle_fraction_of_a_simulated_step_by_hand():
     from jobctl.engine.planner.simulator.simulation import CostModel, simulate
+    from jobctl.engine.rebalance.preview import idle_fractions
     from jobctl.engine.schedule.generators import generate
-    from jobctl.engine.views.rebalance import idle_fractions
 
     # Uniform stages, no communication: every stage idles (P - 1) / (M + P - 1).
     P, M = 3, 4
@@ -249,8 +249,8 @@ def test_idle_fraction_of_a_simulated_step_by_hand():
 def test_prediction_uses_the_recorded_per_layer_sparsity(tmp_path):
     import json
 
+    from jobctl.engine.rebalance.preview import model_layers, predict, pruned_costs
     from jobctl.engine.state.db import StateDB
-    from jobctl.engine.views.rebalance import model_layers, predict, pruned_costs
 
     spec = tiny_spec(**PRUNED_3_STAGES)
     plan = make_plan(spec)

@@ -1,0 +1,162 @@
+"""``jobctl apply`` and ``jobctl resume``: plan, launch and supervise a run to its end
+(engine/supervise/service.py decides which run continues and runs it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jobctl.backends import BackendError
+from jobctl.engine.cli.backend import exit_with, render_or_exit
+from jobctl.engine.cli.common import (
+    BackendOpt,
+    DevicesOpt,
+    HomeOpt,
+    RunArg,
+    SpecArg,
+    console,
+    err,
+    find_run,
+    load_or_exit,
+    plan_or_exit,
+)
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.service import ApplyOptions, fail_refused, launch, unfinished_run
+from jobctl.engine.views import tables as views
+from jobctl.spec import JobSpec
+
+
+def apply(
+    spec_file: SpecArg,
+    devices: DevicesOpt = None,
+    backend: BackendOpt = None,
+    home: HomeOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print plan and scripts, start nothing")
+    ] = False,
+    resume_dir: Annotated[
+        Path | None, typer.Option("--resume-from", help="checkpoint folder to start from")
+    ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="start a new run even if an unfinished one exists")
+    ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="supervise in the background and return at once")
+    ] = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", hidden=True)] = None,
+) -> None:
+    """Validate, plan, render, launch and supervise a job until it ends.
+
+    An unfinished earlier run of the same job is continued from its newest checkpoint.
+    """
+    spec = load_or_exit(spec_file)
+    p = plan_or_exit(spec, spec_file, devices)
+    views.print_plan(console, p)
+    if dry_run:
+        _print_dry_run(spec, p, spec_file, backend)
+        return
+    db = StateDB(home)
+    if run_id is None and (run_id := unfinished_run(db, spec.name, fresh, resume_dir)):
+        console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
+    opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
+    if detach:
+        _detach(spec_file, spec.name, db, devices, opts)
+        return
+    _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
+
+
+def _print_dry_run(spec: JobSpec, p: Plan, spec_file: Path, backend: str | None) -> None:
+    """Every file the backend would write for the run, printed instead of started."""
+    from jobctl.engine.supervise.launch import run_context
+
+    ctx = run_context(spec, p, f"{spec.name}-dry-run", Path("<run-dir>"))
+    rendered = render_or_exit(err, spec_file, backend or spec.hardware.backend, ctx)
+    for name, text in rendered.files.items():
+        console.rule(name)
+        console.print(text, markup=False, highlight=False)
+
+
+def _detach(
+    spec_file: Path, name: str, db: StateDB, devices: int | None, opts: ApplyOptions
+) -> None:
+    """Start this same `apply` as a background supervisor in its own session."""
+    import subprocess
+
+    from jobctl.engine.scheduler.procs import jobctl_argv
+    from jobctl.engine.supervise.launch import new_run_id
+
+    run_id = opts.run_id or new_run_id(name)
+    cmd = jobctl_argv("apply", str(spec_file.resolve()), "--home", str(db.home), "--run-id", run_id)
+    for flag, value in (
+        ("--devices", devices),
+        ("--backend", opts.backend),
+        ("--resume-from", opts.resume_dir),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    log = db.home / "supervisors" / f"{run_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    console.print(
+        f"run {run_id} supervised in the background by pid {proc.pid} (log {log}); "
+        f"`jobctl status {run_id}`, `jobctl logs {run_id} -f`, `jobctl stop {run_id}`"
+    )
+
+
+def resume(
+    run: RunArg,
+    devices: DevicesOpt = None,
+    backend: BackendOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Continue a run: adopt its nodes if they still train (the supervisor died), else
+    from its newest complete checkpoint, re-planned for the devices available now."""
+    db = StateDB(home)
+    row = find_run(db, run)
+    spec_file = Path(row["run_dir"]) / "spec.yaml"
+    spec = load_or_exit(spec_file)
+    p = plan_or_exit(spec, spec_file, devices)
+    views.print_plan(console, p)
+    opts = ApplyOptions(backend=backend, run_id=row["id"])
+    _launch_and_report(spec, p, db, row["spec_path"], opts)
+
+
+def _launch_and_report(
+    spec: JobSpec, p: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions
+) -> None:
+    """Supervise the run in the foreground and say how it ended (exit 1 if it failed)."""
+    from jobctl.engine.supervise.adoption import AdoptError
+
+    t0 = time.monotonic()
+    try:
+        run, outcome = launch(spec, p, db, spec_path, opts, console)
+    except BackendError as e:
+        fail_refused(db, spec.name, opts.run_id)
+        exit_with(err, spec_path, opts.backend or spec.hardware.backend, "start", e)
+    except AdoptError as e:  # another live process supervises the run: nothing started
+        err.print(f"error: {e}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    if outcome.kind == "stopped":
+        step = db.get_run(run.id)["step"]
+        console.print(
+            f"run {run.id} stopped at step {step} after a checkpoint; "
+            f"`jobctl resume {run.id}` continues it"
+        )
+        return
+    if not outcome.ok:
+        err.print(f"[red]run {run.id} failed:[/red]")
+        err.print(outcome.message, highlight=False, markup=False)
+        raise typer.Exit(1)
+    last = outcome.losses[-1] if outcome.losses else float("nan")
+    console.print(
+        f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
+        f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}"
+    )

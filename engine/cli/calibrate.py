@@ -1,0 +1,34 @@
+"""``jobctl calibrate``: measure the model and this machine, cache and print the record."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from jobctl.engine.cli.common import HomeOpt, SpecArg, console, load_or_exit
+from jobctl.engine.views import tables as views
+
+
+def calibrate(
+    spec_file: SpecArg,
+    home: HomeOpt = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=3, help="samples per value")] = 15,
+) -> None:
+    """Measure the model and this machine (Varuna Table 2) and cache the record.
+
+    Per block: forward/backward time by micro-batch size, activation, parameter and peak
+    bytes; point-to-point time by message size and allreduce time by ring size, in a
+    small process group on this machine. `jobctl plan` reuses the record for any G.
+    """
+    from jobctl.engine.calibration.measure.runner import calibrate as measure
+
+    spec = load_or_exit(spec_file)
+    with views.calibration_progress(console) as bar:
+        task = bar.add_task("calibrating", total=1.0)
+
+        def report(what: str, done: float) -> None:
+            bar.update(task, completed=done, description=what)
+
+        cal, path = measure(spec, home, repeats=repeats, progress=report)
+    views.print_calibration(console, cal, path)
