@@ -1,1 +1,7 @@
-"""jobctl.engine.state: TODO."""
+"""jobctl.engine.state: the state database every jobctl process shares.
+
+``db`` keeps runs and their events (phase transitions are compare-and-set, so two
+supervisors never both move a run out of a phase); ``leases`` keeps who may launch a
+job and the control events of schedules and fleets. The state home itself (the folder
+that holds the database) is engine/core/home.py.
+"""

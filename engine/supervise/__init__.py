@@ -1,1 +1,13 @@
-"""jobctl.engine.supervise: TODO."""
+"""jobctl.engine.supervise: a run's life, from launch to its end, and what it decides.
+
+``supervisor`` walks one run through its phases as a state machine (calibrate, plan,
+launch, train, morph, finish); ``launch`` writes each attempt's folder and node
+scripts, ``attempt`` starts its processes, ``monitor`` follows its nodes and how it
+ended, ``records`` mirrors the workers' records (engine/core/events.py) into the state
+DB, ``activity`` turns them into phases. ``crash`` tells a bug from a lost process,
+``recovery`` times recoveries, ``stragglers`` flags slow devices, ``scaling`` reads
+scale requests and plans the next attempt, ``adoption`` re-attaches a run whose
+supervisor died. ``service`` and ``run_requests`` are the decisions the command line
+asks for (apply, resume, stop, scale); ``figures`` and ``report_data`` compute what
+``jobctl status`` and ``jobctl report`` show.
+"""

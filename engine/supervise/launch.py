@@ -19,7 +19,7 @@ from pathlib import Path
 from jobctl.backends import Rendered, RunContext, get_backend
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
-from jobctl.spec import dump_yaml, spec_hash
+from jobctl.spec import JobSpec, dump_yaml, spec_hash
 
 
 @dataclass
@@ -58,7 +58,7 @@ def new_run_id(name: str) -> str:
 
 
 def run_context(
-    spec,
+    spec: JobSpec,
     plan: Plan,
     run_id: str,
     run_dir: Path,
@@ -85,7 +85,7 @@ def run_context(
     )
 
 
-def register_run(spec, db: StateDB, spec_path: str | None, run_id: str, **fields) -> Path:
+def register_run(spec: JobSpec, db: StateDB, spec_path: str | None, run_id: str, **fields) -> Path:
     """Create a new run's folder (with its spec) and its DB row, in phase ``pending``."""
     run_dir = db.runs_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)  # a remote download may have made it
@@ -103,7 +103,7 @@ def register_run(spec, db: StateDB, spec_path: str | None, run_id: str, **fields
 
 
 def prepare_run(
-    spec,
+    spec: JobSpec,
     plan: Plan,
     db: StateDB,
     backend: str,

@@ -54,6 +54,7 @@ from jobctl.engine.supervise.launch import (
 from jobctl.engine.supervise.monitor import Monitor, Outcome
 from jobctl.engine.supervise.recovery import Loss, record_recovery
 from jobctl.engine.supervise.scaling import next_attempt
+from jobctl.spec import JobSpec
 
 ORPHANED = {p.value for p in ACTIVE} | {"launching"}  # a dead supervisor's attempt
 
@@ -63,7 +64,7 @@ class Supervisor:
 
     def __init__(
         self,
-        spec,
+        spec: JobSpec,
         plan: Plan | None,
         db: StateDB,
         spec_path: str | None,
