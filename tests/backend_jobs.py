@@ -7,8 +7,10 @@ hands the backends the spec's hardware and elasticity sections and the run input
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from jobctl.engine.planner.resolver import make_plan
@@ -16,6 +18,23 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.service import ApplyOptions, launch
 
 from .jobrun import tiny_spec
+
+
+def service_fixture(name: str, start: Callable[[], object], unavailable: type[Exception], why: str):
+    """A module-scoped fixture ``name``: the private service (Slurm cluster, sshd) that
+    ``start()`` returns, stopped after the module; the tests skip with ``why`` and the
+    error when it raises ``unavailable``."""
+
+    @pytest.fixture(scope="module", name=name)
+    def service():
+        try:
+            running = start()
+        except unavailable as e:
+            pytest.skip(f"{why}: {e}")
+        yield running
+        running.stop()
+
+    return service
 
 
 def two_process_spec(backend: str, steps: int = 4, **overrides):

@@ -20,7 +20,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 
 from .. import slurm_cluster
-from ..backend_jobs import run_on, two_process_spec, wait_done
+from ..backend_jobs import run_on, service_fixture, two_process_spec, wait_done
 from ..jobrun import events
 from ..render_contexts import context
 
@@ -71,14 +71,9 @@ def test_requeue_follows_spot_unless_set():
     assert sbatch_context(explicit)["requeue"] is False
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        running = slurm_cluster.start()
-    except slurm_cluster.ClusterUnavailable as e:
-        pytest.skip(f"no Slurm cluster here: {e}")
-    yield running
-    running.stop()
+cluster = service_fixture(
+    "cluster", slurm_cluster.start, slurm_cluster.ClusterUnavailable, "no Slurm cluster here"
+)
 
 
 @pytest.fixture

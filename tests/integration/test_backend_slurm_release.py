@@ -9,6 +9,7 @@ the job finishes on the other two.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import threading
@@ -19,18 +20,15 @@ import pytest
 from jobctl.engine.state.db import StateDB
 
 from .. import slurm_cluster
-from ..backend_jobs import run_on
+from ..backend_jobs import run_on, service_fixture
 from ..jobrun import events, rebalancing_spec
 
-
-@pytest.fixture(scope="module")
-def cluster3():
-    try:
-        running = slurm_cluster.start(nodes=3)
-    except slurm_cluster.ClusterUnavailable as e:
-        pytest.skip(f"no Slurm cluster here: {e}")
-    yield running
-    running.stop()
+cluster3 = service_fixture(
+    "cluster3",
+    functools.partial(slurm_cluster.start, nodes=3),
+    slurm_cluster.ClusterUnavailable,
+    "no Slurm cluster here",
+)
 
 
 def _job_nodes(job_id: str) -> str:

@@ -27,7 +27,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.spec.sections import SshSpec
 
 from .. import sshd
-from ..backend_jobs import run_on, two_process_spec, wait_done
+from ..backend_jobs import run_on, service_fixture, two_process_spec, wait_done
 from ..render_contexts import EVIL, context
 
 WAIT_S = 30.0
@@ -59,14 +59,7 @@ def test_remote_commands_quote_every_path():
     assert node.handle == "gpu-a:42@/runs/it%27s%20here"
 
 
-@pytest.fixture(scope="module")
-def server():
-    try:
-        running = sshd.start()
-    except sshd.SshdUnavailable as e:
-        pytest.skip(f"no sshd here: {e}")
-    yield running
-    running.stop()
+server = service_fixture("server", sshd.start, sshd.SshdUnavailable, "no sshd here")
 
 
 def _two_hosts(server, run_dir: Path, **kw):
