@@ -7,19 +7,17 @@ import re
 import pytest
 
 from jobctl.engine.core.actions import B, F, Op, R, format_actions, format_schedule, parse_actions
+from jobctl.engine.schedule.checks import ActivationPeak, peak_activations, validate
 from jobctl.engine.schedule.generators import (
     SCHEDULES,
-    ActivationPeak,
     advance_forward,
     advance_num_range,
     generate,
     gpipe,
     one_f_one_b,
-    peak_activations,
     shifted_critical_path,
-    validate,
-    varuna,
 )
+from jobctl.engine.schedule.varuna import varuna
 
 GRID = [(P, M) for P in range(1, 9) for M in range(1, 3 * P + 1)]
 
