@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from jobctl.engine.cli.common import HomeOpt, console, err
 from jobctl.engine.fleet.db import FleetDB
 from jobctl.engine.fleet.loader import Fleet, load_fleet
 from jobctl.engine.fleet.members import member_rows
 from jobctl.engine.fleet.planning import FleetPlan, plan_fleet, record_fleet
 from jobctl.engine.fleet.runner import FleetBusy, FleetRunner
-from jobctl.engine.scheduler.procs import hostname, pid_alive, stop_tree
+from jobctl.engine.fleet.stopping import stop_fleet
+from jobctl.engine.scheduler.procs import hostname
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.views.fleet import FleetProgress, print_fleet_plan, print_fleet_status
 from jobctl.spec import SpecError
@@ -27,14 +28,8 @@ from jobctl.spec import SpecError
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Fleets: one templated job spec, many runs, one device pool."
 )
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
-
 FleetArg = Annotated[Path, typer.Argument(help="fleet YAML file", show_default=False)]
 NameArg = Annotated[str, typer.Argument(help="fleet name", show_default=False)]
-HomeOpt = Annotated[
-    Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
-]
 ConcurrentOpt = Annotated[
     int | None, typer.Option("--max-concurrent", min=1, help="members running at once at most")
 ]
@@ -157,20 +152,10 @@ def stop(name: NameArg, home: HomeOpt = None) -> None:
     row = fleets.get(name)
     if row is None:
         raise _fail(f"no fleet {name!r}; `jobctl fleet status` lists fleets")
-    if row["state"] == "completed":
+    stopped = stop_fleet(fleets, row)
+    if stopped is None:
         console.print(f"fleet {name} is complete; nothing to stop")
         return
-    # The state change reaches a runner on any host at its next tick; members on this
-    # host are stopped here too, so a dead runner's orphans stop as well.
-    fleets.update(name, time.time(), state="stopped")
-    for m in fleets.members(name):
-        if m["state"] != "running":
-            continue
-        fleets.update_member(
-            name, m["member"], only_if=("running",), state="stopped", ended_at=time.time()
-        )
-        here = row["runner_host"] in (None, hostname())  # member pids are the runner's host's
-        if here and pid_alive(m["pid"], m["pid_token"]):
-            stop_tree(m["pid"])
-            console.print(f"stopped {m['member']} (pid {m['pid']} on {hostname()})")
+    for m in stopped:
+        console.print(f"stopped {m['member']} (pid {m['pid']} on {hostname()})")
     _show(db, name)

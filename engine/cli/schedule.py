@@ -15,24 +15,19 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook, ScheduleRow
+from jobctl.engine.cli.common import HomeOpt, console, err
+from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook
 from jobctl.engine.scheduler.daemon import Daemon
 from jobctl.engine.scheduler.trigger import Trigger
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import Leases, timeline
+from jobctl.engine.views.schedule import print_leases, print_schedules, print_timeline, when
 from jobctl.spec import ScheduleSpec, SpecError, load_spec
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Resume jobs on a cron rule or interval.")
 scheduler_app = typer.Typer(no_args_is_help=True, help="The daemon that fires schedules.")
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
 
-HomeOpt = Annotated[
-    Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
-]
 JobArg = Annotated[str, typer.Argument(help="job name", show_default=False)]
 
 
@@ -118,7 +113,7 @@ def add(
     full = _rule(rule, cron, every, tz)
     with ScheduleBook(db) as book:
         row = book.add(name, full, spec_path, grace)
-    console.print(f"scheduled {name}: {row.rule}; next trigger {_when(row)}", highlight=False)
+    console.print(f"scheduled {name}: {row.rule}; next trigger {when(row)}", highlight=False)
 
 
 @schedule_app.command("list")
@@ -126,17 +121,7 @@ def list_(home: HomeOpt = None) -> None:
     """Table of schedules: rule, next trigger, paused or not, last event."""
     with ScheduleBook(StateDB(home)) as book:
         rows = book.list()
-    if not rows:
-        console.print("no schedules: `jobctl schedule add JOB --every SECONDS` adds one")
-        return
-    t = Table("job", "rule", "next trigger", "state", "last event")
-    for r in rows:
-        t.add_row(r.job, r.rule, _when(r), "paused" if r.paused else "active", r.last_event or "-")
-    console.print(t)
-
-
-def _when(row: ScheduleRow) -> str:
-    return row.next_run.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if row.next_run else "-"
+    print_schedules(console, rows)
 
 
 def _change(job: str, home: Path | None, action: str) -> None:
@@ -203,17 +188,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def leases(home: HomeOpt = None) -> None:
     """Table of job leases: who may launch each job, and until when."""
     now = time.time()
-    t = Table("job", "owner", "child pid", "state", "expires")
-    for lease in Leases(StateDB(home)).all():
-        state = "held" if lease.live(now) else "released" if lease.released_at else "expired"
-        t.add_row(
-            lease.job,
-            lease.owner,
-            str(lease.child_pid or "-"),
-            state,
-            time.strftime("%H:%M:%S", time.localtime(lease.expires_at)),
-        )
-    console.print(t)
+    print_leases(console, Leases(StateDB(home)).all(), now)
 
 
 def events(
@@ -226,12 +201,4 @@ def events(
     rows = timeline(StateDB(home), ref)
     if not rows:
         raise _fail(f"no events for {ref!r}; `jobctl status` lists runs")
-    t = Table("time", "source", "kind", "message")
-    for e in rows[-last:] if last else rows:
-        t.add_row(
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])),
-            e["source"],
-            e["kind"],
-            e["message"].splitlines()[0],
-        )
-    console.print(t)
+    print_timeline(console, rows[-last:] if last else rows)

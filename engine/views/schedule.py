@@ -1,0 +1,55 @@
+"""Rich renderings of schedules, job leases and a job's event timeline for the terminal."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from jobctl.engine.scheduler.book import ScheduleRow
+from jobctl.engine.state.leases import Lease
+
+
+def when(row: ScheduleRow) -> str:
+    """A schedule's next trigger in local time; ``-`` when it has none."""
+    return row.next_run.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if row.next_run else "-"
+
+
+def print_schedules(console: Console, rows: list[ScheduleRow]) -> None:
+    """Table of schedules: rule, next trigger, paused or not, last event."""
+    if not rows:
+        console.print("no schedules: `jobctl schedule add JOB --every SECONDS` adds one")
+        return
+    t = Table("job", "rule", "next trigger", "state", "last event")
+    for r in rows:
+        t.add_row(r.job, r.rule, when(r), "paused" if r.paused else "active", r.last_event or "-")
+    console.print(t)
+
+
+def print_leases(console: Console, leases: list[Lease], now: float) -> None:
+    """Table of job leases at ``now``: who may launch each job, and until when."""
+    t = Table("job", "owner", "child pid", "state", "expires")
+    for lease in leases:
+        state = "held" if lease.live(now) else "released" if lease.released_at else "expired"
+        t.add_row(
+            lease.job,
+            lease.owner,
+            str(lease.child_pid or "-"),
+            state,
+            time.strftime("%H:%M:%S", time.localtime(lease.expires_at)),
+        )
+    console.print(t)
+
+
+def print_timeline(console: Console, rows: list[dict]) -> None:
+    """A job's events, oldest first: time, source, kind and the message's first line."""
+    t = Table("time", "source", "kind", "message")
+    for e in rows:
+        t.add_row(
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])),
+            e["source"],
+            e["kind"],
+            e["message"].splitlines()[0],
+        )
+    console.print(t)
