@@ -14,19 +14,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import sys
 import time
+from pathlib import Path
 
-from jobctl.engine.planner.partition import partition, stage_costs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def brute_force(costs: list[float], parts: int) -> float:
-    """Smallest bottleneck over every way to cut ``costs`` into ``parts`` runs."""
-    n = len(costs)
-    best = float("inf")
-    for cuts in itertools.combinations(range(1, n), parts - 1):
-        bounds = [0, *cuts, n]
-        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
-    return best
+from jobctl.engine.planner.partition import partition, stage_costs  # noqa: E402
+from tests.partition_oracle import brute_force  # noqa: E402
 
 
 def naive(costs: list[float], parts: int) -> float:

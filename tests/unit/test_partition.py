@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
 
 from jobctl.engine.planner.partition import bottleneck, partition, stage_costs
 
-
-def brute_force(costs: list[float], parts: int) -> float:
-    n = len(costs)
-    best = float("inf")
-    for cuts in itertools.combinations(range(1, n), parts - 1):
-        bounds = [0, *cuts, n]
-        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)))
-    return best
+from ..partition_oracle import brute_force
 
 
 @pytest.mark.parametrize("seed", range(40))
