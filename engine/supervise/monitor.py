@@ -100,7 +100,9 @@ class Monitor:
             outcome.loss = self.records.lost.loss(outcome.lost_nodes)
         return outcome
 
-    def _ended(self, kind: str, code: int, message: str, lost: list[int] | None = None) -> Outcome:
+    def _conclude(
+        self, kind: str, code: int, message: str, lost: list[int] | None = None
+    ) -> Outcome:
         """How the attempt ended, with its losses (only a completed attempt is ok)."""
         return Outcome(kind == "completed", code, message, self.records.losses, kind, lost or [])
 
@@ -143,7 +145,7 @@ class Monitor:
         msg = f"released node(s) {done} freed by packing: {got.note}"
         self.db.add_event(self.run.id, "released", msg, {"nodes": done, "note": got.note})
 
-    def _statuses(self) -> list[NodeStatus]:
+    def _read_statuses(self) -> list[NodeStatus]:
         """The backend's view of every handle; a released node's end is expected (exit 0)."""
         statuses = self.backend.status(self.handles)
         for n in self.released_handles:
@@ -156,7 +158,7 @@ class Monitor:
         return statuses
 
     def _poll(self) -> Outcome | None:
-        statuses = self._statuses()
+        statuses = self._read_statuses()
         codes = [s.exit_code for s in statuses]
         self._follow_queue(statuses)
         r = self.records
@@ -165,8 +167,8 @@ class Monitor:
         if r.finished and all(c is not None for c in codes):
             # Every step trained and the final checkpoint is on disk: however the agents
             # left (a late SIGTERM, say), nothing is missing.
-            return self._ended("completed", 0, "completed")
-        if silent := self._silent(codes):
+            return self._conclude("completed", 0, "completed")
+        if silent := self._check_heartbeats(codes):
             return silent
         gone = [n for n, s in enumerate(statuses) if s.phase == "stopped"]
         if gone:  # ended from outside: cancelled, out of time, preempted or lost
@@ -179,15 +181,15 @@ class Monitor:
         if failed and r.node_sigterm and not r.trained:
             # Told to stop while torchrun was still starting: no step trained, none lost.
             self.backend.cancel(self.handles, 9)
-            return self._ended("stopped", 0, "stopped before the first step")
+            return self._conclude("stopped", 0, "stopped before the first step")
         if failed:
             return self._failed(codes)
         if all(c == 0 for c in codes):
             self._consume_metrics()
-            return self._ended("completed", 0, "completed")
+            return self._conclude("completed", 0, "completed")
         return None
 
-    def _silent(self, codes: list[int | None]) -> Outcome | None:
+    def _check_heartbeats(self, codes: list[int | None]) -> Outcome | None:
         """Processes still there, heartbeats gone: a lost or hung machine (not one told
         to stop, waiting in a queue, or packed away)."""
         r = self.records
@@ -199,7 +201,7 @@ class Monitor:
         self.backend.cancel(self.handles, 9)
         msg = f"no heartbeat from node(s) {silent} for {self.beats.timeout_s:.0f} s"
         self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
-        return self._ended("preempted", 1, msg, silent)
+        return self._conclude("preempted", 1, msg, silent)
 
     def _nodes(self, handle_index: int) -> list[int]:
         """The run's nodes behind one handle (one batch job may hold them all)."""
@@ -212,11 +214,11 @@ class Monitor:
         causes = {statuses[n].cause for n in gone}
         what = ", ".join(sorted({statuses[n].detail for n in gone}))
         if "cancelled" in causes:
-            return self._ended("stopped", 0, f"cancelled ({what})")
+            return self._conclude("stopped", 0, f"cancelled ({what})")
         if causes == {"timeout"}:
             if self.records.checkpointed or not self.records.trained:
-                return self._ended("stopped", 0, f"time limit reached ({what})")
-            return self._ended(
+                return self._conclude("stopped", 0, f"time limit reached ({what})")
+            return self._conclude(
                 "failed",
                 1,
                 f"time limit reached ({what}) before any checkpoint of this attempt: raise "
@@ -224,7 +226,7 @@ class Monitor:
                 "so the ranks checkpoint before the limit",
             )
         lost = sorted({k for n in gone for k in self._nodes(n)})
-        return self._ended("preempted", 1, f"lost node(s) {lost} ({what})", lost)
+        return self._conclude("preempted", 1, f"lost node(s) {lost} ({what})", lost)
 
     def _follow_queue(self, statuses) -> None:
         """A handle waiting in its scheduler's queue (submitted, or requeued after a
@@ -276,9 +278,9 @@ class Monitor:
             self.backend.cancel(self.handles, 9)
         nodes = set(range(self.run.ctx.nnodes))
         if r.sigterm_nodes >= nodes or not r.sigterm_nodes:
-            return self._ended("stopped", 0, "stopped after a checkpoint")
+            return self._conclude("stopped", 0, "stopped after a checkpoint")
         lost = sorted(r.sigterm_nodes)
-        return self._ended("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
+        return self._conclude("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
 
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
@@ -310,7 +312,7 @@ class Monitor:
         self.backend.cancel(self.handles, 9)
         msg = f"node(s) {lost} lost a worker process without an error report (killed)"
         self.db.add_event(self.run.id, "process_lost", msg, {"nodes": lost})
-        return self._ended("preempted", 1, msg, lost)
+        return self._conclude("preempted", 1, msg, lost)
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)
@@ -318,7 +320,7 @@ class Monitor:
         where = f"rank {rank}" if rank is not None else "a node"
         tail = "\n".join(last_lines(log)) if log else ""
         msg = f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}"
-        return self._ended("failed", code or 1, msg)
+        return self._conclude("failed", code or 1, msg)
 
     def _failure_log(self) -> tuple[int | None, Path | None, str]:
         """The failing rank and its log, asking the backend for the logs first: on ssh

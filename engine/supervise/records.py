@@ -49,18 +49,18 @@ class AttemptRecords:
         self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
         self.restart()
         self.handlers: dict[str, Callable[[dict], None]] = {
-            Kind.STEP: self._step,
-            Kind.CHECKPOINT: self._checkpoint,
-            Kind.UPLOADED: self._uploaded,
-            Kind.HEARTBEAT: self._heartbeat,
-            Kind.ALIVE: self._alive,
-            Kind.SIGTERM: self._sigterm,
-            Kind.NODE_SIGTERM: self._node_sigterm,
-            Kind.STOPPED: self._stopped,
-            Kind.UPLOAD_ERROR: self._upload_error,
+            Kind.STEP: self._on_step,
+            Kind.CHECKPOINT: self._on_checkpoint,
+            Kind.UPLOADED: self._on_uploaded,
+            Kind.HEARTBEAT: self._on_heartbeat,
+            Kind.ALIVE: self._on_alive,
+            Kind.SIGTERM: self._on_sigterm,
+            Kind.NODE_SIGTERM: self._on_node_sigterm,
+            Kind.STOPPED: self._on_stopped,
+            Kind.UPLOAD_ERROR: self._on_upload_error,
             Kind.PRUNING: self.pruning.record,
             Kind.PROFILE: self.pruning.record,
-            Kind.FREED: self._freed,
+            Kind.FREED: self._on_freed,
             **dict.fromkeys(REBALANCE_KINDS, self.rebalance.record),
         }
 
@@ -81,7 +81,7 @@ class AttemptRecords:
         if handler is not None:
             handler(rec)
 
-    def _step(self, rec: dict) -> None:
+    def _on_step(self, rec: dict) -> None:
         self.trained = True
         self.first_step_ts = self.first_step_ts or rec.get("ts")
         self.losses.append(rec["loss"])
@@ -90,7 +90,7 @@ class AttemptRecords:
         )
         self.pruning.step(rec["step"])
 
-    def _checkpoint(self, rec: dict) -> None:
+    def _on_checkpoint(self, rec: dict) -> None:
         step = rec["step"]
         self.checkpointed = True
         self.scaling.checkpointed(rec.get("ts", 0.0))
@@ -99,21 +99,21 @@ class AttemptRecords:
         note = f"checkpoint at step {step} (local)"
         self.db.add_event(self.run_id, "checkpoint", note, {"step": step})
 
-    def _uploaded(self, rec: dict) -> None:
+    def _on_uploaded(self, rec: dict) -> None:
         step = rec["step"]
         self.last_upload = max(self.last_upload, step)  # ranks commit steps out of order
         self.db.update_run(self.run_id, last_upload=self.last_upload)
         self.db.add_event(self.run_id, "upload", f"checkpoint step {step} uploaded", {"step": step})
 
-    def _alive(self, rec: dict) -> None:
+    def _on_alive(self, rec: dict) -> None:
         """The rank's sender thread: the machine is there, maybe waiting."""
         self.beats.saw(rec["node"])
 
-    def _sigterm(self, rec: dict) -> None:
+    def _on_sigterm(self, rec: dict) -> None:
         self.sigterm_nodes.add(rec["node"])
         self._notice(rec)
 
-    def _node_sigterm(self, rec: dict) -> None:
+    def _on_node_sigterm(self, rec: dict) -> None:
         self.node_sigterm.add(rec["node"])
         self._notice(rec)
 
@@ -125,20 +125,20 @@ class AttemptRecords:
             msg = f"node {node} got SIGTERM: checkpoint at the end of the step, then leave"
             self.db.add_event(self.run_id, "sigterm", msg, {"node": node, "ts": ts})
 
-    def _stopped(self, rec: dict) -> None:
+    def _on_stopped(self, rec: dict) -> None:
         self.stopped_ranks.add(rec.get("rank", -1))
         if self.stopped_at is None:
             self.stopped_at = self.clock()
             note = f"all ranks checkpointed step {rec['step']}"
             self.db.add_event(self.run_id, "stopped", note, {"step": rec["step"]})
 
-    def _upload_error(self, rec: dict) -> None:
+    def _on_upload_error(self, rec: dict) -> None:
         self.db.add_event(self.run_id, "upload_error", rec["error"], rec)
 
-    def _freed(self, rec: dict) -> None:
+    def _on_freed(self, rec: dict) -> None:
         self.freed_ranks[rec["rank"]] = rec["host_node"]
 
-    def _heartbeat(self, rec: dict) -> None:
+    def _on_heartbeat(self, rec: dict) -> None:
         self.beats.saw(rec["node"])
         self.started.add(rec["rank"])
         d = self.detector
