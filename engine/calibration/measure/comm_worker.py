@@ -130,21 +130,29 @@ def _allreduces(
             halves = (numel // 2, numel - numel // 2)
             params = [nn.Parameter(torch.zeros(n, device=device)) for n in halves]
             dist.barrier()
-            times = []
-            for _ in range(WARMUP + job["repeats"]) if active else ():
-                for p in params:
-                    p.grad = torch.ones_like(p)
-                _burst(probe)
-                t0 = time.perf_counter()
-                allreduce_grads(params, mine)
-                _sync(device)
-                times.append(time.perf_counter() - t0)
+            n = WARMUP + job["repeats"]
+            times = _sync_times(params, mine, device, probe, n) if active else []
             gathered: list = [None] * world
             dist.all_gather_object(gathered, times)
             if rank == 0:
                 last_arrival = [min(xs) for xs in zip(*gathered[:r], strict=True)]
                 rows.append([r, k, nbytes, last_arrival[WARMUP:]])
     return rows
+
+
+def _sync_times(params: list, group, device: torch.device, probe, n: int) -> list[float]:
+    """Seconds of ``n`` gradient syncs of ``params`` over ``group``, each after a burst
+    of the job's compute."""
+    times = []
+    for _ in range(n):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        _burst(probe)
+        t0 = time.perf_counter()
+        allreduce_grads(params, group)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def _burst(probe) -> None:

@@ -207,33 +207,43 @@ def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalib
     action, step = solo_costs(cal, solo, m, M)
     base = RuntimeCalibration(source="measured", action_s=action)
     cal = cal.model_copy(update={"runtime": base})
-    probe, fitted, loads = {}, {}, {}
-    for phase in ("idle", "busy"):
-        if phase not in samples or not samples[phase].get("run"):
-            continue
-        stages = samples[phase]["stages"]
-        measured = statistics.median(samples[phase]["run"])
-        fitted[phase] = fit_message(cal, stages, m, M, measured)
-        # As a plan's demand is taken (base costs: idle message time), never from the
-        # fitted busy time: a load that moved with its own fit made the two probes'
-        # loads land anywhere from 1.4 to 3.1 and the slope between them unstable.
-        loads[phase] = probe_load(cal, stages, m, M, fitted["idle"])
-        probe[phase] = {
-            "measured_s": measured,
-            "simulated_s": probe_time(cal, stages, m, M, 0.0),
-            "message_s": fitted[phase],
-            "load": loads[phase],
-            "cv": step_spread(samples[phase]["run"], samples[phase].get("round")),
-        }
+    probe = {"idle": _fit_phase(cal, idle, m, M)}
+    if "busy" in samples and samples["busy"].get("run"):
+        probe["busy"] = _fit_phase(cal, samples["busy"], m, M, probe["idle"]["message_s"])
+    busy = probe.get("busy", probe["idle"])
     return base.model_copy(
         update={
-            "message_s": fitted["idle"],
-            "message_busy_s": fitted.get("busy", fitted["idle"]),
+            "message_s": probe["idle"]["message_s"],
+            "message_busy_s": busy["message_s"],
             "step_s": step,
-            "load_idle": loads["idle"],
-            "load_busy": loads.get("busy", loads["idle"]),
+            "load_idle": probe["idle"]["load"],
+            "load_busy": busy["load"],
             "step_cv": probe["idle"]["cv"],
-            "step_cv_busy": probe.get("busy", probe["idle"])["cv"],
+            "step_cv_busy": busy["cv"],
             "probe": probe,
         }
     )
+
+
+def _fit_phase(
+    cal: Calibration, sample: dict, m: int, M: int, idle_message: float | None = None
+) -> dict:
+    """One pipeline probe phase: its measured run, the per-message time that explains
+    it, the load it put on the host and its step-to-step spread.
+
+    The load is taken as a plan's demand is (base costs: the idle probe's message time,
+    ``idle_message``; None: this is the idle probe), never from the fitted busy time: a
+    load that moved with its own fit made the two probes' loads land anywhere from 1.4
+    to 3.1 and the slope between them unstable.
+    """
+    stages = sample["stages"]
+    measured = statistics.median(sample["run"])
+    message = fit_message(cal, stages, m, M, measured)
+    load = probe_load(cal, stages, m, M, message if idle_message is None else idle_message)
+    return {
+        "measured_s": measured,
+        "simulated_s": probe_time(cal, stages, m, M, 0.0),
+        "message_s": message,
+        "load": load,
+        "cv": step_spread(sample["run"], sample.get("round")),
+    }
