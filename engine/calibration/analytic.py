@@ -25,6 +25,7 @@ from jobctl.engine.calibration.record import (
     Stat,
 )
 from jobctl.engine.model.costs import model_costs
+from jobctl.spec import HardwareSpec, JobSpec, ModelSpec
 
 ANALYTIC_M = tuple(2**k for k in range(10))  # 1 .. 512
 BLOCK_OVERHEAD_S = {"cpu": 1e-4, "cuda": 1e-4}  # launches and Python per block pass
@@ -32,26 +33,25 @@ MEMORY_BANDWIDTH_BPS = {"cpu": 2e10, "cuda": 1.5e12}
 OPTIMIZER_BYTES_PER_PARAM = 28  # AdamW reads weight, grad, 2 moments; writes 3 of them
 
 
-def link_from_spec(spec, same_node: bool) -> LinkCalibration:
+def link_from_spec(hardware: HardwareSpec, same_node: bool) -> LinkCalibration:
     """Point-to-point link of ``hardware.interconnect``: latency + bytes / bandwidth."""
-    ic = spec.hardware.interconnect
+    ic = hardware.interconnect
     gbps = ic.intra_node_gbps if same_node else ic.inter_node_gbps
     return LinkCalibration(
         source="analytic", latency_s=ic.latency_us * 1e-6, bandwidth_Bps=gbps * 1e9 / 8
     )
 
 
-def allreduce_from_spec(spec, same_node: bool) -> AllreduceCalibration:
+def allreduce_from_spec(hardware: HardwareSpec, same_node: bool) -> AllreduceCalibration:
     """Ring allreduce over the interconnect's links (no measured points)."""
-    link = link_from_spec(spec, same_node)
+    link = link_from_spec(hardware, same_node)
     return AllreduceCalibration(
         source="analytic", latency_s=link.latency_s, bandwidth_Bps=link.bandwidth_Bps
     )
 
 
-def host_from_spec(spec) -> HostCalibration:
+def host_from_spec(hw: HardwareSpec) -> HostCalibration:
     """CPU workers of the local backend share this machine's cores; others do not share."""
-    hw = spec.hardware
     if hw.device == "cpu" and hw.backend == "local":
         cores = len(os.sched_getaffinity(0))
         slowdown = {k: max(1.0, k / cores) for k in range(2, 2 * cores + 1)}
@@ -59,8 +59,8 @@ def host_from_spec(spec) -> HostCalibration:
     return HostCalibration(source="analytic", cores=hw.processes_per_node, slowdown={})
 
 
-def analytic_fingerprint(spec, model_hash: str, threads: int = 1) -> Fingerprint:
-    hw = spec.hardware
+def analytic_fingerprint(hw: HardwareSpec, model_hash: str, threads: int = 1) -> Fingerprint:
+    """The fingerprint of an analytic record: the model, and the device at its rate."""
     rate = f"{hw.flops_tflops}TF" if hw.flops_tflops else "default"
     return Fingerprint(
         model=model_hash,
@@ -70,12 +70,12 @@ def analytic_fingerprint(spec, model_hash: str, threads: int = 1) -> Fingerprint
     )
 
 
-def analytic_calibration(spec, fingerprint: Fingerprint) -> Calibration:
+def analytic_calibration(spec: JobSpec, fingerprint: Fingerprint) -> Calibration:
     """A Calibration computed from the spec: model FLOPs, device rate, interconnect."""
     costs = model_costs(spec)
     device = spec.hardware.device
     overhead = BLOCK_OVERHEAD_S[device]
-    tied = _tied_param_bytes(spec, costs.num_blocks)
+    tied = _tied_param_bytes(spec.model, costs.num_blocks)
     blocks = [_block(costs, i, overhead, tied[i], device) for i in range(costs.num_blocks)]
     return Calibration(
         source="analytic",
@@ -84,11 +84,11 @@ def analytic_calibration(spec, fingerprint: Fingerprint) -> Calibration:
         micro_batch_sizes=list(ANALYTIC_M),
         blocks=blocks,
         data={},
-        p2p_intra=link_from_spec(spec, True),
-        p2p_inter=link_from_spec(spec, False),
-        allreduce_intra=allreduce_from_spec(spec, True),
-        allreduce_inter=allreduce_from_spec(spec, False),
-        host=host_from_spec(spec),
+        p2p_intra=link_from_spec(spec.hardware, True),
+        p2p_inter=link_from_spec(spec.hardware, False),
+        allreduce_intra=allreduce_from_spec(spec.hardware, True),
+        allreduce_inter=allreduce_from_spec(spec.hardware, False),
+        host=host_from_spec(spec.hardware),
     )
 
 
@@ -114,10 +114,9 @@ def _block(costs, i: int, overhead: float, tied: float, device: str) -> BlockCal
     )
 
 
-def _tied_param_bytes(spec, n: int) -> list[float]:
+def _tied_param_bytes(m: ModelSpec, n: int) -> list[float]:
     """Bytes of the tied embedding on the first and last block (builtin GPT only)."""
     tied = [0.0] * n
-    m = spec.model
     if not m.import_ and m.tie_embeddings and n > 1:
         tied[0] = tied[-1] = 4.0 * m.vocab * m.hidden
     return tied

@@ -26,6 +26,7 @@ from jobctl.engine.calibration.analytic import (
 )
 from jobctl.engine.calibration.record import CALIBRATION_VERSION, Calibration, Fingerprint
 from jobctl.engine.core.home import default_home
+from jobctl.spec import HardwareSpec, JobSpec
 
 DEFAULT_THREADS = 1  # worker processes run with one intra-op thread (JOBCTL_THREADS)
 
@@ -34,7 +35,7 @@ class CalibrationError(ValueError):
     """A calibration file that cannot be used (unreadable, or another format version)."""
 
 
-def model_hash(spec) -> str:
+def model_hash(spec: JobSpec) -> str:
     """sha256 of everything that changes per-block costs: model, numerics, data source."""
     key = {
         "model": spec.model.model_dump(mode="json"),
@@ -60,7 +61,7 @@ def device_name(kind: str) -> str:
     return f"cpu:{name} x{len(os.sched_getaffinity(0))}"
 
 
-def fingerprint(spec, threads: int = DEFAULT_THREADS) -> Fingerprint:
+def fingerprint(spec: JobSpec, threads: int = DEFAULT_THREADS) -> Fingerprint:
     """This machine's fingerprint for the spec's model and device."""
     return Fingerprint(
         model=model_hash(spec),
@@ -99,7 +100,7 @@ def load(path: Path) -> Calibration:
 
 
 def find_cached(
-    spec, home: Path | None = None, threads: int = DEFAULT_THREADS
+    spec: JobSpec, home: Path | None = None, threads: int = DEFAULT_THREADS
 ) -> tuple[Calibration, Path] | None:
     """The cached measured calibration matching this spec and machine, if any."""
     fp = fingerprint(spec, threads)
@@ -110,24 +111,24 @@ def find_cached(
         cal = load(path)
     except CalibrationError:
         return None
-    return (with_spec_links(cal, spec), path) if cal.fingerprint == fp else None
+    return (with_spec_links(cal, spec.hardware), path) if cal.fingerprint == fp else None
 
 
-def with_spec_links(cal: Calibration, spec) -> Calibration:
+def with_spec_links(cal: Calibration, hardware: HardwareSpec) -> Calibration:
     """``cal`` with every analytic link and allreduce re-derived from the current spec."""
     update = {}
     for name, same_node in (("p2p_intra", True), ("p2p_inter", False)):
         if getattr(cal, name).source == "analytic":
-            update[name] = link_from_spec(spec, same_node)
+            update[name] = link_from_spec(hardware, same_node)
     for name, same_node in (("allreduce_intra", True), ("allreduce_inter", False)):
         if getattr(cal, name).source == "analytic":
-            update[name] = allreduce_from_spec(spec, same_node)
+            update[name] = allreduce_from_spec(hardware, same_node)
     return cal.model_copy(update=update)
 
 
-def calibration_for(spec, home: Path | None = None) -> Calibration:
+def calibration_for(spec: JobSpec, home: Path | None = None) -> Calibration:
     """The cached measured calibration for this spec if one matches, else analytic."""
     found = find_cached(spec, home)
     if found is not None:
         return found[0]
-    return analytic_calibration(spec, analytic_fingerprint(spec, model_hash(spec)))
+    return analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from jobctl.spec import JobSpec
+
 
 class TokenData:
     """Next-token samples: ``(input[seq_len], target[seq_len])`` for any index."""
@@ -96,7 +98,7 @@ class Sharding:
         return self.micro_batch / self.global_batch
 
 
-def make_data(spec) -> TokenData:
+def make_data(spec: JobSpec) -> TokenData:
     """TokenData for a JobSpec."""
     m = spec.model
     seq_len = m.seq_len

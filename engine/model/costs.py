@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobctl.engine.model.blocks import model_def, param_count
+from jobctl.spec import JobSpec, ModelSpec
 
 # Bytes of training state per parameter in fp32 AdamW: weight, grad, exp_avg, exp_avg_sq.
 STATE_BYTES_PER_PARAM = {"adamw": 16, "adam": 16, "sgd": 12}
@@ -41,13 +42,13 @@ def gpt_block_params(h: int, t: int, v: int) -> tuple[int, int, int]:
     return v * h + t * h, 12 * h * h + 13 * h, 2 * h + v * h
 
 
-def model_costs(spec) -> ModelCosts:
+def model_costs(spec: JobSpec) -> ModelCosts:
     """Analytic costs of the spec's model on the spec's device."""
     hw, m = spec.hardware, spec.model
     per_param = STATE_BYTES_PER_PARAM[spec.training.optimizer]
     rate = (hw.flops_tflops or DEFAULT_TFLOPS[hw.device]) * 1e12
     if m.import_:
-        return _imported_costs(spec, per_param, rate)
+        return _imported_costs(m, spec.training.seed, per_param, rate)
     h, t, v, L = m.hidden, m.seq_len, m.vocab, m.layers
     embed, block, head = gpt_block_params(h, t, v)
     params = [embed] + [block] * L + [head]
@@ -59,11 +60,11 @@ def model_costs(spec) -> ModelCosts:
     return ModelCosts(names, params, flops, state, acts, boundary, rate)
 
 
-def _imported_costs(spec, per_param: int, rate: float) -> ModelCosts:
+def _imported_costs(model: ModelSpec, seed: int, per_param: int, rate: float) -> ModelCosts:
     """Costs of a user model: 2 FLOPs per parameter per token-ish sample, by size."""
-    mdef = model_def(spec.model, spec.training.seed)
+    mdef = model_def(model, seed)
     counts = [param_count(mdef.block(i)) for i in range(mdef.num_blocks)]
-    t = spec.model.seq_len
+    t = model.seq_len
     flops = [2.0 * c * t for c in counts]
     acts = [4.0 * t * 64] * len(counts)
     state = [c * per_param for c in counts]

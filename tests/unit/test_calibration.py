@@ -128,7 +128,7 @@ def test_cached_record_takes_inter_node_values_from_the_current_spec(tmp_path):
 
 def test_analytic_values_follow_the_spec():
     spec = tiny_spec(**{"hardware.flops_tflops": 2.0})
-    cal = analytic_calibration(spec, analytic_fingerprint(spec, "x"))
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "x"))
     costs = model_costs(spec)
     assert cal.source == "analytic" and cal.num_blocks == costs.num_blocks == 6
     for m in (1, 3, 8):

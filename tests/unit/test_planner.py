@@ -41,7 +41,7 @@ def auto_spec(**extra):
 
 
 def analytic(spec) -> Calibration:
-    return analytic_calibration(spec, analytic_fingerprint(spec, "test"))
+    return analytic_calibration(spec, analytic_fingerprint(spec.hardware, "test"))
 
 
 def with_times(cal: Calibration, per_sample: dict[int, float]) -> Calibration:

@@ -25,6 +25,7 @@ from jobctl.engine.calibration.record import BlockCalibration, Stat
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.model.blocks import lm_loss, model_def
 from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.spec import JobSpec, TrainingSpec
 
 Progress = Callable[[str, float], None]  # (what, fraction of blocks done)
 
@@ -49,15 +50,15 @@ class _Clock:
         return time.thread_time()
 
 
-def autocast_for(spec, device: torch.device):
+def autocast_for(training: TrainingSpec, device: torch.device):
     """The trainer's numerics: bf16 autocast when the spec asks for it."""
-    if spec.training.precision == "bf16":
+    if training.precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def measure_blocks(
-    spec,
+    spec: JobSpec,
     ms: list[int],
     device: torch.device,
     repeats: int = 15,
@@ -83,7 +84,7 @@ def measure_blocks(
             progress(f"block {i + 1}/{mdef.num_blocks} ({mdef.names[i]})", i / mdef.num_blocks)
         block = mdef.block(i).to(device).train()
         last = i == mdef.num_blocks - 1
-        benches.append(_BlockBench(spec, block, device, last, repeats, warmup))
+        benches.append(_BlockBench(spec.training, block, device, last, repeats, warmup))
         timings.append({m: benches[i].run(inputs[m], tokens[m][1].to(device)) for m in ms})
         inputs = {m: timings[i][m].output for m in ms}
     try:
@@ -162,7 +163,7 @@ def _record(name: str, bench: _BlockBench, timings: dict, tied: float) -> BlockC
     )
 
 
-def measure_data(spec, ms: list[int], repeats: int = 15) -> dict[int, Stat]:
+def measure_data(spec: JobSpec, ms: list[int], repeats: int = 15) -> dict[int, Stat]:
     """Seconds to fetch one micro-batch of m samples, as the first and last stage do."""
     data = make_data(spec)
     out = {}
@@ -188,16 +189,18 @@ class _Timings:
 class _BlockBench:
     """Times one block the way the executor runs it."""
 
-    def __init__(self, spec, block, device, last: bool, repeats: int, warmup: int) -> None:
-        self.spec, self.block, self.device, self.last = spec, block, device, last
+    def __init__(
+        self, training: TrainingSpec, block, device, last: bool, repeats: int, warmup: int
+    ) -> None:
+        self.training, self.block, self.device, self.last = training, block, device, last
         self.repeats, self.warmup = repeats, warmup
         self.clock = _Clock(device)
-        self.opt = build_optimizer(list(block.parameters()), spec.training)
-        self.scale = 1.0 / spec.training.global_batch_size
+        self.opt = build_optimizer(list(block.parameters()), training)
+        self.scale = 1.0 / training.global_batch_size
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The block on ``x``; the last block also takes the loss against ``y``."""
-        with autocast_for(self.spec, self.device):
+        with autocast_for(self.training, self.device):
             out = self.block(x)
             return lm_loss(out, y) * self.scale if self.last else out
 
@@ -221,7 +224,7 @@ class _BlockBench:
                 bwd.append(t2 - t1)
                 nograd.append(t3 - t2)
         saved, peak = self._memory(x, y)
-        with torch.no_grad(), autocast_for(self.spec, self.device):
+        with torch.no_grad(), autocast_for(self.training, self.device):
             output = self.block(x)
         return _Timings(
             Stat.of(fwd),

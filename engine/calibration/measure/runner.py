@@ -23,10 +23,10 @@ from jobctl.engine.calibration.measure.comm import measure_comm
 from jobctl.engine.calibration.measure.compute import measure_blocks, measure_data
 from jobctl.engine.calibration.measure.fit import calibrate_runtime
 from jobctl.engine.calibration.measure.probe import model_seconds
-from jobctl.engine.calibration.record import BlockCalibration, Calibration
+from jobctl.engine.calibration.record import BlockCalibration, Calibration, Stat
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.planner.partition import partition
-from jobctl.spec import dump_yaml
+from jobctl.spec import HardwareSpec, JobSpec, dump_yaml
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done)
 MAX_MICRO_BATCH = 32
@@ -36,7 +36,7 @@ BUSY_PROBE_STAGES = 4  # the probe's pipeline when the group has that many ranks
 COMPUTE_PASSES = 2  # block timings taken this many times; the least disturbed kept
 
 
-def micro_batch_sizes(spec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
+def micro_batch_sizes(spec: JobSpec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
     """Powers of two up to min(global batch, max_m), plus an explicit micro-batch size."""
     top = min(spec.training.global_batch_size, max_m)
     ms = {2**k for k in range(top.bit_length()) if 2**k <= top}
@@ -64,15 +64,15 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def comm_world(spec) -> int:
+def comm_world(hardware: HardwareSpec) -> int:
     """Processes of the communication benchmark: 2-4, never more devices than exist."""
-    if spec.hardware.device == "cuda":
+    if hardware.device == "cuda":
         return min(4, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    return max(2, min(4, spec.hardware.devices))
+    return max(2, min(4, hardware.devices))
 
 
 def calibrate(
-    spec,
+    spec: JobSpec,
     home: Path | None = None,
     repeats: int = 15,
     threads: int = DEFAULT_THREADS,
@@ -80,26 +80,10 @@ def calibrate(
 ) -> tuple[Calibration, Path]:
     """Measure the spec's model on this machine; returns the record and its cache path."""
     start = time.time()
-    device = torch.device("cuda", 0) if spec.hardware.device == "cuda" else torch.device("cpu")
     ms = micro_batch_sizes(spec)
     report = progress or (lambda _what, _done: None)
     with _threads(threads):
-        report("data loading", 0.0)
-        data = measure_data(spec, ms, repeats)
-        passes, speed = [], []
-        for k in range(COMPUTE_PASSES):
-            passes.append(
-                measure_blocks(
-                    spec,
-                    ms,
-                    device,
-                    repeats,
-                    progress=lambda what, f, k=k: report(what, 0.05 + 0.3 * (k + f)),
-                )
-            )
-            if device.type == "cpu":  # the probes run the CPU runtime
-                speed.append(_model_speed(spec, ms[0], repeats))
-        blocks = least_disturbed(passes, ms)
+        blocks, data, speed = _measure_compute(spec, ms, repeats, report)
     report("communication and core sharing (process group)", 0.65)
     probe = {P: _probe_stages(blocks, data, ms[0], P) for P in (2, BUSY_PROBE_STAGES)}
     link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
@@ -112,10 +96,10 @@ def calibrate(
         blocks=blocks,
         data=data,
         p2p_intra=link,
-        p2p_inter=link_from_spec(spec, False),
+        p2p_inter=link_from_spec(spec.hardware, False),
         allreduce_intra=allreduce,
-        allreduce_inter=allreduce_from_spec(spec, False),
-        host=host or host_from_spec(spec),
+        allreduce_inter=allreduce_from_spec(spec.hardware, False),
+        host=host or host_from_spec(spec.hardware),
     )
     if probe[2]:
         reference = min(speed) if speed else None  # as the least disturbed pass
@@ -125,7 +109,32 @@ def calibrate(
     return cal, save(cal, home)
 
 
-def _model_speed(spec, m: int, repeats: int) -> float:
+def _measure_compute(
+    spec: JobSpec, ms: list[int], repeats: int, report: Progress
+) -> tuple[list[BlockCalibration], dict[int, Stat], list[float]]:
+    """The data fetch, and the blocks timed ``COMPUTE_PASSES`` times (the least disturbed
+    pass kept); on CPU the whole model's speed after each pass, which the probes' times
+    are brought to (their runtime is the CPU one)."""
+    device = torch.device("cuda", 0) if spec.hardware.device == "cuda" else torch.device("cpu")
+    report("data loading", 0.0)
+    data = measure_data(spec, ms, repeats)
+    passes, speed = [], []
+    for k in range(COMPUTE_PASSES):
+        passes.append(
+            measure_blocks(
+                spec,
+                ms,
+                device,
+                repeats,
+                progress=lambda what, f, k=k: report(what, 0.05 + 0.3 * (k + f)),
+            )
+        )
+        if device.type == "cpu":
+            speed.append(_model_speed(spec, ms[0], repeats))
+    return least_disturbed(passes, ms), data, speed
+
+
+def _model_speed(spec: JobSpec, m: int, repeats: int) -> float:
     """Median CPU seconds of the whole model over the probe's micro-batches
     (``model_seconds``), timed as the solo probe times it between its steps."""
     mdef = model_def(spec.model, spec.training.seed)
@@ -173,12 +182,17 @@ def allreduce_sizes(blocks: list[BlockCalibration]) -> list[int]:
     return _spread({s for s in sizes if s <= max(total, 4096)})
 
 
-def _comm(spec, blocks: list[BlockCalibration], ms: list[int], threads: int, stages):
+def _comm(spec: JobSpec, blocks: list[BlockCalibration], ms: list[int], threads: int, stages):
     """Links, allreduce, core sharing and the pipeline probe measured in a process
     group, where one can run."""
-    world = comm_world(spec)
+    world = comm_world(spec.hardware)
     if world < 2:
-        return link_from_spec(spec, True), allreduce_from_spec(spec, True), None, {}
+        return (
+            link_from_spec(spec.hardware, True),
+            allreduce_from_spec(spec.hardware, True),
+            None,
+            {},
+        )
     p2p_sizes = _spread({int(b.boundary_bytes * m) for b in blocks for m in ms})
     cpu = spec.hardware.device == "cpu"
     return measure_comm(
