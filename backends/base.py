@@ -14,12 +14,8 @@ stop or fetch the logs of them; the local backend also remembers its processes.
 
 from __future__ import annotations
 
-import shlex
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -191,80 +187,3 @@ class BackendBase:
         file system the nodes share); backends whose nodes write elsewhere fetch them."""
         folder = run_dir / "logs"
         return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-
-
-class StatusCache:
-    """Remembers the last answer of a remote status query for ``ttl`` seconds.
-
-    The supervisor polls several times a second; squeue, kubectl and ssh round trips
-    are slow and load shared daemons, so remote backends answer from here in between.
-    A query that fails (slurmctld restarting, an API server blip) is answered with the
-    last good answer for up to ``max_stale`` seconds before the error is raised.
-    """
-
-    def __init__(
-        self, ttl: float, clock: Callable[[], float] = time.monotonic, max_stale: float = 120.0
-    ) -> None:
-        self.ttl, self.clock, self.max_stale = ttl, clock, max_stale
-        self._key: tuple[str, ...] | None = None
-        self._value: list[NodeStatus] = []
-        self._at = 0.0
-
-    def get(
-        self, handles: Sequence[str], fetch: Callable[[], list[NodeStatus]]
-    ) -> list[NodeStatus]:
-        """The cached answer for ``handles``, or a fresh ``fetch()`` once it is stale."""
-        key, now = tuple(handles), self.clock()
-        if key == self._key and now - self._at < self.ttl:
-            return self._value
-        try:
-            value = fetch()
-        except BackendError:
-            if key != self._key or now - self._at > self.max_stale:
-                raise
-            return self._value
-        self._key, self._value, self._at = key, value, now
-        return value
-
-    def clear(self) -> None:
-        self._key = None
-
-
-def run_command(
-    argv: Sequence[str],
-    *,
-    timeout: float = 60.0,
-    stdin: bytes | None = None,
-    cwd=None,
-    env: dict[str, str] | None = None,
-) -> str:
-    """Run a backend command (argv, never a shell) and return its stdout as text."""
-    out = run_bytes(argv, timeout=timeout, stdin=stdin, cwd=cwd, env=env)
-    return out.decode(errors="replace")
-
-
-def run_bytes(
-    argv: Sequence[str],
-    *,
-    timeout: float = 60.0,
-    stdin: bytes | None = None,
-    cwd=None,
-    env: dict[str, str] | None = None,
-) -> bytes:
-    """Run a backend command (argv, never a shell) and return its stdout.
-
-    Raises BackendError naming the command and its stderr when it fails or hangs.
-    """
-    shown = shlex.join(argv)
-    try:
-        proc = subprocess.run(
-            list(argv), input=stdin, capture_output=True, timeout=timeout, cwd=cwd, env=env
-        )
-    except FileNotFoundError:
-        raise BackendError(f"{argv[0]}: command not found") from None
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"{shown}: no answer after {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip()
-        raise BackendError(f"{shown} exited {proc.returncode}: {err}")
-    return proc.stdout

@@ -16,17 +16,7 @@ from pathlib import Path
 
 from jobctl.engine.core.env import CHANNEL_SECRET
 
-from .base import (
-    STOPPED_EXIT,
-    BackendBase,
-    BackendError,
-    NodeStatus,
-    Released,
-    Rendered,
-    RunContext,
-    StatusCache,
-    run_command,
-)
+from .base import STOPPED_EXIT, BackendError, NodeStatus, Released, Rendered, RunContext
 from .k8s_manifests import (
     RUN_LABEL,
     channel_secret_script,
@@ -36,20 +26,17 @@ from .k8s_manifests import (
     manifests,
     options,
 )
+from .remote import RemoteBackend, run_command
 
 RESOURCES = {"pytorchjob": "pytorchjobs.kubeflow.org", "jobset": "jobsets.jobset.x-k8s.io"}
 OWNED = "configmaps,services,endpointslices.discovery.k8s.io,secrets"
 SECRET_SCRIPT = "channel-secret.sh"
 
 
-class KubernetesBackend(BackendBase):
+class KubernetesBackend(RemoteBackend):
     """Submits a run as one Kubernetes workload."""
 
     name = "kubernetes"
-
-    def __init__(self, status_ttl_s: float = 2.0) -> None:
-        super().__init__()
-        self._cache = StatusCache(status_ttl_s)
 
     def render(self, ctx: RunContext) -> Rendered:
         """``manifests.yaml`` (ConfigMap, rendezvous Service, the workload) and, when the

@@ -22,7 +22,6 @@ from jobctl.templates import render
 
 from .base import (
     STOPPED_EXIT,
-    BackendBase,
     BackendError,
     Cause,
     NodeStatus,
@@ -30,10 +29,9 @@ from .base import (
     Released,
     Rendered,
     RunContext,
-    StatusCache,
-    run_command,
 )
 from .nodes import node_scripts
+from .remote import RemoteBackend, run_command
 from .rendezvous import require_reachable
 
 # Slurm job states (squeue %T / sacct State) in jobctl's terms. A job that is requeued
@@ -74,15 +72,11 @@ SLURM_CAUSES: dict[str, Cause] = {
 }
 
 
-class SlurmBackend(BackendBase):
+class SlurmBackend(RemoteBackend):
     """Submits a run as one Slurm batch job."""
 
     name = "slurm"
     RELEASE_TIMEOUT_S = 30.0  # a freed node's workers are gone: its agent ends in ~1 s
-
-    def __init__(self, status_ttl_s: float = 2.0) -> None:
-        super().__init__()
-        self._cache = StatusCache(status_ttl_s)
 
     def render(self, ctx: RunContext) -> Rendered:
         """``job.sbatch`` plus one ``node-<k>.sh`` per node (run by srun on node k)."""

@@ -34,18 +34,9 @@ from urllib.parse import quote, unquote
 from jobctl.engine.core.env import CHANNEL_SECRET
 from jobctl.spec.sections import SshSpec, is_loopback
 
-from .base import (
-    BackendBase,
-    BackendError,
-    NodeStatus,
-    Released,
-    Rendered,
-    RunContext,
-    StatusCache,
-    run_bytes,
-    run_command,
-)
+from .base import BackendError, NodeStatus, Released, Rendered, RunContext
 from .nodes import node_scripts
+from .remote import RemoteBackend, run_bytes, run_command
 from .rendezvous import require_reachable
 
 RECORD = "ssh-nodes.json"  # in the run folder: how to reach each node, by handle
@@ -90,16 +81,15 @@ class Node:
         return {**asdict(self), "opts": self.opts.model_dump(mode="json")}
 
 
-class SshBackend(BackendBase):
+class SshBackend(RemoteBackend):
     """Runs node ``k``'s launch script on ``hardware.hosts[k]`` over ssh."""
 
     name = "ssh"
 
     def __init__(self, status_ttl_s: float = 1.0) -> None:
-        super().__init__()
+        super().__init__(status_ttl_s)
         self._control = control_dir()
         self._nodes: dict[str, Node] = {}
-        self._cache = StatusCache(status_ttl_s)
 
     def render(self, ctx: RunContext) -> Rendered:
         """``node-<k>.sh`` per host, as the local backend renders it."""

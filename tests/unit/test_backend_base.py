@@ -8,10 +8,11 @@ import time
 import pytest
 
 from jobctl.backends import BackendError, NodeStatus, Rendered, get_backend
-from jobctl.backends.base import BackendBase, StatusCache, run_command
+from jobctl.backends.base import BackendBase
+from jobctl.backends.remote import StatusCache, run_command
 from jobctl.engine.core.process import kill_tree
 
-from .test_backend_render import context
+from ..render_contexts import context
 
 
 def test_registry_knows_every_backend_and_lists_them():
