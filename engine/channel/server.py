@@ -68,20 +68,25 @@ class EventArchive:
         return True
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"  # keep-alive: one connection per sender
+class JsonHandler(BaseHTTPRequestHandler):
+    """An HTTP request handler whose answers are JSON documents."""
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s " + format, self.client_address[0], *args)
-
-    def _reply(self, code: int, body: dict) -> None:
+    def reply(self, code: int, body: dict) -> None:
+        """Answer with status ``code`` and ``body`` as JSON."""
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _Handler(JsonHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection per sender
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.client_address[0], *args)
 
     def _authorised(self) -> bool:
         got = self.headers.get("Authorization", "")
@@ -90,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         self.server.note_rejected(self.client_address[0], self.path, bool(got))
         self._drain()
-        self._reply(401, {"error": "missing or wrong run secret"})
+        self.reply(401, {"error": "missing or wrong run secret"})
         return False
 
     def _drain(self) -> None:
@@ -104,21 +109,21 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         if self.path != "/v1/health":
-            self._reply(404, {"error": f"no such endpoint {self.path}"})
+            self.reply(404, {"error": f"no such endpoint {self.path}"})
             return
-        self._reply(200, self.server.stats())
+        self.reply(200, self.server.stats())
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         if not self._authorised():
             return
         if self.path != "/v1/events":
             self._drain()
-            self._reply(404, {"error": f"no such endpoint {self.path}"})
+            self.reply(404, {"error": f"no such endpoint {self.path}"})
             return
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
             self.close_connection = True
-            self._reply(413, {"error": f"batch over {MAX_BODY} bytes"})
+            self.reply(413, {"error": f"batch over {MAX_BODY} bytes"})
             return
         try:
             body = json.loads(self.rfile.read(n))
@@ -126,10 +131,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not all(isinstance(e, dict) and "kind" in e for e in events):
                 raise ValueError("every event needs a 'kind'")
         except (ValueError, KeyError, TypeError) as e:
-            self._reply(400, {"error": f"bad batch: {e}"})
+            self.reply(400, {"error": f"bad batch: {e}"})
             return
         fresh = self.server.archive.add(src, seq, events)
-        self._reply(200, {"accepted": len(events) if fresh else 0, "duplicate": not fresh})
+        self.reply(200, {"accepted": len(events) if fresh else 0, "duplicate": not fresh})
 
 
 class _Server(ThreadingHTTPServer):

@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +28,7 @@ import yaml
 
 from jobctl.backends import BackendError, get_backend
 from jobctl.backends.kubernetes import workload_status
+from jobctl.engine.channel.server import JsonHandler
 from jobctl.engine.worker.process import plan_rank
 
 from ..render_contexts import CASES, CHANNEL_SECRET, KUBE, context, evil_context, rendered
@@ -249,30 +250,22 @@ def _discovery(path: str) -> dict | None:
     return None
 
 
-class _ApiServer(BaseHTTPRequestHandler):
+class _ApiServer(JsonHandler):
     """A stand-in Kubernetes API server: discovery, and objects stored as created."""
 
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _reply(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?")[0]
         found = _discovery(path) or self.server.objects.get(path)
         missing = {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
-        self._reply(200, found) if found else self._reply(404, {"apiVersion": "v1", **missing})
+        self.reply(200, found) if found else self.reply(404, {"apiVersion": "v1", **missing})
 
     def do_POST(self) -> None:  # noqa: N802
         obj = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.objects[f"{self.path.split('?')[0]}/{obj['metadata']['name']}"] = obj
-        self._reply(201, obj)
+        self.reply(201, obj)
 
 
 KUBECTL_NO_VALIDATION = """#!/usr/bin/env bash
