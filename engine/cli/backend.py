@@ -9,16 +9,17 @@ know what failed, which part of the spec it comes from, and what to change.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 
-from jobctl.backends import BackendError, Rendered, get_backend
+from jobctl.backends import BackendError, Rendered, RunContext, get_backend
 
 BACKENDS = "local, slurm, kubernetes, ssh"
 
 
-def explain(spec_file: Path | str, backend: str, action: str, error: Exception) -> str:
+def explain(spec_file: Path | str | None, backend: str, action: str, error: Exception) -> str:
     """The one-paragraph message for ``error`` raised while a backend did ``action``."""
     what = str(error).strip().rstrip(".")
     return (
@@ -29,13 +30,15 @@ def explain(spec_file: Path | str, backend: str, action: str, error: Exception) 
     )
 
 
-def exit_with(err: Console, spec_file, backend: str, action: str, error: Exception):
+def exit_with(
+    err: Console, spec_file: Path | str | None, backend: str, action: str, error: Exception
+) -> NoReturn:
     """Print ``explain(...)`` on stderr and exit 2."""
     err.print(explain(spec_file, backend, action, error), highlight=False, markup=False)
     raise typer.Exit(2)
 
 
-def render_or_exit(err: Console, spec_file: Path, backend: str, ctx) -> Rendered:
+def render_or_exit(err: Console, spec_file: Path, backend: str, ctx: RunContext) -> Rendered:
     """The backend's artifacts for ``ctx``, or exit 2 with a clear message."""
     try:
         return get_backend(backend).render(ctx)

@@ -10,7 +10,8 @@ import typer
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.run_requests import request_stop
+from jobctl.engine.supervise.run_logs import find_logs
+from jobctl.engine.supervise.run_requests import ENDED, request_stop
 from jobctl.engine.views import tables as views
 
 # What ``stop`` says it did, by Stopping.how.
@@ -57,7 +58,7 @@ def status(
 
 
 def logs(
-    run: Annotated[str, typer.Argument(help="run id or name")],
+    run: RunArg,
     home: HomeOpt = None,
     rank: Annotated[int | None, typer.Option("--rank", help="only this rank")] = None,
     lines: Annotated[int, typer.Option("-n", help="last N lines per file")] = 50,
@@ -67,7 +68,7 @@ def logs(
     db = StateDB(home)
     row = find_run(db, run)
     run_dir = Path(row["run_dir"])
-    found = _log_files(row, run_dir)
+    found = _fetched_logs(row)
     if rank is not None:
         files = [found.get(f"rank-{rank}.log", run_dir / "logs" / f"rank-{rank}.log")]
     else:
@@ -82,7 +83,7 @@ def logs(
         offsets[f] = len(text.encode())
         for line in text.splitlines()[-lines:]:
             console.print(line, markup=False, highlight=False)
-    while follow and db.get_run(row["id"])["phase"] not in ("completed", "failed", "stopped"):
+    while follow and db.get_run(row["id"])["phase"] not in ENDED:
         time.sleep(0.5)
         for f in (f for f in files if f.exists()):
             with open(f, "rb") as fh:
@@ -93,20 +94,9 @@ def logs(
                 console.print(f"{f.stem}: {line}", markup=False, highlight=False)
 
 
-def _log_files(row: dict, run_dir: Path) -> dict[str, Path]:
-    """The run's ``*.log`` files by name: the run folder's, and for nodes that write on
-    their own machines (ssh, Kubernetes) the copies their backend fetches now; the run
-    folder's copy wins (on a shared file system it is the live one)."""
-    from jobctl.backends import BackendError, get_backend
-
-    found: dict[str, Path] = {}
-    backend = row["backend"] or "local"
-    if backend in ("ssh", "kubernetes"):
-        handles = [h for h in (row["pids"] or "").split(",") if h]
-        try:
-            found = {p.name: p for p in get_backend(backend).logs(handles, run_dir)
-                     if p.suffix == ".log"}  # fmt: skip
-        except BackendError as e:
-            err.print(f"warning: the nodes' logs were not fetched: {e}", markup=False)
-    found.update({p.name: p for p in (run_dir / "logs").glob("*.log")})
-    return found
+def _fetched_logs(row: dict) -> dict[str, Path]:
+    """The run's log files by name, warning when the nodes' copies could not be fetched."""
+    found = find_logs(row)
+    if found.warning:
+        err.print(f"warning: {found.warning}", markup=False)
+    return found.files

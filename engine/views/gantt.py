@@ -15,9 +15,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed, safe in worker threads and CI
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from jobctl.engine.planner.simulator.simulation import SimResult  # noqa: E402
+from jobctl.engine.planner.simulator.simulation import SimEvent, SimResult  # noqa: E402
 
 COLOURS = {
     "F": "#4C78A8",  # forward
@@ -71,7 +72,7 @@ def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") 
     return path
 
 
-def _draw_event(ax, e, y: float, span: float) -> None:
+def _draw_event(ax: Axes, e: SimEvent, y: float, span: float) -> None:
     """One compute/allreduce/optimizer bar, or one send line under its row."""
     if e.end <= e.start:
         return

@@ -100,7 +100,7 @@ def print_alternatives(console: Console, plan: Plan) -> None:
     console.print(t)
 
 
-def _num(value, fmt: str) -> str:
+def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
