@@ -10,6 +10,7 @@ users still get a readable :class:`pydantic.ValidationError`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -53,6 +54,21 @@ def friendly_error(
     if fix is not None:
         context["fix"] = fix
     return PydanticCustomError(error_type, message.replace("{", "(").replace("}", ")"), context)
+
+
+def require_match(
+    value: str,
+    pattern: str,
+    error_type: str,
+    message: str,
+    *,
+    suggestion: str | None = None,
+    fix: str | None = None,
+) -> str:
+    """``value`` if ``pattern`` matches all of it, else a ``friendly_error``."""
+    if not re.fullmatch(pattern, value):
+        raise friendly_error(error_type, message, suggestion=suggestion, fix=fix)
+    return value
 
 
 def int_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:

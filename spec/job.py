@@ -5,15 +5,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from pydantic import Field, field_validator
 
-from .base import SpecModel, Violation, friendly_error
+from .base import SpecModel, Violation, require_match
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import DataSpec, HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+def _section(model: type[SpecModel], description: str) -> Any:
+    """A section that may be left out: its model's defaults stand in."""
+    return Field(default_factory=model, description=description)
 
 
 class JobSpec(SpecModel):
@@ -26,26 +32,16 @@ class JobSpec(SpecModel):
         json_schema_extra={"pattern": NAME_PATTERN},
     )
     model: ModelSpec = Field(..., description="The model to train.")
-    data: DataSpec = Field(default_factory=DataSpec, description="Where samples come from.")
+    data: DataSpec = _section(DataSpec, "Where samples come from.")
     training: TrainingSpec = Field(..., description="Batch sizes, steps and optimizer.")
-    hardware: HardwareSpec = Field(
-        default_factory=HardwareSpec, description="The device pool and its launcher."
+    hardware: HardwareSpec = _section(HardwareSpec, "The device pool and its launcher.")
+    parallelism: ParallelismSpec = _section(
+        ParallelismSpec, "Pipeline/data parallelism and schedule."
     )
-    parallelism: ParallelismSpec = Field(
-        default_factory=ParallelismSpec, description="Pipeline/data parallelism and schedule."
-    )
-    elasticity: ElasticitySpec = Field(
-        default_factory=ElasticitySpec, description="Preemption and straggler handling."
-    )
-    pruning: PruningSpec = Field(
-        default_factory=PruningSpec, description="Gradual magnitude pruning."
-    )
-    rebalancing: RebalancingSpec = Field(
-        default_factory=RebalancingSpec, description="Stage rebalancing and packing."
-    )
-    checkpoint: CheckpointSpec = Field(
-        default_factory=CheckpointSpec, description="Checkpoints, uploads and retention."
-    )
+    elasticity: ElasticitySpec = _section(ElasticitySpec, "Preemption and straggler handling.")
+    pruning: PruningSpec = _section(PruningSpec, "Gradual magnitude pruning.")
+    rebalancing: RebalancingSpec = _section(RebalancingSpec, "Stage rebalancing and packing.")
+    checkpoint: CheckpointSpec = _section(CheckpointSpec, "Checkpoints, uploads and retention.")
     schedule: ScheduleSpec | None = Field(
         None, description="When to resume the job from its latest checkpoint; null = run once."
     )
@@ -53,15 +49,15 @@ class JobSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name_is_safe(cls, value: str) -> str:
-        if not re.fullmatch(NAME_PATTERN, value):
-            raise friendly_error(
-                "job_name",
-                f"{value!r} is not a valid job name",
-                suggestion=_slug(value),
-                fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters, "
-                "starting with a letter or digit)",
-            )
-        return value
+        return require_match(
+            value,
+            NAME_PATTERN,
+            "job_name",
+            f"{value!r} is not a valid job name",
+            suggestion=_slug(value),
+            fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters, "
+            "starting with a letter or digit)",
+        )
 
     def _violations(self) -> Iterator[Violation]:
         yield from self._pool_violations()

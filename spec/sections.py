@@ -1,17 +1,15 @@
-"""Spec sections for what is trained and where: model, data, training, hardware (with each
-launcher backend's settings), parallelism."""
+"""Spec sections for what is trained and where: model, data, training, hardware, parallelism."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
-from .base import SpecModel, Violation, friendly_error, int_or_auto
+from .base import SpecModel, Violation, int_or_auto, require_match
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -64,13 +62,15 @@ class ModelSpec(SpecModel):
     @field_validator("import_")
     @classmethod
     def _import_is_a_factory_reference(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(IMPORT_PATTERN, value):
-            raise friendly_error(
-                "import_reference",
-                f"{value!r} is not a factory reference",
-                fix="write it as 'package.module:factory', e.g. 'mypkg.models:build_blocks'",
-            )
-        return value
+        if value is None:
+            return value
+        return require_match(
+            value,
+            IMPORT_PATTERN,
+            "import_reference",
+            f"{value!r} is not a factory reference",
+            fix="write it as 'package.module:factory', e.g. 'mypkg.models:build_blocks'",
+        )
 
     def _violations(self) -> Iterator[Violation]:
         if self.import_ is not None and self.family is not None:
@@ -201,12 +201,13 @@ class SlurmSpec(SpecModel):
     @classmethod
     def _options_are_single_words(cls, value: list[str]) -> list[str]:
         for arg in value:
-            if not re.fullmatch(SBATCH_OPTION, arg):
-                raise friendly_error(
-                    "sbatch_option",
-                    f"{arg!r} is not an sbatch option",
-                    fix="write each as '--name' or '--name=value' without spaces or quotes",
-                )
+            require_match(
+                arg,
+                SBATCH_OPTION,
+                "sbatch_option",
+                f"{arg!r} is not an sbatch option",
+                fix="write each as '--name' or '--name=value' without spaces or quotes",
+            )
         return value
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from jobctl.spec import (
-    JobSpec,
     SpecError,
     dump_yaml,
     json_schema,
@@ -20,19 +18,9 @@ from jobctl.spec import (
     spec_hash,
 )
 
+from ..spec_texts import MINIMAL, load
+
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
-
-MINIMAL = """\
-name: tiny
-model: {}
-training:
-  global_batch_size: 16
-  steps: 10
-"""
-
-
-def load(text: str, **kwargs: object) -> JobSpec:
-    return load_spec_text(textwrap.dedent(text), "job.yaml", **kwargs)  # type: ignore[arg-type]
 
 
 def test_quickstart_example_loads() -> None:

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from pydantic import ValidationError
 
 from jobctl.spec import JobSpec, SpecError, load_spec_text
 
-MINIMAL = """\
-name: tiny
-model: {}
-training:
-  global_batch_size: 16
-  steps: 10
-"""
+from ..spec_texts import MINIMAL, load
 
 BASE_SECTIONS = {
     "name": "name: tiny",
@@ -29,10 +21,6 @@ def with_sections(extra: str) -> str:
     replaced = {line.split(":")[0] for line in extra.splitlines()}
     kept = [text for key, text in BASE_SECTIONS.items() if key not in replaced]
     return "\n".join([*kept, extra]) + "\n"
-
-
-def load(text: str, **kwargs: object) -> JobSpec:
-    return load_spec_text(textwrap.dedent(text), "job.yaml", **kwargs)  # type: ignore[arg-type]
 
 
 def issues_of(text: str) -> list[tuple[int | None, int | None, str, str]]:
