@@ -11,4 +11,7 @@ the planner, the fleet and the scheduler) and prints through engine/views:
 * ``runs``: stop, status, logs; ``scale``: morph a run; ``report``: the HTML page;
 * ``fleet``, ``schedule``: fleets, schedules, the scheduler daemon and events;
 * ``common``: shared options, consoles and exit-2 look-ups; ``backend``: backend errors.
+
+In layer 10 of ``engine.LAYERS``: it may import the layers below (core to views);
+``jobctl.backends`` only through its registry.
 """

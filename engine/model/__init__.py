@@ -2,4 +2,7 @@
 
 ``blocks`` builds the builtin GPT family or a user factory's blocks; ``costs`` gives
 their analytic FLOPs, parameter, state and activation bytes.
+
+In layer 1 of ``engine.LAYERS`` (with schedule and data): it may import the layers below
+(core) and, without a cycle, the rest of its own.
 """

@@ -6,4 +6,6 @@ schedule and where the ranks run) and ranks them by simulated step time;
 ``stage_costs`` prices one layout from the calibration and ``contention`` stretches it
 by core sharing; ``partition`` splits blocks into stages; ``simulator/`` runs one step
 of a schedule.
+
+In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """

@@ -1,1 +1,12 @@
-"""jobctl.engine.runtime: TODO."""
+"""jobctl.engine.runtime: one rank's training.
+
+The trainer's loop (``trainer``), the step it runs (``step``: one definition shared
+with the calibration probe), the executor of a stage's action list (``executor``),
+process groups (``topology``), optimizer and gradient sums (``optim``), live block
+migration (``migration``), heartbeat fields (``vitals``), the hook protocol that
+pruning and rebalancing plug in through (``hook``) and point-to-point transport
+(``p2p``). It knows no plug-in by name: ``engine.worker`` assembles them.
+
+In layer 4 of ``engine.LAYERS`` (with checkpoint, channel and state): it may import the
+layers below (core to planner) and, without a cycle, the rest of its own.
+"""

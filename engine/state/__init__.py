@@ -4,4 +4,7 @@
 supervisors never both move a run out of a phase); ``leases`` keeps who may launch a
 job and the control events of schedules and fleets. The state home itself (the folder
 that holds the database) is engine/core/home.py.
+
+In layer 4 of ``engine.LAYERS`` (with runtime, checkpoint and channel): it may import
+the layers below (core to planner) and, without a cycle, the rest of its own.
 """

@@ -5,4 +5,7 @@ Views never import torch and take from the rest of jobctl only types and constan
 over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning`` and ``rebalance``
 print to the terminal; ``gantt`` draws a simulated step; ``svg`` and ``png`` draw
 charts; ``report`` writes the HTML page of ``jobctl report``.
+
+In layer 9 of ``engine.LAYERS``: it may import the layers below (core to fleet and
+scheduler).
 """

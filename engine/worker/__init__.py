@@ -1,1 +1,10 @@
-"""jobctl.engine.worker: TODO."""
+"""jobctl.engine.worker: the worker process torchrun starts on every node.
+
+``process`` is the entry point (``python -m jobctl.engine.worker.process``): the
+plan's rank, the process group, the logs; ``assembly`` builds the trainer with the
+plug-ins the spec turns on; ``reference`` is single-process training, the semantics
+every parallel layout keeps.
+
+In layer 6 of ``engine.LAYERS`` (with calibration.measure): it may import the layers
+below (core to pruning and rebalance) and, without a cycle, the rest of its own.
+"""

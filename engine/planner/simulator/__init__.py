@@ -2,4 +2,7 @@
 
 ``simulation`` holds the cost model, the result and ``simulate``; ``engine`` is the
 hot loop that propagates start times along the schedule's data flow.
+
+Part of ``planner``, in layer 3 of ``engine.LAYERS``: it may import the layers below
+(core to calibration).
 """
