@@ -172,7 +172,7 @@ class BackendBase:
         return NodeStatus("failed", code, detail)
 
     def poll(self, handles: list[str]) -> list[int | None]:
-        """Exit code of each handle, None while it runs (what engine.monitor reads)."""
+        """Exit code of each handle, None while it runs (what the supervisor's monitor reads)."""
         return [s.exit_code for s in self.status(handles)]
 
     def release(self, handles: list[str], nodes: list[int]) -> Released:

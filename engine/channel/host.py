@@ -6,8 +6,8 @@ while their workers train, and an agent whose store is gone raises
 ``RendezvousConnectionError`` and takes its workers down (measured: training stopped
 within seconds of a SIGKILL of the supervisor). Hosted here, in its own session, both
 survive the supervisor: workers keep training and posting events, which keep landing
-in ``metrics.jsonl``, and a new ``jobctl resume RUN`` adopts the run (engine/
-channel_adopt.py) by reading ``host.json`` and following the archive.
+in ``metrics.jsonl``, and a new ``jobctl resume RUN`` adopts the run
+(engine/supervise/adoption.py) by reading ``host.json`` and following the archive.
 
 The secret reaches this process only through its environment. The host writes
 ``<run dir>/host.json`` (pid, endpoints; never the secret) once both servers listen.

@@ -6,8 +6,8 @@ The storage tier of Varuna-style continuous checkpoints (sec. 4.5): every writer
 step only if its manifest lists files that are present with the recorded sizes (and,
 when asked to verify, sha256), so an interrupted upload is never mistaken for a
 checkpoint and the previous complete one stays the latest. Layout and manifest format
-live in `ckpt_store_format`; the local staging tier in `ckpt_store_local`; background
-uploads in `ckpt_upload`.
+live in `format`; the local staging tier in `local`; the parallel transfers in
+`transfer`; background uploads in engine/checkpoint/upload.py.
 
 URLs: ``file:///abs``, plain local paths, ``s3://bucket/prefix``, ``memory://x``, or
 anything else fsspec knows. For S3 the endpoint, region and credentials come from the

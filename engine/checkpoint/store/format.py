@@ -8,7 +8,7 @@ One layout on every tier (local disk, S3, any fsspec URL)::
 
 A checkpoint is complete when its manifest exists and every file it lists is present
 with the recorded size (and, when verified, the recorded sha256). Nothing here does
-I/O on a store; `ckpt_store` moves the bytes.
+I/O on a store; `checkpoint_store` moves the bytes.
 """
 
 from __future__ import annotations
