@@ -32,6 +32,7 @@ from torch import nn
 
 from jobctl.engine.calibration.cache import DEFAULT_THREADS, calibration_for
 from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.env import DB_URL
 from jobctl.engine.core.events import read_metrics
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.plan import Plan
@@ -90,7 +91,7 @@ def sparsity_profile(spec: JobSpec, home: Path | None, layers: list[Layer]) -> d
     """Per pruning step, each layer's sparsity as the newest earlier run of this job
     recorded it (``pruning`` records with ``layer_sparsity``); {} when none did."""
     home = Path(home or default_home())
-    if not (os.environ.get("JOBCTL_DB_URL") or (home / "state.db").exists()):
+    if not (os.environ.get(DB_URL) or (home / "state.db").exists()):
         return {}  # never create a state database just to plan
     targets = dict(schedule(spec))
     names = {layer.name for layer in layers}
