@@ -141,6 +141,16 @@ def heartbeat(n: int, rank: int, node: int, ts: float) -> dict:
     }
 
 
+def training_db(home: Path) -> StateDB:
+    """The state DB in ``home`` with one run ``r`` that went through the phases to
+    ``training``."""
+    db = StateDB(home)
+    db.create_run("r", "r", home)
+    for phase in ("calibrating", "planning", "launching", "training"):
+        db.set_phase("r", phase)
+    return db
+
+
 def phases(db: StateDB, run_id: str) -> list[str]:
     """The run's phase events, phase names only."""
     return [e["message"].split(":")[0] for e in db.events(run_id) if e["kind"] == "phase"]

@@ -11,6 +11,8 @@ from jobctl.engine.core.phases import PhaseError
 from jobctl.engine.state import db as state
 from jobctl.engine.state.db import StateDB
 
+from ..supervisor_doubles import training_db
+
 
 def test_runs_and_events_roundtrip(tmp_path):
     db = StateDB(tmp_path)
@@ -70,18 +72,10 @@ def test_illegal_transitions_are_refused(tmp_path):
     assert db.get_run("r")["phase"] == "completed"
 
 
-def _training(tmp_path):
-    db = StateDB(tmp_path)
-    db.create_run("r", "r", tmp_path)
-    for phase in ("calibrating", "planning", "launching", "training"):
-        db.set_phase("r", phase)
-    return db
-
-
 def test_a_transition_checks_the_phase_it_replaces(tmp_path, monkeypatch):
     """Supervisor A reads `training`; B moves the run to `morphing` before A writes: A's
     compare-and-set misses, A re-reads and its transition is refused from `morphing`."""
-    a = _training(tmp_path)
+    a = training_db(tmp_path)
     b = StateDB(tmp_path)
     real = state.check_transition
     raced = []
@@ -101,7 +95,7 @@ def test_a_transition_checks_the_phase_it_replaces(tmp_path, monkeypatch):
 
 
 def test_concurrent_transitions_from_one_phase_have_one_winner(tmp_path):
-    _training(tmp_path)
+    training_db(tmp_path)
     dbs = [StateDB(tmp_path) for _ in range(6)]
     with ThreadPoolExecutor(len(dbs)) as pool:
         won = list(pool.map(lambda d: d.set_phase_if("r", {"training"}, "morphing"), dbs))

@@ -187,13 +187,19 @@ def test_stop_without_a_supervisor_signals_the_recorded_nodes(tmp_path):
     assert db.get_run(sup.run_id)["stop_requested"] is None
 
 
-def test_a_worker_process_killed_drops_its_node(tmp_path):
+def _trained_with_errors_dir(tmp_path, steps):
+    """A supervisor trained through ``steps``, and its attempt's new ``errors`` folder,
+    where the ranks write the exception that ended them."""
     sup, launcher, db, clock = supervisor(tmp_path)
     to_training(sup)
-    _train(sup, launcher, clock, [1, 2])
-    run_dir = sup.current.dir
-    errors = run_dir / "errors"
+    _train(sup, launcher, clock, steps)
+    errors = sup.current.dir / "errors"
     errors.mkdir()
+    return sup, launcher, db, clock, errors
+
+
+def test_a_worker_process_killed_drops_its_node(tmp_path):
+    sup, launcher, db, clock, errors = _trained_with_errors_dir(tmp_path, [1, 2])
     comm = "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Connection reset by peer"
     dead = next(r.rank for r in sup.plan.ranks if r.node == 1)
     for r in sup.plan.ranks:
@@ -208,11 +214,7 @@ def test_a_worker_process_killed_drops_its_node(tmp_path):
 
 
 def test_a_bug_fails_the_run_even_with_a_silent_rank(tmp_path):
-    sup, launcher, db, clock = supervisor(tmp_path)
-    to_training(sup)
-    _train(sup, launcher, clock, [1])
-    errors = sup.current.dir / "errors"
-    errors.mkdir()
+    sup, launcher, db, clock, errors = _trained_with_errors_dir(tmp_path, [1])
     (errors / "rank-1.txt").write_text("Traceback:\n  x\nRuntimeError: boom\n")
     launcher.nodes.set_all(NodeStatus("failed", 1, "exit 1"))
     assert sup.step() == "failed"
@@ -220,11 +222,7 @@ def test_a_bug_fails_the_run_even_with_a_silent_rank(tmp_path):
 
 
 def test_failed_peers_without_a_silent_rank_fail_after_the_grace(tmp_path):
-    sup, launcher, db, clock = supervisor(tmp_path)
-    to_training(sup)
-    _train(sup, launcher, clock, [1])
-    errors = sup.current.dir / "errors"
-    errors.mkdir()
+    sup, launcher, db, clock, errors = _trained_with_errors_dir(tmp_path, [1])
     for r in (0, 1):
         (errors / f"rank-{r}.txt").write_text("RuntimeError: Connection closed by peer\n")
     launcher.nodes.state["a0n0"] = NodeStatus("failed", 1, "exit 1")

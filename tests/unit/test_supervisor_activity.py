@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from jobctl.engine.pruning.events import PruningWatch
-from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.crash import (
     bug_ranks,
@@ -15,16 +14,14 @@ from jobctl.engine.supervise.crash import (
     lost_process_nodes,
 )
 
+from ..supervisor_doubles import training_db
+
 PRUNED = {"target_sparsity": 0.5, "achieved_sparsity": 0.5, "stage_sparsity": [0.5, 0.5]}
 
 
 @pytest.fixture
 def db(tmp_path):
-    db = StateDB(tmp_path)
-    db.create_run("r", "r", tmp_path)
-    for phase in ("calibrating", "planning", "launching", "training"):
-        db.set_phase("r", phase)
-    return db
+    return training_db(tmp_path)
 
 
 def _feed(db, watches, *recs) -> str:
