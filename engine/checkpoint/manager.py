@@ -34,6 +34,7 @@ from jobctl.engine.checkpoint.store.local import (
 from jobctl.engine.checkpoint.upload import Uploader, lower_thread_priority
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
+from jobctl.spec.phases import CheckpointSpec
 
 BACKGROUND_NICE = 10  # writes, uploads and retention yield the CPU to training
 EVENT_FLUSH_S = 30.0  # longest a checkpoint part waits for this rank's events to be archived
@@ -56,9 +57,16 @@ class CheckpointManager:
     """Writes, publishes and uploads the checkpoints of one rank in the background."""
 
     def __init__(
-        self, spec, plan: Plan, rank: int, root: Path, events: EventLog, shared_disk: bool = True
+        self,
+        checkpoint: CheckpointSpec,
+        plan: Plan,
+        rank: int,
+        root: Path,
+        events: EventLog,
+        shared_disk: bool = True,
     ):
-        self.spec, self.plan, self.rank, self.root, self.events = spec, plan, rank, root, events
+        self.cfg, self.plan, self.rank, self.root = checkpoint, plan, rank, root
+        self.events = events
         groups = local_groups(plan, shared_disk)
         self.group = groups[rank]
         self.local_parts = [f"rank-{r}" for r, g in sorted(groups.items()) if g == self.group]
@@ -75,7 +83,7 @@ class CheckpointManager:
         self._worker.start()
 
     def _uploader(self) -> Uploader | None:
-        ck = self.spec.checkpoint
+        ck = self.cfg
         if not ck.remote:
             return None
         store = CheckpointStore(ck.remote)
@@ -97,7 +105,7 @@ class CheckpointManager:
         """Queue a snapshot for writing; returns at once (raises an earlier write error)."""
         with self._cond:
             self._raise_error()
-            coalesce = self.spec.checkpoint.coalesce
+            coalesce = self.cfg.coalesce
             if self._pending is not None and coalesce and not self._pending.final:
                 self.events.write(Kind.CHECKPOINT_SKIPPED, step=self._pending.step, newer=step)
                 self._pending = None
@@ -140,7 +148,7 @@ class CheckpointManager:
         published = publish_local(self.root, job.step, part, files, job.meta, self.local_parts)
         if published is None:
             return
-        ck = self.spec.checkpoint
+        ck = self.cfg
         uploaded = self.uploaded_through()
         # A local checkpoint stays until a remote one at least as new exists.
         protect = None if self.uploader is None else (lambda step: step > uploaded)

@@ -20,7 +20,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     from jobctl.spec import load_spec
 
     spec = load_spec(run_dir / "spec.yaml")
-    point = find_resume_point(spec, local_root(spec, run_dir))
+    point = find_resume_point(spec.checkpoint, local_root(spec.checkpoint, run_dir))
     return point.path if point else None
 
 

@@ -19,6 +19,7 @@ from jobctl.engine.checkpoint.store.format import (
     CorruptCheckpointError,
     step_dirname,
 )
+from jobctl.spec.phases import CheckpointSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,9 @@ class ResumePoint:
     source: str  # "local" or the remote URL it was downloaded from
 
 
-def local_root(spec, run_dir: Path) -> Path:
+def local_root(checkpoint: CheckpointSpec, run_dir: Path) -> Path:
     """Where a run's local checkpoints live."""
-    return Path(spec.checkpoint.local_dir or run_dir / "checkpoints")
+    return Path(checkpoint.local_dir or run_dir / "checkpoints")
 
 
 def _complete_steps(store: CheckpointStore, verify: bool) -> list[int]:
@@ -55,12 +56,12 @@ def _complete_steps(store: CheckpointStore, verify: bool) -> list[int]:
     return good
 
 
-def find_resume_point(spec, root: Path) -> ResumePoint | None:
+def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | None:
     """Newest complete checkpoint of the job, downloading it if only the remote has it."""
     local = _complete_steps(CheckpointStore(str(root)), verify=True) if root.exists() else []
     best_local = local[0] if local else None
-    if spec.checkpoint.remote:
-        remote = CheckpointStore(spec.checkpoint.remote)
+    if checkpoint.remote:
+        remote = CheckpointStore(checkpoint.remote)
         for step in _complete_steps(remote, verify=False):
             if best_local is not None and step <= best_local:
                 break
@@ -73,7 +74,7 @@ def find_resume_point(spec, root: Path) -> ResumePoint | None:
                     stacklevel=2,
                 )
                 continue
-            return ResumePoint(step, path, spec.checkpoint.remote)
+            return ResumePoint(step, path, checkpoint.remote)
     if best_local is None:
         return None
     return ResumePoint(best_local, root / step_dirname(best_local), "local")

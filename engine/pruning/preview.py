@@ -59,7 +59,7 @@ def preview_pruning(spec: JobSpec) -> PruningPreview:
     """Every pruning step of the spec's schedule, counted on its model."""
     prunable, total = prunable_counts(spec)
     steps, before = [], 0
-    for t, s in schedule(spec):
+    for t, s in schedule(spec.pruning):
         k = count_to_prune(s, prunable)
         share = (k - before) / max(1, prunable - before)
         steps.append(PruningStep(t, s, k, prunable - k, share))

@@ -23,14 +23,16 @@ import torch.distributed as dist
 from torch import nn
 
 from jobctl.engine.checkpoint.blocks import load_masks
-from jobctl.engine.core.events import Kind
-from jobctl.engine.model.blocks import Tie
+from jobctl.engine.core.events import EventLog, Kind
+from jobctl.engine.model.blocks import Stage, Tie
 from jobctl.engine.pruning.comm import SelectorGroups, broadcast_masks, world
 from jobctl.engine.pruning.crossover import Shape, resolve, shape_key
 from jobctl.engine.pruning.profile import BlockProfiler
 from jobctl.engine.pruning.schedule import schedule, target_at
 from jobctl.engine.pruning.selection import select_masks
 from jobctl.engine.pruning.sparse import refresh, use_csr, use_dense
+from jobctl.engine.runtime.topology import Topology
+from jobctl.spec.job import JobSpec
 
 Masks = dict[str, torch.Tensor]
 
@@ -55,7 +57,15 @@ class Pruner:
     """Masks of one stage and the collective pruning step (see the module docstring)."""
 
     def __init__(
-        self, spec, stage, named, opt, topo, ties: list[Tie], events=None, micro_batch=None
+        self,
+        spec: JobSpec,
+        stage: Stage,
+        named: dict[str, nn.Parameter],
+        opt: torch.optim.Optimizer,
+        topo: Topology,
+        ties: list[Tie],
+        events: EventLog | None = None,
+        micro_batch: int | None = None,
     ):
         self.spec, self.stage, self.named, self.opt, self.topo = spec, stage, named, opt, topo
         self.micro_batch = micro_batch  # the plan's m (the spec's may be ``auto``)
@@ -93,7 +103,7 @@ class Pruner:
 
     # -- pruning ------------------------------------------------------------------
     def due(self, step: int) -> float | None:
-        return target_at(self.spec, step) if self.spec.pruning.enabled else None
+        return target_at(self.spec.pruning, step) if self.spec.pruning.enabled else None
 
     def maybe_prune(self, step: int) -> dict | None:
         """Prune if ``step`` (optimizer steps done) is a pruning step; collective."""
@@ -297,7 +307,7 @@ class Pruner:
         for n, m in load_masks(ckpt_dir, list(self.named), self.ties).items():
             self.adopt(n, m)
         self._csr_stale = self.spec.pruning.sparse_threshold is not None and bool(self.masks)
-        if any(t == step for t, _ in schedule(self.spec)) and self.masks:
+        if any(t == step for t, _ in schedule(self.spec.pruning)) and self.masks:
             self.profile_at = step  # the first step after resuming profiles
 
     # -- profiling ----------------------------------------------------------------

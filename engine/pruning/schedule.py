@@ -10,6 +10,8 @@ completes step ``t`` (``t = 0``: before training). Pure functions, no torch.
 
 from __future__ import annotations
 
+from jobctl.spec.phases import PruningSpec
+
 
 def cubic_sparsity(t: int, initial: float, final: float, start: int, end: int) -> float:
     """Eq. 3.1 at step ``t``: ``initial`` before/at ``start``, ``final`` at/after ``end``."""
@@ -29,24 +31,23 @@ def pruning_steps(start: int, end: int, frequency: int) -> list[int]:
     return steps
 
 
-def schedule(spec) -> list[tuple[int, float]]:
+def schedule(p: PruningSpec) -> list[tuple[int, float]]:
     """(step, target sparsity) of every pruning event of a spec's ``pruning`` section."""
-    p = spec.pruning if hasattr(spec, "pruning") else spec
     return [
         (t, cubic_sparsity(t, p.initial_sparsity, p.final_sparsity, p.start_step, p.end_step))
         for t in pruning_steps(p.start_step, p.end_step, p.frequency)
     ]
 
 
-def target_at(spec, step: int) -> float | None:
+def target_at(pruning: PruningSpec, step: int) -> float | None:
     """Target sparsity if ``step`` is a pruning step with something to prune, else None."""
-    for t, s in schedule(spec):
+    for t, s in schedule(pruning):
         if t == step:
             return s if s > 0.0 else None
     return None
 
 
-def sparsity_in_effect(spec, step: int) -> float:
+def sparsity_in_effect(pruning: PruningSpec, step: int) -> float:
     """Sparsity the model has after ``step`` steps (the last pruning step <= step)."""
-    done = [s for t, s in schedule(spec) if t <= step]
+    done = [s for t, s in schedule(pruning) if t <= step]
     return done[-1] if done else 0.0

@@ -167,7 +167,7 @@ class Rebalancer(StepHook):
         lay = layout_of(plan)
         d = rebalance(
             costs, stages, cfg.balancer, cfg.by, cfg.tolerance,
-            memory_model(spec, cal, lay), memory_cap(spec),
+            memory_model(spec, cal, lay), memory_cap(spec.hardware),
         )  # fmt: skip
         new_stages, pack = d.stages, None
         if cfg.pack:

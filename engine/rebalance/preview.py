@@ -93,7 +93,7 @@ def sparsity_profile(spec: JobSpec, home: Path | None, layers: list[Layer]) -> d
     home = Path(home or default_home())
     if not (os.environ.get(DB_URL) or (home / "state.db").exists()):
         return {}  # never create a state database just to plan
-    targets = dict(schedule(spec))
+    targets = dict(schedule(spec.pruning))
     names = {layer.name for layer in layers}
     for run in StateDB(home).list_runs():
         path = Path(run["run_dir"]) / "metrics.jsonl"
@@ -183,7 +183,7 @@ def _basis(spec: JobSpec, plan: Plan, home: Path | None) -> _Basis:
     times = BlockTimes.at(cal, plan.micro_batch_size)
     base = [f + b for f, b in zip(times.fwd, times.bwd, strict=True)]
     lay = layout_of(plan)
-    mem, cap = memory_model(spec, cal, lay), memory_cap(spec)
+    mem, cap = memory_model(spec, cal, lay), memory_cap(spec.hardware)
     _, layers = model_layers(spec)
     profile = sparsity_profile(spec, home, layers)
     records = load(record_path(home, torch.device(spec.hardware.device), DEFAULT_THREADS))
@@ -230,7 +230,7 @@ def predict(spec: JobSpec, plan: Plan, home: Path | None = None) -> list[Row]:
     basis = _basis(spec, plan, home)
     stages = [list(s.blocks) for s in plan.stages]
     rows = []
-    for step, s in schedule(spec):
+    for step, s in schedule(spec.pruning):
         if s <= 0.0:  # nothing pruned at this step (see pruning_schedule.target_at)
             continue
         rows.append(_predict_step(spec, plan, basis, step, s, stages))

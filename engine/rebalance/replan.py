@@ -38,6 +38,7 @@ from jobctl.engine.planner.stage_costs import (
 from jobctl.engine.rebalance.rebalancer import MemoryFn, Stages, first_fit_pack, rebalance
 from jobctl.engine.schedule.generators import generate
 from jobctl.spec.job import JobSpec
+from jobctl.spec.sections import HardwareSpec
 
 
 def layout_of(plan: Plan, P: int | None = None) -> Layout:
@@ -48,12 +49,12 @@ def layout_of(plan: Plan, P: int | None = None) -> Layout:
     )
 
 
-def actions_for(spec, layout: Layout):
+def actions_for(spec: JobSpec, layout: Layout):
     options = generator_options(spec.parallelism, layout)
     return generate(layout.schedule, layout.P, layout.M, **options)
 
 
-def memory_model(spec, cal: Calibration, layout: Layout) -> MemoryFn:
+def memory_model(spec: JobSpec, cal: Calibration, layout: Layout) -> MemoryFn:
     """Bytes per stage of a stage map with ``layout.P`` stages (calibrated estimate)."""
     peaks = activation_peaks(layout, actions_for(spec, layout))
 
@@ -63,8 +64,9 @@ def memory_model(spec, cal: Calibration, layout: Layout) -> MemoryFn:
     return memory
 
 
-def memory_cap(spec) -> float:
-    return spec.hardware.memory_gb * GB
+def memory_cap(hardware: HardwareSpec) -> float:
+    """One device's memory in bytes."""
+    return hardware.memory_gb * GB
 
 
 def scaled_times(cal: Calibration, m: int, block_costs: Sequence[float] | None) -> BlockTimes:
@@ -86,7 +88,7 @@ def scaled_times(cal: Calibration, m: int, block_costs: Sequence[float] | None) 
 
 
 def simulate_stages(
-    spec,
+    spec: JobSpec,
     cal: Calibration,
     layout: Layout,
     stages: Stages,
@@ -185,7 +187,7 @@ class PackChoice:
 
 
 def pack_to(
-    spec,
+    spec: JobSpec,
     cal: Calibration,
     plan: Plan,
     current: Stages,
@@ -200,7 +202,7 @@ def pack_to(
     model of the P-stage layout (activation peaks change with P). The balancer
     then spreads the blocks over the P stages (memory-checked), as after a pruning step.
     """
-    cap = memory_cap(spec)
+    cap = memory_cap(spec.hardware)
     per_stage = memory_model(spec, cal, layout_of(plan))(current)
     groups = first_fit_pack(per_stage, cap, P)
     if len(groups) > P:
@@ -215,7 +217,7 @@ def pack_to(
 
 
 def choose_pack(
-    spec,
+    spec: JobSpec,
     cal: Calibration,
     plan: Plan,
     block_costs: Sequence[float],

@@ -17,9 +17,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from jobctl.engine.model.blocks import Tie
 from jobctl.engine.runtime.topology import Topology
+from jobctl.spec.sections import TrainingSpec
 
 
-def build_optimizer(params: list[nn.Parameter], training) -> torch.optim.Optimizer:
+def build_optimizer(params: list[nn.Parameter], training: TrainingSpec) -> torch.optim.Optimizer:
     """The optimizer a spec's ``training`` section asks for."""
     t = training
     if t.optimizer == "sgd":
@@ -28,7 +29,7 @@ def build_optimizer(params: list[nn.Parameter], training) -> torch.optim.Optimiz
     return cls(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, foreach=False)
 
 
-def lr_at(step: int, training) -> float:
+def lr_at(step: int, training: TrainingSpec) -> float:
     """Learning rate of optimizer step ``step`` (0-based)."""
     t = training
     if t.warmup_steps and step < t.warmup_steps:

@@ -27,6 +27,7 @@ from jobctl.engine.checkpoint.blocks import (
     snapshot_blocks,
 )
 from jobctl.engine.checkpoint.manager import CheckpointManager
+from jobctl.engine.checkpoint.resume import local_root
 from jobctl.engine.core.env import SHARED_CKPT_DISK
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
@@ -133,9 +134,10 @@ class Trainer:
         self.stop_vote = StopVote()
 
     def _checkpoints(self) -> CheckpointManager:
-        root = Path(self.spec.checkpoint.local_dir or self.run_dir / "checkpoints")
+        root = local_root(self.spec.checkpoint, self.run_dir)
         shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
-        return CheckpointManager(self.spec, self.state.plan, self.rank, root, self.events, shared)
+        ck = self.spec.checkpoint
+        return CheckpointManager(ck, self.state.plan, self.rank, root, self.events, shared)
 
     def _compute(self):
         return autocast(self.spec.training.precision, self.device)

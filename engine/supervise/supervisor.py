@@ -246,7 +246,8 @@ class Supervisor:
         if self.resume_dir is not None:
             step = int(read_meta(self.resume_dir)["step"])
             return ResumePoint(step, Path(self.resume_dir).resolve(), "explicit")
-        return find_resume_point(self.spec, local_root(self.spec, self.db.runs_dir / self.run_id))
+        ck = self.spec.checkpoint
+        return find_resume_point(ck, local_root(ck, self.db.runs_dir / self.run_id))
 
     def _start_training(self) -> str:
         self.launcher.ready(self.attempt)  # its run host listens: the nodes can meet

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from jobctl.engine.data.dataset import Sharding, make_data
-from jobctl.engine.model.blocks import Stage, lm_loss, model_def
+from jobctl.engine.data.dataset import Sharding, TokenData, make_data
+from jobctl.engine.model.blocks import Stage, Tie, lm_loss, model_def
 from jobctl.engine.pruning.pruner import prunable_names
 from jobctl.engine.pruning.schedule import target_at
 from jobctl.engine.pruning.selection import select_single
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
+from jobctl.spec.job import JobSpec
+from jobctl.spec.phases import PruningSpec
+from jobctl.spec.sections import TrainingSpec
 
 
 def reference_train(
-    spec,
+    spec: JobSpec,
     steps: int | None = None,
     micro_batch: int | None = None,
     start_state: dict[str, torch.Tensor] | None = None,
@@ -41,42 +44,55 @@ def reference_train(
     params = dict(model.named_parameters())
     opt = build_optimizer(list(params.values()), spec.training)
     B = spec.training.global_batch_size
-    m = micro_batch or B
-    shard = Sharding(B, 1, m)
+    shard = Sharding(B, 1, micro_batch or B)
     data = make_data(spec)
     losses = []
     held = dict(masks or {})
     if start_step == 0:
-        _prune(spec, mdef.ties, params, opt, held, 0)
+        _prune(spec.pruning, mdef.ties, params, opt, held, 0)
     for step in range(start_step, steps if steps is not None else spec.training.steps):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for i in range(shard.micro_batches):
-            x, y = data.batch(shard.first_sample(step, 0, i), m)
-            loss = lm_loss(model(x), y) * shard.loss_scale
-            loss.backward()
-            total += float(loss.detach())
-        for n, keep in held.items():
-            params[n].grad.masked_fill_(~keep, 0.0)
-        set_lr(opt, lr_at(step, spec.training))
-        opt.step()
-        with torch.no_grad():
-            for n, keep in held.items():
-                params[n].masked_fill_(~keep, 0.0)
-        _prune(spec, mdef.ties, params, opt, held, step + 1)
-        losses.append(total)
+        losses.append(_step(model, opt, data, shard, held, step, spec.training))
+        _prune(spec.pruning, mdef.ties, params, opt, held, step + 1)
     if masks is not None:
         masks.update(held)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _step(
+    model: Stage,
+    opt: torch.optim.Optimizer,
+    data: TokenData,
+    shard: Sharding,
+    held: dict,
+    step: int,
+    training: TrainingSpec,
+) -> float:
+    """One optimizer step over the global batch (pruned elements held at zero); its loss."""
+    params = dict(model.named_parameters())
+    opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for i in range(shard.micro_batches):
+        x, y = data.batch(shard.first_sample(step, 0, i), shard.micro_batch)
+        loss = lm_loss(model(x), y) * shard.loss_scale
+        loss.backward()
+        total += float(loss.detach())
+    for n, keep in held.items():
+        params[n].grad.masked_fill_(~keep, 0.0)
+    set_lr(opt, lr_at(step, training))
+    opt.step()
+    with torch.no_grad():
+        for n, keep in held.items():
+            params[n].masked_fill_(~keep, 0.0)
+    return total
+
+
 @torch.no_grad()
-def _prune(spec, ties, params: dict, opt, held: dict, step: int) -> None:
+def _prune(pruning: PruningSpec, ties: list[Tie], params: dict, opt, held: dict, step: int) -> None:
     """Global magnitude pruning of the assembled model if ``step`` is a pruning step."""
-    target = target_at(spec, step) if spec.pruning.enabled else None
+    target = target_at(pruning, step) if pruning.enabled else None
     if target is None:
         return
-    names = prunable_names(list(params), spec.pruning.prunable, ties)
+    names = prunable_names(list(params), pruning.prunable, ties)
     new, *_ = select_single({n: params[n] for n in names}, target)
     for n, m in new.items():
         held[n] = m & held[n] if n in held else m

@@ -97,7 +97,7 @@ def test_remote_checkpoints_resume_and_skip_corruption(tmp_path, s3_url, monkeyp
     fresh_root = tmp_path / "fresh" / "checkpoints"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        point = find_resume_point(spec, fresh_root)
+        point = find_resume_point(spec.checkpoint, fresh_root)
     assert point is not None and point.step == steps[-2] and point.source == s3_url
     assert any(issubclass(w.category, CheckpointWarning) and "3" in str(w.message) for w in caught)
 

@@ -53,12 +53,12 @@ def test_cubic_schedule_endpoints_monotonic_and_clamped():
 
 def test_spec_schedule_targets():
     spec = load_spec(PRUNING_YAML)
-    assert [t for t, _ in schedule(spec)] == [10, 20, 30, 40, 50]
-    assert target_at(spec, 10) is None  # 0 % at start_step: nothing to prune
-    assert target_at(spec, 20) == pytest.approx(0.5203125)
-    assert target_at(spec, 21) is None
-    assert sparsity_in_effect(spec, 35) == pytest.approx(0.7875)
-    assert sparsity_in_effect(spec, 5) == 0.0
+    assert [t for t, _ in schedule(spec.pruning)] == [10, 20, 30, 40, 50]
+    assert target_at(spec.pruning, 10) is None  # 0 % at start_step: nothing to prune
+    assert target_at(spec.pruning, 20) == pytest.approx(0.5203125)
+    assert target_at(spec.pruning, 21) is None
+    assert sparsity_in_effect(spec.pruning, 35) == pytest.approx(0.7875)
+    assert sparsity_in_effect(spec.pruning, 5) == 0.0
 
 
 def test_count_to_prune_rounds_half_up():
@@ -239,7 +239,7 @@ def test_reference_pruned_weights_stay_zero_and_sparsity_follows_schedule():
     early: dict = {}
     reference_train(spec, steps=2, masks=early)
     s2 = sum(int((~m).sum()) for m in early.values()) / total
-    assert s2 == pytest.approx(target_at(spec, 2), abs=1 / total)
+    assert s2 == pytest.approx(target_at(spec.pruning, 2), abs=1 / total)
 
 
 # -- profiling -----------------------------------------------------------------------

@@ -194,38 +194,54 @@ def connect(
     write ends, says so (a read end without a writer yet reads as end-of-file) and
     unlinks the names.
     """
-    low = dist.get_rank() < peer
-    up, down, n = "", "", ring_slots(messages_per_step)
-    if low:
-        path = ""
-        if same_node and _decide(shape, dtype, device, n):
-            path = os.path.join(SHM_DIR, f"jobctl-p2p-{uuid.uuid4().hex[:16]}")
-        try:
-            if path:
-                size = n * _nbytes(shape, dtype)
-                for d in ("up", "down"):
-                    with open(f"{path}-{d}.data", "wb") as f:
-                        f.truncate(size)
-                    os.mkfifo(f"{path}-{d}.fills", 0o600)
-                    os.mkfifo(f"{path}-{d}.acks", 0o600)
-                # "up" runs lower -> higher rank (activations), "down" back (gradients).
-                up, down = f"{path}-up", f"{path}-down"
-                out = Ring(up, shape, dtype, n, True, timeout_s)
-                into = Ring(down, shape, dtype, n, False, timeout_s)
-            _say(path, peer)
-            if not path:
-                return None
-            if _hear(peer) != "open":
-                raise PeerGone(f"rank {peer} could not open the shared-memory channel")
-            out.open_writer()
-            into.open_writer()
-            _say("open", peer)  # the higher rank reads only once every writer is open
-        finally:
-            for name in (up, down) if path else ():
-                for ext in ("data", "fills", "acks"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(f"{name}.{ext}")
-        return ShmLink(out, into)
+    n = ring_slots(messages_per_step)
+    if dist.get_rank() < peer:
+        use = same_node and _decide(shape, dtype, device, n)
+        return _connect_lower(peer, shape, dtype, n, timeout_s, use)
+    return _connect_higher(peer, shape, dtype, n, timeout_s)
+
+
+def _create_files(path: str, size: int) -> None:
+    """Both rings' data files and fifos: "up" runs lower -> higher rank (activations),
+    "down" back (gradients)."""
+    for d in ("up", "down"):
+        with open(f"{path}-{d}.data", "wb") as f:
+            f.truncate(size)
+        os.mkfifo(f"{path}-{d}.fills", 0o600)
+        os.mkfifo(f"{path}-{d}.acks", 0o600)
+
+
+def _unlink_files(path: str) -> None:
+    for d in ("up", "down"):
+        for ext in ("data", "fills", "acks"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}-{d}.{ext}")
+
+
+def _connect_lower(peer: int, shape, dtype, n: int, timeout_s: float, use: bool):
+    """The lower rank's side of :func:`connect` (``use``: shared memory is possible)."""
+    path = os.path.join(SHM_DIR, f"jobctl-p2p-{uuid.uuid4().hex[:16]}") if use else ""
+    try:
+        if path:
+            _create_files(path, n * _nbytes(shape, dtype))
+            out = Ring(f"{path}-up", shape, dtype, n, True, timeout_s)
+            into = Ring(f"{path}-down", shape, dtype, n, False, timeout_s)
+        _say(path, peer)
+        if not path:
+            return None
+        if _hear(peer) != "open":
+            raise PeerGone(f"rank {peer} could not open the shared-memory channel")
+        out.open_writer()
+        into.open_writer()
+        _say("open", peer)  # the higher rank reads only once every writer is open
+    finally:
+        if path:
+            _unlink_files(path)
+    return ShmLink(out, into)
+
+
+def _connect_higher(peer: int, shape, dtype, n: int, timeout_s: float):
+    """The higher rank's side of :func:`connect`."""
     path = _hear(peer)
     if not path:
         return None
