@@ -10,8 +10,8 @@ import s3fs
 
 from .s3server import TEST_ENV, start_moto_server
 
-# Test functions shared by a unit and an integration module: their asserts explain failures.
-pytest.register_assert_rewrite("tests.ckpt_stores")
+# Tests and checks shared by tests/unit and tests/integration: their asserts explain failures.
+pytest.register_assert_rewrite("tests.ckpt_stores", "tests.report_pages")
 
 
 @pytest.fixture
