@@ -25,16 +25,15 @@ class HeavyBlock(Block):
         return super().forward(x)
 
 
-def factory(
-    blocks: int = 5,
-    heavy: int = 2,
-    delay_s: float = 0.02,
-    hidden: int = 32,
-    heads: int = 4,
-    vocab: int = 256,
-    seq_len: int = 32,
-) -> list[nn.Module]:
-    """Embedding, ``blocks`` transformer blocks (block ``heavy`` sleeps), head."""
+def _size(hidden: int = 32, heads: int = 4, vocab: int = 256, seq_len: int = 32) -> tuple[int, ...]:
+    """The GPT's size: (hidden, heads, vocab, seq_len), these defaults overridden."""
+    return hidden, heads, vocab, seq_len
+
+
+def factory(blocks: int = 5, heavy: int = 2, delay_s: float = 0.02, **size: int) -> list[nn.Module]:
+    """Embedding, ``blocks`` transformer blocks (block ``heavy`` sleeps), head; ``size``:
+    ``hidden``, ``heads``, ``vocab``, ``seq_len`` (see ``_size``)."""
+    hidden, heads, vocab, seq_len = _size(**size)
     body = [
         HeavyBlock(hidden, heads, delay_s) if i == heavy else Block(hidden, heads, 0.0)
         for i in range(1, blocks + 1)
