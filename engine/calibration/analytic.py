@@ -1,6 +1,6 @@
 """Analytic calibration: a Calibration derived from the job spec alone.
 
-Compute times come from the analytic FLOPs of ``costs.model_costs`` at the device's
+Compute times come from the analytic FLOPs of ``model.costs.model_costs`` at the device's
 sustained rate plus a fixed per-block overhead (kernel launches, Python), so that
 F(m)/m improves with m and then flattens as on real devices; links and allreduces come
 from ``hardware.interconnect`` (latency + bytes / bandwidth, ring allreduce). This is

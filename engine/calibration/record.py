@@ -12,7 +12,7 @@ Nothing here depends on the number of devices G: one record plans any G (Varuna'
 scale-invariant calibration). Each value says where it came from (``source``):
 ``measured`` with torch on this machine, or ``analytic`` from the hardware spec. The
 record is keyed by a ``Fingerprint`` of model, device, torch version and threads;
-``calibration_cache`` stores and finds records under the state home.
+``cache`` stores and finds records under the state home.
 """
 
 from __future__ import annotations
@@ -205,9 +205,9 @@ class HostCalibration(_Frozen):
 class RuntimeCalibration(_Frozen):
     """What the runtime pays beyond compute and the wire, from a real pipeline probe.
 
-    ``calibration_probe`` runs 1F1B over the job's model with the runtime's own
+    ``measure.probe`` runs 1F1B over the job's model with the runtime's own
     executor and the trainer's per-step work, on one stage (``solo``), two and four;
-    ``calibration_fit`` simulates the same runs with the calibrated compute and links.
+    ``measure.fit`` simulates the same runs with the calibrated compute and links.
     ``action_s``: what each forward, recompute and backward of the executor takes beyond
     the calibrated time of its blocks (the solo run beyond its calibrated compute: data
     fetch, autograd set-up, the loss, bookkeeping); a per-action cost, as the probe at

@@ -1,7 +1,7 @@
 """Analytic per-block costs of a model: FLOPs, parameters, state and activation bytes.
 
 These describe a model without building it and feed the analytic calibration
-(``calibration_analytic``): a laptop can plan a 1,024-GPU job from the spec alone.
+(``calibration.analytic``): a laptop can plan a 1,024-GPU job from the spec alone.
 A measured calibration (``jobctl calibrate``) replaces them when one matches.
 """
 

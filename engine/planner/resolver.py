@@ -2,7 +2,7 @@
 
 ``make_plan(spec, devices)`` is the public entry. It takes the costs from a calibration
 (a cached measured one that matches the model and machine, else the analytic one from
-the hardware spec), runs the search of ``planner_search`` (Varuna sec. 4.4: m by
+the hardware spec), runs ``search.search`` (Varuna sec. 4.4: m by
 F(m)/m, a P sweep, every applicable schedule simulated) and turns the fastest
 candidate into a Plan whose prediction is its simulation; the runners-up become
 ``Plan.alternatives``, each with why it lost, and ``Plan.explanation`` keeps the

@@ -84,7 +84,7 @@ def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | Non
 
 
 def generator_options(par: ParallelismSpec, layout: Layout) -> dict:
-    """Options for ``schedules.generate`` (recompute, advance_num)."""
+    """Options for ``schedule.generators.generate`` (recompute, advance_num)."""
     opts: dict = {}
     if layout.schedule in ("gpipe", "1f1b") and layout.recompute:
         opts["recompute"] = True

@@ -1,7 +1,7 @@
 """Measure communication and core sharing with a small real process group.
 
 ``measure_comm`` starts ``world`` (2-4) worker processes on 127.0.0.1 (gloo on CPU,
-NCCL on CUDA, one GPU each), which run ``calibration_comm_worker``: point-to-point
+NCCL on CUDA, one GPU each), which run ``comm_worker``: point-to-point
 ping-pong for each activation size, alone and while the other ranks compute;
 allreduce for each ring size and message size, also with k disjoint rings reducing at
 once (Varuna sec. 4.3: several stages of one node reduce together); and, on CPU, how
@@ -45,7 +45,7 @@ def measure_comm(
 ) -> tuple[LinkCalibration, AllreduceCalibration, HostCalibration | None, dict]:
     """Run the communication micro-benchmarks; returns the intra-node link, allreduce
     and (CPU only) host-sharing calibrations, and the pipeline probe's samples
-    (``calibration_probe``; empty without ``probe_stages``)."""
+    (``measure.probe``; empty without ``probe_stages``)."""
     with tempfile.TemporaryDirectory(prefix="jobctl-calib-") as tmp:
         job = {
             "spec": str(Path(tmp) / "spec.yaml"),

@@ -1,4 +1,4 @@
-"""One rank of the communication micro-benchmarks (run by ``calibration_comm``).
+"""One rank of the communication micro-benchmarks (run by ``comm.measure_comm``).
 
 Started as ``python -m jobctl.engine.calibration.measure.comm_worker job.json`` with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Rank 0 writes the samples (seconds) to

@@ -1,6 +1,6 @@
 """Turn the pipeline probe's samples into the runtime's own costs (``RuntimeCalibration``).
 
-The probe (``calibration_probe``) ran 1F1B over the job's model with the runtime's
+The probe (``measure.probe``) ran 1F1B over the job's model with the runtime's
 executor and the trainer's per-step work: one stage alone (``solo``), a 2-stage
 pipeline (``idle``) and, on groups of 4 ranks, a 4-stage one (``busy``: more
 processes than cores on small hosts). Here the same runs are simulated with the rest
@@ -194,7 +194,7 @@ def step_spread(runs: list[float], round_len: int | None = None) -> float:
 
 def fit_runtime(cal: Calibration, samples: dict, m: int, M: int) -> RuntimeCalibration | None:
     """The runtime's per-action, per-step and per-message costs from the probe samples
-    (``calibration_probe.probe_pipeline``: each phase's stages and times; None if no
+    (``probe.probe_pipeline``: each phase's stages and times; None if no
     pipeline probe ran), ``cal``'s compute taken as at the probes' speed
     (``calibrate_runtime`` sees to it).
 

@@ -2,7 +2,7 @@
 
 Compute is measured in this process (one block at a time, at every micro-batch size
 the planner may pick); communication and core sharing in a small process group
-(``calibration_comm``); inter-node values, which one machine cannot measure, come from
+(``comm``); inter-node values, which one machine cannot measure, come from
 the spec's interconnect and are marked ``analytic``. The record is saved under the
 state home, keyed by its fingerprint, and ``jobctl plan`` reuses it for any G.
 """

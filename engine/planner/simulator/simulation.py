@@ -6,7 +6,7 @@ jitter, a bound on concurrent sends, the data-parallel allreduce and optimizer s
 after each stage's last backward, and optionally Varuna's opportunistic deviation. It
 returns a ``SimResult`` with the step time, busy/idle time per stage, the bubble ratio,
 peak activations and the full timeline. The planner calls it for every candidate layout,
-so the engine (``simulator_engine``) works on plain lists and builds event objects only
+so its engine (``simulator.engine``) works on plain lists and builds event objects only
 when ``SimResult.events`` is read.
 """
 
@@ -158,7 +158,7 @@ def simulate(stages: list[list[Action]], costs: CostModel, seed: int = 0) -> Sim
     ``seed`` fixes the send-time jitter; each send's draw depends only on its
     direction, boundary and micro-batch, so strict and opportunistic runs of the same
     schedule see the same network. The lists are assumed valid
-    (``schedules.validate``); a wait cycle raises ValueError.
+    (``schedule.checks.validate``); a wait cycle raises ValueError.
     """
     if len(stages) != costs.P:
         raise ValueError(f"schedule has {len(stages)} stages but the cost model has {costs.P}")
