@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
+from collections.abc import Callable, Sequence
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
@@ -19,6 +20,7 @@ from jobctl.engine.planner.simulator.simulation import CostModel, SimResult, sim
 from jobctl.engine.planner.stage_costs import with_message
 
 CONTENTION_ROUNDS = 6
+Factor = Callable[[float], float]  # slowdown when this many processes compute at once
 
 
 def demand(result: SimResult, D: int) -> float:
@@ -131,7 +133,9 @@ def expected_max(n: int) -> float:
     return total * dx
 
 
-def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float]:
+def _optimizer_factors(
+    result: SimResult, ar: Sequence[float], opt: Sequence[float], D: int, factor: Factor
+) -> list[float]:
     """Per stage, the slowdown of its optimizer step: ``factor`` of D x the stages whose
     steps overlap its own (each counted by the share of it they overlap)."""
     end = result.stage_end
@@ -146,7 +150,7 @@ def _optimizer_factors(result: SimResult, ar, opt, D: int, factor) -> list[float
     return out
 
 
-def _compute_factors(result: SimResult, P: int, D: int, factor) -> list[float]:
+def _compute_factors(result: SimResult, P: int, D: int, factor: Factor) -> list[float]:
     """Per stage, its compute-time-weighted mean slowdown factor."""
     edges = []
     for e in result.events:

@@ -247,7 +247,7 @@ def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
     return max(own, through + costs.ar[0] + costs.opt[0])
 
 
-def with_message(sends, extra: float) -> list[float]:
+def with_message(sends: Sequence[float], extra: float) -> list[float]:
     """Send times with ``extra`` seconds per message (negative: a channel cheaper than
     the measured link), never below a free send."""
     return [max(0.0, x + extra) for x in sends]
