@@ -208,12 +208,11 @@ class Rebalancer(StepHook):
             bytes_moved=got.bytes_sent,
             moved_at=record.get("held_until", record["step"]),
         )
-        packed = new.world_size < old.world_size
         if got.freed:
-            return Relayout(None, packed, lambda _: self._freed(old, record, got.seconds))
+            return Relayout(None, lambda _: self._freed(old, record, got.seconds))
         state = StageState(new, got.stage, got.named, got.opt, got.topo, got.actions, live)
         self._rebind_pruner(got, live)
-        return Relayout(state, packed, lambda resume_s: self._moved(old, new, record, resume_s))
+        return Relayout(state, lambda resume_s: self._moved(old, new, record, resume_s))
 
     def _freed(self, old: Plan, record: dict, migrate_s: float) -> None:
         """This rank was packed away: say so, with the node script it runs under."""

@@ -3,7 +3,8 @@
 The trainer owns the loop; a :class:`StepHook` is told where the loop is and may hand
 back a :class:`Relayout` (a new stage layout it migrated to), which the trainer
 applies. Hooks are built and handed to the trainer by the layer above
-(``engine.worker``), so the runtime knows no plug-in by name.
+(``engine.worker``): pruning, rebalancing and checkpointing, in that order, so the
+runtime knows no plug-in by name.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class StepEnd:
     stats: StepStats
     seconds: float  # the step's own wall seconds (train, loss)
     state: StageState
+    stopping: bool = False  # every rank stops after this step (the stop vote agreed)
 
 
 @dataclass
@@ -56,7 +58,6 @@ class Relayout:
     """
 
     state: StageState | None
-    packed: bool  # the world shrank: checkpoints continue on the new plan
     settled: Callable[[float | None], None]
 
 
@@ -75,3 +76,7 @@ class StepHook(Protocol):
 
     def after_step(self, end: StepEnd) -> Relayout | None:
         """Step ``end.done`` is reported; a new layout for the trainer, if any."""
+
+    def on_stop(self, stopped: bool) -> None:
+        """The loop is over: trained to the end, packed away, or ``stopped`` on request
+        (a preempted machine has little time left)."""

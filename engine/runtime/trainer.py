@@ -1,47 +1,33 @@
-"""The training loop of one worker: run steps, report, checkpoint, apply new layouts.
+"""The training loop of one worker: run steps, report them, apply new layouts.
 
 One optimizer step (``runtime.step.train_step``) = the stage's action list for all
 micro-batches (gradient accumulation keeps the global batch fixed), then the gradient
 sum over replicas and tied stages, then the optimizer update. The loss of the step is
 the sum of the last stage's weighted micro-batch losses over its replicas: the
-global-batch mean, exactly what a single process would compute. Pruning and
-rebalancing plug in as :class:`~jobctl.engine.runtime.hook.StepHook` s that the worker
-builds; a hook's :class:`~jobctl.engine.runtime.hook.Relayout` is applied here.
+global-batch mean, exactly what a single process would compute. Pruning, rebalancing
+and checkpointing plug in as :class:`~jobctl.engine.runtime.hook.StepHook` s that the
+worker builds; a hook's :class:`~jobctl.engine.runtime.hook.Relayout` is applied here.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from jobctl.engine.checkpoint.blocks import (
-    blocks_written_by,
-    load_blocks,
-    read_meta,
-    snapshot_blocks,
-)
-from jobctl.engine.checkpoint.manager import CheckpointManager
-from jobctl.engine.checkpoint.resume import local_root
-from jobctl.engine.core.env import SHARED_CKPT_DISK
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
-from jobctl.engine.runtime.optim import build_optimizer, lr_at, sync_gradients, tied_names
+from jobctl.engine.runtime.optim import build_optimizer, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
 from jobctl.engine.runtime.topology import build_topology
 from jobctl.engine.runtime.vitals import compute_fields, memory_fields
-from jobctl.spec import spec_hash
 from jobctl.spec.job import JobSpec
 from jobctl.spec.sections import HardwareSpec, TrainingSpec
 
@@ -102,59 +88,36 @@ class StopVote:
 
 
 class Trainer:
-    """Everything one rank needs to train its stage; plug-ins come as ``hooks``, and
-    ``masks`` (pruning's, if any) are checkpointed with the blocks."""
-
-    STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
+    """Everything one rank needs to train its stage; plug-ins (pruning, rebalancing,
+    checkpointing) come as ``hooks``."""
 
     def __init__(
         self,
         spec: JobSpec,
         mdef: ModelDef,
         state: StageState,
-        run_dir: Path,
         device: torch.device,
         events: EventLog,
         hooks: list[StepHook] | None = None,
-        masks: Callable[[], dict[str, torch.Tensor]] | None = None,
+        start_step: int = 0,
     ):
-        self.spec, self.mdef, self.state = spec, mdef, state
-        self.run_dir, self.device, self.events = run_dir, device, events
+        self.spec, self.state, self.device, self.events = spec, state, device, events
         self.rank = state.topo.rank
-        self.hooks, self.masks = hooks or [], masks
+        self.hooks, self.start_step = hooks or [], start_step
         self.ties = tied_names(mdef.ties)
         plan = state.plan
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
         self.data = make_data(spec)
-        self.start_step = 0
         self.stop_requested = False
         self.freed = False  # packed away by a hook's relayout
-        self.ckpt = self._checkpoints()
         self.executor: StepExecutor | None = None  # the latest make_executor's
         self.stop_vote = StopVote()
-
-    def _checkpoints(self) -> CheckpointManager:
-        root = local_root(self.spec.checkpoint, self.run_dir)
-        shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
-        ck = self.spec.checkpoint
-        return CheckpointManager(ck, self.state.plan, self.rank, root, self.events, shared)
 
     def _compute(self):
         return autocast(self.spec.training.precision, self.device)
 
-    def resume_from(self, ckpt_dir: Path) -> None:
-        """Load weights and optimizer state; continue at the checkpoint's next sample."""
-        meta = read_meta(ckpt_dir)
-        if meta["global_batch_size"] != self.state.plan.global_batch_size:
-            raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
-        load_blocks(self.state.stage, self.state.opt, ckpt_dir, self.mdef.ties)
-        self.start_step = int(meta["step"])
-
     def run(self) -> None:
         """Train from ``start_step`` to ``training.steps``, or until a stop or a pack."""
-        if f"rank-{self.rank}" == self.ckpt.local_parts[0]:
-            self.ckpt.clear_stale_staging()
-        dist.barrier()  # nobody stages before stale staging folders are gone
         self.make_executor()
         last_report = None  # when the previous step was reported (its period's start)
         for step in range(self.start_step, self.spec.training.steps):
@@ -168,41 +131,38 @@ class Trainer:
             # this rank's wait for the pipeline's tail all count.
             self.report(step + 1, loss, now - (last_report or times.start), stats)
             last_report = now
-            if not self._end_step(StepEnd(step + 1, stats, now - times.start, self.state)):
+            if not self._end_step(step + 1, stats, now - times.start):
                 return
-        self.ckpt.close()  # the final checkpoint must reach the remote store
+        self._stop_hooks(stopped=False)
 
-    def _end_step(self, end: StepEnd) -> bool:
-        """The hooks, the stop vote and checkpoints after step ``end.done``; False when
-        this rank leaves the loop (stopped, or packed away)."""
-        done, total = end.done, self.spec.training.steps
+    def _end_step(self, done: int, stats: StepStats, seconds: float) -> bool:
+        """The hooks and the stop vote after step ``done``; False when this rank leaves
+        the loop (stopped, or packed away)."""
         stopping = self.stop_vote.result()  # asked before the previous step ended
-        for hook in self.hooks:  # pruning, then rebalancing (which may move layers)
-            change = hook.after_step(end)
+        for hook in self.hooks:  # pruning, rebalancing (which may move layers), checkpoints
+            change = hook.after_step(StepEnd(done, stats, seconds, self.state, stopping))
             if change is not None and not self.apply(change):
                 return False  # packed away: this rank's part is done
-            end = StepEnd(end.done, end.stats, end.seconds, self.state)
-        if not stopping and done < total:
-            self.stop_vote.start(self.stop_requested, self.state.live_group)
-        if stopping or done % self.spec.checkpoint.interval == 0 or done == total:
-            self.checkpoint(done, final=stopping or done == total)
-        self.ckpt.poll()
         if stopping:
-            self.ckpt.close(timeout=self.STOP_UPLOAD_GRACE_S)
+            self._stop_hooks(stopped=True)
             self.events.write(Kind.STOPPED, step=done, rank=self.rank)
-        return not stopping
+            return False
+        if done < self.spec.training.steps:
+            self.stop_vote.start(self.stop_requested, self.state.live_group)
+        return True
+
+    def _stop_hooks(self, stopped: bool) -> None:
+        for hook in self.hooks:
+            hook.on_stop(stopped)
 
     def apply(self, change: Relayout) -> bool:
         """Train on under a hook's new layout; False if it packed this rank away."""
-        if change.packed:
-            self.ckpt.close()  # parts of earlier steps are all written before the world shrinks
         if change.state is None:
             self.freed = True
+            self._stop_hooks(stopped=False)  # its checkpoint parts are written first
             change.settled(None)
             return False
         self.state = change.state
-        if change.packed:
-            self.ckpt = self._checkpoints()
         t1 = time.perf_counter()
         self.make_executor()  # the pipeline probes its new activation shapes
         # Every live rank can train again: the next step would wait for the slowest rank
@@ -277,31 +237,3 @@ class Trainer:
             Kind.STEP, step=step, loss=loss, step_time_s=seconds,
             samples_per_s=samples_per_s, deviations=stats.deviations,
         )  # fmt: skip
-
-    def checkpoint(self, step: int, final: bool = False) -> None:
-        """Snapshot this rank's blocks; a background writer does the rest.
-
-        No barrier: each rank records its part, and the part that completes the set
-        writes the manifest and renames the staging folder (atomic commit), then queues
-        the background upload.
-        """
-        st = self.state
-        mine = blocks_written_by(st.plan, self.rank)
-        masks = self.masks() if self.masks is not None else None
-        snap = snapshot_blocks(st.stage, st.opt, mine, self.mdef.ties, masks)
-        meta = {
-            "step": step,
-            "next_sample": step * st.plan.global_batch_size,
-            "global_batch_size": st.plan.global_batch_size,
-            "plan": st.plan.model_dump(mode="json"),
-            "spec_hash": self.spec_hash,
-            # Dropout RNG and learning rate are pure functions of the step (see
-            # runtime.step and optim.lr_at): resuming at `step` restores both exactly.
-            "rng": "derived from (training.seed, step, rank)",
-            "lr": lr_at(step, self.spec.training),
-        }
-        self.ckpt.save(step, snap, meta, final=final)
-
-    @functools.cached_property
-    def spec_hash(self) -> str:
-        return spec_hash(self.spec)

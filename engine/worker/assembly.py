@@ -1,13 +1,16 @@
 """How a worker puts its trainer together: the event sink, the rank's stage, and the
-plug-ins the spec turns on (pruning, rebalancing), handed to the trainer as hooks."""
+plug-ins (pruning and rebalancing where the spec turns them on, checkpointing always),
+handed to the trainer as hooks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from jobctl.engine.channel.client import event_sink
+from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.events import EventLog
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import ModelDef, model_def
@@ -45,9 +48,13 @@ def build_trainer(
     if spec.rebalancing.enabled:
         hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
     masks = None if pruner is None else (lambda: pruner.masks)
-    trainer = Trainer(spec, mdef, state, run_dir, device, events, hooks, masks)
+    checkpoints = Checkpointing(spec, plan, rank, run_dir, events, mdef.ties, masks)
+    hooks.append(checkpoints)
+    start = 0
     if resume is not None:
-        trainer.resume_from(resume)
+        start = resume_stage(state, mdef.ties, resume)
         if pruner is not None:
-            pruner.load(resume, trainer.start_step)
-    return trainer
+            pruner.load(resume, start)
+    checkpoints.clear_stale_staging()
+    dist.barrier()  # nobody stages before stale staging folders are gone
+    return Trainer(spec, mdef, state, device, events, hooks, start)

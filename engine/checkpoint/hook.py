@@ -1,0 +1,116 @@
+"""Checkpointing as a plug-in of the training loop (a ``runtime.hook.StepHook``), and
+a rank's stage resumed from a checkpoint.
+
+Every ``checkpoint.interval`` steps, at the last step and at the step a stop was agreed
+on, this rank snapshots its blocks (with pruning's masks, if any) and a background
+:class:`~jobctl.engine.checkpoint.manager.CheckpointManager` writes, publishes and
+uploads them. No barrier: each rank records its part, and the part that completes the
+set writes the manifest and renames the staging folder (atomic commit). After a pack
+(fewer ranks) the old plan's writer finishes and a new one follows the new plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from jobctl.engine.checkpoint.blocks import (
+    blocks_written_by,
+    load_blocks,
+    read_meta,
+    snapshot_blocks,
+)
+from jobctl.engine.checkpoint.manager import CheckpointManager
+from jobctl.engine.checkpoint.resume import local_root
+from jobctl.engine.core.env import SHARED_CKPT_DISK
+from jobctl.engine.core.events import EventLog
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import Tie
+from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
+from jobctl.engine.runtime.optim import lr_at
+from jobctl.spec import spec_hash
+from jobctl.spec.job import JobSpec
+
+
+def resume_stage(state: StageState, ties: list[Tie], ckpt_dir: Path) -> int:
+    """Load a checkpoint's weights and optimizer state into ``state``'s stage; returns
+    the step to continue at (the checkpoint's next sample)."""
+    meta = read_meta(ckpt_dir)
+    if meta["global_batch_size"] != state.plan.global_batch_size:
+        raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
+    load_blocks(state.stage, state.opt, ckpt_dir, ties)
+    return int(meta["step"])
+
+
+class Checkpointing(StepHook):
+    """One rank's checkpoints, taken after the steps that need one."""
+
+    STOP_UPLOAD_GRACE_S = 20.0  # a preempted machine has little time left
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        rank: int,
+        run_dir: Path,
+        events: EventLog,
+        ties: list[Tie],
+        masks: Callable[[], dict[str, torch.Tensor]] | None = None,
+    ):
+        self.spec, self.run_dir, self.events = spec, run_dir, events
+        self.ties, self.masks = ties, masks  # masks: pruning's, saved with the blocks
+        self.rank = rank
+        self.manager = self._manager(plan)
+
+    def _manager(self, plan: Plan) -> CheckpointManager:
+        root = local_root(self.spec.checkpoint, self.run_dir)
+        shared = os.environ.get(SHARED_CKPT_DISK, "1") == "1"
+        return CheckpointManager(self.spec.checkpoint, plan, self.rank, root, self.events, shared)
+
+    def clear_stale_staging(self) -> None:
+        """Remove the staging folders a killed run left (the local group's first part
+        does; call before any rank stages)."""
+        if f"rank-{self.rank}" == self.manager.local_parts[0]:
+            self.manager.clear_stale_staging()
+
+    def after_step(self, end: StepEnd) -> Relayout | None:
+        plan = end.state.plan
+        if plan.world_size < self.manager.plan.world_size:  # packed: follow the new plan
+            self.manager.close()  # parts of earlier steps are all written first
+            self.manager = self._manager(plan)
+        done, total = end.done, self.spec.training.steps
+        if end.stopping or done % self.spec.checkpoint.interval == 0 or done == total:
+            self.save(end.state, done, final=end.stopping or done == total)
+        self.manager.poll()
+        return None
+
+    def on_stop(self, stopped: bool) -> None:
+        # the final checkpoint must reach the remote store; a stopped machine waits less
+        self.manager.close(timeout=self.STOP_UPLOAD_GRACE_S if stopped else None)
+
+    def save(self, state: StageState, step: int, final: bool = False) -> None:
+        """Snapshot this rank's blocks; the background writer does the rest."""
+        plan = state.plan
+        masks = self.masks() if self.masks is not None else None
+        mine = blocks_written_by(plan, self.rank)
+        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks)
+        meta = {
+            "step": step,
+            "next_sample": step * plan.global_batch_size,
+            "global_batch_size": plan.global_batch_size,
+            "plan": plan.model_dump(mode="json"),
+            "spec_hash": self.spec_hash,
+            # Dropout RNG and learning rate are pure functions of the step (see
+            # runtime.step and optim.lr_at): resuming at `step` restores both exactly.
+            "rng": "derived from (training.seed, step, rank)",
+            "lr": lr_at(step, self.spec.training),
+        }
+        self.manager.save(step, snap, meta, final=final)
+
+    @functools.cached_property
+    def spec_hash(self) -> str:
+        return spec_hash(self.spec)
