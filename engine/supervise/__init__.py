@@ -8,8 +8,8 @@ DB, ``activity`` turns them into phases. ``crash`` tells a bug from a lost proce
 ``recovery`` times recoveries, ``stragglers`` flags slow devices, ``scaling`` reads
 scale requests and plans the next attempt, ``adoption`` re-attaches a run whose
 supervisor died. ``service`` and ``run_requests`` are the decisions the command line
-asks for (apply, resume, stop, scale); ``figures`` and ``report_data`` compute what
-``jobctl status`` and ``jobctl report`` show.
+asks for (apply, resume, stop, scale), ``run_logs`` finds a run's log files;
+``figures`` and ``report_data`` compute what ``jobctl status`` and ``jobctl report`` show.
 
 In layer 7 of ``engine.LAYERS``: it may import the layers below (core to worker and
 calibration.measure); ``jobctl.backends`` only through its registry.
