@@ -200,8 +200,8 @@ class Rebalancer(StepHook):
         mine_new = set(new.stage_of(rank).blocks) if rank < new.world_size else set()
         left = sorted(set(st.stage.block_ids) - mine_new)
         extras = self.pruner.release(left) if self.pruner is not None else {}
-        got = migrate(old, new, rank, st.stage, st.opt, self.mdef, self.spec.training, extras,
-                      self.device)  # fmt: skip
+        training = self.spec.training
+        got = migrate(old, new, rank, st.stage, st.opt, self.mdef, training, extras, self.device)
         live = got.live_group if got.live_group is not None else st.live_group
         record.update(
             migrate_s=got.seconds,
