@@ -57,5 +57,6 @@ def test_local_backend_ranks_on_other_nodes_share_memory_elsewhere_only_on_their
     slurm = local.model_copy(
         update={"hardware": local.hardware.model_copy(update={"backend": "slurm"})}
     )
-    assert [same_machine(slurm.hardware, plan, 1)(p) for p in range(4)] == [True, True, False, False]
-    assert [same_machine(slurm.hardware, plan, 2)(p) for p in range(4)] == [False, False, True, True]
+    hardware = slurm.hardware
+    assert [same_machine(hardware, plan, 1)(p) for p in range(4)] == [True, True, False, False]
+    assert [same_machine(hardware, plan, 2)(p) for p in range(4)] == [False, False, True, True]
