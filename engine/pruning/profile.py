@@ -10,17 +10,13 @@ The hooks are removed when the step ends; other steps run the untouched fast pat
 
 from __future__ import annotations
 
-import resource
 import time
 
 import torch
 from torch.autograd import Variable
 
 from jobctl.engine.core.events import Kind
-
-
-def _max_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from jobctl.engine.runtime.vitals import max_rss_mb
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -108,7 +104,7 @@ class BlockProfiler:
                 "optim_bytes": sum(_tensor_bytes(v) for v in optim),
                 "mask_bytes": sum(_tensor_bytes(m) for m in p.masks.values()),
                 "nonzero_params": sum(int(t.count_nonzero()) for t in params),
-                "max_rss_mb": _max_rss_mb(),
+                "max_rss_mb": max_rss_mb(),
                 **_device_peak(next(iter(p.named.values()), None)),
             },
         }

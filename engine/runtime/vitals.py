@@ -10,7 +10,7 @@ import torch
 from jobctl.engine.runtime.executor import StepStats
 
 
-def _max_rss_mb() -> float:
+def max_rss_mb() -> float:
     """Peak resident memory of this process (CPU) in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -20,13 +20,13 @@ def _rss_mb() -> float:
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
-        return _max_rss_mb()
+        return max_rss_mb()
     return pages * resource.getpagesize() / 2**20
 
 
 def memory_fields(device: torch.device) -> dict:
     """A heartbeat's memory: the CUDA allocator's peak on a GPU, the process RSS on CPU."""
-    out = {"max_rss_mb": _max_rss_mb()}
+    out = {"max_rss_mb": max_rss_mb()}
     if device.type == "cuda":
         out.update(mem_mb=torch.cuda.max_memory_allocated(device) / 2**20, mem_kind="cuda_peak")
     else:
