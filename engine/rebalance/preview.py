@@ -33,7 +33,7 @@ from torch import nn
 from jobctl.engine.calibration.cache import DEFAULT_THREADS, calibration_for
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.env import DB_URL
-from jobctl.engine.core.events import read_metrics
+from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import model_def
@@ -101,7 +101,7 @@ def sparsity_profile(spec: JobSpec, home: Path | None, layers: list[Layer]) -> d
             continue
         found = {}
         for rec in read_metrics(path, 0)[0]:  # the run may still be appending
-            if rec.get("kind") != "pruning" or set(rec.get("layer_sparsity", {})) != names:
+            if rec.get("kind") != Kind.PRUNING or set(rec.get("layer_sparsity", {})) != names:
                 continue
             if abs(targets.get(rec["step"], -1.0) - rec["target_sparsity"]) < 1e-9:
                 found[rec["step"]] = rec["layer_sparsity"]
