@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobctl.engine.calibration.record import Calibration
-from jobctl.engine.core.events import read_metrics
+from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
 from jobctl.spec import JobSpec, load_spec
@@ -33,7 +33,11 @@ DB_MARKERS = {
     "stopped": "stop",
 }
 # Metrics records drawn as markers, by marker family.
-RECORD_MARKERS = {"checkpoint": "checkpoint", "uploaded": "upload", "sigterm": "preemption"}
+RECORD_MARKERS = {
+    Kind.CHECKPOINT: "checkpoint",
+    Kind.UPLOADED: "upload",
+    Kind.SIGTERM: "preemption",
+}
 
 
 @dataclass
@@ -59,11 +63,11 @@ def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> Ru
     recs, _ = read_metrics(Path(run_dir) / "metrics.jsonl", 0)
     beats: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for r in recs:
-        if r["kind"] == "heartbeat":
+        if r["kind"] == Kind.HEARTBEAT:
             beats[r["step"]].append((r["ts"], r["rank"]))
     out = RunSeries()
     for r in recs:
-        if r["kind"] != "step":
+        if r["kind"] != Kind.STEP:
             continue
         # The ranks that trained this step: heartbeats of the same step from the same
         # attempt (an earlier attempt that trained the same step did so long before).
