@@ -37,6 +37,10 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from jobctl.engine.core.actions import Action
+    from jobctl.engine.runtime.executor import StepExecutor
     from jobctl.engine.runtime.topology import Topology
     from jobctl.spec.job import JobSpec
     from jobctl.spec.sections import TrainingSpec
@@ -157,7 +161,14 @@ def _run_pipeline(rank: int, job: dict, spec: JobSpec, stages: list[list[int]]) 
         ex.close()
 
 
-def _probe_steps(ex, actions, opt, training: TrainingSpec, topo: Topology, reference) -> dict:
+def _probe_steps(
+    ex: StepExecutor,
+    actions: list[Action],
+    opt: torch.optim.Optimizer,
+    training: TrainingSpec,
+    topo: Topology,
+    reference: Callable[[], float] | None,
+) -> dict:
     """The trainer's step (``runtime.step.train_step``), its collectives aside
     (calibrated apart), then the heartbeat and step lines; per step after the warm-up,
     the seconds of the run, of the update and of the rest."""
