@@ -18,11 +18,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.resolver import PlanError, make_plan
 from jobctl.engine.state.db import StateDB
 from jobctl.spec import ElasticitySpec, JobSpec
+
+if TYPE_CHECKING:  # the monitor imports this module
+    from jobctl.engine.supervise.monitor import Outcome
 
 REQUEST = "scale.json"
 
@@ -136,7 +140,7 @@ def excluded_devices(
     return sum(sizes[n] for n in set(straggler_nodes) - set(lost) if n < len(sizes))
 
 
-def _target_devices(el: ElasticitySpec, plan: Plan, outcome) -> int | None:
+def _target_devices(el: ElasticitySpec, plan: Plan, outcome: Outcome) -> int | None:
     """Devices the next attempt asks for after ``outcome`` (stragglers still in), or None
     when the run is over: a morph's own target, or after a preemption (with
     ``elasticity.enabled``) the devices left."""
@@ -149,7 +153,7 @@ def _target_devices(el: ElasticitySpec, plan: Plan, outcome) -> int | None:
 
 
 def next_attempt(
-    spec: JobSpec, plan: Plan, outcome, db: StateDB, run_id: str, run_dir: Path, backend: str
+    spec: JobSpec, plan: Plan, outcome: Outcome, db: StateDB, run_id: str, backend: str
 ) -> Plan | None:
     """The plan of the next attempt after ``outcome``, or None when the run is over.
 
@@ -157,7 +161,7 @@ def next_attempt(
     a preemption on the local backend the lost slots come back after
     ``elasticity.regrow_backoff_s``, and the run grows back at its next checkpoint.
     """
-    clear_request(run_dir)  # a request not yet due dies with the attempt it was for
+    clear_request(db.runs_dir / run_id)  # a request not yet due dies with its attempt
     target = _target_devices(spec.elasticity, plan, outcome)
     if target is None:
         return None
@@ -178,7 +182,7 @@ def next_attempt(
         db.add_event(run_id, "preemption", msg, {"lost_nodes": lost, "devices": devices, "ts": now})
         grow_to = pool_devices(spec) - skip
         if backend == "local" and grow_to > devices:
-            _regrow_later(spec.elasticity, db, run_id, run_dir, grow_to, now)
+            _regrow_later(spec.elasticity, db, run_id, grow_to, now)
     db.add_event(
         run_id,
         "morph",
@@ -190,13 +194,11 @@ def next_attempt(
     return next_plan
 
 
-def _regrow_later(
-    el: ElasticitySpec, db: StateDB, run_id: str, run_dir: Path, devices: int, now: float
-) -> None:
+def _regrow_later(el: ElasticitySpec, db: StateDB, run_id: str, devices: int, now: float) -> None:
     """Lost slots count as free again ``elasticity.regrow_backoff_s`` after ``now``:
     leave a request to grow back to ``devices`` at the first checkpoint after that."""
     back = now + el.regrow_backoff_s
-    write_request(run_dir, ScaleRequest(devices, "capacity returned", back, True))
+    write_request(db.runs_dir / run_id, ScaleRequest(devices, "capacity returned", back, True))
     db.add_event(
         run_id,
         "capacity",

@@ -204,9 +204,8 @@ class Supervisor:
         if self.outcome is not None:  # after an attempt: the devices left, same global batch
             self._transition("planning", "re-planning for the devices available now")
             after = next_attempt(
-                self.spec, self.plan, self.outcome, self.db, self.run_id,
-                self.db.runs_dir / self.run_id, self.backend,
-            )  # fmt: skip
+                self.spec, self.plan, self.outcome, self.db, self.run_id, self.backend
+            )
             if after is None:
                 return self._finish(self.outcome)
             self.plan = after
