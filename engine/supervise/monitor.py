@@ -19,6 +19,7 @@ from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
 from jobctl.engine.core.events import read_metrics
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
 from jobctl.engine.supervise.launch import Run, failing_rank, last_lines
 from jobctl.engine.supervise.records import AttemptRecords
@@ -56,10 +57,10 @@ class Monitor:
         straggler_threshold: float = 0.15,
         heartbeat_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        activity=None,
+        activity: ActivityWatch | None = None,
     ):
         self.run, self.backend, self.handles, self.db = run, backend, handles, db
-        self.clock, self.activity = clock, activity  # activity: engine/supervise/activity.py
+        self.clock, self.activity = clock, activity
         self.beats = HeartbeatWatch(heartbeat_timeout_s, clock)
         self.scaling = ScaleWatch(run.dir, db.clock)
         self.on_event = on_event
@@ -208,7 +209,7 @@ class Monitor:
         nnodes = self.run.ctx.nnodes
         return list(range(nnodes)) if len(self.handles) < nnodes else [handle_index]
 
-    def _ended_outside(self, statuses, gone: list[int]) -> Outcome:
+    def _ended_outside(self, statuses: list[NodeStatus], gone: list[int]) -> Outcome:
         """Classify a stop from the backend's own view (Slurm's CANCELLED, TIMEOUT,
         PREEMPTED, NODE_FAIL; a local process tree that vanished)."""
         causes = {statuses[n].cause for n in gone}
@@ -228,7 +229,7 @@ class Monitor:
         lost = sorted({k for n in gone for k in self._nodes(n)})
         return self._conclude("preempted", 1, f"lost node(s) {lost} ({what})", lost)
 
-    def _follow_queue(self, statuses) -> None:
+    def _follow_queue(self, statuses: list[NodeStatus]) -> None:
         """A handle waiting in its scheduler's queue (submitted, or requeued after a
         preemption) shows as launching with the scheduler's reason, not as a hung run."""
         pending = [s.detail for s in statuses if s.phase == "pending"]
@@ -260,7 +261,7 @@ class Monitor:
         self.ran = False
         self.db.add_event(self.run.id, "requeue", f"requeued: {detail}")
 
-    def _stopped(self, statuses) -> Outcome | None:
+    def _stopped(self, statuses: list[NodeStatus]) -> Outcome | None:
         """Every rank checkpointed and is leaving; some or all nodes were told to stop."""
         pending = [s.detail for s in statuses if s.phase == "pending"]
         if pending:  # requeued (see ``_follow_queue``) before this monitor saw it run
