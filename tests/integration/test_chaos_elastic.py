@@ -74,16 +74,22 @@ def _node_pids(home, run_dir) -> list[int]:
     return [int(p) for p in StateDB(home).get_run(run_dir.name)["pids"].split(",")]
 
 
+def _kill_node_and_finish(proc, home, run_dir, node: int, timeout: float):
+    """SIGKILL node ``node``'s process tree, then wait for the supervisor, which must end
+    well; returns the state DB, the run's row and the supervisor's output."""
+    kill_tree(_node_pids(home, run_dir)[node], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    db = StateDB(home)
+    return db, db.get_run(run_dir.name), out
+
+
 @pytest.mark.multiproc
 @pytest.mark.chaos
 def test_lost_node_morphs_onto_the_rest(tmp_path):
     spec = _spec()
     proc, _, home, run_dir = _start(tmp_path, spec)
-    kill_tree(_node_pids(home, run_dir)[1], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    db = StateDB(home)
-    row = db.get_run(run_dir.name)
+    db, row, _ = _kill_node_and_finish(proc, home, run_dir, 1, timeout=300)
     assert row["phase"] == "completed" and row["step"] == STEPS
     assert row["devices"] == 2 and row["plan"].startswith("P=1 D=2")  # morphed: 2x2 -> 1x2
     kinds = [e["kind"] for e in db.events(row["id"])]
@@ -121,11 +127,7 @@ def test_losing_node_0_with_rank_0_morphs_onto_the_rest(tmp_path):
     spec = _spec()
     proc, _, home, run_dir = _start(tmp_path, spec)
     done = max(e["step"] for e in events(run_dir) if e["kind"] == "checkpoint")
-    kill_tree(_node_pids(home, run_dir)[0], signal.SIGKILL)  # rank 0, the reporter
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    db = StateDB(home)
-    row = db.get_run(run_dir.name)
+    db, row, _ = _kill_node_and_finish(proc, home, run_dir, 0, timeout=300)  # rank 0 reports
     assert row["phase"] == "completed" and row["step"] == STEPS
     assert row["devices"] == 2 and row["recovery_s"] > 0
     _resumed_from_last_checkpoint(db, run_dir, done)

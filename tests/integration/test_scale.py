@@ -9,19 +9,24 @@ that every recorded step's loss equals an uninterrupted single process.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
-from jobctl.engine.core.process import kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch, check_devices, write_request
 
 from ..jobrun import QUICKSTART, tiny_spec, wait_for
-from .test_chaos_elastic import JOBCTL, SLOW, _check_losses, _node_pids, _spec, _start
+from .test_chaos_elastic import (
+    JOBCTL,
+    SLOW,
+    _check_losses,
+    _kill_node_and_finish,
+    _spec,
+    _start,
+)
 
 
 def test_scale_targets_are_checked_against_the_spec():
@@ -86,11 +91,7 @@ def _morphs(db: StateDB, run_id: str) -> list[dict]:
 def test_lost_node_shrinks_then_grows_back_to_the_pool(tmp_path):
     spec = _spec(60, **{"elasticity.regrow_backoff_s": 1.0})
     proc, _, home, run_dir = _start(tmp_path, spec)
-    kill_tree(_node_pids(home, run_dir)[1], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=500)
-    assert proc.returncode == 0, out
-    db = StateDB(home)
-    row = db.get_run(run_dir.name)
+    db, row, out = _kill_node_and_finish(proc, home, run_dir, 1, timeout=500)
     assert (row["phase"], row["step"], row["devices"]) == ("completed", 60, 4), out
     assert [(m["from"], m["to"], m["kind"]) for m in _morphs(db, row["id"])] == [
         (4, 2, "preempted"),
