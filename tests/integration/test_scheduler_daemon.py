@@ -5,13 +5,10 @@ survive restarts."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,9 +21,8 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import dump_yaml
 
-from ..jobrun import ROOT, tiny_spec
+from ..jobrun import JOBCTL, ROOT, cli_env, start_apply, tiny_spec, wait_for
 
-JOBCTL = [sys.executable, "-m", "jobctl.engine.cli.app"]
 ONE_DEVICE = {
     "hardware.nodes": 1,
     "hardware.processes_per_node": 1,
@@ -35,26 +31,12 @@ ONE_DEVICE = {
 }
 
 
-def _env(home: Path) -> dict[str, str]:
-    return {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "200"}
-
-
-def _wait(what: str, cond: Callable[[], object], timeout: float, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = cond()
-        if found:
-            return found
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _daemon(home: Path, log: Path, *extra: str) -> subprocess.Popen:
     cmd = [*JOBCTL, "scheduler", "run", "--home", str(home), "--poll", "0.3", *extra]
     with open(log, "ab") as out:
         return subprocess.Popen(
             cmd,
-            env=_env(home),
+            env=cli_env(home),
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -85,14 +67,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _kill_run_midway(spec_file: Path, home: Path) -> tuple[Path, int]:
     """Start `jobctl apply`, kill it and its nodes once a checkpoint is uploaded."""
-    proc = subprocess.Popen(
-        [*JOBCTL, "apply", str(spec_file)],
-        env=_env(home),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_apply(spec_file, home)
 
     def uploaded() -> Path | None:
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -101,7 +76,7 @@ def _kill_run_midway(spec_file: Path, home: Path) -> tuple[Path, int]:
                 return run_dir
         return None
 
-    run_dir = _wait("a checkpoint in S3", uploaded, 120)
+    run_dir = wait_for(uploaded, 120, "a checkpoint in S3")
     row = StateDB(home).get_run(run_dir.name)
     for pid in [proc.pid, *map(int, row["pids"].split(","))]:
         kill_tree(pid, signal.SIGKILL)
@@ -127,8 +102,10 @@ def test_daemon_resumes_a_killed_job_from_s3_until_it_completes(tmp_path, s3_url
     daemon = _daemon(home, tmp_path / "daemon.log")
     try:
         db = StateDB(home)
-        _wait("the run to complete", lambda: db.get_run(run_dir.name)["phase"] == "completed", 150)
-        _wait("a trigger after completion", lambda: _events(home, spec.name, "complete"), 30)
+        wait_for(
+            lambda: db.get_run(run_dir.name)["phase"] == "completed", 150, "the run to complete"
+        )
+        wait_for(lambda: _events(home, spec.name, "complete"), 30, "a trigger after completion")
     finally:
         assert _stop(daemon) == 0, (tmp_path / "daemon.log").read_text()
 
@@ -152,14 +129,7 @@ def test_a_trigger_on_a_running_job_does_nothing(tmp_path):
     spec = tiny_spec(**ONE_DEVICE, **{"training.steps": 5000, "checkpoint.interval": 1000})
     spec_file, home = tmp_path / "job.yaml", tmp_path / "home"
     spec_file.write_text(dump_yaml(spec))
-    proc = subprocess.Popen(
-        [*JOBCTL, "apply", str(spec_file)],
-        env=_env(home),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_apply(spec_file, home)
     try:
         db = StateDB(home)
 
@@ -167,7 +137,7 @@ def test_a_trigger_on_a_running_job_does_nothing(tmp_path):
             row = db.get_run(spec.name) if (home / "state.db").exists() else None
             return bool(row and row["phase"] == "training" and (row["step"] or 0) > 0)
 
-        _wait("the run to train", training, 90)
+        wait_for(training, 90, "the run to train")
         _cli(home, "schedule", "add", str(spec_file), "--every", "0.2")
         time.sleep(0.5)
         _cli(home, "scheduler", "run", "--once")
@@ -193,9 +163,11 @@ def test_two_racing_daemons_launch_a_job_once(tmp_path):
     daemons = [_daemon(home, tmp_path / f"daemon-{i}.log") for i in range(2)]
     db = StateDB(home)
     try:
-        _wait("the run", lambda: db.list_runs() and db.list_runs()[0]["phase"] == "completed", 120)
-        _wait(
-            "triggers after completion", lambda: len(_events(home, spec.name, "complete")) > 2, 30
+        wait_for(
+            lambda: db.list_runs() and db.list_runs()[0]["phase"] == "completed", 120, "the run"
+        )
+        wait_for(
+            lambda: len(_events(home, spec.name, "complete")) > 2, 30, "triggers after completion"
         )
     finally:
         codes = [_stop(d) for d in daemons]
@@ -241,7 +213,7 @@ def test_schedules_persist_and_follow_changes_across_daemon_restarts(tmp_path):
     second = _daemon(home, tmp_path / "d2.log")
     try:
         _cli(home, "schedule", "resume", "done")  # while the daemon runs
-        _wait("a trigger of the resumed schedule", lambda: _events(home, "done", "complete"), 20)
+        wait_for(lambda: _events(home, "done", "complete"), 20, "a trigger of the resumed schedule")
         _cli(home, "schedule", "remove", "done")
         time.sleep(1.0)  # a pass may have been under way
         fired = len(_events(home, "done", "trigger"))
