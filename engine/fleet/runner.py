@@ -16,18 +16,9 @@ import os
 import time
 from collections.abc import Callable
 
-from jobctl.engine.core.process import process_token
+from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.fleet.db import FleetDB
-from jobctl.engine.scheduler.procs import (
-    Child,
-    ForeignChild,
-    Spawn,
-    hostname,
-    jobctl_argv,
-    pid_alive,
-    spawn_logged,
-    stop_child,
-)
+from jobctl.engine.scheduler import procs
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents
 
@@ -58,21 +49,21 @@ class FleetRunner:
         db: StateDB,
         name: str,
         *,
-        spawn: Spawn = spawn_logged,
+        spawn: procs.Spawn = procs.spawn_logged,
         clock: Callable[[], float] = time.time,
         wait: Callable[[float], object] = time.sleep,
         poll_s: float = 1.0,
         on_tick: Callable[[list[dict]], None] | None = None,
-        stop: Callable[[Child], None] = stop_child,
+        stop: Callable[[procs.Child], None] = procs.stop_child,
     ) -> None:
         self.db, self.name = db, name
         self.fleets = FleetDB(db)
         self.spawn, self.clock, self.wait, self.stop = spawn, clock, wait, stop
         self.poll_s, self.on_tick = poll_s, on_tick
-        self.owner = f"{hostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.owner = f"{procs.hostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.events = JobEvents(db, "fleet", self.owner)
         self.dir = db.home / "fleets" / name
-        self.children: dict[str, Child] = {}
+        self.children: dict[str, procs.Child] = {}
         self._stop = False
 
     def request_stop(self) -> None:
@@ -100,7 +91,7 @@ class FleetRunner:
             raise LookupError(f"no fleet {self.name!r}")
         if self.fleets.runner_alive(row, now):
             raise FleetBusy(f"fleet {self.name} is run by {row['runner_owner']}")
-        mine = dict(runner_owner=self.owner, runner_host=hostname(), runner_pid=os.getpid())
+        mine = dict(runner_owner=self.owner, runner_host=procs.hostname(), runner_pid=os.getpid())
         mine["runner_token"] = process_token(os.getpid())
         if not self.fleets.claim_runner(self.name, row["runner_owner"], now, **mine):
             raise FleetBusy(f"fleet {self.name}: another runner claimed it first")
@@ -113,7 +104,7 @@ class FleetRunner:
         if m["state"] == "completed":
             self.record("skip", f"{name}: completed earlier (run {m['run_id']})")
         elif m["state"] == "running" and pid_alive(m["pid"], m["pid_token"]):
-            self.children[name] = ForeignChild(m["pid"], m["pid_token"])
+            self.children[name] = procs.ForeignChild(m["pid"], m["pid_token"])
             self.record("adopt", f"{name}: pid {m['pid']} still running")
         elif m["state"] != "pending":
             self.fleets.update_member(self.name, name, state="pending")
@@ -149,7 +140,7 @@ class FleetRunner:
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(m["spec_yaml"])
         log = self.dir / "logs" / f"{name}.log"
-        argv = jobctl_argv(
+        argv = procs.jobctl_argv(
             "apply", str(spec_file), "--home", str(self.db.home), "--devices", str(m["devices"])
         )
         child = self.spawn(argv, log)

@@ -27,12 +27,12 @@ def _duration(seconds: float | None) -> str:
 def print_fleet_plan(console: Console, fp: FleetPlan) -> None:
     """One row per member (changes vs the base, layout, predictions) and the totals."""
     fleet = fp.fleet
-    console.print(
-        f"[bold]fleet[/bold] {fleet.spec.name}: {len(fp.members)} member(s) from {fleet.path}, "
-        f"pool {fp.pool} device(s), at most {fp.max_concurrent} at once; "
+    _print_heading(
+        console,
+        f"{fleet.spec.name}: {len(fp.members)} member(s) from {fleet.path}",
+        fp.pool,
+        fp.max_concurrent,
         f"changes against the {fleet.base_label}",
-        soft_wrap=True,
-        highlight=False,
     )
     t = Table("member", "changes", "plan", "dev", "s/step", "samples/s", "$/1k", "time", "$")
     for m in fp.members:
@@ -60,12 +60,12 @@ def print_fleet_plan(console: Console, fp: FleetPlan) -> None:
 
 def print_fleet_status(console: Console, fleet: dict, rows: list[dict], runner: str) -> None:
     """The fleet's state and a table of its members (engine/fleet/members.py)."""
-    console.print(
-        f"[bold]fleet[/bold] {fleet['name']} ({fleet['file']}): {fleet['state']}, "
-        f"pool {fleet['pool_devices']} device(s), at most {fleet['max_concurrent']} at once; "
+    _print_heading(
+        console,
+        f"{fleet['name']} ({fleet['file']}): {fleet['state']}",
+        fleet["pool_devices"],
+        fleet["max_concurrent"],
         f"runner {runner}",
-        soft_wrap=True,
-        highlight=False,
     )
     t = Table("member", "state", "phase", "step", "loss", "dev", "launches", "time", "run")
     for r in rows:
@@ -123,3 +123,12 @@ class FleetProgress:
                 state=r["state"] + (f"/{run['phase']}" if run else ""),
                 loss=f"{run['loss']:.4f}" if run.get("loss") is not None else "-",
             )
+
+
+def _print_heading(console: Console, what: str, pool: int, at_once: int, tail: str) -> None:
+    """The fleet's one-line heading: what it is, its pool, how many run at once."""
+    console.print(
+        f"[bold]fleet[/bold] {what}, pool {pool} device(s), at most {at_once} at once; {tail}",
+        soft_wrap=True,
+        highlight=False,
+    )

@@ -4,6 +4,7 @@ messages and files, in this process)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -27,11 +28,26 @@ def test_quickstart_end_to_end(tmp_path):
     assert "completed" in st.stdout and "60/60" in st.stdout
     lg = run_cli(tmp_path, "logs", "quickstart", "--rank", "3")
     assert lg.returncode == 0 and "rank 3: done" in lg.stdout
+    # training.log_every defaults to 1: every rank logs every step; last-stage ranks
+    # show the loss, the others "-".
+    shown = [_logged_steps((run_dir / "logs" / f"rank-{r}.log").read_text()) for r in range(4)]
+    assert all(sorted(lines) == list(range(1, 61)) for lines in shown)
+    losses = [lines[60] for lines in shown]
+    assert sorted(x == "-" for x in losses) == [False, False, True, True]
+
+
+def _logged_steps(log: str) -> dict[int, str]:
+    """The training lines of a rank's log (as ``logs -f`` shows them too, after the
+    file's name): step -> the loss it shows."""
+    found = re.findall(
+        r"^(?:rank-\d+: )?step (\d+) loss (\S+) samples/s \d+\.\d$", log, re.MULTILINE
+    )
+    return {int(step): loss for step, loss in found}
 
 
 @pytest.mark.multiproc
 def test_detach_then_follow_logs(tmp_path):
-    spec = quickstart_with(tmp_path / "job.yaml", ("  steps: 60", "  steps: 8"))
+    spec = quickstart_with(tmp_path / "job.yaml", ("  steps: 60", "  steps: 8\n  log_every: 4"))
     r = run_cli(tmp_path, "apply", str(spec), "--detach", timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "supervised in the background" in r.stdout
@@ -40,3 +56,4 @@ def test_detach_then_follow_logs(tmp_path):
     assert lg.returncode == 0 and "rank 0: done" in lg.stdout
     st = run_cli(tmp_path, "status", run_id)
     assert "completed" in st.stdout
+    assert sorted(_logged_steps(lg.stdout)) == [4, 8]
