@@ -18,14 +18,13 @@ parameter set, plus ``fleet`` and ``index``, renders one member spec.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
 from jobctl.spec import SpecIssue
-from jobctl.spec.base import RULE_ERROR_TYPE, SpecModel, Violation, friendly_error
+from jobctl.spec.base import RULE_ERROR_TYPE, SpecModel, Violation, require_match
 from jobctl.spec.errors import closest, dotted
 from jobctl.spec.job import NAME_PATTERN
 from jobctl.spec.source import Source
@@ -81,13 +80,13 @@ class FleetSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name_is_safe(cls, value: str) -> str:
-        if not re.fullmatch(NAME_PATTERN, value):
-            raise friendly_error(
-                "fleet_name",
-                f"{value!r} is not a valid fleet name",
-                fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters)",
-            )
-        return value
+        return require_match(
+            value,
+            NAME_PATTERN,
+            "fleet_name",
+            f"{value!r} is not a valid fleet name",
+            fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters)",
+        )
 
     def _violations(self) -> Iterator[Violation]:
         if (self.base is None) == (self.template is None):
