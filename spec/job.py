@@ -15,6 +15,25 @@ from .schedule import ScheduleSpec
 from .sections import DataSpec, HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+NAME_FIX = (
+    "use lowercase letters, digits, '.', '_' and '-' (at most 63 characters, "
+    "starting with a letter or digit)"
+)
+
+
+def require_name(
+    value: str, kind: str, *, suggestion: str | None = None, fix: str = NAME_FIX
+) -> str:
+    """``value`` if it is a safe ``kind`` name (a job's, a fleet's: ``NAME_PATTERN``, fit
+    for file names, Kubernetes and Slurm), else a ``{kind}_name`` error."""
+    return require_match(
+        value,
+        NAME_PATTERN,
+        f"{kind}_name",
+        f"{value!r} is not a valid {kind} name",
+        suggestion=suggestion,
+        fix=fix,
+    )
 
 
 def _section(model: type[SpecModel], description: str) -> Any:
@@ -49,15 +68,7 @@ class JobSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name_is_safe(cls, value: str) -> str:
-        return require_match(
-            value,
-            NAME_PATTERN,
-            "job_name",
-            f"{value!r} is not a valid job name",
-            suggestion=_slug(value),
-            fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters, "
-            "starting with a letter or digit)",
-        )
+        return require_name(value, "job", suggestion=_slug(value))
 
     def _violations(self) -> Iterator[Violation]:
         yield from self._pool_violations()

@@ -24,9 +24,9 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from jobctl.spec import SpecIssue
-from jobctl.spec.base import RULE_ERROR_TYPE, SpecModel, Violation, require_match
+from jobctl.spec.base import RULE_ERROR_TYPE, SpecModel, Violation
 from jobctl.spec.errors import closest, dotted
-from jobctl.spec.job import NAME_PATTERN
+from jobctl.spec.job import require_name
 from jobctl.spec.source import Source
 
 RESERVED = ("fleet", "index")
@@ -80,11 +80,9 @@ class FleetSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name_is_safe(cls, value: str) -> str:
-        return require_match(
+        return require_name(
             value,
-            NAME_PATTERN,
-            "fleet_name",
-            f"{value!r} is not a valid fleet name",
+            "fleet",
             fix="use lowercase letters, digits, '.', '_' and '-' (at most 63 characters)",
         )
 
