@@ -8,7 +8,12 @@ s < P-1 needs the gradient from stage s+1.
 
 Compact string form, one stage per line: ``F0 F1 R0 B0 F2 B1 ...`` where ``F`` is a
 forward, ``R`` a recompute of a forward whose activations were not kept, ``B`` a
-backward, and the number is the micro-batch index.
+backward, ``W`` a weight-gradient pass, and the number is the micro-batch index.
+
+The zero-bubble split (arXiv 2401.10241): on a stage whose list holds a ``W`` for a
+micro-batch, its ``B`` computes only the gradient of the stage input (what the
+previous stage waits for) and ``W`` computes the weight gradients later; the
+activations stay until ``W``. Without ``W``, ``B`` is the whole backward.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class Op(str, enum.Enum):
     FORWARD = "F"
     RECOMPUTE = "R"
     BACKWARD = "B"
+    WEIGHT = "W"
 
 
 @dataclass(frozen=True, order=True)
@@ -37,10 +43,10 @@ class Action:
 
     @classmethod
     def parse(cls, text: str) -> Action:
-        """Parse ``F3`` / ``R3`` / ``B3``."""
+        """Parse ``F3`` / ``R3`` / ``B3`` / ``W3``."""
         text = text.strip()
-        if len(text) < 2 or text[0] not in "FRB" or not text[1:].isdigit():
-            raise ValueError(f"bad action {text!r}: expected F<n>, R<n> or B<n>")
+        if len(text) < 2 or text[0] not in "FRBW" or not text[1:].isdigit():
+            raise ValueError(f"bad action {text!r}: expected F<n>, R<n>, B<n> or W<n>")
         return cls(Op(text[0]), int(text[1:]))
 
 
@@ -57,6 +63,11 @@ def R(i: int) -> Action:  # noqa: N802
 def B(i: int) -> Action:  # noqa: N802
     """Backward of micro-batch ``i``."""
     return Action(Op.BACKWARD, i)
+
+
+def W(i: int) -> Action:  # noqa: N802
+    """Weight-gradient pass of micro-batch ``i`` (its ``B`` then computes input grads only)."""
+    return Action(Op.WEIGHT, i)
 
 
 def format_actions(actions: list[Action]) -> str:
@@ -77,3 +88,8 @@ def format_schedule(stages: list[list[Action]]) -> str:
 def recomputed(actions: list[Action]) -> set[int]:
     """Micro-batches whose forward on this stage is recomputed (forward kept no graph)."""
     return {a.micro_batch for a in actions if a.op is Op.RECOMPUTE}
+
+
+def weight_split(actions: list[Action]) -> set[int]:
+    """Micro-batches whose backward is split into B (input gradient) and W (weights)."""
+    return {a.micro_batch for a in actions if a.op is Op.WEIGHT}

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from jobctl.engine.core.actions import Action, Op, recomputed
+from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
 
 
 class ActivationPeak(NamedTuple):
     """Most micro-batches a stage holds at once, by kind of state.
 
     ``full``: full activations (an autograd graph), held from a kept forward, or from a
-    recompute, until the backward. ``stashed``: only the stage input, held from a
-    forward that will be recomputed until its recompute.
+    recompute, until the backward (until the W of a split backward). ``stashed``:
+    only the stage input, held from a forward that will be recomputed until its
+    recompute.
     """
 
     full: int
@@ -29,9 +30,10 @@ def peak_activations(stage_actions: list[Action]) -> ActivationPeak:
 
     An F whose micro-batch is not recomputed holds full activations until its B; an F
     that will be recomputed holds only its input until the R, then full activations
-    until the B. 1F1B without recompute gives ``full = min(P - s, M)`` on stage s.
+    until the B. 1F1B without recompute gives ``full = min(P - s, M)`` on stage s. A
+    micro-batch with a W holds its activations until the W, not the B.
     """
-    rec = recomputed(stage_actions)
+    rec, split = recomputed(stage_actions), weight_split(stage_actions)
     full = stashed = peak_full = peak_stashed = 0
     for a in stage_actions:
         if a.op is Op.FORWARD:
@@ -43,7 +45,7 @@ def peak_activations(stage_actions: list[Action]) -> ActivationPeak:
         elif a.op is Op.RECOMPUTE:
             stashed -= 1
             full += 1
-        else:
+        elif a.op is Op.WEIGHT or a.micro_batch not in split:
             full -= 1
         peak_full = max(peak_full, full)
     return ActivationPeak(peak_full, peak_stashed)
@@ -53,7 +55,8 @@ def validate(stages: list[list[Action]], P: int, M: int, *, varuna_rules: bool =
     """Raise ValueError, naming stage, action and position, if the schedule is invalid.
 
     Checks, per stage: exactly one F and one B per micro-batch 0..M-1, F before B, at
-    most one R per micro-batch and only between its F and its B. Across stages: the
+    most one R per micro-batch and only between its F and its B, a W after its B for
+    every micro-batch or for none (a stage splits all its backwards or none). Across stages: the
     lists can run to completion (a forward waits for the previous stage's forward, a
     backward for the next stage's backward); a wait cycle is reported as a deadlock.
     With ``varuna_rules``: no forward between R(i) and B(i) (Varuna rule 2) and no
@@ -95,6 +98,22 @@ def _check_stage(s: int, actions: list[Action], M: int) -> None:
                 f"stage {s}: R{i} at position {r} must come after F{i} (position {f}) "
                 f"and before B{i} (position {b})"
             )
+    _check_split(s, where, M)
+
+
+def _check_split(s: int, where: dict[Action, int], M: int) -> None:
+    """A W comes after its B, and a stage has a W for every micro-batch or none."""
+    split = [i for i in range(M) if Action(Op.WEIGHT, i) in where]
+    if split and len(split) < M:
+        missing = [i for i in range(M) if i not in split]
+        raise ValueError(
+            f"stage {s}: W for micro-batches {split} but not for {missing}: a stage "
+            "splits every backward into B and W, or none"
+        )
+    for i in split:
+        w, b = where[Action(Op.WEIGHT, i)], where[Action(Op.BACKWARD, i)]
+        if w < b:
+            raise ValueError(f"stage {s}: W{i} at position {w} comes before B{i} at {b}")
 
 
 def _check_varuna_rules(s: int, actions: list[Action], last: bool) -> None:

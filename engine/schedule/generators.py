@@ -18,6 +18,8 @@ each one against the simulator.
 * ``varuna``: Varuna's rule-based schedule, produced by a list scheduler that enforces
   rules 1-3 of sec. 3.2 (``schedules_varuna``).
 * ``advance_forward``: AvgPipe Alg. 1, between 1F1B and all-forward-all-backward.
+* ``zb_h1``: zero-bubble ZB-H1 (``zero_bubble``): the backward split into B and W,
+  1F1B's memory, bubble ratio (P-1)/(3M) with T_F = T_B = T_W, for M >= P.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from functools import lru_cache
 from jobctl.engine.core.actions import Action, B, F, R
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations, validate
 from jobctl.engine.schedule.varuna import varuna
+from jobctl.engine.schedule.zero_bubble import zb_h1
 
 __all__ = [
     "SCHEDULES",
@@ -41,6 +44,7 @@ __all__ = [
     "shifted_critical_path",
     "validate",
     "varuna",
+    "zb_h1",
 ]
 
 
@@ -178,13 +182,14 @@ SCHEDULES: dict[str, Generator] = {
     "varuna": varuna,
     "shifted_critical_path": shifted_critical_path,
     "advance_forward": advance_forward,
+    "zb_h1": zb_h1,
 }
 
 
 def generate(name: str, P: int, M: int, **options: object) -> list[list[Action]]:
     """Generate schedule ``name`` for P stages and M micro-batches.
 
-    ``options`` go to the generator (``recompute`` for gpipe and 1f1b, ``advance_num``
+    ``options`` go to the generator (``recompute`` for gpipe, 1f1b and zb_h1, ``advance_num``
     for advance_forward). Unknown names raise ValueError listing the valid ones.
     """
     try:

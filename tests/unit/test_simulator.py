@@ -230,6 +230,7 @@ class _Reference:
         self.costs, self.wire = costs, send_times(costs, self.M, seed)
         self.lists = [list(a) for a in stages]
         self.rec = [{a.micro_batch for a in acts if a.op is Op.RECOMPUTE} for acts in stages]
+        self.split = [{a.micro_batch for a in acts if a.op is Op.WEIGHT} for acts in stages]
         self.bounds = [peak_activations(acts) for acts in stages]
         self.inbox = [{} for _ in range(self.P)]
         for i in range(self.M):
@@ -244,7 +245,8 @@ class _Reference:
             if self.free[s] <= t and self.pos[s] < len(self.lists[s]):
                 a = self._choose(s, t)
                 key = ("F" if a.op is Op.FORWARD else "B", a.micro_batch)
-                if a.op is Op.RECOMPUTE or self._arrival(s, *key) <= t:
+                local = a.op in (Op.RECOMPUTE, Op.WEIGHT)
+                if local or self._arrival(s, *key) <= t:
                     self._execute(s, a, key, t)
         c = self.costs
         return max(self.free[s] + c.ar[s] + c.opt[s] for s in range(self.P)), self.lists
@@ -257,7 +259,7 @@ class _Reference:
         a = acts[k]
         if (
             not self.costs.opportunistic
-            or a.op is Op.FORWARD
+            or a.op in (Op.FORWARD, Op.WEIGHT)
             or self._arrival(s, "B", a.micro_batch) <= t
             or k == self.decided[s]
             or (a.op is Op.BACKWARD and a.micro_batch in self.rec[s])
@@ -281,18 +283,21 @@ class _Reference:
                 held[a.micro_batch in rec] += 1
             elif a.op is Op.RECOMPUTE:
                 held[0], held[1] = held[0] + 1, held[1] - 1
-            else:
+            elif a.op is Op.WEIGHT or a.micro_batch not in self.split[s]:
                 held[0] -= 1
         kind = forward.micro_batch in rec
         return held[kind] < self.bounds[s][kind]
 
     def _execute(self, s: int, a, key, t: float) -> None:
         c = self.costs
-        self.free[s] = t + {Op.FORWARD: c.f, Op.RECOMPUTE: c.r, Op.BACKWARD: c.b}[a.op][s]
+        b = c.b[s] - c.w[s] if self.split[s] else c.b[s]  # B of a split backward
+        self.free[s] = t + {Op.FORWARD: c.f[s], Op.RECOMPUTE: c.r[s], Op.BACKWARD: b}.get(
+            a.op, c.w[s]
+        )
         self.pos[s] += 1
         heapq.heappush(self.events, (self.free[s], s))
         dst = s + 1 if a.op is Op.FORWARD else s - 1
-        if a.op is Op.RECOMPUTE or not 0 <= dst < self.P:
+        if a.op in (Op.RECOMPUTE, Op.WEIGHT) or not 0 <= dst < self.P:
             return
         act, grad = self.wire
         wire = (act[s] if dst > s else grad[dst])[a.micro_batch]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 BLOCKED, PARKED = -1, -2  # waiting[s] when not waiting for a particular input key
-FWD, REC, BWD = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD
+FWD, REC, BWD, WGT = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD, Op.WEIGHT
 TimelineEntry = tuple[int, Action | None, float, float, str]
 _micro_batch = attrgetter("micro_batch")
 
@@ -80,9 +80,13 @@ class Engine:
         self.inflight: list[list[float]] = [[] for _ in range(P)]  # send end times
         self.sent = [[0.0] * (2 * M) for _ in range(P)] if self.capped else None
         self.starts: list[list[float]] = [[] for _ in range(P)]
+        # A stage with W actions splits every backward (checks.validate): B is b - w.
+        self.split = [any(a.op is WGT for a in acts) for acts in stages]
+        self.b = [costs.b[s] - costs.w[s] if self.split[s] else costs.b[s] for s in range(P)]
         self.context = [
             (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
-            + (costs.f[s], costs.r[s], costs.b[s], s + 1 if s + 1 < P else -1, s - 1)
+            + (costs.f[s], costs.r[s], self.b[s], s + 1 if s + 1 < P else -1, s - 1)
+            + (costs.w[s],)
             for s in range(P)
         ]
         self.pos = [0] * P
@@ -120,20 +124,20 @@ class Engine:
     def _advance(self, s: int) -> None:
         """Run stage s's list from where it stopped until an input is missing (the hot
         loop: one function, locals only, nothing allocated per action but its start)."""
-        acts, starts, inbox, dur, f, r, b, nxt, prv = self.context[s]
+        acts, starts, inbox, dur, f, r, b, nxt, prv, wc = self.context[s]
         k, t, n, M = self.pos[s], self.free[s], len(acts), self.M
         inboxes, waiting, opp, capped = self.inbox, self.waiting, self.opportunistic, self.capped
         while k < n:  # the caller set waiting[s] to BLOCKED
             a = acts[k]
-            if opp and a.op is not FWD and inbox[M + a.micro_batch] > t:
+            if opp and a.op is not FWD and a.op is not WGT and inbox[M + a.micro_batch] > t:
                 # A backward task without its gradient: Varuna's deviation.
                 if self._choose(s, k, t, settled=False):
                     break
                 a = acts[k]
             op = a.op
-            if op is REC:
+            if op is REC or op is WGT:  # needs nothing from another stage, sends nothing
                 starts.append(t)
-                t += r
+                t += r if op is REC else wc
                 k += 1
                 continue
             key, cost, dst = (a.micro_batch, f, nxt) if op is FWD else (M + a.micro_batch, b, prv)
@@ -227,16 +231,17 @@ class Engine:
             elif a.op is REC:
                 held[0] += 1
                 held[1] -= 1
-            else:
+            elif a.op is WGT or not self.split[s]:  # a split backward frees at its W
                 held[0] -= 1
         self.counted[s] = k
         return held
 
     def busy(self) -> list[float]:
-        """Compute time per stage (one F and one B per micro-batch, R where listed)."""
-        c = self.costs
+        """Compute time per stage (one F and one B per micro-batch, a W per micro-batch
+        on a split stage, which with its B takes b, R where listed)."""
+        c, M = self.costs, self.M
         return [
-            self.M * (c.f[s] + c.b[s]) + (len(self.lists[s]) - 2 * self.M) * c.r[s]
+            M * (c.f[s] + c.b[s]) + (len(self.lists[s]) - (3 if self.split[s] else 2) * M) * c.r[s]
             for s in range(self.P)
         ]
 
@@ -244,12 +249,12 @@ class Engine:
         """Every interval, grouped by stage: each action, then the send of its output."""
         c, M, out = self.costs, self.M, []
         for s, acts in enumerate(self.lists):
-            cost = {FWD: c.f[s], REC: c.r[s], BWD: c.b[s]}
+            cost = {FWD: c.f[s], REC: c.r[s], BWD: self.b[s], WGT: c.w[s]}
             for a, start in zip(acts, self.starts[s], strict=True):
                 end = start + cost[a.op]
                 out.append((s, a, start, end, "compute"))
                 key, dst = (a.micro_batch, s + 1) if a.op is FWD else (M + a.micro_batch, s - 1)
-                if a.op is not REC and 0 <= dst < self.P:
+                if (a.op is FWD or a.op is BWD) and 0 <= dst < self.P:
                     sent = self.sent[s][key] if self.sent else end
                     kind = "send_activation" if a.op is FWD else "send_gradient"
                     out.append((s, a, sent, self.inbox[dst][key], kind))

@@ -31,7 +31,10 @@ class CostModel:
     Per stage s: ``f[s]`` forward, ``b[s]`` backward, ``r[s]`` recompute (default
     ``f``), ``ar[s]`` gradient allreduce among the data-parallel replicas of stage s,
     run after the stage's last backward (all stages' allreduces run concurrently),
-    ``opt[s]`` optimizer step after it. Per boundary s (between stages s and s+1, P-1 of
+    ``opt[s]`` optimizer step after it, ``w[s]`` the weight-gradient share of ``b[s]``
+    (default ``b / 2``: a matrix product's input and weight gradients cost the same):
+    on a stage whose list splits its backwards (``W`` actions, zero bubble), B takes
+    ``b - w`` and W takes ``w``. Per boundary s (between stages s and s+1, P-1 of
     them): ``act[s]`` send time of an activation s -> s+1, ``grad[s]`` of a gradient
     s+1 -> s. Empty tuples mean the default (``f`` for ``r``, zeros otherwise).
 
@@ -55,13 +58,15 @@ class CostModel:
     ar: Sequence[float] = ()
     opt: Sequence[float] = ()
     opportunistic: bool = False
+    w: Sequence[float] = ()
 
     def __post_init__(self) -> None:
         P = len(self.f)
         if P < 1:
             raise ValueError("CostModel needs at least one stage: f is empty")
         defaults = {"r": tuple(self.f), "act": (0.0,) * (P - 1), "grad": (0.0,) * (P - 1)}
-        for name in ("f", "b", "r", "act", "grad", "ar", "opt"):
+        defaults["w"] = tuple(float(x) / 2 for x in self.b)
+        for name in ("f", "b", "r", "act", "grad", "ar", "opt", "w"):
             value = tuple(float(x) for x in getattr(self, name))
             if not value:
                 value = defaults.get(name, (0.0,) * P)
@@ -71,6 +76,8 @@ class CostModel:
             if any(x < 0 for x in value):
                 raise ValueError(f"CostModel.{name} has a negative time: {value}")
             object.__setattr__(self, name, value)
+        if any(w > b for w, b in zip(self.w, self.b, strict=True)):
+            raise ValueError(f"CostModel.w {self.w} exceeds the whole backward b {self.b}")
         if self.jitter < 0:
             raise ValueError(f"CostModel.jitter must be >= 0, got {self.jitter}")
         if self.max_inflight_sends is not None and self.max_inflight_sends < 1:
@@ -96,7 +103,7 @@ class CostModel:
 class SimEvent:
     """One interval on the timeline.
 
-    ``kind`` is ``compute`` (``action`` is the F/R/B that ran on ``stage``),
+    ``kind`` is ``compute`` (``action`` is the F/R/B/W that ran on ``stage``),
     ``send_activation`` / ``send_gradient`` (``stage`` is the sender, ``action`` the F
     or B whose output is sent; the interval is the time on the wire), ``allreduce`` or
     ``optimizer`` (``action`` is None).
