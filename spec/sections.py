@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from .base import SpecModel, Violation, int_or_auto, require_match
+from .data import DataSpec as DataSpec  # re-exported: it lived here
+from .devices import DEVICES
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -98,32 +100,6 @@ class ModelSpec(SpecModel):
         return None if self.family is None else self.layers + 2
 
 
-class DataSpec(SpecModel):
-    """Where training samples come from."""
-
-    source: Literal["synthetic", "text"] = Field(
-        "synthetic", description="'synthetic' random tokens, or 'text' read from `path`."
-    )
-    path: str | None = Field(
-        None,
-        description="Text file for source 'text'; a relative path resolves against the spec "
-        "file's folder.",
-    )
-    seed: int = Field(0, description="Seed of the synthetic token stream.")
-
-    def _violations(self) -> Iterator[Violation]:
-        if self.source == "text" and self.path is None:
-            yield Violation(
-                "path", "source 'text' needs a `path`", "add data.path: <file.txt> next to source"
-            )
-        if self.source != "text" and self.path is not None:
-            yield Violation(
-                "path",
-                f"`path` is only read for source 'text', but source is {self.source!r}",
-                "set data.source: text or remove data.path",
-            )
-
-
 class TrainingSpec(SpecModel):
     """The optimisation: batch sizes, steps, optimizer and numerics."""
 
@@ -150,6 +126,9 @@ class TrainingSpec(SpecModel):
         "fp32", description="Numeric precision of compute."
     )
     log_every: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    eval_every: int = Field(
+        0, ge=0, description="Eval loss on data.eval every this many steps (0: never)."
+    )
 
     def _violations(self) -> Iterator[Violation]:
         if self.momentum and self.optimizer != "sgd":
@@ -305,7 +284,16 @@ class HardwareSpec(SpecModel):
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device type of every process.")
     memory_gb: float = Field(4.0, gt=0.0, description="Memory per device, GB.")
     flops_tflops: float | None = Field(
-        None, gt=0.0, description="Peak per-device TFLOP/s for analytic calibration."
+        None,
+        gt=0.0,
+        description="Sustained per-device TFLOP/s for analytic calibration, used as is "
+        "(no efficiency model); ignored when `accelerator` names a known device.",
+    )
+    accelerator: Literal[tuple(DEVICES)] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="A known device (spec/devices.py: peak FLOP/s per precision, memory "
+        "bandwidth, from public data sheets): the analytic calibration models achievable "
+        "time per operation from these facts.",
     )
     price_per_hour: float = Field(0.0, ge=0.0, description="Price per device-hour, USD.")
     spot: bool = Field(False, description="Devices are preemptible spot capacity.")
@@ -379,8 +367,8 @@ class ParallelismSpec(SpecModel):
         "auto", description="D: data-parallel pipeline replicas, or 'auto'."
     )
     schedule: Literal[
-        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "auto"
-    ] = Field("1f1b", description="Pipeline schedule generator.")
+        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "zb_h1", "auto"
+    ] = Field("1f1b", description="Pipeline schedule generator (zb_h1: zero-bubble ZB-H1).")
     recompute: Literal["none", "all", "auto"] = Field(
         "none", description="Activation recomputation policy."
     )

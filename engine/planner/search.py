@@ -4,10 +4,11 @@
    (by less than ``STOP_GAIN`` to the next calibrated size) and the model still fits
    memory; an explicit ``training.micro_batch_size`` is kept.
 2. P from the smallest that fits memory to min(blocks, G) (an explicit P only), with
-   D = floor(G / P) (an explicit D kept); when the global batch does not split into
-   D x m x M, nearby D (fewer replicas) and m (another divisor) are tried, and said.
-3. Per (P, D, m): blocks balanced over stages by calibrated time (exact min-max
-   partition), ranks placed, and every applicable schedule simulated with a CostModel
+   every D from floor(G / P) down to 1 (an explicit D kept): any D trains, replicas
+   taking N // D or one more of the N = B / m micro-batches (``micro_batches``).
+3. Per (P, D, m): blocks balanced over stages by the schedule's own per-stage cost
+   (exact min-max partition; under Varuna the last stage does not recompute), ranks
+   placed, and every applicable schedule simulated with a CostModel
    from the calibration. Candidates are evaluated best bound first; one whose lower
    bound cannot beat the best simulated step is skipped.
 4. Ranked by throughput (the global batch is fixed, so by step time), then devices.
@@ -36,8 +37,10 @@ from jobctl.spec import HardwareSpec, JobSpec, ParallelismSpec, TrainingSpec
 
 GB = 1024**3
 STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
-AUTO_SCHEDULES = ("gpipe", "1f1b", "varuna", "shifted_critical_path")
+AUTO_SCHEDULES = ("gpipe", "1f1b", "varuna", "shifted_critical_path", "zb_h1")
 RECOMPUTING = ("varuna", "shifted_critical_path")
+OPTIONAL_RECOMPUTE = ("gpipe", "1f1b", "zb_h1")  # recompute by parallelism.recompute
+SPLIT_BACKWARD = ("zb_h1",)  # zero bubble: backward split into B and W
 
 
 class PlanError(ValueError):
@@ -80,13 +83,13 @@ def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | Non
     else:  # one stage has no pipeline: every schedule is its F B F B ... there
         names = AUTO_SCHEDULES if P > 1 else ("1f1b",)
     flag = {"none": False, "all": True, "auto": None}[par.recompute]
-    return [(n, flag if n in ("gpipe", "1f1b") else False) for n in names]
+    return [(n, flag if n in OPTIONAL_RECOMPUTE else False) for n in names]
 
 
 def generator_options(par: ParallelismSpec, layout: Layout) -> dict:
     """Options for ``schedule.generators.generate`` (recompute, advance_num)."""
     opts: dict = {}
-    if layout.schedule in ("gpipe", "1f1b") and layout.recompute:
+    if layout.schedule in OPTIONAL_RECOMPUTE and layout.recompute:
         opts["recompute"] = True
     if layout.schedule == "advance_forward" and par.advance_num is not None:
         opts["advance_num"] = par.advance_num
@@ -127,62 +130,73 @@ def choose_m(spec: JobSpec, tables: Tables, max_P: int, cap: float) -> tuple[int
     return m, [*lines, f"m={m}: {why}"]
 
 
-def divisible_layouts(spec: JobSpec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
-    """(D, m, note) to try for P: D = floor(G/P) if the global batch divides, else the
-    nearest D below with the same m, and the nearest m that divides at full D."""
+def data_parallel_layouts(spec: JobSpec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
+    """(D, m, note) to try for P: every D from 1 to floor(G/P) (an explicit D only).
+
+    Any D trains: replicas take whole micro-batches, N // D or one more (N = B / m,
+    ``Sharding``), so the step runs the busiest replica's ceil(N / D). Only m must
+    divide the global batch; an m that does not is lowered to the nearest divisor.
+    """
     B, par = spec.training.global_batch_size, spec.parallelism
-    explicit_m = isinstance(spec.training.micro_batch_size, int)
+    note = ""
+    if B % m:
+        m2 = max(d for d in range(1, m) if B % d == 0)
+        note, m = f"m lowered to {m2} to divide the global batch {B}", m2
     if isinstance(par.data_parallel, int):
-        per = B // par.data_parallel
-        if explicit_m or per % m == 0:
-            return [(par.data_parallel, m, "")]
-        m2 = max(d for d in range(1, m) if per % d == 0)
-        return [(par.data_parallel, m2, f"m lowered to {m2} to divide the {per} per replica")]
-    D0 = max(1, G // P)
-    if B % (D0 * m) == 0:
-        return [(D0, m, "")]
-    out = []
-    D = next((d for d in range(D0 - 1, 0, -1) if B % (d * m) == 0), None)
-    if D is not None:
-        out.append((D, m, f"D={D0} x m={m} does not divide batch {B}: D lowered to {D}"))
-    D2 = next(d for d in range(D0, 0, -1) if B % d == 0)
-    if not explicit_m and D2 != D:
-        per = B // D2
-        m2 = max(d for d in range(1, min(m, per) + 1) if per % d == 0)
-        how = f"m lowered to {m2}" if D2 == D0 else f"D lowered to {D2} and m to {m2}"
-        out.append((D2, m2, f"D={D0} x m={m} does not divide batch {B}: {how}"))
-    return out
+        return [(par.data_parallel, m, note)]
+    top = max(1, min(G // P, B // m))
+    return [(D, m, note) for D in range(top, 0, -1)]
+
+
+def micro_batches(B: int, D: int, m: int) -> int:
+    """M: micro-batches of the busiest replica, ceil((B / m) / D)."""
+    return -(-(B // m) // D)
 
 
 def fill_variant(training: TrainingSpec, P: int, D: int, m: int) -> int | None:
     """A smaller m giving at least P micro-batches, when m leaves the pipeline unfilled."""
-    per = training.global_batch_size // D
-    if isinstance(training.micro_batch_size, int) or per // m >= P:
+    B = training.global_batch_size
+    if isinstance(training.micro_batch_size, int) or micro_batches(B, D, m) >= P:
         return None
-    smaller = [d for d in range(1, m) if per % d == 0 and per // d >= P]
+    smaller = [d for d in range(1, m) if B % d == 0 and micro_batches(B, D, d) >= P]
     return max(smaller) if smaller else None
 
 
 def candidates_for(spec: JobSpec, tables: Tables, P: int, G: int, m: int) -> list[Candidate]:
     """Every (D, m, schedule) candidate for P stages, with bounds, not yet simulated."""
     out = []
-    variants = divisible_layouts(spec, P, G, m)
+    variants = data_parallel_layouts(spec, P, G, m)
     for D, mm, _ in list(variants):
         smaller = fill_variant(spec.training, P, D, mm)
         if smaller is not None:
             variants.append((D, smaller, f"m={smaller} so that M >= P={P}"))
     for D, mm, note in variants:
-        M = spec.training.global_batch_size // (D * mm)
-        stages, host = tables.stages(P, mm), hosting(spec, P, D, tables.cal.host.cores)
-        costs = stage_costs(tables.cal, Layout(P, D, mm, M, ""), stages, host, tables.times(mm))
+        M = micro_batches(spec.training.global_batch_size, D, mm)
+        host = hosting(spec, P, D, tables.cal.host.cores)
+        priced: dict[str, tuple[list[list[int]], StageCosts]] = {}
         for name, recompute in schedule_options(spec.parallelism, P):
             for rec in (False, True) if recompute is None else (recompute,):
                 layout = Layout(P, D, mm, M, name, rec)
+                mode = recompute_mode(layout)
+                if mode not in priced:  # the partition balances this schedule's own costs
+                    stages = tables.stages(P, mm, mode)
+                    times = tables.times(mm)
+                    priced[mode] = stages, stage_costs(tables.cal, layout, stages, host, times)
+                stages, costs = priced[mode]
                 cand = Candidate(layout, stages, host, costs, note)
                 recs = _recompute_counts(layout)
-                cand.bound = lower_bound(costs.model(layout, None), recs, M)
+                split = name in SPLIT_BACKWARD
+                cand.bound = lower_bound(costs.model(layout, None), recs, M, split=split)
                 out.append(cand)
     return out
+
+
+def recompute_mode(layout: Layout) -> str:
+    """Which stages recompute: 'last_free' (Varuna, SCP: all but the last), 'all'
+    (gpipe / 1f1b with recompute), 'none'."""
+    if layout.schedule in RECOMPUTING:
+        return "last_free"
+    return "all" if layout.recompute else "none"
 
 
 def _recompute_counts(layout: Layout) -> list[int]:
@@ -278,13 +292,10 @@ def check_explicit(training: TrainingSpec, layout: Layout, G: int) -> None:
             f"P x D = {P} x {D} = {P * D} devices, but only {G} are available: "
             "lower parallelism.pipeline_stages or data_parallel, or add nodes"
         )
-    if B % D:
-        raise PlanError(f"training.global_batch_size={B} is not divisible by D={D}")
-    if (B // D) % layout.m:
-        per = B // D
+    if B % layout.m:
         raise PlanError(
-            f"training.micro_batch_size={layout.m} does not divide the per-replica batch "
-            f"{per} (global_batch_size / D): pick a divisor of {per}"
+            f"training.micro_batch_size={layout.m} does not divide the global batch "
+            f"{B}: pick a divisor of {B}"
         )
 
 

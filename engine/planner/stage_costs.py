@@ -52,14 +52,19 @@ class BlockTimes:
             data=cal.data_time(m),
         )
 
-    def balance_costs(self) -> list[float]:
-        """Forward + backward per block, the data fetch on the end blocks: what the
-        partition balances."""
-        costs = [f + b for f, b in zip(self.fwd, self.bwd, strict=True)]
+    def balance_costs(self, mode: str = "none") -> tuple[list[float], list[float]]:
+        """Per block, what a micro-batch costs it on a stage that recomputes and on the
+        last stage (``search.recompute_mode``): forward + backward, plus the first
+        forward without autograd where the stage recomputes (Varuna's last stage does
+        not: 'last_free'); the data fetch on the end blocks. The partition balances
+        these, so its bottleneck is the schedule's own per-stage cost."""
+        plain = [f + b for f, b in zip(self.fwd, self.bwd, strict=True)]
+        rec = [p + n for p, n in zip(plain, self.nograd, strict=True)]
+        costs, last = {"none": (plain, plain), "all": (rec, rec), "last_free": (rec, plain)}[mode]
+        costs, last = list(costs), list(last)
         costs[0] += self.data
-        if len(costs) > 1:
-            costs[-1] += self.data
-        return costs
+        last[-1] += self.data
+        return costs, last
 
 
 class Tables:
@@ -68,18 +73,20 @@ class Tables:
     def __init__(self, cal: Calibration) -> None:
         self.cal = cal
         self._times: dict[int, BlockTimes] = {}
-        self._stages: dict[tuple[int, int], list[list[int]]] = {}
+        self._stages: dict[tuple[int, int, str], list[list[int]]] = {}
 
     def times(self, m: int) -> BlockTimes:
         if m not in self._times:
             self._times[m] = BlockTimes.at(self.cal, m)
         return self._times[m]
 
-    def stages(self, P: int, m: int) -> list[list[int]]:
-        """Blocks per stage, balanced by calibrated time at m (exact min-max)."""
-        if (P, m) not in self._stages:
-            self._stages[P, m] = partition(self.times(m).balance_costs(), P)
-        return self._stages[P, m]
+    def stages(self, P: int, m: int, mode: str = "none") -> list[list[int]]:
+        """Blocks per stage, balanced by calibrated time at m under recompute ``mode``
+        (exact min-max of the schedule's per-stage cost)."""
+        if (P, m, mode) not in self._stages:
+            costs, last = self.times(m).balance_costs(mode)
+            self._stages[P, m, mode] = partition(costs, P, last=last)
+        return self._stages[P, m, mode]
 
     def min_memory(self, P: int, m: int) -> float:
         """Heaviest stage with the least any schedule needs: state and one micro-batch."""
@@ -186,7 +193,8 @@ def stage_costs(
         sends=with_message(
             [
                 cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
-                    cal.blocks[stages[s][-1]].boundary_bytes * m, busy=busy_link
+                    cal.blocks[stages[s][-1]].boundary_bytes * m * hosting.nic_sharing(s),
+                    busy=busy_link,
                 )
                 for s in range(P - 1)
             ],
@@ -229,17 +237,23 @@ def _allreduce(
     return t
 
 
-def lower_bound(costs: CostModel, recomputes: Sequence[int], M: int) -> float:
+def lower_bound(
+    costs: CostModel, recomputes: Sequence[int], M: int, *, split: bool = False
+) -> float:
     """A step time no schedule can beat, from data flow alone.
 
     Every stage does its own work (``busy``) and then its allreduce and optimizer step.
     Stage s cannot start before micro-batch 0's forwards of stages 0..s-1, and after its
     last backward the gradient still crosses the backwards of stages s-1..0, after which
     stage 0 reduces and steps. Sends are left out (jitter may shorten them), so this
-    holds for every schedule, opportunistic ones included.
+    holds for every schedule, opportunistic ones included. A ``split`` backward (zero
+    bubble) lets W's run after the stage's last B, so only each stage's own work bounds
+    it.
     """
     busy = [M * (costs.f[s] + costs.b[s]) + recomputes[s] * costs.r[s] for s in range(costs.P)]
     own = max(busy[s] + costs.ar[s] + costs.opt[s] for s in range(costs.P))
+    if split:
+        return own
     through, ramp = 0.0, 0.0
     for s in range(costs.P):
         through = max(through, ramp + busy[s])

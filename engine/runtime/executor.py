@@ -5,7 +5,9 @@ activation elsewhere) and sends the output on; a forward whose micro-batch is
 recomputed later keeps only its input and the RNG state (no autograd graph). ``R``
 restores that RNG state and re-runs the forward with autograd, so recompute is
 bit-identical to keeping the activations. ``B`` back-propagates the received gradient
-(or the loss, on the last stage) and sends the input gradient back.
+(or the loss, on the last stage) and sends the input gradient back. On a stage whose
+list has ``W`` actions (zero bubble), ``B`` computes only the input gradient and
+``W`` the weight gradients later (``backward``); the graph is held until ``W``.
 
 With ``opportunistic=True`` (Varuna sec. 3.2) a stage whose next action is a backward
 still waiting for its gradient runs the next forward instead, if that forward's input
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobctl.engine.core.actions import Action, Op, recomputed
+from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import Stage, lm_loss
+from jobctl.engine.runtime.backward import input_grads, weight_grads
 from jobctl.engine.runtime.p2p.gloo import Inbox, Outbox
 from jobctl.engine.runtime.p2p.shm import ShmInbox, ShmOutbox
 from jobctl.engine.runtime.topology import Topology
@@ -79,7 +82,11 @@ class StepExecutor:
     def run(self, actions: list[Action], step: int) -> StepStats:
         """Execute ``actions`` for training step ``step``; returns measurements."""
         self.step = step
-        self.rec = recomputed(actions)
+        # Any D: this replica may run fewer micro-batches than the schedule's M. Every
+        # stage of a replica drops the same ones, so the pipeline stays consistent.
+        mine = self.shard.count(self.topo.replica)
+        actions = [a for a in actions if a.micro_batch < mine]
+        self.rec, self.split = recomputed(actions), weight_split(actions)
         fwd_order = [a.micro_batch for a in actions if a.op is Op.FORWARD]
         bwd_order = [a.micro_batch for a in actions if a.op is Op.BACKWARD]
         window = max(2, self.topo.P)
@@ -154,6 +161,10 @@ class StepExecutor:
             t0 = time.perf_counter()
             self._recompute(a.micro_batch)
             stats.fwd_s.append(time.perf_counter() - t0)
+        elif a.op is Op.WEIGHT:
+            t0 = time.perf_counter()
+            weight_grads(self.saved.pop(a.micro_batch)["pending"])
+            stats.bwd_s.append(time.perf_counter() - t0)
         else:
             loss, seconds = self._backward(a.micro_batch)
             stats.loss_sum += loss
@@ -199,16 +210,23 @@ class StepExecutor:
             self._graph_forward(i, s["x"], s["y"])
 
     def _backward(self, i: int) -> tuple[float, float]:
-        """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds)."""
+        """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds).
+
+        A split backward (``i`` has a W) computes the input gradient only and keeps
+        what its W needs in ``saved[i]``, which holds the graph until then.
+        """
         s = self.saved.pop(i)
         grad = None if self.topo.is_last else self.grads_in.take(i)
+        out = s["loss"] if grad is None else s["out"]
+        loss = float(s["loss"].detach()) if grad is None else 0.0
         t0 = time.perf_counter()
-        if grad is None:
-            s["loss"].backward()
-            loss = float(s["loss"].detach())
+        if i in self.split:
+            params = [p for p in self.stage.parameters() if p.requires_grad]
+            self.saved[i] = {"graph": True, "pending": input_grads(out, grad, s["x"], params)}
+        elif grad is None:
+            out.backward()
         else:
-            torch.autograd.backward(s["out"], grad)
-            loss = 0.0
+            torch.autograd.backward(out, grad)
         seconds = time.perf_counter() - t0
         if self.grads_out is not None:
             self.grads_out.send(i, s["x"].grad)

@@ -1,0 +1,23 @@
+"""Zero-bubble schedules train exactly like one process: real multi-process runs of
+ZB-H1 (backward split into B and W), with and without recompute."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobctl.engine.core.actions import Op
+
+from .test_parity import SGD, _run_and_compare, _spec
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("recompute", ["none", "all"])
+def test_zb_h1_matches_single_process(tmp_path, recompute):
+    spec = _spec(3, 1, "zb_h1", **SGD, **{"parallelism.recompute": recompute})
+    run = _run_and_compare(tmp_path, spec, atol=1e-5)
+    plan = run.plan
+    assert plan.schedule == "zb_h1"
+    for st in plan.stages:
+        ops = [a.op for a in st.action_list()]
+        assert ops.count(Op.WEIGHT) == plan.micro_batches
+        assert (Op.RECOMPUTE in ops) == (recompute == "all") == st.recompute
