@@ -130,7 +130,10 @@ def test_legal_paths(tmp_path, path):
     db = StateDB(tmp_path)
     db.create_run("r", "r", tmp_path)
     for phase in path:
-        db.set_phase("r", phase)
+        db.set_phase("r", phase, note=f"to {phase}")
+        assert db.get_run("r")["phase"] == phase  # each transition took effect
+    logged = [e["message"] for e in db.events("r") if e["kind"] == "phase"]
+    assert logged == ["pending", *(f"{p}: to {p}" for p in path)]  # one each, in order
 
 
 @pytest.mark.parametrize(
