@@ -1,9 +1,10 @@
 """Draw a simulated step as a Gantt chart (Varuna Fig. 8 style) with matplotlib.
 
-One row per stage, stage 0 on top; forward, recompute and backward bars in their own
-colours, each labelled with its micro-batch when there is room, then the stage's
-gradient allreduce and optimizer step. Activation and gradient sends are thin lines
-under each row, so waiting on the network is visible too.
+One row per stage, stage 0 on top; forward, recompute, backward and (zero-bubble
+schedules) weight-gradient bars in their own colours, each labelled with its
+micro-batch when there is room, then the stage's gradient allreduce and optimizer
+step. Activation and gradient sends are thin lines under each row, so waiting on the
+network is visible too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from jobctl.engine.planner.simulator.simulation import SimEvent, SimResult  # no
 COLOURS = {
     "F": "#4C78A8",  # forward
     "R": "#F2B701",  # recompute
-    "B": "#54A24B",  # backward
+    "B": "#54A24B",  # backward (the input gradient only where the stage has W's)
+    "W": "#B279A2",  # weight gradients of a split backward (zero bubble)
     "allreduce": "#E45756",
     "optimizer": "#9D9D9D",
     "send": "#333333",
@@ -35,6 +37,7 @@ LABELS = {
     "F": "forward",
     "R": "recompute",
     "B": "backward",
+    "W": "weight grad",
     "allreduce": "allreduce",
     "optimizer": "optimizer",
     "send": "send (line)",
@@ -56,10 +59,10 @@ def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") 
     bubble = f"bubble {100 * result.bubble_ratio:.1f} %"
     ax.set_title(title or f"simulated step: {span:.4g} {unit}, {bubble}")
     ax.legend(
-        handles=[Patch(color=COLOURS[k], label=v) for k, v in LABELS.items()],
+        handles=[Patch(color=COLOURS[k], label=v) for k, v in _shown(result).items()],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.25 if P > 2 else -0.4),
-        ncol=6,
+        ncol=7,
         fontsize=8,
         frameon=False,
     )
@@ -70,6 +73,12 @@ def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _shown(result: SimResult) -> dict[str, str]:
+    """The legend: W only where a stage splits its backward."""
+    split = any(a.op.value == "W" for acts in result.executed for a in acts)
+    return {k: v for k, v in LABELS.items() if k != "W" or split}
 
 
 def _draw_event(ax: Axes, e: SimEvent, y: float, span: float) -> None:

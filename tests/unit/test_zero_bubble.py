@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.core.actions import Action, B, F, Op, R, W, parse_actions, weight_split
+from jobctl.engine.planner.resolver import plan_and_simulate
 from jobctl.engine.planner.simulator.simulation import CostModel, simulate
 from jobctl.engine.schedule.generators import generate, one_f_one_b, peak_activations, validate
 from jobctl.engine.schedule.zero_bubble import zb_h1
+from jobctl.engine.views.gantt import COLOURS, draw_gantt
+
+from ..jobrun import tiny_spec
 
 SIZES = [(P, M) for P in (1, 2, 3, 4, 8) for M in (P, P + 1, 2 * P, 3 * P)]
 
@@ -100,3 +105,26 @@ def test_validate_weight_rules(lists: list[str], message: str | None) -> None:
 def test_generate_knows_zb_h1() -> None:
     assert generate("zb_h1", 3, 6, recompute=True) == zb_h1(3, 6, recompute=True)
     assert R(0) in generate("zb_h1", 3, 6, recompute=True)[1]
+
+
+def test_planner_plans_zb_h1_and_gantt_draws_w_in_its_colour(tmp_path) -> None:
+    spec = tiny_spec(**{"parallelism.schedule": "zb_h1", "parallelism.data_parallel": 1})
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "test"))
+    plan, sim = plan_and_simulate(spec, calibration=cal)
+    assert plan.schedule == "zb_h1" and all("W0" in st.actions for st in plan.stages)
+    w_bars = [e for e in sim.events if e.kind == "compute" and e.action.op is Op.WEIGHT]
+    assert len(w_bars) == plan.P * plan.micro_batches
+    svg = draw_gantt(sim, tmp_path / "zb.svg").read_text().lower()
+    assert COLOURS["W"].lower() in svg and "weight grad" in svg
+    one = tiny_spec(**{"parallelism.schedule": "1f1b", "parallelism.data_parallel": 1})
+    _, sim = plan_and_simulate(one, calibration=cal)
+    svg = draw_gantt(sim, tmp_path / "1f1b.svg").read_text().lower()
+    assert COLOURS["W"].lower() not in svg and COLOURS["B"].lower() in svg
+
+
+def test_auto_planner_considers_zb_h1() -> None:
+    spec = tiny_spec(**{"parallelism.schedule": "auto", "parallelism.data_parallel": 1})
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "test"))
+    plan, _ = plan_and_simulate(spec, calibration=cal)
+    seen = {plan.schedule} | {alt.schedule for alt in plan.alternatives}
+    assert "zb_h1" in seen, seen
