@@ -107,28 +107,27 @@ class JobSpec(SpecModel):
             )
 
     def _batch_violations(self) -> Iterator[Violation]:
+        # Any D: replicas take whole micro-batches, N // D or one more (Sharding), so
+        # only the micro-batch size must divide the global batch.
         batch, micro = self.training.global_batch_size, self.training.micro_batch_size
         d = self.parallelism.data_parallel
-        if isinstance(d, int) and batch % d:
-            yield Violation(
-                "training.global_batch_size",
-                f"global_batch_size {batch} is not divisible by data_parallel {d}",
-                f"make training.global_batch_size a multiple of {d}, "
-                f"e.g. {_multiples_near(batch, d)}",
-            )
-            return
-        per_replica = batch // d if isinstance(d, int) else batch
-        if isinstance(micro, int) and per_replica % micro:
-            share = (
-                f"each of the {d} data-parallel replicas gets {per_replica} samples per step"
-                if isinstance(d, int)
-                else f"global_batch_size is {per_replica}"
-            )
+        if isinstance(micro, int) and batch % micro:
             yield Violation(
                 "training.micro_batch_size",
-                f"{share}, which is not a multiple of micro_batch_size {micro}",
-                f"set training.micro_batch_size to a divisor of {per_replica} "
-                f"({_divisors(per_replica)}) or 'auto'",
+                f"global_batch_size is {batch}, which is not a multiple of micro_batch_size "
+                f"{micro}",
+                f"set training.micro_batch_size to a divisor of {batch} "
+                f"({_divisors(batch)}) or 'auto'",
+            )
+            return
+        per = micro if isinstance(micro, int) else 1
+        if isinstance(d, int) and batch // per < d:
+            yield Violation(
+                "training.global_batch_size",
+                f"global_batch_size {batch} gives {batch // per} micro-batches of "
+                f"{per}, fewer than data_parallel {d}: some replica would get none",
+                f"raise training.global_batch_size to at least {d * per} or lower "
+                "parallelism.data_parallel",
             )
 
 
@@ -145,7 +144,3 @@ def _divisors(n: int, limit: int = 8) -> str:
     shown = ", ".join(str(k) for k in found[:limit])
     return shown + (", ..." if len(found) > limit else "")
 
-
-def _multiples_near(n: int, step: int) -> str:
-    below = n // step * step
-    return f"{below} or {below + step}" if below else str(step)

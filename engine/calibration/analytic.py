@@ -1,8 +1,16 @@
 """Analytic calibration: a Calibration derived from the job spec alone.
 
-Compute times come from the analytic FLOPs of ``model.costs.model_costs`` at the device's
-sustained rate plus a fixed per-block overhead (kernel launches, Python), so that
-F(m)/m improves with m and then flattens as on real devices; links and allreduces come
+Compute times: for a named ``hardware.accelerator`` (public device facts,
+``spec.devices``) and the builtin GPT, each operation of a block priced as the device
+runs it (``analytic_device``: matrix multiplies at the measured share of the peak with
+tile and wave quantization, memory-bound operations at the achievable bandwidth, kernel
+launches); otherwise the analytic FLOPs of ``model.costs.model_costs`` at
+``hardware.flops_tflops`` taken as the sustained rate, plus a fixed per-block overhead
+(kernel launches, Python), so that F(m)/m improves with m and then flattens as on real
+devices. ``training.precision`` sets the bytes of activations, boundary sends and
+gradients (2 per element in fp16 / bf16); training state stays 16 bytes per parameter
+under AdamW either way (half weights and gradients plus fp32 master weights and
+moments: 2 + 2 + 12, Rajbhandari et al., ZeRO, sec. 3.1). Links and allreduces come
 from ``hardware.interconnect`` (latency + bytes / bandwidth, ring allreduce). This is
 what lets a laptop plan a 1,024-GPU job, and it supplies the inter-node values of a
 measured calibration on a single machine, where they cannot be measured.
@@ -15,6 +23,15 @@ import time
 
 import torch
 
+from jobctl.engine.calibration.analytic_device import (
+    ELEMENT_BYTES,
+    GptShape,
+    Roofline,
+    embed_times,
+    head_times,
+    layer_times,
+    optimizer_time,
+)
 from jobctl.engine.calibration.record import (
     AllreduceCalibration,
     BlockCalibration,
@@ -26,6 +43,7 @@ from jobctl.engine.calibration.record import (
 )
 from jobctl.engine.model.costs import model_costs
 from jobctl.spec import HardwareSpec, JobSpec, ModelSpec
+from jobctl.spec.devices import device_facts
 
 ANALYTIC_M = tuple(2**k for k in range(10))  # 1 .. 512
 BLOCK_OVERHEAD_S = {"cpu": 1e-4, "cuda": 1e-4}  # launches and Python per block pass
@@ -61,7 +79,7 @@ def host_from_spec(hw: HardwareSpec) -> HostCalibration:
 
 def analytic_fingerprint(hw: HardwareSpec, model_hash: str, threads: int = 1) -> Fingerprint:
     """The fingerprint of an analytic record: the model, and the device at its rate."""
-    rate = f"{hw.flops_tflops}TF" if hw.flops_tflops else "default"
+    rate = hw.accelerator or (f"{hw.flops_tflops}TF" if hw.flops_tflops else "default")
     return Fingerprint(
         model=model_hash,
         device=f"{hw.device}:analytic:{rate}",
@@ -75,8 +93,13 @@ def analytic_calibration(spec: JobSpec, fingerprint: Fingerprint) -> Calibration
     costs = model_costs(spec)
     device = spec.hardware.device
     overhead = BLOCK_OVERHEAD_S[device]
-    tied = _tied_param_bytes(spec.model, costs.num_blocks)
-    blocks = [_block(costs, i, overhead, tied[i], device) for i in range(costs.num_blocks)]
+    scale = ELEMENT_BYTES[spec.training.precision] / 4  # model_costs counts fp32 bytes
+    tied = [x * scale for x in _tied_param_bytes(spec.model, costs.num_blocks)]
+    blocks = [
+        _block(costs, i, overhead, tied[i], device, scale) for i in range(costs.num_blocks)
+    ]
+    if spec.hardware.accelerator and not spec.model.import_:
+        blocks = device_blocks(spec, blocks)
     return Calibration(
         source="analytic",
         fingerprint=fingerprint,
@@ -92,16 +115,19 @@ def analytic_calibration(spec: JobSpec, fingerprint: Fingerprint) -> Calibration
     )
 
 
-def _block(costs, i: int, overhead: float, tied: float, device: str) -> BlockCalibration:
-    """One block's analytic costs: FLOPs at the device rate plus a fixed overhead."""
+def _block(
+    costs, i: int, overhead: float, tied: float, device: str, scale: float = 1.0
+) -> BlockCalibration:
+    """One block's analytic costs: FLOPs at the device rate plus a fixed overhead;
+    bytes of activations, sends and gradients at ``scale`` x their fp32 size."""
     params = costs.params[i]
     step = costs.flops[i] / costs.device_flops  # forward seconds per sample
     fwd = {m: Stat(median=overhead + m * step) for m in ANALYTIC_M}
-    acts, out = costs.act_bytes[i], costs.boundary_bytes[i]
+    acts, out = costs.act_bytes[i] * scale, costs.boundary_bytes[i] * scale
     return BlockCalibration(
         name=costs.names[i],
         params=params,
-        param_bytes=4.0 * params,
+        param_bytes=4.0 * params * scale,
         state_bytes=costs.state_bytes[i],
         tied_bytes=tied,
         act_bytes=acts,
@@ -112,6 +138,25 @@ def _block(costs, i: int, overhead: float, tied: float, device: str) -> BlockCal
         optimizer=Stat(median=params * OPTIMIZER_BYTES_PER_PARAM / MEMORY_BANDWIDTH_BPS[device]),
         peak_bytes={m: costs.state_bytes[i] + m * (acts + 2 * out) for m in ANALYTIC_M},
     )
+
+
+def device_blocks(spec: JobSpec, blocks: list[BlockCalibration]) -> list[BlockCalibration]:
+    """``blocks`` with compute and optimizer times from the accelerator's facts
+    (``analytic_device``): embedding, transformer layers, head."""
+    roof = Roofline.of(device_facts(spec.hardware.accelerator), spec.training.precision)
+    md = spec.model
+    shape = GptShape(md.seq_len, md.hidden, md.heads, md.vocab, md.dropout > 0)
+    last = len(blocks) - 1
+    out = []
+    for i, b in enumerate(blocks):
+        price = embed_times if i == 0 else head_times if i == last else layer_times
+        times = {m: price(roof, shape, m) for m in ANALYTIC_M}
+        fwd = {m: Stat(median=f) for m, (f, _) in times.items()}
+        bwd = {m: Stat(median=x) for m, (_, x) in times.items()}
+        opt = Stat(median=optimizer_time(roof, b.params, spec.training.precision))
+        update = {"forward": fwd, "forward_nograd": fwd, "backward": bwd, "optimizer": opt}
+        out.append(b.model_copy(update=update))
+    return out
 
 
 def _tied_param_bytes(m: ModelSpec, n: int) -> list[float]:

@@ -6,8 +6,8 @@ from the next sample index whatever the new layout is (Varuna's morphing keeps t
 global batch and the sample order fixed).
 
 Sample order: step ``t`` trains on samples ``[t*B, (t+1)*B)``. Data-parallel replica
-``d`` of ``D`` takes the ``d``-th contiguous share of ``B/D`` samples, cut into
-micro-batches of ``m``.
+``d`` of ``D`` takes the ``d``-th contiguous run of whole micro-batches of ``m``:
+``(B/m) // D`` of them, one more for the first ``(B/m) % D`` replicas (any D).
 """
 
 from __future__ import annotations
@@ -84,13 +84,25 @@ class Sharding:
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches per replica per step (gradient accumulation count)."""
-        return self.global_batch // (self.replicas * self.micro_batch)
+        """Micro-batches of the busiest replica per step (the schedule's M).
+
+        Any D: the global batch is N = B / m whole micro-batches, dealt so replica d
+        takes N // D of them, one more for d < N % D (``count``). Every micro-batch's
+        mean loss is weighted by its share of the global batch (``loss_scale``) and
+        gradients are summed over replicas, so any D trains as one process does.
+        """
+        return -(-self.global_batch // self.micro_batch // self.replicas)
+
+    def count(self, replica: int) -> int:
+        """Micro-batches replica ``replica`` runs per step (N // D, or one more)."""
+        n, D = self.global_batch // self.micro_batch, self.replicas
+        return n // D + (replica < n % D)
 
     def first_sample(self, step: int, replica: int, micro: int) -> int:
         """Global index of the first sample of micro-batch ``micro`` of ``replica``."""
-        share = self.global_batch // self.replicas
-        return step * self.global_batch + replica * share + micro * self.micro_batch
+        n, D = self.global_batch // self.micro_batch, self.replicas
+        before = replica * (n // D) + min(replica, n % D)  # micro-batches of replicas < d
+        return step * self.global_batch + (before + micro) * self.micro_batch
 
     @property
     def loss_scale(self) -> float:

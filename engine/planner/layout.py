@@ -70,6 +70,25 @@ class Hosting:
         first, last = stage * D // pn, (stage * D + D - 1) // pn  # this stage's nodes
         return min(P - 1, (min((last + 1) * pn, P * D) - 1) // D) - first * pn // D + 1
 
+    def nic_sharing(self, boundary: int) -> int:
+        """How many ranks share the NIC that boundary ``boundary``'s sends cross.
+
+        A point-to-point send between stages s and s+1 (replica 0 stands for all) on
+        different nodes goes through the sender's NIC, which every rank of that node
+        with a neighbour on another node also sends through, one message per
+        micro-batch each in steady state (activations forward, gradients back):
+        fluid sharing gives each of them 1/k of the NIC. 1 within a node.
+        """
+        if self.one_host or self.same_node((boundary, 0), (boundary + 1, 0)):
+            return 1
+        node = self.rank(boundary, 0) // self.per_node
+        count = 0
+        for r in range(node * self.per_node, min((node + 1) * self.per_node, self.P * self.D)):
+            s, d = (r % self.P, r // self.P) if self.placement == "pipeline_major" else divmod(r, self.D)
+            peers = [(t, d) for t in (s - 1, s + 1) if 0 <= t < self.P]
+            count += any(not self.same_node((s, d), p) for p in peers)
+        return max(1, count)
+
     @property
     def ranks(self) -> list[RankPlan]:
         return place(self.P, self.D, self.per_node, self.placement)

@@ -211,7 +211,8 @@ def test_same_record_plans_small_and_huge_pools(tmp_path):
     )
     cal = measured_like(spec)
     small, large = make_plan(spec, 4, calibration=cal), make_plan(spec, 1024, calibration=cal)
-    assert small.world_size <= 4 and 256 < large.world_size <= 1024
+    # Every D is searched: beyond 256 replicas the ring's latency outweighs the compute.
+    assert small.world_size <= 4 and 256 <= large.world_size <= 1024
     assert small.prediction.calibration == large.prediction.calibration == cal.fingerprint.key
     assert large.prediction.samples_per_s > 10 * small.prediction.samples_per_s
 

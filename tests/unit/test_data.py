@@ -33,6 +33,19 @@ def test_sharding_covers_each_sample_once(B, D, m):
     assert s.loss_scale * s.micro_batches * D == pytest.approx(1.0)
 
 
+
+@pytest.mark.parametrize(("B", "D", "m"), [(16, 3, 1), (16, 3, 2), (8192, 7, 1), (10, 4, 1)])
+def test_any_d_deals_whole_micro_batches_once(B, D, m):
+    s = Sharding(B, D, m)
+    counts = [s.count(d) for d in range(D)]
+    assert sum(counts) * m == B and max(counts) - min(counts) <= 1
+    assert s.micro_batches == max(counts)
+    seen = sorted(
+        s.first_sample(2, d, i) + k for d in range(D) for i in range(counts[d]) for k in range(m)
+    )
+    assert seen == list(range(2 * B, 3 * B))
+    assert s.loss_scale * sum(counts) == pytest.approx(1.0)
+
 def test_text_source_reads_bytes(tmp_path):
     p = tmp_path / "corpus.txt"
     p.write_bytes(bytes(range(256)) * 4)

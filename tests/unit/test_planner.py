@@ -157,7 +157,13 @@ def test_recompute_where_memory_requires():
 
 
 def test_any_d_is_searched_and_planned_for_a_batch_not_divisible_by_d():
-    spec = auto_spec(**{"parallelism.pipeline_stages": 1, "hardware.processes_per_node": 3})
+    spec = auto_spec(
+        **{
+            "parallelism.pipeline_stages": 1,
+            "hardware.processes_per_node": 3,
+            "training.micro_batch_size": 1,
+        }
+    )
     found = search(spec, 6, analytic(spec), "analytic")
     seen = {c.layout.D for c in found.ranked + found.rejected}
     assert seen == {1, 2, 3, 4, 5, 6}  # 16 samples: D = 3, 5, 6 deal them unevenly

@@ -58,19 +58,20 @@ RULE_CASES = [
         id="blocks",
     ),
     pytest.param(
-        "hardware: {nodes: 3}\nparallelism: {data_parallel: 3}",
+        "hardware: {nodes: 3}\nparallelism: {data_parallel: 3}\n"
+        "training: {global_batch_size: 2, steps: 1}",
         "training.global_batch_size",
-        "global_batch_size 16 is not divisible by data_parallel 3",
-        "make training.global_batch_size a multiple of 3, e.g. 15 or 18",
-        id="batch-over-d",
+        "global_batch_size 2 gives 2 micro-batches of 1, fewer than data_parallel 3: "
+        "some replica would get none",
+        "raise training.global_batch_size to at least 3 or lower parallelism.data_parallel",
+        id="batch-under-d",
     ),
     pytest.param(
         "hardware: {nodes: 4}\nparallelism: {data_parallel: 4}\n"
         "training: {global_batch_size: 16, steps: 1, micro_batch_size: 3}",
         "training.micro_batch_size",
-        "each of the 4 data-parallel replicas gets 4 samples per step, "
-        "which is not a multiple of micro_batch_size 3",
-        "set training.micro_batch_size to a divisor of 4 (1, 2, 4) or 'auto'",
+        "global_batch_size is 16, which is not a multiple of micro_batch_size 3",
+        "set training.micro_batch_size to a divisor of 16 (1, 2, 4, 8, 16) or 'auto'",
         id="micro-with-d",
     ),
     pytest.param(

@@ -1,0 +1,135 @@
+"""Achievable time of a GPT block on a known accelerator, from public device facts.
+
+A peak FLOP/s figure is not what a training step sustains. For a device named in
+``spec.devices`` this module prices each operation of a block the way the hardware
+runs it, with no constant fitted to any measured step time:
+
+* matrix multiplies (``gemm``): the FLOPs at the tensor-core peak for the precision
+  times the share of it cuBLAS was measured to reach (``gemm_fraction``), further
+  reduced by tile quantization (each output tile is ``TILE`` x ``TILE``, so a dimension
+  that is not a multiple of it computes padding) and wave quantization (tiles run in
+  waves of one per SM, the last wave partly idle); never faster than moving the
+  operands and result at the achievable memory bandwidth (roofline);
+* memory-bound operations (layer norm, softmax, bias + GeLU, dropout, residual adds,
+  the copies of the attention heads, cross-entropy, the optimizer): their bytes read
+  and written at the measured achievable bandwidth (``stream``);
+* a launch cost per kernel.
+
+Backward runs two matrix multiplies per forward one (input and weight gradients) and
+moves about twice the forward's element-wise bytes. ``TILE`` is cuBLAS's common 128 x
+128 thread-block tile for Volta tensor-core kernels (CUTLASS documentation, "Efficient
+GEMM in CUDA": 128 x 128 thread-block tiles).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jobctl.spec.devices import DeviceFacts
+
+TILE = 128
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Achievable rates of one device at one precision."""
+
+    flops: float  # peak FLOP/s at the precision
+    gemm_fraction: float
+    bandwidth: float  # achievable B/s
+    sms: int
+    launch_s: float
+    elt: int  # bytes per element
+
+    @classmethod
+    def of(cls, facts: DeviceFacts, precision: str) -> Roofline:
+        peak = facts.peak_tflops.get(precision)
+        if peak is None:
+            raise ValueError(
+                f"training.precision {precision!r} has no peak rate for this accelerator "
+                f"(it lists {', '.join(facts.peak_tflops)}): pick one of those"
+            )
+        return cls(
+            flops=peak * 1e12,
+            gemm_fraction=facts.gemm_fraction if precision != "fp32" else 1.0,
+            bandwidth=facts.memory_gbps * 1e9 * facts.bandwidth_fraction,
+            sms=facts.sms,
+            launch_s=facts.launch_us * 1e-6,
+            elt=ELEMENT_BYTES[precision],
+        )
+
+    def gemm(self, M: int, N: int, K: int, batch: int = 1) -> float:
+        """Seconds of ``batch`` (M x K) @ (K x N) products."""
+        tiles = math.ceil(M / TILE) * math.ceil(N / TILE) * batch
+        waves = math.ceil(tiles / self.sms)
+        useful = M * N * batch / (tiles * TILE * TILE)  # tile quantization
+        occupancy = tiles / (waves * self.sms)  # wave quantization
+        math_s = 2.0 * M * N * K * batch / (self.flops * self.gemm_fraction * useful * occupancy)
+        bytes_s = (M * K + K * N + M * N) * batch * self.elt / self.bandwidth
+        return max(math_s, bytes_s) + self.launch_s
+
+    def stream(self, elements: float, kernels: int) -> float:
+        """Seconds of element-wise kernels that read and write ``elements`` in all."""
+        return elements * self.elt / self.bandwidth + kernels * self.launch_s
+
+
+@dataclass(frozen=True)
+class GptShape:
+    """The shapes of the builtin GPT at micro-batch size m."""
+
+    t: int  # sequence length
+    h: int  # hidden size
+    a: int  # attention heads
+    v: int  # vocabulary
+    dropout: bool
+
+
+def layer_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one transformer layer at micro-batch size m."""
+    n, h, t, a = m * g.t, g.h, g.t, g.a
+    linears = [(n, 3 * h, h), (n, h, h), (n, 4 * h, h), (n, h, 4 * h)]
+    fwd_gemm = sum(r.gemm(*s) for s in linears)
+    fwd_gemm += r.gemm(t, t, h // a, m * a) + r.gemm(t, h // a, t, m * a)
+    # Backward: input and weight gradient of each product.
+    bwd_gemm = sum(r.gemm(M, K, N) + r.gemm(K, N, M) for M, N, K in linears)
+    bwd_gemm += 2 * (r.gemm(t, t, h // a, m * a) + r.gemm(t, h // a, t, m * a))
+    scores = m * a * t * t
+    # Forward element-wise traffic, in elements: two layer norms (read + write),
+    # splitting q, k, v into heads and merging them back (copies), scale + mask +
+    # softmax over the scores (read + write), bias + GeLU over 4h (read + write), two
+    # bias + residual adds (read two, write one); dropout re-reads and writes what it
+    # masks (scores and two residual branches).
+    elements = 4 * n * h + 2 * 4 * n * h + 2 * scores + 2 * 4 * n * h + 2 * 3 * n * h
+    kernels = 12
+    if g.dropout:
+        elements += 2 * scores + 2 * 2 * n * h
+        kernels += 3
+    fwd = fwd_gemm + r.stream(elements, kernels)
+    bwd = bwd_gemm + r.stream(2 * elements, 2 * kernels)
+    return fwd, bwd
+
+
+def embed_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
+    """Token + position embedding: a gather and an add forward, a scatter-add back."""
+    n = m * g.t * g.h
+    return r.stream(3 * n, 2), r.stream(3 * n, 2)
+
+
+def head_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
+    """Final layer norm, the vocabulary projection and the cross-entropy (fp32 logits:
+    read, exponentiate, normalise, write; twice the elements at half precision)."""
+    n = m * g.t
+    logits = n * g.v * (4 / r.elt)
+    fwd = r.gemm(n, g.v, g.h) + r.stream(2 * n * g.h + 3 * logits, 4)
+    bwd = r.gemm(n, g.h, g.v) + r.gemm(g.h, g.v, n) + r.stream(2 * n * g.h + 2 * logits, 4)
+    return fwd, bwd
+
+
+def optimizer_time(r: Roofline, params: int, precision: str) -> float:
+    """AdamW over ``params`` weights: fp32 reads weight, grad and two moments and writes
+    three; mixed precision also reads the half gradient, writes the half weight and
+    checks the gradients for overflow (APEX / torch.amp). In 4-byte elements."""
+    per_param = 7.0 if precision == "fp32" else 8.5
+    return params * per_param * 4 / r.bandwidth + 4 * r.launch_s
