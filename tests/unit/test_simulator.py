@@ -73,7 +73,15 @@ def test_varuna_fig5_step_times() -> None:
             ("scp", shifted_critical_path(4, 5)),
         ]
     }
-    assert times == {"varuna": 27.0, "gpipe": 29.0, "1f1b": 29.0, "scp": 26.0}
+    # Varuna's critical path by hand (F = R = 1, B = 2; P = 4, M = 5): after a ramp of
+    # P-2 forwards, stage P-2 runs its first P-1 micro-batches through (F, then R + B
+    # each) before it forwards micro-batch P-1; the last stage then runs the remaining
+    # M-P+1 micro-batches as F B, and the last gradient walks back through P-1 stages.
+    F, R, B_, P, M = 1.0, 1.0, 2.0, 4, 5
+    varuna_by_hand = (
+        (P - 2) * F + (P - 1) * (F + R + B_) + F + (M - P + 1) * (F + B_) + (P - 1) * B_
+    )
+    assert times == {"varuna": varuna_by_hand, "gpipe": 29.0, "1f1b": 29.0, "scp": 26.0}
 
 
 def test_timeline_is_consistent() -> None:
@@ -206,8 +214,10 @@ def test_opportunistic_varuna_never_slower_with_uniform_stages() -> None:
 def test_opportunistic_varuna_is_faster_on_average() -> None:
     """Deviation is greedy: a forward taken just before the gradient arrives delays that
     backward by up to one forward. With heterogeneous stages and heavy jitter a step is
-    then sometimes slower (measured: under 1% of cases, by at most 3.4%), so this
-    asserts the statistic: rarely slower, faster on average."""
+    then sometimes slower, so the bounds come from that argument, not from a run of
+    this code: a step is never slower than the strict one by more than one forward of
+    the slowest stage per deviation (delays add along the critical path, they do not
+    grow), slower steps are the exception, and the average step is faster."""
     rng = random.Random(1)
     changes = []
     for _ in range(400):
@@ -215,10 +225,11 @@ def test_opportunistic_varuna_is_faster_on_average() -> None:
         M = rng.randint(1, 4 * P)
         costs, seed = _random_costs(rng, P), rng.randrange(10**6)
         strict = simulate(varuna(P, M), costs, seed).step_time
-        changes.append(simulate(varuna(P, M), _with(costs, True), seed).step_time / strict - 1)
-    assert sum(c > EPS for c in changes) / len(changes) <= 0.02
-    assert max(changes) < 0.05
-    assert statistics.mean(changes) < -0.02
+        opp = simulate(varuna(P, M), _with(costs, True), seed)
+        assert opp.step_time <= strict + opp.deviations * max(costs.f) + EPS
+        changes.append(opp.step_time / strict - 1)
+    assert sum(c > EPS for c in changes) < sum(c < -EPS for c in changes) / 10
+    assert statistics.mean(changes) < 0
 
 
 class _Reference:
