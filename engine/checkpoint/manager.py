@@ -94,6 +94,7 @@ class CheckpointManager:
             max_retries=ck.upload_retries,
             on_progress=self._progress,
             nice=BACKGROUND_NICE,
+            coalesce=ck.coalesce,  # false: every checkpoint is uploaded, as the spec says
         )
 
     def clear_stale_staging(self) -> None:
