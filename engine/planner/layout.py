@@ -49,6 +49,12 @@ class Hosting:
             return replica * self.P + stage
         return stage * self.D + replica
 
+    def position(self, rank: int) -> tuple[int, int]:
+        """(stage, replica) of ``rank``: the inverse of ``rank``."""
+        if self.placement == "pipeline_major":
+            return rank % self.P, rank // self.P
+        return divmod(rank, self.D)
+
     def same_node(self, *pairs: tuple[int, int]) -> bool:
         """Do the (stage, replica) ranks from the lowest to the highest share a node?
 
@@ -83,8 +89,8 @@ class Hosting:
             return 1
         node = self.rank(boundary, 0) // self.per_node
         count = 0
-        for r in range(node * self.per_node, min((node + 1) * self.per_node, self.P * self.D)):
-            s, d = (r % self.P, r // self.P) if self.placement == "pipeline_major" else divmod(r, self.D)
+        for rank in range(node * self.per_node, min((node + 1) * self.per_node, self.P * self.D)):
+            s, d = self.position(rank)
             peers = [(t, d) for t in (s - 1, s + 1) if 0 <= t < self.P]
             count += any(not self.same_node((s, d), p) for p in peers)
         return max(1, count)

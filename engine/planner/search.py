@@ -16,13 +16,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
 from jobctl.engine.planner.contention import contend, demand, replica_skew
 from jobctl.engine.planner.layout import Hosting, Layout
-from jobctl.engine.planner.simulator.simulation import SimResult, simulate
+from jobctl.engine.planner.simulator.simulation import SimResult
+from jobctl.engine.planner.simulator.steady import steady_simulate
 from jobctl.engine.planner.stage_costs import (
     StageCosts,
     Tables,
@@ -232,7 +233,12 @@ def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: i
         # Messages cost more with load only where ranks outnumber cores (``contend``).
         _, cand.sim = contend(cal, actions, costs, lay.D, seed, cand.hosting.oversubscribed)
     else:
-        sim = simulate(actions, costs, seed)
+        # Large M: a few small simulations extrapolated from the periodic steady state
+        # (``simulator.steady``), equal to simulating ``actions`` where costs are fixed.
+        def make(M: int) -> list[list[Action]]:
+            return actions if M == lay.M else _schedule(spec.parallelism, replace(lay, M=M))
+
+        sim = steady_simulate(make, lay.M, costs, seed)
         _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
 
 
