@@ -84,7 +84,10 @@ def int_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 class SpecModel(BaseModel):
     """Base of every spec section: immutable, strict about keys, aliases accepted."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # allow_inf_nan: `.inf` passes `gt=0` and `.nan` passes every bound.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
+    )
 
     def _violations(self) -> Iterator[Violation]:
         """Yield every cross-field rule this model breaks; sections override it."""

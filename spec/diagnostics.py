@@ -49,7 +49,25 @@ def _describe(
         return _place(source, overrides, path, "parent", message, fix=fix)
     message = _with_input(error["msg"], error["input"])
     suggestion = ctx.get("suggestion") or _literal_suggestion(error)
-    return _place(source, overrides, path, "value", message, suggestion, ctx.get("fix"))
+    fix = ctx.get("fix") or _bound_fix(kind, ctx)
+    return _place(source, overrides, path, "value", message, suggestion, fix)
+
+
+_BOUND_FIXES = {
+    "less_than_equal": ("le", "use a value of at most {}"),
+    "less_than": ("lt", "use a value below {}"),
+}
+
+
+def _bound_fix(kind: str, ctx: dict[str, Any]) -> str | None:
+    """How to bring a number under its field's upper bound (lower bounds explain
+    themselves: pydantic's message shows the value and the bound)."""
+    if kind == "finite_number":
+        return "write a finite number (not .inf or .nan)"
+    if kind in _BOUND_FIXES and _BOUND_FIXES[kind][0] in ctx:
+        key, text = _BOUND_FIXES[kind]
+        return text.format(ctx[key])
+    return None
 
 
 def _place(

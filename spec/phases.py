@@ -8,6 +8,9 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import SpecModel, Violation
+from .limits import MAX_NODES, MAX_PROCESSES, MAX_STEPS
+
+MAX_DEVICES = MAX_NODES * MAX_PROCESSES
 
 DEFAULT_PRUNABLE = ["layers.*.attn.*.weight", "layers.*.mlp.*.weight"]
 
@@ -16,9 +19,14 @@ class ElasticitySpec(SpecModel):
     """How the job survives preemptions and stragglers by morphing onto the devices left."""
 
     enabled: bool = Field(False, description="Morph (replan) when devices come and go.")
-    min_devices: int = Field(1, ge=1, description="Fewest devices the job keeps running on.")
+    min_devices: int = Field(
+        1, ge=1, le=MAX_DEVICES, description="Fewest devices the job keeps running on."
+    )
     max_devices: int | None = Field(
-        None, ge=1, description="Most devices the job grows to; null means the whole pool."
+        None,
+        ge=1,
+        le=MAX_DEVICES,
+        description="Most devices the job grows to; null means the whole pool.",
     )
     heartbeat_timeout_s: float = Field(
         30.0, gt=0.0, description="Seconds without a heartbeat before a rank counts as lost."
@@ -55,9 +63,11 @@ class PruningSpec(SpecModel):
     final_sparsity: float = Field(
         0.9, ge=0.0, lt=1.0, description="Sparsity reached at `end_step`, in [0, 1)."
     )
-    start_step: int = Field(0, ge=0, description="Step of the first pruning event.")
-    end_step: int = Field(100, ge=1, description="Step at which `final_sparsity` is reached.")
-    frequency: int = Field(10, ge=1, description="Steps between pruning events.")
+    start_step: int = Field(0, ge=0, le=MAX_STEPS, description="Step of the first pruning event.")
+    end_step: int = Field(
+        100, ge=1, le=MAX_STEPS, description="Step at which `final_sparsity` is reached."
+    )
+    frequency: int = Field(10, ge=1, le=MAX_STEPS, description="Steps between pruning events.")
     prunable: list[str] = Field(
         default=DEFAULT_PRUNABLE,
         description="fnmatch globs on full parameter names selecting what may be pruned.",
@@ -119,7 +129,7 @@ class RebalancingSpec(SpecModel):
     )
     pack: bool = Field(False, description="Pack the model onto fewer devices when it fits.")
     target_devices: int | None = Field(
-        None, ge=1, description="Devices to pack onto; null lets the packer choose."
+        None, ge=1, le=MAX_DEVICES, description="Devices to pack onto; null lets the packer choose."
     )
     tolerance: float = Field(
         0.05, ge=0.0, description="Relative imbalance tolerated before layers move."
@@ -127,6 +137,7 @@ class RebalancingSpec(SpecModel):
     hold_steps: int = Field(
         0,
         ge=0,
+        le=MAX_STEPS,
         description="Steps to keep training on the old layout after a move is decided, so "
         "one run measures the unbalanced and the rebalanced pipeline (benchmarks).",
     )
@@ -144,7 +155,10 @@ class CheckpointSpec(SpecModel):
     """Per-layer checkpoints, their background upload and retention."""
 
     interval: int = Field(
-        50, ge=1, description="Steps between checkpoints; one is always written at the end."
+        50,
+        ge=1,
+        le=MAX_STEPS,
+        description="Steps between checkpoints; one is always written at the end.",
     )
     local_dir: str | None = Field(
         None, description="Local checkpoint folder; null means <run dir>/checkpoints."
@@ -152,11 +166,18 @@ class CheckpointSpec(SpecModel):
     remote: str | None = Field(
         None, description="fsspec URL to upload to, e.g. file:///path or s3://bucket/prefix."
     )
-    keep_last: int = Field(3, ge=1, description="Keep this many most recent checkpoints.")
-    keep_every: int | None = Field(
-        None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
+    keep_last: int = Field(
+        3, ge=1, le=MAX_STEPS, description="Keep this many most recent checkpoints."
     )
-    upload_retries: int = Field(5, ge=0, description="Upload retries, with backoff, per shard.")
+    keep_every: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Also keep every checkpoint whose step is a multiple of this.",
+    )
+    upload_retries: int = Field(
+        5, ge=0, le=100, description="Upload retries, with backoff, per shard."
+    )
     coalesce: bool = Field(
         True,
         description="When background writes or uploads fall behind training, skip to the "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -12,6 +10,21 @@ from pydantic import Field, ValidationInfo, WrapValidator, field_validator, mode
 from .base import SpecModel, Violation, int_or_auto, require_match
 from .data import DataSpec as DataSpec  # re-exported: it lived here
 from .devices import DEVICES
+from .hosts import HostName, ImageRef, Labels, ResourceName, default_rendezvous_host
+from .hosts import SshSpec as SshSpec  # re-exported: it lived here
+from .hosts import is_loopback as is_loopback  # re-exported: it lived here
+from .limits import (
+    MAX_BATCH,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_NODES,
+    MAX_PROCESSES,
+    MAX_RESTARTS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -21,7 +34,7 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 NO_SPACE = r"^\S+$"
 
 PositiveIntOrAuto = Annotated[
-    Annotated[int, Field(ge=1)] | Literal["auto"], WrapValidator(int_or_auto)
+    Annotated[int, Field(ge=1, le=MAX_BATCH)] | Literal["auto"], WrapValidator(int_or_auto)
 ]
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
@@ -32,11 +45,15 @@ class ModelSpec(SpecModel):
     family: Literal["gpt"] | None = Field(
         "gpt", description="Builtin model family; null when `import` names a factory."
     )
-    layers: int = Field(4, ge=1, description="Number of transformer blocks (builtin family).")
-    hidden: int = Field(64, ge=1, description="Hidden size; must be divisible by `heads`.")
-    heads: int = Field(4, ge=1, description="Attention heads per block.")
-    seq_len: int = Field(32, ge=1, description="Sequence length in tokens.")
-    vocab: int = Field(256, ge=2, description="Vocabulary size in tokens.")
+    layers: int = Field(
+        4, ge=1, le=MAX_LAYERS, description="Number of transformer blocks (builtin family)."
+    )
+    hidden: int = Field(
+        64, ge=1, le=MAX_WIDTH, description="Hidden size; must be divisible by `heads`."
+    )
+    heads: int = Field(4, ge=1, le=MAX_HEADS, description="Attention heads per block.")
+    seq_len: int = Field(32, ge=1, le=MAX_WIDTH, description="Sequence length in tokens.")
+    vocab: int = Field(256, ge=2, le=MAX_VOCAB, description="Vocabulary size in tokens.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability in [0, 1).")
     tie_embeddings: bool = Field(
         True, description="Share the token embedding matrix with the output head."
@@ -104,12 +121,12 @@ class TrainingSpec(SpecModel):
     """The optimisation: batch sizes, steps, optimizer and numerics."""
 
     global_batch_size: int = Field(
-        ..., ge=1, description="Samples per optimizer step; fixed across morphs."
+        ..., ge=1, le=MAX_BATCH, description="Samples per optimizer step; fixed across morphs."
     )
     micro_batch_size: PositiveIntOrAuto = Field(
         "auto", description="Samples per micro-batch, or 'auto' to let the planner choose."
     )
-    steps: int = Field(..., ge=1, description="Optimizer steps to train for.")
+    steps: int = Field(..., ge=1, le=MAX_STEPS, description="Optimizer steps to train for.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer.")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="Weight decay coefficient.")
@@ -120,12 +137,14 @@ class TrainingSpec(SpecModel):
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warmup."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
-    seed: int = Field(0, description="Seed for weight initialisation and data order.")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warmup steps.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed for weight initialisation and data order."
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Numeric precision of compute."
     )
-    log_every: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    log_every: int = Field(1, ge=1, le=MAX_STEPS, description="Log metrics every this many steps.")
     eval_every: int = Field(
         0, ge=0, description="Eval loss on data.eval every this many steps (0: never)."
     )
@@ -156,7 +175,10 @@ class SlurmSpec(SpecModel):
     account: str | None = Field(None, pattern=SLURM_NAME, description="Account to charge.")
     qos: str | None = Field(None, pattern=SLURM_NAME, description="Quality of service.")
     time_limit_minutes: int | None = Field(
-        None, ge=1, description="Wall-clock limit in minutes; null = the partition's limit."
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Wall-clock limit in minutes; null = the partition's limit.",
     )
     signal_before_s: int = Field(
         120,
@@ -193,23 +215,24 @@ class SlurmSpec(SpecModel):
 class KubernetesSpec(SpecModel):
     """Where and how the Kubernetes backend runs its pods."""
 
-    image: str = Field(
+    image: ImageRef = Field(
         ...,
         pattern=NO_SPACE,
         description="Container image with torch and jobctl installed, e.g. "
         "'ghcr.io/acme/jobctl:0.1'.",
     )
     namespace: str = Field("default", pattern=DNS_LABEL, description="Namespace of the job.")
-    kind: Literal["pytorchjob", "jobset"] = Field(
+    kind: Literal["pytorchjob", "jobset", "trainjob"] = Field(
         "pytorchjob",
-        description="Kubeflow PyTorchJob with an elastic policy, or a JobSet of indexed Jobs.",
+        description="Kubeflow PyTorchJob with an elastic policy, a JobSet of indexed Jobs, "
+        "or a Kubeflow Trainer v2 TrainJob with its ClusterTrainingRuntime.",
     )
     secrets: list[Annotated[str, Field(pattern=DNS_SUBDOMAIN)]] = Field(
         default=[],
         description="Secret names whose keys become environment variables (envFrom "
         "secretRef); values never appear in the manifests.",
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: Labels = Field(
         default={}, description="Node labels the pods must match, e.g. a GPU or spot pool."
     )
     service_account: str | None = Field(
@@ -224,51 +247,9 @@ class KubernetesSpec(SpecModel):
         description="PersistentVolumeClaim mounted as the run folder so logs and local "
         "checkpoints outlive pods; null = an emptyDir (use checkpoint.remote).",
     )
-    gpu_resource: str = Field(
+    gpu_resource: ResourceName = Field(
         "nvidia.com/gpu", pattern=NO_SPACE, description="Extended resource name of a GPU."
     )
-
-
-class SshSpec(SpecModel):
-    """How the ssh backend reaches hardware.hosts."""
-
-    user: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$", description="Login; null = ssh's."
-    )
-    port: int = Field(22, ge=1, le=65535, description="sshd port on every host.")
-    identity_file: str | None = Field(None, description="Private key file; null = ssh's.")
-    known_hosts_file: str | None = Field(
-        None, description="Known-hosts file; null = ~/.ssh/known_hosts."
-    )
-    strict_host_key_checking: Literal["yes", "accept-new"] = Field(
-        "accept-new", description="'yes' refuses unknown hosts; 'accept-new' records them."
-    )
-    connect_timeout_s: int = Field(10, ge=1, description="Seconds to wait for a connection.")
-    python: str | None = Field(
-        None, description="Python on the hosts; null = the same path as the supervisor's."
-    )
-
-
-def is_loopback(host: str) -> bool:
-    """True for names and addresses that reach only the machine using them: localhost,
-    127.x, ::1 (and 0.0.0.0, which no other machine can dial)."""
-    name = host.strip().lower().rstrip(".")
-    if name in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
-        return True
-    try:
-        ip = ipaddress.ip_address(name.strip("[]"))
-    except ValueError:
-        return name.endswith(".localhost")
-    return ip.is_loopback or ip.is_unspecified
-
-
-def default_rendezvous_host(data: dict[str, Any]) -> str:
-    """127.0.0.1 when every node runs on this machine, else this machine's host name (no
-    DNS lookup while a spec loads; set hardware.rendezvous_host where nodes need another)."""
-    backend, hosts = data.get("backend", "local"), data.get("hosts", [])
-    if backend == "local" or (backend == "ssh" and all(map(is_loopback, hosts))):
-        return "127.0.0.1"
-    return socket.gethostname()
 
 
 class HardwareSpec(SpecModel):
@@ -277,9 +258,9 @@ class HardwareSpec(SpecModel):
     backend: Literal["local", "slurm", "kubernetes", "ssh"] = Field(
         "local", description="Launcher backend."
     )
-    nodes: int = Field(1, ge=1, description="Number of nodes (machines) in the pool.")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (machines) in the pool.")
     processes_per_node: int = Field(
-        1, ge=1, description="Devices per node: GPUs, or CPU worker processes."
+        1, ge=1, le=MAX_PROCESSES, description="Devices per node: GPUs, or CPU worker processes."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device type of every process.")
     memory_gb: float = Field(4.0, gt=0.0, description="Memory per device, GB.")
@@ -300,11 +281,11 @@ class HardwareSpec(SpecModel):
     interconnect: InterconnectSpec = Field(
         default_factory=InterconnectSpec, description="Network speeds of the pool."
     )
-    hosts: list[str] = Field(
+    hosts: list[HostName] = Field(
         default=[],
         description="Node addresses (ssh backend); when given, one per node.",
     )
-    rendezvous_host: str = Field(
+    rendezvous_host: HostName = Field(
         None,
         validate_default=True,
         description="Address of the supervisor's machine where every node reaches the "
@@ -318,6 +299,7 @@ class HardwareSpec(SpecModel):
     max_restarts: int = Field(
         0,
         ge=0,
+        le=MAX_RESTARTS,
         description="Restarts in place after a failure before the run fails: torchrun's "
         "--max-restarts on every backend (and the PyTorchJob's elasticPolicy.maxRestarts), "
         "a JobSet's failurePolicy.maxRestarts. 0: jobctl itself resumes the run from its "

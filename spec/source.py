@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -18,6 +19,12 @@ from .errors import SpecIssue, dotted
 
 Path = tuple[str | int, ...]
 MERGE_TAG = "tag:yaml.org,2002:merge"
+# A job spec is a page of YAML; these bounds stop a hostile file (an alias bomb, 500
+# nested brackets, 13M list items) from taking the memory, stack or minutes of `validate`.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_VALUES = 10_000
+LIMIT_FIX = "a job spec is a page of YAML: write the values out plainly, without deep nesting"
 
 
 @dataclass(frozen=True)
@@ -46,20 +53,32 @@ class Source:
 def parse_yaml(text: str, filename: str) -> Source:
     """Parse ``text``; syntax errors, duplicate keys and odd keys become ``issues``."""
     source = Source(filename)
+    if len(text) > MAX_BYTES:
+        line, column = line_column(text, MAX_BYTES)
+        message = f"the file is longer than {MAX_BYTES} characters"
+        source.issues.append(SpecIssue(filename, line, column, "", message, fix=LIMIT_FIX))
+        return source
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = _BoundedLoader(text).get_single_node()
+    except _LimitError as err:
+        line, column = err.problem_mark.line + 1, err.problem_mark.column + 1
+        source.issues.append(SpecIssue(filename, line, column, "", err.problem, fix=LIMIT_FIX))
+        return source
     except yaml.MarkedYAMLError as err:
         source.issues.append(_syntax_issue(err, filename))
         return source
-    except yaml.YAMLError as err:  # reader errors (e.g. control characters) carry no mark
-        source.issues.append(SpecIssue(filename, None, None, "", f"YAML error: {err}"))
+    except yaml.reader.ReaderError as err:  # control characters: a character offset
+        source.issues.append(_reader_issue(err, text, filename))
         return source
     if root is None:
         source.data = {}
         source.positions[()] = Position((1, 1), (1, 1))
         return source
     source.positions[()] = Position(_mark(root), _mark(root))
-    source.data = _Builder(source).build(root, ())
+    try:
+        source.data = _Builder(source).build(root, ())
+    except RecursionError:  # a chain of merges the bounds above did not foresee
+        source.issues.append(SpecIssue(filename, 1, 1, "", "YAML nested too deep", fix=LIMIT_FIX))
     return source
 
 
@@ -68,6 +87,49 @@ def _syntax_issue(err: yaml.MarkedYAMLError, filename: str) -> SpecIssue:
     what = " ".join(part for part in (err.context, err.problem) if part)
     line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
     return SpecIssue(filename, line, column, "", f"YAML syntax error: {what}")
+
+
+def _reader_issue(err: yaml.reader.ReaderError, text: str, filename: str) -> SpecIssue:
+    line, column = line_column(text, err.position)
+    code = err.character if isinstance(err.character, int) else ord(err.character)
+    message = f"YAML cannot hold the control character #x{code:02x} ({err.reason})"
+    fix = "remove it, or write it as an escape such as \\x07 inside double quotes"
+    return SpecIssue(filename, line, column, "", message, fix=fix)
+
+
+def line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based (line, column) of character ``offset`` in ``text``."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+class _LimitError(ComposerError):
+    """The YAML is nested too deep or holds too many values (``problem`` says which)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader with nesting and size bounds checked while nodes are composed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.nodes = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        self.depth += 1
+        self.nodes += 1
+        try:
+            if self.depth > MAX_DEPTH or self.nodes > MAX_VALUES:
+                raise _LimitError(None, None, _too_much(self.depth), self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _too_much(depth: int) -> str:
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    return f"more than {MAX_VALUES} values"
 
 
 def _mark(node: Node) -> tuple[int, int]:
@@ -82,10 +144,18 @@ class _Builder:
         self.constructor = SafeConstructor()
         self.active: set[int] = set()  # nodes being built, to stop recursive aliases
         self.checked: set[int] = set()  # mappings already checked for duplicates
+        self.sizes: dict[int, int] = {}  # entries of each mapping once merged
+        self.built = 0  # values built, each alias counted again: an alias bomb's size
 
     def build(self, node: Node, path: Path) -> Any:
         if id(node) in self.active:
             self.source.issue(node, path, "recursive YAML alias")
+            return None
+        self.built += 1
+        if self.built > MAX_VALUES or len(path) > MAX_DEPTH:
+            if self.built == MAX_VALUES + 1 or len(path) == MAX_DEPTH + 1:
+                problem = f"{_too_much(len(path))} once its aliases are expanded"
+                self.source.issue(node, path, problem, fix=LIMIT_FIX)
             return None
         self.active.add(id(node))
         try:
@@ -113,6 +183,10 @@ class _Builder:
 
     def _mapping(self, node: MappingNode, path: Path) -> dict[str, Any]:
         self._check_duplicates(node, path)
+        if self._merged_size(node, 0) > MAX_VALUES:
+            problem = f"more than {MAX_VALUES} values once its `<<` merges are expanded"
+            self.source.issue(node, path, problem, fix=LIMIT_FIX)
+            return {}
         try:
             self.constructor.flatten_mapping(node)  # resolves `<<: *anchor` merge keys
         except ConstructorError as err:
@@ -128,6 +202,24 @@ class _Builder:
             self.source.positions[(*path, key)] = Position(_mark(key_node), _mark(value_node))
             result[key] = self.build(value_node, (*path, key))
         return result
+
+    def _merged_size(self, node: MappingNode, depth: int) -> int:
+        """Entries of ``node`` once merged, counted before PyYAML copies them (a chain of
+        merges deeper than MAX_DEPTH counts as too many: PyYAML merges recursively)."""
+        if depth > MAX_DEPTH:
+            return MAX_VALUES + 1
+        if id(node) not in self.sizes:
+            self.sizes[id(node)] = 0  # a merge cycle adds nothing; PyYAML reports it
+            size = 0
+            for key_node, value_node in node.value:
+                if key_node.tag != MERGE_TAG:
+                    size += 1
+                    continue
+                merged = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+                subs = [m for m in merged if isinstance(m, MappingNode)]
+                size += sum(self._merged_size(m, depth + 1) for m in subs)
+            self.sizes[id(node)] = size
+        return self.sizes[id(node)]
 
     def _check_duplicates(self, node: MappingNode, path: Path) -> None:
         if id(node) in self.checked:

@@ -179,7 +179,7 @@ def test_json_schema_describes_every_property() -> None:
     assert "import_" not in schema["$defs"]["ModelSpec"]["properties"]
     assert schema["required"] == ["name", "model", "training"]
     assert schema["$defs"]["TrainingSpec"]["properties"]["micro_batch_size"]["anyOf"] == [
-        {"minimum": 1, "type": "integer"},
+        {"maximum": 1 << 20, "minimum": 1, "type": "integer"},
         {"const": "auto", "type": "string"},
     ]
 
