@@ -47,6 +47,16 @@ def test_layout_matches_single_process(tmp_path, P, D):
 
 
 @pytest.mark.multiproc
+def test_any_d_matches_single_process(tmp_path):
+    # 16 samples in micro-batches of 2 over D=3 replicas on 3 processes: replicas run
+    # 3, 3 and 2 micro-batches (Sharding.count), each weighted by its samples.
+    spec = _spec(1, 3, **SGD, **{"hardware.nodes": 1, "hardware.processes_per_node": 3})
+    assert spec.training.global_batch_size % 3
+    run = _run_and_compare(tmp_path, spec, atol=1e-5)
+    assert (run.plan.D, run.plan.micro_batches) == (3, 3)
+
+
+@pytest.mark.multiproc
 def test_adamw_layout_matches_single_process(tmp_path):
     # Losses agree to 1e-5. Weights get a looser bound: Adam divides by sqrt(v), so a
     # gradient that is zero in exact arithmetic (the attention key bias: softmax ignores
