@@ -1,12 +1,12 @@
 """jobctl.spec: the job spec models, and loading them from YAML with friendly errors."""
 
+from .data import DataSpec
 from .errors import SpecError, SpecIssue
 from .job import JobSpec
 from .loader import load_spec, load_spec_text
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import (
-    DataSpec,
     HardwareSpec,
     InterconnectSpec,
     ModelSpec,

@@ -10,9 +10,10 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from .base import SpecModel, Violation, require_match
+from .data import UINT16_VOCAB, DataSpec
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
-from .sections import DataSpec, HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
+from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 NAME_FIX = (
@@ -75,6 +76,22 @@ class JobSpec(SpecModel):
         yield from self._stage_violations()
         yield from self._batch_violations()
         yield from self._pruning_violations()
+        yield from self._data_violations()
+
+    def _data_violations(self) -> Iterator[Violation]:
+        data, vocab = self.data, self.model.vocab
+        if self.model.family is not None and data.dtype == "uint16" and vocab > UINT16_VOCAB:
+            yield Violation(
+                "data.dtype",
+                f"uint16 holds token ids below {UINT16_VOCAB}, but model.vocab is {vocab}",
+                "set data.dtype: uint32 (and write the token file as uint32)",
+            )
+        if self.training.eval_every and data.eval is None:
+            yield Violation(
+                "training.eval_every",
+                "eval_every needs a validation split, but data.eval is not set",
+                "add data.eval: 0.05 (a held-out fraction) or a path, or remove eval_every",
+            )
 
     def _pruning_violations(self) -> Iterator[Violation]:
         p, steps = self.pruning, self.training.steps
@@ -143,4 +160,3 @@ def _divisors(n: int, limit: int = 8) -> str:
     found = sorted(set(small) | {n // k for k in small})
     shown = ", ".join(str(k) for k in found[:limit])
     return shown + (", ..." if len(found) > limit else "")
-

@@ -12,6 +12,7 @@ import typer
 
 from jobctl.engine.cli.apply import apply, resume
 from jobctl.engine.cli.calibrate import calibrate
+from jobctl.engine.cli.data import data_app
 from jobctl.engine.cli.fleet import fleet_app
 from jobctl.engine.cli.plan import plan, render, schema, validate
 from jobctl.engine.cli.report import report
@@ -25,6 +26,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 for command in (validate, schema, plan, calibrate, render, apply, resume):
     app.command()(command)
 app.add_typer(fleet_app, name="fleet")
+app.add_typer(data_app, name="data")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(scheduler_app, name="scheduler")
 for command in (events, scale, report, stop, status, logs):

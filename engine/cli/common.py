@@ -39,7 +39,9 @@ def find_run(db: StateDB, ref: str) -> dict:
 def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
     """The job spec at ``path``; exit 2 with every issue when it is invalid or missing."""
     try:
-        return load_spec(path, overrides=overrides)
+        spec = load_spec(path, overrides=overrides)
+        check_data(spec, path)
+        return spec
     except SpecError as e:
         err.print(f"[red]error:[/red] {path}: invalid job spec", highlight=False)
         err.print(str(e), highlight=False, markup=False)
@@ -47,6 +49,16 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
     except FileNotFoundError:
         err.print(f"[red]error:[/red] {path}: no such file")
         raise typer.Exit(2) from None
+
+
+def check_data(spec: JobSpec, path: Path) -> None:
+    """Raise a SpecError, located in ``path``, for what the data files show is wrong."""
+    from jobctl.engine.data.checks import data_violations
+    from jobctl.spec.data import located
+
+    issues = located(str(path), data_violations(spec))
+    if issues:
+        raise SpecError(issues)
 
 
 def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:

@@ -53,3 +53,6 @@ P2P = "JOBCTL_P2P"
 PG_TIMEOUT_S = "JOBCTL_PG_TIMEOUT_S"
 #: ``0`` when the nodes do not share the checkpoint disk (default ``1``).
 SHARED_CKPT_DISK = "JOBCTL_SHARED_CKPT_DISK"
+#: A folder where every process that reads training samples appends ``global_index
+#: sample_id`` lines (``engine.data``): which sample each step consumed, for tests.
+DATA_TRACE = "JOBCTL_DATA_TRACE"

@@ -22,6 +22,7 @@ class Kind(StrEnum):
     ALIVE = "alive"  # the channel's sender thread while the rank sends nothing else
     CHANNEL_DROPPED = "channel_dropped"  # the channel's queue overflowed
     STEP = "step"  # the reporter rank: a step trained (loss, throughput)
+    EVAL = "eval"  # the reporter rank: the validation split's loss (training.eval_every)
     SIGTERM = "sigterm"  # a rank got SIGTERM: checkpoint at the end of the step
     NODE_SIGTERM = "node_sigterm"  # a node script got SIGTERM (templates/node.sh.j2)
     STOPPED = "stopped"  # a rank checkpointed after a stop and is leaving

@@ -7,7 +7,10 @@ global batch and the sample order fixed).
 
 Sample order: step ``t`` trains on samples ``[t*B, (t+1)*B)``. Data-parallel replica
 ``d`` of ``D`` takes the ``d``-th contiguous run of whole micro-batches of ``m``:
-``(B/m) // D`` of them, one more for the first ``(B/m) % D`` replicas (any D).
+``(B/m) // D`` of them, one more for the first ``(B/m) % D`` replicas (any D). File
+sources (``tokens``, ``hf``) map a global index to a sequence through a seeded
+per-epoch shuffle (``order``); ``synthetic`` and ``text`` compute the sample from the
+index itself.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from jobctl.engine.data.packed import PackedData, Split, split
+from jobctl.engine.data.tokens import TokenFile
 from jobctl.spec import JobSpec
 
 
@@ -41,6 +46,12 @@ class TokenData:
             if vocab < 256:
                 raise ValueError("data.source text uses byte tokens: model.vocab must be >= 256")
             self._bytes = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+
+    size = None  # no epochs: every index is a fresh sample
+
+    def epoch(self, index: int) -> int:
+        """Always 0: these sources never run out."""
+        return 0
 
     def sequence(self, index: int) -> torch.Tensor:
         """``seq_len + 1`` tokens of sample ``index``."""
@@ -110,9 +121,38 @@ class Sharding:
         return self.micro_batch / self.global_batch
 
 
-def make_data(spec: JobSpec) -> TokenData:
-    """TokenData for a JobSpec."""
-    m = spec.model
-    seq_len = m.seq_len
-    vocab = m.vocab
-    return TokenData(spec.data.source, seq_len, vocab, spec.data.seed, spec.data.path)
+Samples = TokenData | PackedData
+
+
+def make_data(spec: JobSpec) -> Samples:
+    """The training samples of a JobSpec."""
+    d, m = spec.data, spec.model
+    if d.source in ("synthetic", "text"):
+        return TokenData(d.source, m.seq_len, m.vocab, d.seed, d.path)
+    stream = open_stream(spec, d.path)
+    fraction = d.eval if isinstance(d.eval, float) else None
+    train, _ = split(stream, m.seq_len, fraction)
+    return PackedData(train, d.seed, d.shuffle)
+
+
+def make_eval_data(spec: JobSpec) -> PackedData | None:
+    """The validation samples (``data.eval``) in file order, or None without a split."""
+    d, m = spec.data, spec.model
+    if d.eval is None:
+        return None
+    if isinstance(d.eval, float):
+        _, held = split(open_stream(spec, d.path), m.seq_len, d.eval)
+    else:
+        held = Split(open_stream(spec, d.eval), m.seq_len)
+    return PackedData(held, d.seed, shuffle=False, traced=False)
+
+
+def open_stream(spec: JobSpec, path: str | None):
+    """The token ids at ``path`` for the spec's source: a token file, or a tokenized
+    dataset (``hf``)."""
+    d = spec.data
+    if d.source == "hf":
+        from jobctl.engine.data.hf import tokenize_dataset
+
+        return tokenize_dataset(path or "", d.tokenizer or "", d.text_column)
+    return TokenFile(path or "", d.tokens_dtype(spec.model.vocab))

@@ -18,8 +18,10 @@ import torch.distributed as dist
 
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.data.dataset import Sharding, make_data
+from jobctl.engine.data.dataset import Sharding, make_data, make_eval_data
+from jobctl.engine.data.prefetch import prefetching
 from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
 from jobctl.engine.runtime.optim import build_optimizer, sync_gradients, tied_names
@@ -107,7 +109,8 @@ class Trainer:
         self.ties = tied_names(mdef.ties)
         plan = state.plan
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
-        self.data = make_data(spec)
+        self.data = prefetching(make_data(spec), self.shard, state.topo.replica, device)
+        self.eval_data = make_eval_data(spec) if spec.training.eval_every else None
         self.stop_requested = False
         self.freed = False  # packed away by a hook's relayout
         self.executor: StepExecutor | None = None  # the latest make_executor's
@@ -131,6 +134,7 @@ class Trainer:
             # this rank's wait for the pipeline's tail all count.
             self.report(step + 1, loss, now - (last_report or times.start), stats)
             last_report = now
+            self.evaluate(step + 1)
             if not self._end_step(step + 1, stats, now - times.start):
                 return
         self._stop_hooks(stopped=False)
@@ -192,6 +196,15 @@ class Trainer:
         )  # fmt: skip
         return self.executor
 
+    def evaluate(self, done: int) -> None:
+        """The eval loss every ``training.eval_every`` steps and after the last."""
+        every, steps = self.spec.training.eval_every, self.spec.training.steps
+        if self.eval_data is None or (done % every and done != steps):
+            return
+        loss = eval_loss(self.executor, self.state, self.eval_data)
+        if self.state.topo.is_reporter:
+            self.events.write(Kind.EVAL, step=done, eval_loss=loss)
+
     def request_stop(self) -> None:
         """Ask for a checkpoint-then-exit (SIGTERM): all ranks stop together, at the end
         of the step after the one this lands in (see :class:`StopVote`)."""
@@ -236,4 +249,5 @@ class Trainer:
         self.events.write(
             Kind.STEP, step=step, loss=loss, step_time_s=seconds,
             samples_per_s=samples_per_s, deviations=stats.deviations,
+            epoch=self.data.epoch((step - 1) * plan.global_batch_size),
         )  # fmt: skip

@@ -53,6 +53,8 @@ class RunFigures:
     lag_s: float | None = None
     recoveries: list[float] = field(default_factory=list)
     straggler_nodes: list[int] = field(default_factory=list)  # of the newest flagging
+    epoch: int | None = None  # of the newest step (file data sources)
+    eval_loss: tuple[int, float] | None = None  # (step, loss) of the newest eval
 
 
 def tail_records(run_dir: Path | str, nbytes: int = TAIL_BYTES) -> list[dict]:
@@ -226,7 +228,16 @@ def run_figures(
             (_data(e).get("nodes", []) for e in reversed(events) if e["kind"] == "straggler"), []
         ),
         **upload_figures(row, events, now, remote),
+        **data_figures(records),
     )
+
+
+def data_figures(records: list[dict]) -> dict:
+    """The newest step's epoch and the newest eval loss among ``records``."""
+    step = next((r for r in reversed(records) if r["kind"] == Kind.STEP), {})
+    ev = next((r for r in reversed(records) if r["kind"] == Kind.EVAL), None)
+    got = None if ev is None else (ev["step"], ev["eval_loss"])
+    return {"epoch": step.get("epoch"), "eval_loss": got}
 
 
 def rank_compute(records: list[dict]) -> list[dict]:

@@ -37,6 +37,7 @@ class AttemptRecords:
         self.db, self.run_id, self.total, self.clock = db, run_id, total_steps, clock
         self.beats, self.scaling = watches  # the monitor's, which it also polls
         self.losses: list[float] = []
+        self.epoch = 0  # of the newest step (file data sources count epochs)
         self.last_upload = -1
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
@@ -50,6 +51,7 @@ class AttemptRecords:
         self.restart()
         self.handlers: dict[str, Callable[[dict], None]] = {
             Kind.STEP: self._on_step,
+            Kind.EVAL: self._on_eval,
             Kind.CHECKPOINT: self._on_checkpoint,
             Kind.UPLOADED: self._on_uploaded,
             Kind.HEARTBEAT: self._on_heartbeat,
@@ -89,6 +91,20 @@ class AttemptRecords:
             self.run_id, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
         )
         self.pruning.step(rec["step"])
+        self._note_epoch(rec)
+
+    def _note_epoch(self, rec: dict) -> None:
+        """An event when a step starts a new epoch of a file data source."""
+        epoch = rec.get("epoch")
+        if epoch and epoch != self.epoch:
+            self.epoch = epoch
+            note = f"epoch {epoch} began at step {rec['step']}"
+            self.db.add_event(self.run_id, "epoch", note, {"epoch": epoch, "step": rec["step"]})
+
+    def _on_eval(self, rec: dict) -> None:
+        note = f"eval loss {rec['eval_loss']:.4f} at step {rec['step']}"
+        data = {"step": rec["step"], "loss": rec["eval_loss"]}
+        self.db.add_event(self.run_id, "eval", note, data)
 
     def _on_checkpoint(self, rec: dict) -> None:
         step = rec["step"]

@@ -56,6 +56,7 @@ class RunSeries:
     t0: float = 0.0
     steps: list[dict] = field(default_factory=list)  # ts, step, loss, sps, devices
     markers: list[Marker] = field(default_factory=list)
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
 
 
 def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> RunSeries:
@@ -79,6 +80,7 @@ def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> Ru
             {"ts": r["ts"], "step": r["step"], "loss": r.get("loss"), "sps": sps, "dev": devices}
         )
     out.t0 = min([s["ts"] for s in out.steps] + [r["ts"] for r in recs[:1]], default=time.time())
+    out.evals = [(r["step"], r["eval_loss"]) for r in recs if r["kind"] == Kind.EVAL]
     _mark(out, recs, db_events)
     return out
 

@@ -49,9 +49,18 @@ def charts(s: RunSeries) -> list[Chart]:
             "Loss",
             "step",
             "loss",
-            [Series("loss", [float(p["step"]) for p in s.steps], loss, "#E45756", "loss")],
+            [Series("loss", [float(p["step"]) for p in s.steps], loss, "#E45756", "loss")]
+            + _eval_series(s),
         ),
     ]
+
+
+def _eval_series(s: RunSeries) -> list[Series]:
+    """The validation loss (``training.eval_every``) beside the training loss."""
+    if not s.evals:
+        return []
+    steps, losses = [float(k) for k, _ in s.evals], [v for _, v in s.evals]
+    return [Series("eval loss", steps, losses, "#54A24B", "eval-loss")]
 
 
 @dataclass

@@ -320,6 +320,9 @@ def print_run(
     t.add_row("newest upload", _ago(f.uploaded_at, now))
     t.add_row("recovery times", ", ".join(f"{s:.1f} s" for s in f.recoveries) or "-")
     t.add_row("stragglers", _straggler_cell(row, f))
+    t.add_row("epoch", "-" if f.epoch is None else str(f.epoch))
+    ev_loss = f.eval_loss
+    t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
     console.print(t)
     if ranks:
         print_ranks(console, ranks)

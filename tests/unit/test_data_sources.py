@@ -1,0 +1,204 @@
+"""Token files, datasets with a tokenizer trained here, the shuffled order, the
+pre-launch data checks (each bad input: located, exit 2, with a fix) and
+``jobctl data prepare`` (parallel, resumable)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from jobctl.engine.data import prepare as prep
+from jobctl.engine.data.checks import data_violations
+from jobctl.engine.data.dataset import Sharding, make_data, make_eval_data
+from jobctl.engine.data.hf import Tokenizer, require
+from jobctl.engine.data.order import SampleOrder
+from jobctl.engine.data.prefetch import Prefetcher
+from jobctl.engine.data.tokens import TokenFile
+from jobctl.spec import load_spec
+
+from ..corpus import corpus, train_tokenizer, write_parquet
+from ..jobrun import JOBCTL
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A BPE tokenizer of at most 120 tokens trained on the test corpus."""
+    return train_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory) -> Path:
+    return write_parquet(tmp_path_factory.mktemp("pq") / "train.parquet")
+
+
+def write_job(tmp_path: Path, data: str, *, B: int = 8, vocab: int = 256, extra: str = "") -> Path:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: tiny
+        model: {{seq_len: 16, vocab: {vocab}}}
+        data: {data}
+        training:
+          global_batch_size: {B}
+          steps: 4
+        {extra}""")
+    )
+    return spec
+
+
+def validate(spec: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*JOBCTL, "validate", str(spec)], capture_output=True, text=True)
+
+
+def test_order_is_a_fresh_permutation_each_epoch():
+    order = SampleOrder(50, seed=3)
+    e0 = [order.sequence(i) for i in range(50)]
+    e1 = [order.sequence(i) for i in range(50, 100)]
+    assert sorted(e0) == sorted(e1) == list(range(50)) and e0 != e1
+    assert order.epoch(49) == 0 and order.epoch(50) == 1
+    assert [SampleOrder(50, seed=3).sequence(i) for i in range(50)] == e0
+    assert [SampleOrder(50, shuffle=False).sequence(i) for i in range(60)][48:52] == [48, 49, 0, 1]
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".npy"])
+def test_token_file_reads_sequences_by_range(tmp_path, suffix):
+    ids = np.arange(1000, dtype=np.uint32) % 300
+    path = tmp_path / f"t{suffix}"
+    np.save(path, ids) if suffix == ".npy" else ids.tofile(path)
+    tf = TokenFile(str(path), "uint32")
+    assert len(tf) == 1000 and tf.dtype == np.uint32
+    assert tf.read(298, 302).tolist() == [298, 299, 0, 1]
+    data = f"{{source: tokens, path: {path.name}, shuffle: false, dtype: uint32}}"
+    job = write_job(tmp_path, data, vocab=300)
+    x, y = make_data(load_spec(job)).batch(2, 2)  # sequences 2 and 3: ids [32, 49)
+    assert x[0].tolist() == list(range(32, 48)) and y[1].tolist() == list(range(49, 65))
+
+
+def test_hf_parquet_is_tokenized_packed_and_split(tmp_path, tokenizer_dir, parquet):
+    data = f"{{source: hf, path: {parquet}, tokenizer: {tokenizer_dir}, eval: 0.1}}"
+    spec = load_spec(write_job(tmp_path, data, extra="  eval_every: 2\n"))
+    assert data_violations(spec) == []
+    train, held = make_data(spec), make_eval_data(spec)
+    tok = Tokenizer(str(tokenizer_dir))
+    stream = np.concatenate([tok.stream([t]) for t in corpus(400, seed=1)])
+    total = (len(stream) - 1) // 16
+    assert train.size + held.size == total and held.size == round(total * 0.1)
+    x, y = held.batch(0, 1)  # the first held-out sequence, in file order
+    first = train.size * 16
+    assert x[0].tolist() == stream[first : first + 16].tolist()
+    assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < tok.vocab
+
+
+def test_saved_dataset_and_jsonl_read_the_same_stream(tmp_path, tokenizer_dir):
+    import datasets
+
+    texts = corpus(50, seed=2)
+    datasets.Dataset.from_dict({"body": texts}).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    got = []
+    for path in ("saved", "c.jsonl"):
+        data = f"{{source: hf, path: {path}, tokenizer: {tokenizer_dir}, text_column: body}}"
+        spec = load_spec(write_job(tmp_path, data, B=2))
+        got.append(make_data(spec).batch(0, 2)[0])
+    assert torch.equal(got[0], got[1])
+
+
+def test_prefetcher_reads_ahead_and_returns_what_the_source_gives(tmp_path):
+    (np.arange(5000) % 256).astype(np.uint16).tofile(tmp_path / "t.bin")
+    spec = load_spec(write_job(tmp_path, "{source: tokens, path: t.bin}", B=8))
+    data, shard = make_data(spec), Sharding(8, 2, 2)
+    fetch = Prefetcher(data, shard, replica=1, pin=False)
+    for step in range(3):
+        for i in range(shard.micro_batches):
+            start = shard.first_sample(step, 1, i)
+            got = fetch.batch(start, 2)
+            assert all(torch.equal(a, b) for a, b in zip(got, data.batch(start, 2), strict=True))
+            after = [shard.first_sample(step + (i + k) // 2, 1, (i + k) % 2) for k in (1, 2)]
+            assert sorted(fetch.ahead) == [(a, 2) for a in after]  # on their way
+    fetch.close()
+
+
+BAD = {
+    "missing path": ("{source: tokens, path: nope.bin}", "no such file", 3),
+    "too small": ("{source: tokens, path: small.bin}", "one global batch needs 8", 3),
+    "ids beyond vocab": ("{source: tokens, path: big-ids.bin}", "token id 999, outside", 3),
+    "npy too narrow": ("{source: tokens, path: narrow.npy}", "too narrow for model.vocab", 3),
+    "text too small": ("{source: text, path: tiny.txt}", "needs at least seq_len + 2", 3),
+    "missing tokenizer": ("{source: hf, path: d.parquet, tokenizer: none}", "no such file", 3),
+    "tokenizer too big": ("{source: hf, path: d.parquet, tokenizer: TOK}", "more than", 3),
+    "no text column": (
+        "{source: hf, path: d.parquet, tokenizer: TOK, text_column: body}",
+        "no column 'body'",
+        3,
+    ),
+    "narrow dtype": ("{source: tokens, path: big-ids.bin, dtype: uint16}", "uint16 holds", 3),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_data_fails_validate_located_with_a_fix(tmp_path, tokenizer_dir, parquet, case):
+    data, message, line = BAD[case]
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "small.bin")
+    np.full(2000, 999, dtype=np.uint16).tofile(tmp_path / "big-ids.bin")
+    np.save(tmp_path / "narrow.npy", np.zeros(2000, dtype=np.uint16))
+    (tmp_path / "tiny.txt").write_text("hello")
+    (tmp_path / "d.parquet").symlink_to(parquet)
+    small = Tokenizer(str(tokenizer_dir)).vocab - 1
+    vocab = {"tokenizer too big": small, "npy too narrow": 70000, "narrow dtype": 70000}
+    job = write_job(tmp_path, data.replace("TOK", str(tokenizer_dir)),
+                    vocab=vocab.get(case, 256 if "hf" not in data else 128))  # fmt: skip
+    for command in ("validate", "plan"):
+        r = subprocess.run([*JOBCTL, command, str(job)], capture_output=True, text=True)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and message in r.stderr, r.stderr
+        assert f"job.yaml:{line}:" in r.stderr and "fix:" in r.stderr, r.stderr
+    r = subprocess.run([*JOBCTL, "apply", str(job), "--dry-run"], capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_missing_extra_names_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match=r"pip install 'jobctl\[hf\]'"):
+        require("tokenizers")
+
+
+def test_prepare_matches_a_plain_loop_and_resumes(tmp_path, tokenizer_dir, parquet):
+    plain = prep.Job(str(parquet), str(tokenizer_dir), str(tmp_path / "plain.bin"))
+    n = prep.single_process(plain)
+    job = prep.Job(str(parquet), str(tokenizer_dir), str(tmp_path / "out.bin"), workers=2)
+    # an interrupted run: one chunk of 1000 docs is all there is, so fake a stop after
+    # writing it halfway (progress says 0 chunks done: the half is cut off and redone)
+    job.partial.write_bytes(b"\x01\x00" * 77)
+    job.progress.write_text(json.dumps({"chunks": 0, "bytes": 0}))
+    seen = []
+    assert prep.prepare(job, lambda done, total, k: seen.append((done, total))) == n
+    assert (tmp_path / "out.bin").read_bytes() == (tmp_path / "plain.bin").read_bytes()
+    assert seen[0] == (0, 1) and seen[-1] == (1, 1)
+    assert not job.partial.exists() and not job.progress.exists()
+
+
+def test_prepare_command_writes_a_token_file_that_trains(tmp_path, tokenizer_dir, parquet):
+    out = tmp_path / "train.npy"
+    r = subprocess.run(
+        [*JOBCTL, "data", "prepare", str(parquet), "--tokenizer", str(tokenizer_dir),
+         "--out", str(out), "--workers", "2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ids = np.load(out)
+    assert ids.dtype == np.uint16 and f"{len(ids)} tokens" in r.stdout
+    assert (
+        validate(write_job(tmp_path, "{source: tokens, path: train.npy}", vocab=120)).returncode
+        == 0
+    )
+    r = subprocess.run([*JOBCTL, "data", "prepare", "nope.txt", "--tokenizer", str(tokenizer_dir),
+                        "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "no such file" in r.stderr
