@@ -27,12 +27,23 @@ def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> J
     """
     filename = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(
-            [SpecIssue(filename, None, None, "", f"cannot read job spec: {err}")]
-        ) from None
-    return load_spec_text(text, filename, overrides=overrides)
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        issue = SpecIssue(filename, None, None, "", f"cannot read job spec: {err}")
+        raise SpecError([issue]) from None
+    return load_spec_text(decode_text(raw, filename), filename, overrides=overrides)
+
+
+def decode_text(raw: bytes, filename: str) -> str:
+    """``raw`` as UTF-8 text; else a SpecError at the line and column of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = len(raw[raw.rfind(b"\n", 0, err.start) + 1 : err.start].decode("utf-8", "replace"))
+        message = f"not UTF-8 text: byte 0x{raw[err.start]:02x} cannot start a character here"
+        fix = "save the file as UTF-8"
+        raise SpecError([SpecIssue(filename, line, column + 1, "", message, fix=fix)]) from None
 
 
 def load_spec_text(
