@@ -5,6 +5,8 @@ read)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +14,11 @@ import pytest
 import s3fs
 
 from jobctl.engine.core import env
+from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 
 from ..corpus import train_tokenizer, write_parquet
-from ..jobrun import events, run_job, step_losses, tiny_spec
+from ..jobrun import JOBCTL, cli_env, events, run_job, step_losses, tiny_spec
 
 B, STEPS = 16, 4
 
@@ -116,6 +119,15 @@ def test_epochs_are_counted_and_eval_loss_is_reported(tmp_path, monkeypatch):
         assert sorted(seen[i] for i in range(30 * epoch, 30 * epoch + 30)) == list(range(30))
     first, second = ([seen[i] for i in range(30 * e, 30 * e + 30)] for e in (0, 1))
     assert first != second
+    kinds = [e["kind"] for e in StateDB(tmp_path / "h").events(run.id)]
+    assert kinds.count("eval") == 2 and kinds.count("epoch") == 1  # epoch 1 began at step 3
+    home_env = cli_env(tmp_path / "h")
+    status = subprocess.run(
+        [*JOBCTL, "status", run.id], capture_output=True, text=True, env=home_env
+    )
+    assert status.returncode == 0, status.stderr
+    assert f"{evals[-1]['eval_loss']:.4f} (step 4)" in status.stdout
+    assert re.search(r"epoch\s+1\b", status.stdout), status.stdout
 
 
 @pytest.mark.multiproc
