@@ -1,8 +1,9 @@
 """jobctl.engine.runtime: one rank's training.
 
 The trainer's loop (``trainer``), the step it runs (``step``: one definition shared
-with the calibration probe), the executor of a stage's action list (``executor``),
-process groups (``topology``), optimizer and gradient sums (``optim``), live block
+with the calibration probe), the executor of a stage's action list (``executor``) and
+its backward split into input and weight gradients for zero-bubble schedules
+(``backward``), process groups (``topology``), optimizer and gradient sums (``optim``), live block
 migration (``migration``), heartbeat fields (``vitals``), the hook protocol that
 pruning and rebalancing plug in through (``hook``) and point-to-point transport
 (``p2p``). It knows no plug-in by name: ``engine.worker`` assembles them.
