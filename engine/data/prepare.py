@@ -94,7 +94,10 @@ def prepare(job: Job, on_chunk: Callable[[int, int, int], None] | None = None) -
         on_chunk(skip, total, 0)
     todo = (c for k, c in enumerate(chunks) if k >= skip)
     workers = job.workers or os.cpu_count() or 1
-    pool = mp.get_context("spawn").Pool(workers, _start_worker, (job.tokenizer,))
+    # fork: workers start in milliseconds with what is imported (the parent has loaded
+    # the tokenizer but never encoded, so no tokenizer threads exist to be forked)
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    pool = mp.get_context(method).Pool(workers, _start_worker, (job.tokenizer,))
     with pool, open(job.partial, "ab") as out:
         for k, ids in enumerate(pool.imap(_tokenize, todo), start=skip + 1):
             out.write(ids.astype(dtype).tobytes())
