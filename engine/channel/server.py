@@ -27,6 +27,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from jobctl.engine.core import event_schema
+from jobctl.engine.core.event_schema import MAX_INDEX
+
 log = logging.getLogger("jobctl.channel")
 
 MAX_BODY = 16 << 20  # one batch; larger requests are refused (413)
@@ -99,11 +102,16 @@ class _Handler(JsonHandler):
         return False
 
     def _drain(self) -> None:
-        n = int(self.headers.get("Content-Length") or 0)
-        if 0 < n <= MAX_BODY:
+        n = self._length()
+        if n is not None and 0 < n <= MAX_BODY:
             self.rfile.read(n)
-        elif n:
+        elif n != 0:
             self.close_connection = True
+
+    def _length(self) -> int | None:
+        """The body's Content-Length; None when it is not a count of bytes (``abc``, -1)."""
+        text = (self.headers.get("Content-Length") or "0").strip()
+        return int(text) if text.isdigit() else None
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if not self._authorised():
@@ -120,21 +128,42 @@ class _Handler(JsonHandler):
             self._drain()
             self.reply(404, {"error": f"no such endpoint {self.path}"})
             return
-        n = int(self.headers.get("Content-Length") or 0)
-        if n > MAX_BODY:
-            self.close_connection = True
-            self.reply(413, {"error": f"batch over {MAX_BODY} bytes"})
+        n = self._length()
+        if n is None or n > MAX_BODY:
+            self.close_connection = True  # the body's end is unknown: read no further
+            code, why = (400, "bad Content-Length") if n is None else (413, "batch too large")
+            self.server.note_malformed(self.client_address[0], why)
+            self.reply(code, {"error": f"{why} (at most {MAX_BODY} bytes)"})
             return
         try:
-            body = json.loads(self.rfile.read(n))
-            src, seq, events = str(body["src"]), int(body["seq"]), list(body["events"])
-            if not all(isinstance(e, dict) and "kind" in e for e in events):
-                raise ValueError("every event needs a 'kind'")
-        except (ValueError, KeyError, TypeError) as e:
+            src, seq, events = read_batch(self.rfile.read(n))
+        except ValueError as e:
+            self.server.note_malformed(self.client_address[0], str(e))
             self.reply(400, {"error": f"bad batch: {e}"})
             return
         fresh = self.server.archive.add(src, seq, events)
         self.reply(200, {"accepted": len(events) if fresh else 0, "duplicate": not fresh})
+
+
+def read_batch(data: bytes) -> tuple[str, int, list[dict]]:
+    """``(src, seq, events)`` of a request body, every event checked against its kind's
+    schema (engine/core/event_schema); ValueError saying what is wrong otherwise."""
+    try:
+        body = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+    except ValueError as e:  # also not UTF-8
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("events"), list):
+        raise ValueError("expected {'src': str, 'seq': int, 'events': [...]}")
+    src, seq, events = body.get("src"), body.get("seq"), body["events"]
+    if not isinstance(src, str) or type(seq) is not int or not 0 <= seq <= MAX_INDEX:
+        raise ValueError("'src' must be a string and 'seq' an integer >= 0")
+    for i, event in enumerate(events):
+        why = event_schema.problem(event)
+        if why is not None:
+            raise ValueError(f"event {i}: {why}")
+    return src, seq, events
 
 
 class _Server(ThreadingHTTPServer):
@@ -145,7 +174,14 @@ class _Server(ThreadingHTTPServer):
         super().__init__(addr, _Handler)
         self.secret, self.archive = secret, archive
         self.rejected = 0
+        self.malformed = 0  # requests refused with 400/413: bad length, JSON or event
         self._lock = threading.Lock()
+
+    def note_malformed(self, client: str, why: str) -> None:
+        with self._lock:
+            self.malformed += 1
+            n = self.malformed
+        log.warning("channel: refused a batch from %s: %s (%d so far)", client, why[:200], n)
 
     def note_rejected(self, client: str, path: str, had_header: bool) -> None:
         with self._lock:
@@ -156,7 +192,12 @@ class _Server(ThreadingHTTPServer):
 
     def stats(self) -> dict:
         a = self.archive
-        return {"accepted": a.accepted, "duplicates": a.duplicates, "rejected": self.rejected}
+        return {
+            "accepted": a.accepted,
+            "duplicates": a.duplicates,
+            "rejected": self.rejected,
+            "malformed": self.malformed,
+        }
 
 
 class ChannelServer:

@@ -23,11 +23,20 @@ from jobctl.engine.cli.common import (
     load_or_exit,
     plan_or_exit,
 )
+from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.service import ApplyOptions, fail_refused, launch, unfinished_run
 from jobctl.engine.views import tables as views
 from jobctl.spec import JobSpec
+
+
+def _checked_run_id(value: str | None) -> str | None:
+    """``--run-id`` names a folder under the state home: refuse one that leaves it."""
+    try:
+        return value if value is None else require_run_id(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def apply(
@@ -47,7 +56,9 @@ def apply(
     detach: Annotated[
         bool, typer.Option("--detach", help="supervise in the background and return at once")
     ] = False,
-    run_id: Annotated[str | None, typer.Option("--run-id", hidden=True)] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", hidden=True, callback=_checked_run_id)
+    ] = None,
 ) -> None:
     """Validate, plan, render, launch and supervise a job until it ends.
 

@@ -60,5 +60,15 @@ def read_metrics(path: Path, offset: int) -> tuple[list[dict], int]:
         f.seek(offset)
         chunk = f.read()
     end = chunk.rfind(b"\n") + 1
-    lines = chunk[:end].decode().splitlines()
-    return [json.loads(x) for x in lines if x.strip()], offset + end
+    lines = chunk[:end].decode(errors="replace").splitlines()
+    return [rec for rec in map(_record, lines) if rec is not None], offset + end
+
+
+def _record(line: str) -> dict | None:
+    """The JSON object on ``line``; None for a blank or damaged line, which the readers
+    skip (the channel refuses such input; a shared-disk writer can still leave one)."""
+    try:
+        rec = json.loads(line) if line.strip() else None
+    except (ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) else None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.backends import Rendered, RunContext, get_backend
+from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
 from jobctl.spec import JobSpec, dump_yaml, spec_hash
@@ -87,7 +88,7 @@ def run_context(
 
 def register_run(spec: JobSpec, db: StateDB, spec_path: str | None, run_id: str, **fields) -> Path:
     """Create a new run's folder (with its spec) and its DB row, in phase ``pending``."""
-    run_dir = db.runs_dir / run_id
+    run_dir = db.runs_dir / require_run_id(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)  # a remote download may have made it
     (run_dir / "spec.yaml").write_text(dump_yaml(spec))
     db.create_run(

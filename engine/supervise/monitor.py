@@ -286,7 +286,8 @@ class Monitor:
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
         for rec in recs:
-            self.records.record(rec)
+            if not self.records.record(rec):
+                continue  # malformed: counted and logged, never fatal
             if self.activity is not None:  # after pruning and rebalancing had their say
                 self.activity.record(rec)
             if self.on_event:

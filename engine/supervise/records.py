@@ -9,9 +9,11 @@ ended.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.core import event_schema
 from jobctl.engine.core.events import Kind
 from jobctl.engine.pruning.events import PruningWatch
 from jobctl.engine.rebalance.events import KINDS as REBALANCE_KINDS
@@ -20,6 +22,8 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.recovery import LossClock
 from jobctl.engine.supervise.scaling import ScaleWatch
 from jobctl.engine.supervise.stragglers import StragglerDetector
+
+log = logging.getLogger("jobctl.supervise")
 
 
 class AttemptRecords:
@@ -48,6 +52,7 @@ class AttemptRecords:
         self.first_step_ts: float | None = None  # this attempt's first step (worker clock)
         self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
         self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
+        self.malformed = 0  # records skipped: no handler could read them
         self.restart()
         self.handlers: dict[str, Callable[[dict], None]] = {
             Kind.STEP: self._on_step,
@@ -74,14 +79,30 @@ class AttemptRecords:
         self.stopped_at: float | None = None  # the monitor's clock at the first ``stopped``
         self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
 
-    def record(self, rec: dict) -> None:
-        """Follow one worker record (kinds with no handler are the views' only)."""
+    def record(self, rec: dict) -> bool:
+        """Follow one worker record (kinds with no handler are the views' only); one the
+        handlers cannot read is counted and logged, never fatal: the channel checks every
+        event, but a worker on a shared disk appends to ``metrics.jsonl`` directly. True when
+        the record was followed: only those reach the monitor's other readers."""
+        why = event_schema.problem(rec)
+        if why is not None:
+            self._malformed(why)
+            return False
         kind = rec["kind"]
-        if "node" in rec and "ts" in rec and kind in (Kind.HEARTBEAT, Kind.ALIVE):
+        if "ts" in rec and kind in (Kind.HEARTBEAT, Kind.ALIVE):
             self.lost.saw(rec["node"], rec["ts"])
         handler = self.handlers.get(kind)
-        if handler is not None:
-            handler(rec)
+        try:
+            if handler is not None:
+                handler(rec)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            self._malformed(f"{kind!r}: {type(e).__name__}: {e}")  # a nested field
+            return False
+        return True
+
+    def _malformed(self, why: str) -> None:
+        self.malformed += 1
+        log.warning("run %s: skipped a worker record: %s", self.run_id, why[:200])
 
     def _on_step(self, rec: dict) -> None:
         self.trained = True

@@ -42,7 +42,14 @@ def server(tmp_path):
         yield srv
 
 
-BATCH = {"src": "rank-0", "seq": 0, "events": [{"kind": "step", "step": 1, "loss": 2.5}]}
+# Events as the workers write them: every field the supervisor reads (event_schema).
+BEAT = {"rank": 3, "stage": 0, "node": 0, "compute_s": 0.1}
+STEP = {"loss": 2.5, "samples_per_s": 8.0}
+BATCH = {
+    "src": "rank-0",
+    "seq": 0,
+    "events": [{"kind": "step", "step": 1, "loss": 2.5, "samples_per_s": 8.0}],
+}
 
 
 def test_request_without_secret_is_rejected_and_counted(server, tmp_path, caplog):
@@ -69,10 +76,15 @@ def test_request_with_right_secret_is_archived_once(server, tmp_path):
     status, body = _request(server, "POST", "/v1/events", BATCH, bearer(server.secret))
     assert (status, body) == (200, {"accepted": 0, "duplicate": True})
     assert _lines(tmp_path / "metrics.jsonl") == [
-        {"kind": "step", "step": 1, "loss": 2.5, "src": "rank-0"}
+        {"kind": "step", "step": 1, "loss": 2.5, "samples_per_s": 8.0, "src": "rank-0"}
     ]
     status, stats = _request(server, "GET", "/v1/health", None, bearer(server.secret))
-    assert status == 200 and stats == {"accepted": 1, "duplicates": 1, "rejected": 0}
+    assert status == 200 and stats == {
+        "accepted": 1,
+        "duplicates": 1,
+        "rejected": 0,
+        "malformed": 0,
+    }
 
 
 def test_malformed_batch_is_a_400(server, tmp_path):
@@ -85,7 +97,7 @@ def test_malformed_batch_is_a_400(server, tmp_path):
 def test_sink_keeps_order_and_batches(server, tmp_path):
     sink = ChannelSink(server.url, server.secret, "rank-3", batch=100, interval=0.05)
     for i in range(1000):
-        sink.write("heartbeat", step=i, rank=3)
+        sink.write("heartbeat", step=i, **BEAT)
     assert sink.flush(30)
     recs = _lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in recs] == list(range(1000))
@@ -100,7 +112,7 @@ def test_concurrent_senders_each_in_order(server, tmp_path):
 
     def produce(sink):
         for i in range(300):
-            sink.write("step", step=i)
+            sink.write("step", step=i, **STEP)
 
     threads = [threading.Thread(target=produce, args=(s,)) for s in sinks]
     for t in threads:
@@ -118,10 +130,10 @@ def test_sink_retries_until_the_server_is_back(tmp_path):
     secret, port = new_secret(), free_port()
     sink = ChannelSink(f"http://127.0.0.1:{port}", secret, "rank-0", interval=0.02, timeout=1)
     for i in range(50):
-        sink.write("step", step=i)
+        sink.write("step", step=i, **STEP)
     wait_for(lambda: sink.failures >= 2, 30, "failed posts")
     t0 = time.perf_counter()
-    sink.write("step", step=50)  # never blocks training, server down or not
+    sink.write("step", step=50, **STEP)  # never blocks training, server down or not
     assert time.perf_counter() - t0 < 0.05
     with ChannelServer("127.0.0.1", port, secret, tmp_path / "metrics.jsonl"):
         assert sink.flush(30)
@@ -131,7 +143,7 @@ def test_sink_retries_until_the_server_is_back(tmp_path):
 
 def test_sink_with_wrong_secret_delivers_nothing(server, tmp_path):
     sink = ChannelSink(server.url, new_secret(), "rank-0", interval=0.02)
-    sink.write("step", step=1)
+    sink.write("step", step=1, **STEP)
     assert not sink.flush(1.0)
     assert "401" in sink.last_error and server.rejected >= 1
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -142,7 +154,7 @@ def test_bounded_queue_drops_oldest_and_says_so(tmp_path):
     secret, port = new_secret(), free_port()
     sink = ChannelSink(f"http://127.0.0.1:{port}", secret, "rank-0", max_queue=10, timeout=1)
     for i in range(25):
-        sink.write("heartbeat", step=i)
+        sink.write("heartbeat", step=i, **BEAT)
     assert len(sink._q) <= 10
     with ChannelServer("127.0.0.1", port, secret, tmp_path / "metrics.jsonl"):
         assert sink.flush(30)
@@ -160,7 +172,7 @@ def test_idle_sink_sends_alive_events(server, tmp_path):
         alive_s=0.2,
     )  # fmt: skip
     wait_for(lambda: len(_lines(tmp_path / "metrics.jsonl")) >= 3, 30, "alive events")
-    sink.write("step", step=1)
+    sink.write("step", step=1, **STEP)
     assert sink.close(10)
     recs = _lines(tmp_path / "metrics.jsonl")
     alive = [r for r in recs if r["kind"] == "alive"]
@@ -178,7 +190,7 @@ def test_event_sink_falls_back_to_the_file(tmp_path, monkeypatch):
     monkeypatch.delenv("JOBCTL_EVENTS", raising=False)
     sink = event_sink(tmp_path, 0)
     assert isinstance(sink, EventLog)
-    sink.write("step", step=1)
+    sink.write("step", step=1, **STEP)
     assert _lines(tmp_path / "metrics.jsonl")[0]["step"] == 1
     monkeypatch.setenv("JOBCTL_EVENTS", "network")
     with pytest.raises(RuntimeError, match="JOBCTL_CHANNEL_URL"):

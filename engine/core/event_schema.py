@@ -1,0 +1,101 @@
+"""The fields each event kind must carry, and the check the channel and the monitor run.
+
+A record reaches the supervisor from a worker's ``EventLog`` or from anyone holding the
+run's secret through the channel; a record the supervisor's handlers cannot read (a
+``step`` without ``samples_per_s``, a ``heartbeat`` whose ``rank`` is a string) once
+crashed it. ``problem`` names what is wrong with a record, or None when it has every
+field its kind needs, each of the right type. Other fields are free: kinds carry
+extras (``deviations``, ``epoch``) that only the views read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jobctl.engine.core.events import Kind
+
+MAX_INDEX = 1 << 53  # steps, ranks, nodes, stages: exact in a JSON number
+
+
+def _index(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_INDEX
+
+
+def _number(value: Any) -> bool:  # NaN is allowed: a diverged loss is still a record
+    return type(value) in (int, float) and not (type(value) is float and math.isinf(value))
+
+
+def _number_or_null(value: Any) -> bool:
+    return value is None or _number(value)
+
+
+TYPES = {
+    "index": _index,
+    "number": _number,
+    "number?": _number_or_null,
+    "text": lambda value: isinstance(value, str),
+    "list": lambda value: isinstance(value, list),
+    "mapping": lambda value: isinstance(value, dict),
+}
+
+_STEP = {"step": "index"}
+_NODE = {"node": "index"}
+_REBALANCE = {**_STEP, "moves": "list", "balancer": "text", "by": "text"}
+SCHEMAS: dict[str, dict[str, str]] = {
+    Kind.HEARTBEAT: {**_STEP, **_NODE, "rank": "index", "stage": "index", "compute_s": "number"},
+    Kind.ALIVE: _NODE,
+    Kind.CHANNEL_DROPPED: {},
+    Kind.STEP: {**_STEP, "loss": "number?", "samples_per_s": "number"},
+    Kind.EVAL: {**_STEP, "eval_loss": "number"},
+    Kind.SIGTERM: _NODE,
+    Kind.NODE_SIGTERM: _NODE,
+    Kind.STOPPED: _STEP,
+    Kind.CHECKPOINT: _STEP,
+    Kind.CHECKPOINT_SKIPPED: _STEP,
+    Kind.STAGING_CLEARED: {},
+    Kind.UPLOAD: _STEP,
+    Kind.UPLOADED: _STEP,
+    Kind.UPLOAD_ERROR: {"error": "text"},
+    Kind.PRUNING: {
+        **_STEP,
+        "stage_sparsity": "list",
+        "achieved_sparsity": "number",
+        "target_sparsity": "number",
+    },
+    Kind.PROFILE: {**_STEP, "stage": "index", "replica": "index", "blocks": "mapping"},
+    Kind.REBALANCE: {**_STEP, "reason": "text"},
+    Kind.REBALANCED: _REBALANCE,
+    Kind.PACKED: {**_REBALANCE, "freed_nodes": "list"},
+    Kind.REBALANCE_MEASURED: {
+        **_STEP,
+        "step_s_before": "number",
+        "step_s_after": "number",
+    },
+    Kind.FREED: {"rank": "index", "host_node": "index"},
+}
+TYPE_WORDS = {
+    "index": "an integer >= 0",
+    "number": "a finite number",
+    "number?": "a number or null",
+    "text": "a string",
+    "list": "a list",
+    "mapping": "a mapping",
+}
+
+
+def problem(record: Any) -> str | None:
+    """What makes ``record`` unreadable by its kind's handler, or None if nothing does."""
+    if not isinstance(record, dict):
+        return f"an event must be a JSON object, not {type(record).__name__}"
+    kind = record.get("kind")
+    if kind not in SCHEMAS:
+        return f"unknown event kind {str(kind)[:40]!r}"
+    if "ts" in record and not _number(record["ts"]):
+        return "'ts' must be a finite number"
+    for name, type_ in SCHEMAS[kind].items():
+        if name not in record:
+            return f"a {kind!r} event needs {name!r}"
+        if not TYPES[type_](record[name]):
+            return f"{kind!r}: {name!r} must be {TYPE_WORDS[type_]}"
+    return None

@@ -1,0 +1,107 @@
+"""Hostile events (#24 items 11 and 17): the channel answers 400 and counts every
+malformed request; the monitor skips what it cannot read and goes on.
+
+Before: a ``step`` without ``samples_per_s`` posted with the run's secret crashed the
+supervisor (KeyError), and ``Content-Length: abc``, ``seq: Infinity`` or deep JSON
+closed the connection with no answer and a traceback in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from jobctl.engine.channel.server import ChannelServer, new_secret
+from jobctl.engine.core.event_schema import problem
+
+from .test_monitor_queue import DONE, RUNNING, _monitor, _step, _write
+
+BEAT = {"kind": "heartbeat", "step": 1, "rank": 0, "stage": 0, "node": 0, "compute_s": 0.1}
+HOSTILE_STEP = {"kind": "step", "step": 99999, "loss": -1.0, "run": "other-run"}
+
+
+@pytest.fixture
+def server(tmp_path):
+    secret = new_secret()
+    with ChannelServer("127.0.0.1", 0, secret, tmp_path / "metrics.jsonl") as srv:
+        srv.secret = secret
+        yield srv
+
+
+def raw_post(server, body: bytes, length: str | None = None) -> tuple[int, dict]:
+    """POST ``body`` with a hand-written Content-Length; the status and JSON answer."""
+    head = (
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.secret}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer, "the server closed the connection without an answer"
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def batch(*events, seq=0) -> bytes:
+    return json.dumps({"src": "rank-0", "seq": seq, "events": list(events)}).encode()
+
+
+def test_an_event_missing_a_field_its_kind_needs_is_a_counted_400(server, tmp_path):
+    status, body = raw_post(server, batch(HOSTILE_STEP))
+    assert status == 400 and "samples_per_s" in body["error"]
+    assert server._server.malformed == 1
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "body, length, words",
+    [
+        (b"{}", "abc", "Content-Length"),
+        (b"{}", "-1", "Content-Length"),
+        (b'{"src": "a", "seq": Infinity, "events": []}', None, "seq"),
+        (b'{"src": "a", "seq": 1e400, "events": []}', None, "seq"),
+        (b"[" * 100_000 + b"]" * 100_000, None, "too deep"),
+        (b"\xff\xfe", None, "not JSON"),
+        (batch({**BEAT, "rank": "0"}), None, "rank"),
+        (batch({"kind": "step", "step": 1, "loss": 1.0, "samples_per_s": 1e400}), None, "finite"),
+        (batch({"kind": "rm -rf"}), None, "unknown event kind"),
+        (batch([1, 2]), None, "JSON object"),
+    ],
+)
+def test_handler_errors_are_answered_400(server, body, length, words):
+    status, answer = raw_post(server, body, length)
+    assert status == 400 and words in answer["error"], answer
+    assert server._server.malformed == 1
+
+
+def test_the_channel_still_serves_after_hostile_requests(server, tmp_path):
+    raw_post(server, b"[" * 100_000, None)
+    good = {"kind": "step", "step": 1, "loss": 2.0, "samples_per_s": 4.0}
+    assert raw_post(server, batch(good, seq=1)) == (200, {"accepted": 1, "duplicate": False})
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
+
+
+def test_every_kind_the_workers_write_passes_its_schema():
+    assert problem(_step(1)) is None
+    beat = {"kind": "heartbeat", "step": 3, "rank": 1, "stage": 0, "node": 0, "compute_s": 0.2}
+    assert problem(beat) is None
+    assert problem({"kind": "step", "step": 1, "loss": None, "samples_per_s": 2.0}) is None
+    assert problem({"kind": "node_sigterm", "node": 0, "ts": 1.5}) is None
+
+
+def test_the_monitor_never_dies_on_a_record(tmp_path):
+    mon, _, db = _monitor(tmp_path, [RUNNING, RUNNING, DONE], total=2)
+    _write(mon.run.dir, HOSTILE_STEP, {"kind": "heartbeat", "node": "x"}, _step(1))
+    with open(mon.run.dir / "metrics.jsonl", "a") as f:
+        f.write("not json\n" + "[" * 50_000 + "\n" + "[1, 2]\n")
+    assert mon.poll_once() is None
+    assert mon.records.malformed == 2 and db.get_run("r")["step"] == 1
+    _write(mon.run.dir, _step(2), {"kind": "checkpoint", "step": 2, "ts": 0.0})
+    outcome = mon.poll_once() or mon.poll_once()
+    assert outcome is not None and outcome.ok and db.get_run("r")["step"] == 2
