@@ -111,13 +111,6 @@ class TokenFile:
         blobs = self.fs.cat_ranges([self.key] * len(spans), starts, ends)
         return [np.frombuffer(blob, dtype=lay.dtype) for blob in blobs]
 
-    def __getstate__(self) -> dict:
-        # memory maps and filesystem handles are reopened, not pickled
-        return {"path": self.path, "dtype": self.layout.dtype.name}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["dtype"])
-
 
 def _size(path: str) -> int:
     return os.stat(path).st_size

@@ -80,6 +80,21 @@ def test_token_file_reads_sequences_by_range(tmp_path, suffix):
     assert x[0].tolist() == list(range(32, 48)) and y[1].tolist() == list(range(49, 65))
 
 
+def test_eval_path_is_read_in_file_order_and_checked(tmp_path):
+    (np.arange(3000) % 256).astype(np.uint16).tofile(tmp_path / "train.bin")
+    (np.arange(400) % 256).astype(np.uint16)[::-1].copy().tofile(tmp_path / "val.bin")
+    data = "{source: tokens, path: train.bin, eval: val.bin}"
+    job = write_job(tmp_path, data, extra="  eval_every: 2\n")
+    held = make_eval_data(load_spec(job))
+    assert held.size == (400 - 1) // 16
+    x, _ = held.batch(1, 1)  # sequence 1 of val.bin, unshuffled
+    assert x[0].tolist() == [(399 - k) % 256 for k in range(16, 32)]
+    (tmp_path / "val.bin").unlink()
+    r = validate(job)
+    assert r.returncode == 2 and "job.yaml:3:" in r.stderr and "data.eval:" in r.stderr
+    assert "val.bin: no such file" in r.stderr
+
+
 def test_hf_parquet_is_tokenized_packed_and_split(tmp_path, tokenizer_dir, parquet):
     data = f"{{source: hf, path: {parquet}, tokenizer: {tokenizer_dir}, eval: 0.1}}"
     spec = load_spec(write_job(tmp_path, data, extra="  eval_every: 2\n"))
