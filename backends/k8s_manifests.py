@@ -2,8 +2,10 @@
 
 Objects: a ConfigMap with the run's inputs and the pod script; a selector-less Service
 (plus its EndpointSlice, or an ExternalName Service for a host name) through which the
-pods reach the c10d rendezvous the supervisor hosts; and the workload, either a
-Kubeflow ``PyTorchJob`` with an ``elasticPolicy`` or a ``JobSet`` of one indexed Job.
+pods reach the c10d rendezvous the supervisor hosts; and the workload: a Kubeflow
+``PyTorchJob`` (training operator v1) with an ``elasticPolicy``, a ``JobSet`` of one
+indexed Job, or a Kubeflow Trainer v2 ``TrainJob`` with the ``ClusterTrainingRuntime``
+it runs (the same indexed Job, as the Trainer's "node" step).
 Manifests are dicts dumped by PyYAML, so no value is ever spliced into YAML text;
 secrets appear by name only: the user's through ``envFrom.secretRef``, the run's event
 channel secret through a ``secretKeyRef`` to ``<name>-channel``, a Secret that
@@ -32,6 +34,10 @@ RUN_ROOT = "/jobctl"
 RUN_LABEL = "jobctl.dev/run"
 PORT_NAME = "c10d"
 SECRET_KEY = "secret"  # the key of the channel secret in its Secret
+TRAINER_GROUP = "trainer.kubeflow.org"
+# The Trainer's trainer step: the replicated Job and container named "node", the Job
+# template labelled as its ancestor step (kubeflow/trainer pkg/constants).
+TRAINER_STEP = {f"{TRAINER_GROUP}/trainjob-ancestor-step": "trainer"}
 
 
 def k8s_name(run_id: str, limit: int = 40) -> str:
@@ -61,8 +67,8 @@ def manifests(ctx: RunContext) -> list[dict]:
     opts, name = options(ctx), k8s_name(ctx.run_id)
     nnodes = replica_range(ctx) if opts.kind == "pytorchjob" else (ctx.nnodes, ctx.nnodes)
     script = pod_script(ctx, nnodes, name)
-    workload = pytorchjob(ctx, opts, name) if opts.kind == "pytorchjob" else jobset(ctx, opts, name)
-    return [config_map(ctx, opts, name, script), *rendezvous(ctx, opts, name), workload]
+    workload = WORKLOADS[opts.kind](ctx, opts, name)
+    return [config_map(ctx, opts, name, script), *rendezvous(ctx, opts, name), *workload]
 
 
 def dump(docs: list[dict]) -> str:
@@ -182,7 +188,9 @@ def _port(port: int) -> dict:
     return {"name": PORT_NAME, "protocol": "TCP", "port": port}
 
 
-def pod_template(ctx: RunContext, opts: KubernetesSpec, name: str, restart: str) -> dict:
+def pod_template(
+    ctx: RunContext, opts: KubernetesSpec, name: str, restart: str, container_name: str
+) -> dict:
     """One node's pod: the pod script in a container sized for the node's processes."""
     nproc, hw = ctx.nproc_per_node[0], ctx.hardware
     memory = f"{math.ceil(hw.memory_gb * 1024 * nproc)}Mi"
@@ -190,7 +198,7 @@ def pod_template(ctx: RunContext, opts: KubernetesSpec, name: str, restart: str)
     if hw.device == "cuda":  # quantities as strings, as the core OpenAPI types them
         limits[opts.gpu_resource] = str(nproc)
     container = {
-        "name": "pytorch",  # the training operator requires this container name
+        "name": container_name,  # each operator finds its container by name
         "image": opts.image,
         "imagePullPolicy": opts.image_pull_policy,
         "command": ["bash", f"{INPUTS_DIR}/pod.sh"],
@@ -234,8 +242,9 @@ def pytorchjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
         "maxReplicas": high,
         "maxRestarts": ctx.max_restarts,
     }
+    # the training operator requires the container name "pytorch"
     worker = {"replicas": ctx.nnodes, "restartPolicy": "OnFailure",
-              "template": pod_template(ctx, opts, name, "OnFailure")}  # fmt: skip
+              "template": pod_template(ctx, opts, name, "OnFailure", "pytorch")}  # fmt: skip
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -250,16 +259,21 @@ def pytorchjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
     }
 
 
-def jobset(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
-    """A JobSet with one indexed Job of ``nnodes`` pods (no elastic range)."""
-    job = {
+def indexed_job(ctx: RunContext, opts: KubernetesSpec, name: str, container: str) -> dict:
+    """One indexed Job of ``nnodes`` pods: pod i is the plan's node i (pod.sh)."""
+    return {
         "parallelism": ctx.nnodes,
         "completions": ctx.nnodes,
         "completionMode": "Indexed",
         "backoffLimit": 0,  # torchrun restarts workers; a lost pod restarts the JobSet
-        "template": pod_template(ctx, opts, name, "Never"),
+        "template": pod_template(ctx, opts, name, "Never", container),
     }
-    return {
+
+
+def jobset(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
+    """A JobSet with one indexed Job of ``nnodes`` pods (no elastic range)."""
+    job = indexed_job(ctx, opts, name, "pytorch")
+    return [{
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": _meta(name, opts, name),
@@ -268,4 +282,40 @@ def jobset(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
             "successPolicy": {"operator": "All"},
             "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}],
         },
+    }]  # fmt: skip
+
+
+def runtime_name(ctx: RunContext, opts: KubernetesSpec) -> str:
+    """The run's ClusterTrainingRuntime: cluster-scoped, so named by namespace and run."""
+    return k8s_name(f"jobctl-{opts.namespace}-{ctx.run_id}", limit=63)
+
+
+def trainjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
+    """A Kubeflow Trainer v2 TrainJob and the ClusterTrainingRuntime it runs: the
+    JobSet template of ``jobset`` as the Trainer's "node" step. The runtime carries no
+    ``torch`` policy: the pod script starts torchrun itself, at jobctl's rendezvous,
+    so the plugin's PET_* settings would only be overridden."""
+    runtime, labels = runtime_name(ctx, opts), _meta(name, opts, name)["labels"]
+    node = {"name": "node", "replicas": 1,
+            "template": {"metadata": {"labels": dict(TRAINER_STEP)},
+                         "spec": indexed_job(ctx, opts, name, "node")}}  # fmt: skip
+    template = {"failurePolicy": {"maxRestarts": ctx.max_restarts},
+                "successPolicy": {"operator": "All"}, "replicatedJobs": [node]}  # fmt: skip
+    cluster_runtime = {
+        "apiVersion": f"{TRAINER_GROUP}/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": runtime, "labels": labels},
+        "spec": {"mlPolicy": {"numNodes": ctx.nnodes}, "template": {"spec": template}},
     }
+    ref = {"name": runtime, "apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime"}
+    job = {
+        "apiVersion": f"{TRAINER_GROUP}/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": _meta(name, opts, name),
+        "spec": {"runtimeRef": ref, "trainer": {"numNodes": ctx.nnodes}},
+    }
+    return [cluster_runtime, job]
+
+
+WORKLOADS = {"pytorchjob": lambda *a: [pytorchjob(*a)], "jobset": jobset, "trainjob": trainjob}
+"""Each ``hardware.kubernetes.kind``'s objects, in the order they are applied."""

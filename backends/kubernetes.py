@@ -1,4 +1,5 @@
-"""Kubernetes backend: a PyTorchJob (or JobSet) applied and watched through ``kubectl``.
+"""Kubernetes backend: a PyTorchJob, JobSet or Kubeflow Trainer v2 TrainJob applied and
+watched through ``kubectl``.
 
 Rendering needs no cluster (``manifests.yaml``, with ``channel-secret.sh`` when the pods
 post events, is the whole dry run). Submitting needs ``kubectl`` with a current context;
@@ -28,8 +29,14 @@ from .k8s_manifests import (
 )
 from .remote import RemoteBackend, run_command
 
-RESOURCES = {"pytorchjob": "pytorchjobs.kubeflow.org", "jobset": "jobsets.jobset.x-k8s.io"}
+RESOURCES = {
+    "pytorchjob": "pytorchjobs.kubeflow.org",
+    "jobset": "jobsets.jobset.x-k8s.io",
+    "trainjob": "trainjobs.trainer.kubeflow.org",
+}
 OWNED = "configmaps,services,endpointslices.discovery.k8s.io,secrets"
+# Objects a workload kind brings beside the workload (deleted with it, by label).
+EXTRA = {"trainjob": ",clustertrainingruntimes.trainer.kubeflow.org"}
 SECRET_SCRIPT = "channel-secret.sh"
 
 
@@ -84,7 +91,8 @@ class KubernetesBackend(RemoteBackend):
             raise BackendError(f"kubernetes can only stop pods (TERM or KILL), not signal {sig}")
         for handle in handles:
             namespace, kind, name = split_handle(handle)
-            argv = ["kubectl", "delete", f"{RESOURCES[kind]},{OWNED}", "-n", namespace,
+            owned = f"{RESOURCES[kind]},{OWNED}{EXTRA.get(kind, '')}"
+            argv = ["kubectl", "delete", owned, "-n", namespace,
                     "-l", f"{RUN_LABEL}={name}", "--wait=false"]  # fmt: skip
             if sig == signal.SIGKILL:
                 argv += ["--grace-period=0", "--force"]
@@ -131,15 +139,16 @@ def split_handle(handle: str) -> tuple[str, str, str]:
 
 
 def workload_status(obj: dict) -> NodeStatus:
-    """A PyTorchJob's or JobSet's conditions in jobctl's terms."""
+    """A PyTorchJob's, JobSet's or TrainJob's conditions in jobctl's terms. A TrainJob
+    has no Running condition: it runs while one of its Jobs is active."""
     status = obj.get("status") or {}
     true = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
-    if "Succeeded" in true or "Completed" in true:
+    if {"Succeeded", "Completed", "Complete"} & set(true):  # Complete: TrainJob
         return NodeStatus("succeeded", 0, "Succeeded")
     if "Failed" in true:
         return NodeStatus("failed", 1, "Failed")
     if "Suspended" in true:
         return NodeStatus("stopped", STOPPED_EXIT, "Suspended")
-    if "Running" in true:
+    if "Running" in true or any(j.get("active") for j in status.get("jobsStatus") or []):
         return NodeStatus("running", None, "Running")
     return NodeStatus("pending", None, true[-1] if true else "Created")

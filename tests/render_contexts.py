@@ -63,6 +63,23 @@ CASES: dict[str, tuple[str, dict, dict]] = {
         {"kubernetes": {**KUBE, "kind": "jobset"}, "max_restarts": 3},
         {"rdzv_endpoint": "supervisor.example.com:29400"},
     ),
+    "kubernetes-trainjob": (
+        "kubernetes",
+        {
+            "device": "cuda",
+            "max_restarts": 2,
+            "kubernetes": {
+                **KUBE,
+                "kind": "trainjob",
+                "namespace": "training",
+                "secrets": ["s3-credentials"],
+            },
+        },
+        {
+            "env": {"JOBCTL_CHANNEL_URL": "http://10.0.0.5:29500"},  # pods post events
+            "secret_env": {"JOBCTL_CHANNEL_SECRET": CHANNEL_SECRET},
+        },
+    ),
 }
 
 

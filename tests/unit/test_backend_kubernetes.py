@@ -3,7 +3,10 @@
 The schemas are test data in tests/data (see their headers for provenance): the core
 API and the PyTorchJob as published (``published-openapi.json``, generated from the
 ``kubernetes`` and ``kubeflow-training`` packages by ``published_schemas.py``), the
-training operator's extra rules, and a hand transcription of JobSet. No cluster is needed:
+training operator's extra rules, a hand transcription of JobSet, and the Kubeflow Trainer
+v2 TrainJob and ClusterTrainingRuntime as published (``trainer-v1alpha1.openapi.json``,
+generated from ``kubeflow-trainer-api`` by ``trainer_schemas.py``) with the Trainer's
+conventions (``trainjob-v1alpha1.rules.yaml``). No cluster is needed:
 the real ``kubectl`` applies the manifests (``--dry-run=client``) and runs
 ``channel-secret.sh`` against a stand-in API server on 127.0.0.1 that answers discovery
 and stores what it is sent; status, cancel and logs go through a stand-in ``kubectl``
@@ -44,13 +47,19 @@ DATA = Path(__file__).parents[1] / "data"
 KUBE_CASES = [c for c in sorted(CASES) if c.startswith("kubernetes")]
 # Each kind's schema: the workloads' own files (published schema plus the operator's
 # rules, or JobSet's hand transcription); core objects straight from the published one.
-SCHEMAS = {"PyTorchJob": "pytorchjob-v1.rules.yaml", "JobSet": "jobset-v1alpha2.subset.yaml"}
+SCHEMAS = {
+    "PyTorchJob": "pytorchjob-v1.rules.yaml",
+    "JobSet": "jobset-v1alpha2.subset.yaml",
+    "TrainJob": "trainjob-v1alpha1.rules.yaml#/$defs/TrainJob",
+    "ClusterTrainingRuntime": "trainjob-v1alpha1.rules.yaml#/$defs/ClusterTrainingRuntime",
+}
+FILES = ["pytorchjob-v1.rules.yaml", "jobset-v1alpha2.subset.yaml", "trainjob-v1alpha1.rules.yaml",
+         "published-openapi.json", "trainer-v1alpha1.openapi.json"]  # fmt: skip
 CORE = {"ConfigMap": "v1", "Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
 
 
 def _validator(kind: str):
-    files = [*(DATA / name for name in SCHEMAS.values()), DATA / "published-openapi.json"]
-    schemas = [yaml.safe_load(p.read_text()) for p in files]  # JSON is YAML too
+    schemas = [yaml.safe_load((DATA / name).read_text()) for name in FILES]  # JSON is YAML too
     registry = referencing.Registry().with_resources(
         (s["$id"], referencing.Resource.from_contents(s)) for s in schemas
     )
@@ -83,7 +92,7 @@ def _docs(files: dict[str, str]) -> list[dict]:
 def test_manifests_match_the_published_schemas(case):
     docs = _docs(rendered(case).files)
     kinds = [d["kind"] for d in docs]
-    assert kinds[0] == "ConfigMap" and kinds[-1] in ("PyTorchJob", "JobSet")
+    assert kinds[0] == "ConfigMap" and kinds[-1] in ("PyTorchJob", "JobSet", "TrainJob")
     for doc in docs:
         assert _errors(doc) == [], doc["kind"]
 
@@ -101,6 +110,45 @@ def test_schemas_catch_a_misspelt_field():
     service = next(d for d in docs if d["kind"] == "Service")
     service["spec"]["ports"][0]["targetport"] = 1  # the published core/v1 ServicePort
     assert any("'targetport' was unexpected" in e for e in _errors(service))
+
+
+def test_trainjob_runs_the_pod_script_as_the_trainers_node_step():
+    docs = _docs(rendered("kubernetes-trainjob").files)
+    assert [d["kind"] for d in docs] == [
+        "ConfigMap", "Service", "EndpointSlice", "ClusterTrainingRuntime", "TrainJob"
+    ]  # fmt: skip
+    runtime, job = docs[-2], docs[-1]
+    assert "namespace" not in runtime["metadata"]  # cluster-scoped, named by namespace too
+    assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    assert runtime["metadata"]["name"] == "jobctl-training-quick-1"
+    assert runtime["metadata"]["labels"]["jobctl.dev/run"] == "quick-1"  # cancel deletes it
+    assert job["spec"]["trainer"] == {"numNodes": 2} == runtime["spec"]["mlPolicy"]
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["bash", "/etc/jobctl/pod.sh"]
+    assert node["template"]["spec"]["completionMode"] == "Indexed"  # pod i = plan node i
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": 2}
+    assert "--max-restarts=2 " in docs[0]["data"]["pod.sh"]
+    assert "--nnodes=2 " in docs[0]["data"]["pod.sh"]  # no elastic range: fixed nodes
+
+
+def test_trainjob_schemas_catch_what_the_trainer_would_refuse():
+    docs = _docs(rendered("kubernetes-trainjob").files)
+    runtime, job = docs[-2], docs[-1]
+    job["spec"]["runtimeRef"]["kind"] = "ClusterTrainingRuntimes"
+    job["spec"]["trainer"]["numnodes"] = 2  # the published TrainerV1alpha1Trainer
+    errors = _errors(job)
+    assert any("'numnodes' was unexpected" in e for e in errors), errors
+    assert any("'ClusterTrainingRuntimes' is not one of" in e for e in errors), errors
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "pytorch"
+    assert any("does not contain items matching" in e for e in _errors(runtime))
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "node"
+    assert _errors(runtime) == []
+    del node["template"]["metadata"]["labels"]  # not the trainer step any more
+    assert any("does not contain items matching" in e for e in _errors(runtime))
+    runtime["metadata"]["namespace"] = "training"
+    assert any("should not be valid" in e for e in _errors(runtime))
 
 
 def test_metacharacter_names_still_make_valid_objects(tmp_path):
@@ -224,7 +272,11 @@ API_GROUPS = {
     ("discovery.k8s.io", "v1"): [("endpointslices", "EndpointSlice")],
     ("kubeflow.org", "v1"): [("pytorchjobs", "PyTorchJob")],
     ("jobset.x-k8s.io", "v1alpha2"): [("jobsets", "JobSet")],
+    ("trainer.kubeflow.org", "v1alpha1"): [
+        ("trainjobs", "TrainJob"), ("clustertrainingruntimes", "ClusterTrainingRuntime")
+    ],
 }
+CLUSTER_SCOPED = {"ClusterTrainingRuntime"}
 
 
 def _discovery(path: str) -> dict | None:
@@ -242,7 +294,8 @@ def _discovery(path: str) -> dict | None:
         if path == (f"/apis/{group}/{version}" if group else "/api/v1"):
             verbs = ["create", "get", "list", "delete"]
             listed = [
-                {"name": n, "singularName": n[:-1], "namespaced": True, "kind": k, "verbs": verbs}
+                {"name": n, "singularName": n[:-1], "namespaced": k not in CLUSTER_SCOPED,
+                 "kind": k, "verbs": verbs}  # fmt: skip
                 for n, k in resources
             ]
             gv = f"{group}/{version}" if group else version
@@ -391,6 +444,25 @@ def test_submit_status_cancel_logs_through_kubectl(fake_kubectl, tmp_path):
     ) in calls
 
 
+def test_a_trainjob_is_watched_and_cancelled_with_its_runtime(fake_kubectl, tmp_path):
+    backend = get_backend("kubernetes")
+    backend._cache.ttl = 0
+    ctx = context("kubernetes", {"kubernetes": {**KUBE, "kind": "trainjob"}}, run_dir=tmp_path)
+    handles = backend.submit(backend.render(ctx), ctx)
+    assert handles == ["default/trainjob/quick-1"]
+    (fake_kubectl / "object.json").write_text(_conditions("Created", "Complete"))
+    assert backend.poll(handles) == [0]
+    backend.cancel(handles)
+    calls = (fake_kubectl / "calls").read_text().splitlines()
+    get = "get trainjobs.trainer.kubeflow.org quick-1 -n default -o json --ignore-not-found"
+    assert get in calls
+    assert (
+        "delete trainjobs.trainer.kubeflow.org,configmaps,services,"
+        "endpointslices.discovery.k8s.io,secrets,clustertrainingruntimes.trainer.kubeflow.org "
+        "-n default -l jobctl.dev/run=quick-1 --wait=false"
+    ) in calls
+
+
 def test_submit_without_a_cluster_is_a_clear_error(fake_kubectl, tmp_path):
     (fake_kubectl / "no-context").touch()
     ctx = context("kubernetes", {"kubernetes": KUBE}, run_dir=tmp_path)
@@ -411,7 +483,18 @@ def test_submit_without_a_cluster_is_a_clear_error(fake_kubectl, tmp_path):
         (("Created", "Failed"), "failed"),
         (("Completed",), "succeeded"),  # JobSet
         (("Suspended",), "stopped"),
+        (("Created", "Complete"), "succeeded"),  # TrainJob
     ],
 )
 def test_workload_conditions_map_to_phases(conditions, phase):
     assert workload_status(json.loads(_conditions(*conditions))).phase == phase
+
+
+def test_a_trainjob_runs_while_one_of_its_jobs_is_active():
+    """A TrainJob has no Running condition; its jobsStatus counts active Jobs."""
+    job = json.loads(_conditions("Created"))
+    job["status"]["jobsStatus"] = [{"name": "node", "active": 0, "ready": 0, "failed": 0,
+                                    "succeeded": 0, "suspended": 0}]  # fmt: skip
+    assert workload_status(job).phase == "pending"
+    job["status"]["jobsStatus"][0]["active"] = 1
+    assert workload_status(job).phase == "running"

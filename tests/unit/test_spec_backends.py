@@ -91,7 +91,7 @@ def test_full_backend_sections_load_and_round_trip():
         ("hardware: {kubernetes: {image: i, secrets: ['My Secret']}}",
          "hardware.kubernetes.secrets[0]", "match"),
         ("hardware: {kubernetes: {image: i, kind: mpijob}}", "hardware.kubernetes.kind",
-         "'pytorchjob' or 'jobset'"),
+         "'pytorchjob', 'jobset' or 'trainjob'"),
         ("hardware: {ssh: {port: 0}}", "hardware.ssh.port", "greater than or equal to 1"),
         ("hardware: {ssh: {user: '-oProxyCommand=x'}}", "hardware.ssh.user", "match"),
         ("hardware: {ssh: {strict_host_key_checking: 'no'}}",
