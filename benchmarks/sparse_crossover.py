@@ -3,8 +3,10 @@
 For the transformer-block linear shapes of a job spec (qkv, attention proj, mlp fc, mlp
 proj at one micro-batch of tokens), one training micro-batch of every layer is timed
 dense (``F.linear`` forward + backward) and CSR (``CsrLinearFn`` forward + backward,
-plus gathering the CSR values once per optimizer step, amortised over the step's
-micro-batches), at a ladder of sparsities, one thread per worker as the runtime uses.
+plus gathering the CSR values once per optimizer step, amortised over the micro-batches
+one replica runs per step: B / (m x D) with the m and D the job is planned with, as the
+trainer amortises it), at a ladder of sparsities, one thread per worker as the runtime
+uses. The shapes' tokens are the planned m x seq_len, the key ``auto`` looks up.
 Prints the CSR / dense time ratio per sparsity and shape and, last, each shape's
 crossover (the lowest sparsity from which CSR takes at most 90 % of dense time at every
 higher one). The crossovers are written to the state home's calibration cache, where
@@ -22,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.pruning.crossover import (
     SPARSITIES,
     entry,
@@ -50,14 +53,15 @@ def main() -> None:
     torch.set_num_threads(1)
     spec = load_spec(args.spec)
     hidden = args.hidden or spec.model.hidden
-    micro = spec.training.micro_batch_size
-    micro = micro if isinstance(micro, int) else 1
+    plan = make_plan(spec)  # the m and D the trainer runs with (pruner._per_step)
+    micro = plan.micro_batch_size
     tokens = micro * spec.model.seq_len
-    per_step = max(1, spec.training.global_batch_size // micro)
+    per_step = max(1, spec.training.global_batch_size // (micro * plan.D))
     device = torch.device("cpu")
     path = record_path(args.home, device)
     records = load(path)
-    table = Table(title=f"CSR / dense time of a linear layer's fwd+bwd, {tokens} tokens")
+    title = f"CSR / dense fwd+bwd time, {tokens} tokens, gather / {per_step} micro-batches"
+    table = Table(title=f"{title} (m={micro}, D={plan.D})")
     table.add_column("shape (out x in)")
     for s in SPARSITIES:
         table.add_column(f"{100 * s:.0f} %", justify="right")
