@@ -1,84 +1,125 @@
-"""A stage's backward, whole or split into input gradient (B) and weight gradients (W).
+"""A stage's backward split into input gradient (B) and weight gradients (W).
 
 Zero-bubble schedules (arXiv 2401.10241) run B as soon as the next stage's gradient
 arrives, since the previous stage waits for it, and W later, where the stage would
-otherwise idle. ``input_grads`` computes only the gradient of the stage input with
-``torch.autograd.grad`` on the stage inputs, and keeps, for W, just the gradients
-that reach the autograd nodes where the weights' branches join the input's path;
-``weight_grads`` then runs autograd from those nodes to the weights only, so B and W
-together do the work of one whole backward. B is
-``torch.distributed.pipelining._backward.stage_backward_input``, the function
-PyTorch's own zero-bubble schedules run. W differs from its
-``stage_backward_weight``, which runs autograd once per group of weights (one per
-layer, each call paying the engine's start-up): ``weight_grads`` runs it once for all
-of them, each branch point clamped to its saved gradient so that a point below
-another is not counted twice (the same clamp PyTorch applies within a group).
+otherwise idle. The weight gradients worth moving are the matrix products of the
+linear layers: ``defer_linear_weights`` routes a stage's ``nn.Linear`` layers through
+``DeferredLinear``, whose backward, while a B is running, returns the input gradient
+only and keeps the layer's input and output gradient for W. B itself
+(``input_grads``) is ``torch.autograd.grad`` on the stage input and on the weights
+that are not deferred (norms, embeddings), which are cheap and finished in B; it frees
+the autograd graph, so between B and W a micro-batch holds only what W multiplies.
+W (``weight_grads``) then adds ``g^T x`` (and ``sum g`` for a bias) to each layer's
+gradient: B and W together do the arithmetic of one whole backward, in the same
+order per layer, and nothing else.
 
-A stage whose input needs no gradient (the first one: it reads tokens) has nothing
-for B to compute: its B runs the whole backward and its W has nothing left to do.
+A layer whose ``forward`` something else replaced (pruning's CSR kernels) keeps it and
+gets its weight gradient in B; so does any other kind of layer. Outside a B (a whole
+backward, the calibration probe) ``DeferredLinear`` computes every gradient at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+from collections import defaultdict
 
 import torch
-from torch.autograd.graph import GradientEdge
-from torch.distributed.pipelining._backward import stage_backward_input
+import torch.nn.functional as F  # noqa: N812 - torch's convention
+from torch import nn
+
+Stash = list[tuple[nn.Linear, torch.Tensor, torch.Tensor]]  # (layer, input, output grad)
 
 
-@dataclass
-class PendingWeights:
-    """What W needs after B: the captured gradients at the weights' branch points."""
+class WeightStore:
+    """The weight-gradient work B left, by micro-batch, for W."""
 
-    params: list[torch.nn.Parameter]
-    groups: list[dict] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.active: int | None = None  # the micro-batch whose B is running
+        self.pending: dict[int, Stash] = defaultdict(list)
+
+
+class DeferredLinear(torch.autograd.Function):
+    """``F.linear`` whose weight gradient waits for W while a B is running."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer: nn.Linear, store: WeightStore):  # noqa: ANN001
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.store, ctx.has_bias = layer, store, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001
+        x, weight = ctx.saved_tensors
+        dx = g.matmul(weight) if ctx.needs_input_grad[0] else None
+        if ctx.store.active is not None:
+            ctx.store.pending[ctx.store.active].append((ctx.layer, x, g))
+            return dx, None, None, None, None
+        dw, db = _linear_weight_grads(x, g, ctx.has_bias)
+        return dx, dw, db, None, None
+
+
+def _linear_weight_grads(x: torch.Tensor, g: torch.Tensor, bias: bool):
+    """``g^T x`` over all leading dimensions, and the bias gradient ``sum g``."""
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    return g2.t().mm(x2), (g2.sum(0) if bias else None)
+
+
+def _deferred_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if not torch.is_grad_enabled():  # no graph (a forward recomputed later): nothing to defer
+        return F.linear(x, self.weight, self.bias)
+    return DeferredLinear.apply(x, self.weight, self.bias, self, self._jobctl_store)
+
+
+def defer_linear_weights(stage: nn.Module, store: WeightStore) -> set[nn.Parameter]:
+    """Route ``stage``'s plain ``nn.Linear`` layers through ``DeferredLinear`` (once);
+    returns the parameters whose gradients W computes."""
+    deferred: set[nn.Parameter] = set()
+    for mod in stage.modules():
+        if type(mod) is not nn.Linear:
+            continue
+        if "forward" not in mod.__dict__:
+            mod.forward = types.MethodType(_deferred_forward, mod)
+        elif getattr(mod.forward, "__func__", None) is not _deferred_forward:
+            continue  # replaced by someone else: its gradient stays in B
+        mod._jobctl_store = store
+        deferred.update(p for p in (mod.weight, mod.bias) if p is not None)
+    return deferred
 
 
 def input_grads(
-    out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, params: list
-) -> PendingWeights | None:
-    """B: ``x.grad`` from ``out`` (the loss when ``grad`` is None); the weight
-    gradients are left for ``weight_grads``. None: nothing is left (whole backward)."""
-    if not x.requires_grad:
-        if grad is None:
-            out.backward()
-        else:
-            torch.autograd.backward(out, grad)
-        return None
-    grads = None if grad is None else [grad]
-    _, groups = stage_backward_input([out], grads, [x], iter(params))
-    return PendingWeights(params, groups)
-
-
-def weight_grads(pending: PendingWeights | None) -> None:
-    """W: accumulate the weight gradients B left; frees the rest of the graph."""
-    if pending is None:
-        return
-    saved: dict = {}  # branch point -> the gradients B saw arrive there
-    for group in pending.groups:
-        saved.update(zip(group["intermediates"], group.get("grads") or (), strict=False))
-    roots = [(GradientEdge(node, k), g) for node, gs in saved.items() for k, g in enumerate(gs)]
-    roots = [(edge, g) for edge, g in roots if g is not None]
-    if not roots:
-        return
-    params = [p for p in pending.params if p.requires_grad]
-    hooks = [node.register_prehook(lambda _, gs=gs: gs) for node, gs in saved.items()]
+    root: torch.Tensor,
+    grad: torch.Tensor | None,
+    x: torch.Tensor,
+    params: list[nn.Parameter],
+    store: WeightStore,
+    i: int,
+) -> None:
+    """B of micro-batch ``i``: ``x.grad`` and the gradients of ``params`` (those not
+    deferred) from ``root`` (the output with ``grad``, or the loss); linear layers
+    leave their weight gradients in ``store`` for ``weight_grads``."""
+    leaves = ([x] if x.requires_grad else []) + [p for p in params if p.requires_grad]
+    store.active = i
     try:
-        grads = torch.autograd.grad(
-            [edge for edge, _ in roots],
-            [_grad_edge(p) for p in params],
-            grad_outputs=[g for _, g in roots],
-            allow_unused=True,
-        )
+        grads = torch.autograd.grad(root, leaves, grad, allow_unused=True) if leaves else ()
     finally:
-        for hook in hooks:
-            hook.remove()
-    for p, g in zip(params, grads, strict=True):
-        if g is not None:
-            p.grad = g if p.grad is None else p.grad + g
+        store.active = None
+    for leaf, g in zip(leaves, grads, strict=True):
+        _accumulate(leaf, g)
 
 
-def _grad_edge(p: torch.nn.Parameter) -> GradientEdge:
-    """The edge into a weight's AccumulateGrad node (what autograd.grad can target)."""
-    return GradientEdge(p.view_as(p).grad_fn.next_functions[0][0], 0)
+def weight_grads(store: WeightStore, i: int) -> None:
+    """W of micro-batch ``i``: the linear layers' weight (and bias) gradients B left."""
+    for layer, x, g in store.pending.pop(i, ()):
+        dw, db = _linear_weight_grads(x, g, layer.bias is not None)
+        _accumulate(layer.weight, dw)
+        if db is not None:
+            _accumulate(layer.bias, db)
+
+
+def _accumulate(t: torch.Tensor, g: torch.Tensor | None) -> None:
+    if g is None or not t.requires_grad:
+        return
+    if t.grad is None:  # a weight's gradient is its own tensor, as autograd leaves it
+        t.grad = g.detach().clone() if isinstance(t, nn.Parameter) else g.detach()
+    else:
+        t.grad += g

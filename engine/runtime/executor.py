@@ -24,7 +24,12 @@ import torch
 from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import Stage, lm_loss
-from jobctl.engine.runtime.backward import input_grads, weight_grads
+from jobctl.engine.runtime.backward import (
+    WeightStore,
+    defer_linear_weights,
+    input_grads,
+    weight_grads,
+)
 from jobctl.engine.runtime.p2p.gloo import Inbox, Outbox
 from jobctl.engine.runtime.p2p.shm import ShmInbox, ShmOutbox
 from jobctl.engine.runtime.topology import Topology
@@ -87,6 +92,10 @@ class StepExecutor:
         mine = self.shard.count(self.topo.replica)
         actions = [a for a in actions if a.micro_batch < mine]
         self.rec, self.split = recomputed(actions), weight_split(actions)
+        if self.split:  # linear layers leave their weight gradients to W
+            self.weights = WeightStore()
+            deferred = defer_linear_weights(self.stage, self.weights)
+            self.in_b = [p for p in self.stage.parameters() if p not in deferred]
         fwd_order = [a.micro_batch for a in actions if a.op is Op.FORWARD]
         bwd_order = [a.micro_batch for a in actions if a.op is Op.BACKWARD]
         window = max(2, self.topo.P)
@@ -163,7 +172,8 @@ class StepExecutor:
             stats.fwd_s.append(time.perf_counter() - t0)
         elif a.op is Op.WEIGHT:
             t0 = time.perf_counter()
-            weight_grads(self.saved.pop(a.micro_batch)["pending"])
+            weight_grads(self.weights, a.micro_batch)
+            del self.saved[a.micro_batch]
             stats.bwd_s.append(time.perf_counter() - t0)
         else:
             loss, seconds = self._backward(a.micro_batch)
@@ -212,8 +222,10 @@ class StepExecutor:
     def _backward(self, i: int) -> tuple[float, float]:
         """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds).
 
-        A split backward (``i`` has a W) computes the input gradient only and keeps
-        what its W needs in ``saved[i]``, which holds the graph until then.
+        A split backward (``i`` has a W) computes the input gradient (and the
+        gradients of weights outside linear layers) and frees the graph; the linear
+        layers' inputs and output gradients wait in ``self.weights`` for W(i), and
+        ``saved[i]`` marks the micro-batch as held until then.
         """
         s = self.saved.pop(i)
         grad = None if self.topo.is_last else self.grads_in.take(i)
@@ -221,8 +233,8 @@ class StepExecutor:
         loss = float(s["loss"].detach()) if grad is None else 0.0
         t0 = time.perf_counter()
         if i in self.split:
-            params = [p for p in self.stage.parameters() if p.requires_grad]
-            self.saved[i] = {"graph": True, "pending": input_grads(out, grad, s["x"], params)}
+            input_grads(out, grad, s["x"], self.in_b, self.weights, i)
+            self.saved[i] = {"graph": True}
         elif grad is None:
             out.backward()
         else:
