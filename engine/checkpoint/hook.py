@@ -98,7 +98,11 @@ class Checkpointing(StepHook):
         masks = self.masks() if self.masks is not None else None
         mine = blocks_written_by(plan, self.rank)
         snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks)
-        meta = {
+        self.manager.save(step, snap, self.meta(plan, step), final=final)
+
+    def meta(self, plan: Plan, step: int) -> dict:
+        """The ``meta.json`` of a checkpoint of ``step`` taken under ``plan``."""
+        return {
             "step": step,
             "next_sample": step * plan.global_batch_size,
             "global_batch_size": plan.global_batch_size,
@@ -109,7 +113,6 @@ class Checkpointing(StepHook):
             "rng": "derived from (training.seed, step, rank)",
             "lr": lr_at(step, self.spec.training),
         }
-        self.manager.save(step, snap, meta, final=final)
 
     @functools.cached_property
     def spec_hash(self) -> str:

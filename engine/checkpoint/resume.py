@@ -2,8 +2,9 @@
 
 Local checkpoints are verified against their manifest's sha256; a newer remote one is
 downloaded (and verified on the way) into the local tier. A corrupted or incomplete
-checkpoint is skipped with a warning and the previous one is used: a bad upload never
-costs more than one checkpoint interval.
+checkpoint (a malformed manifest, a symbolic link) is skipped with a one-line logged
+warning that says why, and the previous one is used: a bad upload never costs more than
+one checkpoint interval.
 """
 
 from __future__ import annotations
@@ -39,20 +40,17 @@ def local_root(checkpoint: CheckpointSpec, run_dir: Path) -> Path:
 
 
 def _complete_steps(store: CheckpointStore, verify: bool) -> list[int]:
-    """Complete steps, newest first, skipping (with a warning) the bad ones."""
+    """Complete steps, newest first, skipping the bad ones with a one-line warning that
+    says why (a malformed manifest, a symbolic link, a file of the wrong size)."""
     good = []
     for step in sorted(store.steps(), reverse=True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CheckpointWarning)
-            ok = store.is_complete(step, verify=verify)
-        if ok:
+            problem = store.problem(step, verify=verify)
+        if problem is None:
             good.append(step)
         else:
-            warnings.warn(
-                f"{store!r}: step {step} is incomplete or corrupted; skipped",
-                CheckpointWarning,
-                stacklevel=2,
-            )
+            log.warning("checkpoint %s step %d skipped: %s", store.url, step, problem)
     return good
 
 
@@ -68,11 +66,7 @@ def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | N
             try:
                 path = remote.download(step, root)
             except CorruptCheckpointError as e:
-                warnings.warn(
-                    f"remote step {step} failed verification ({e}); trying the previous",
-                    CheckpointWarning,
-                    stacklevel=2,
-                )
+                log.warning("remote step %d failed verification (%s); trying the previous", step, e)
                 continue
             return ResumePoint(step, path, checkpoint.remote)
     if best_local is None:

@@ -17,13 +17,18 @@ from typing import Any
 
 import jinja2
 import yaml
+from jinja2.sandbox import SandboxedEnvironment
 from pydantic import ValidationError
 
 from jobctl.engine.fleet.spec import FleetSpec, fleet_issues
 from jobctl.spec import JobSpec, SpecError, SpecIssue, load_spec_text
+from jobctl.spec.loader import decode_text
 from jobctl.spec.source import Source, parse_yaml
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+# Sandboxed: a template is data from a fleet file; `{{ cycler.__init__.__globals__.os }}`
+# and the like must not reach Python objects (fleets are trusted code only as far as
+# their member specs name model.import factories).
+_ENV = SandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,10 @@ def load_fleet(path: str | Path) -> Fleet:
     """Load ``path`` and render its members; raises :class:`SpecError` with every issue."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
         raise SpecError([SpecIssue(str(path), None, None, "", f"cannot read: {e}")]) from None
+    text = decode_text(raw, str(path))  # bad bytes: a SpecError at their line:column
     source = parse_yaml(text, str(path))
     if source.issues or not isinstance(source.data, dict):
         raise SpecError(source.issues or [_issue(source, (), "a fleet file must be a mapping")])

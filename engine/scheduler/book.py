@@ -12,20 +12,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from zoneinfo import ZoneInfo
 
 from apscheduler.jobstores.base import JobLookupError
-from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.interval import IntervalTrigger
 
 from jobctl.engine.scheduler.daemon import DEFAULT_GRACE_S, Daemon
+from jobctl.engine.scheduler.store import cron_weekdays as cron_weekdays  # re-exported
+from jobctl.engine.scheduler.store import rule_json, trigger_for
 from jobctl.engine.scheduler.trigger import Trigger, fire
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents
 from jobctl.spec import ScheduleSpec
-
-_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
 class NoSuchSchedule(LookupError):
@@ -46,49 +42,6 @@ class ScheduleRow:
     @property
     def paused(self) -> bool:
         return self.next_run is None
-
-
-def cron_weekdays(field: str) -> str:
-    """Cron's day-of-week field (0 or 7 = Sunday) as apscheduler 3 reads it (0 = Monday).
-
-    Apscheduler 3 numbers weekdays from Monday, so ``1-5`` would mean Tuesday to
-    Saturday there; the days are spelled out by name instead, which it reads correctly.
-    """
-    if field == "*":
-        return field
-    days: set[int] = set()
-    for item in field.lower().split(","):
-        base, _, step = item.partition("/")
-        if base == "*":
-            lo, hi = 0, 6
-        else:
-            first, _, last = base.partition("-")
-            lo = _day(first)
-            hi = _day(last) if last else (6 if step else lo)
-            hi = 7 if hi == 0 and last else hi  # "5-0" / "fri-sun": Sunday ends the range
-        days.update(d % 7 for d in range(lo, hi + 1, int(step or 1)))
-    return ",".join(_DAY_NAMES[d] for d in sorted(days))
-
-
-def _day(token: str) -> int:
-    return _DAY_NAMES.index(token[:3]) if token[:3] in _DAY_NAMES else int(token)
-
-
-def trigger_for(rule: ScheduleSpec) -> BaseTrigger:
-    """The apscheduler trigger of a spec's ``schedule`` section."""
-    tz = ZoneInfo(rule.timezone)
-    window = {"start_date": rule.start, "end_date": rule.end, "timezone": tz}
-    if rule.interval_s is not None:
-        return IntervalTrigger(seconds=rule.interval_s, **window)
-    minute, hour, day, month, weekday = rule.cron.split()
-    return CronTrigger(
-        minute=minute,
-        hour=hour,
-        day=day,
-        month=month,
-        day_of_week=cron_weekdays(weekday),
-        **window,
-    )
 
 
 def describe(rule: ScheduleSpec) -> str:
@@ -128,7 +81,7 @@ class ScheduleBook:
             trigger=trigger_for(rule),
             id=job,
             name=describe(rule),
-            kwargs={"job": job, "spec": spec},
+            kwargs={"job": job, "spec": spec, "rule": rule_json(rule)},
             misfire_grace_time=grace,
             replace_existing=True,
         )

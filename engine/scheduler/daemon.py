@@ -1,7 +1,7 @@
 """``jobctl scheduler run``: the daemon that fires persisted schedules.
 
-An apscheduler 3 scheduler whose job store is a ``SQLAlchemyJobStore`` in the state DB,
-so schedules survive restarts and every daemon on that DB sees the same ones. Due
+An apscheduler 3 scheduler whose job store is a table of plain data in the state DB
+(engine/scheduler/store: no pickles), so schedules survive restarts and every daemon on that DB sees the same ones. Due
 triggers are coalesced (many missed firings of a resume are one resume) and a trigger
 later than its ``misfire_grace_time`` is recorded as missed. The daemon is one thread:
 a loop of "fire what is due, renew and reap children, wait" that wakes at least every
@@ -25,9 +25,9 @@ from apscheduler.events import (
 )
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.jobstores.base import JobLookupError
-from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.base import BaseScheduler
 
+from jobctl.engine.scheduler.store import DataJobStore
 from jobctl.engine.scheduler.trigger import Trigger
 from jobctl.engine.state.db import StateDB
 
@@ -39,7 +39,7 @@ class TriggerExecutor(BaseExecutor):
     """Hands due schedules to the daemon's :class:`Trigger`, in the daemon's own thread.
 
     Firing takes a few DB statements and at most one process start, so there is no
-    pool; the stored callable gets the trigger, which holds what cannot be pickled into
+    pool; the stored callable gets the trigger, which holds what cannot be stored in
     the job store (the leases and child processes of this daemon).
     """
 
@@ -79,7 +79,7 @@ class Daemon(BaseScheduler):
         self._wake = threading.Event()
         self._stopping = False
         super().__init__(
-            jobstores={"default": SQLAlchemyJobStore(engine=db.engine)},
+            jobstores={"default": DataJobStore(db.engine)},
             executors={"default": TriggerExecutor(self.trigger)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": grace_s},
             timezone=timezone.utc,

@@ -216,9 +216,12 @@ def fire(
     *,
     trigger: Trigger | None = None,
     scheduled: datetime | None = None,
+    rule: str | None = None,
 ) -> str:
     """The callable every persisted schedule names; ``jobctl scheduler run`` calls it
-    with its :class:`Trigger` (the leases and children of that process)."""
+    with its :class:`Trigger` (the leases and children of that process). ``rule`` is
+    the schedule's rule as stored (engine/scheduler/store), which the trigger already
+    follows."""
     if trigger is None:
         raise TypeError("fire() runs inside `jobctl scheduler run`, which passes its Trigger")
     return trigger.fire(job, spec, scheduled)

@@ -4,11 +4,19 @@ home, rich markup in user strings, a damaged or locked state DB.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
 from jobctl.engine.core.home import require_run_id
+from jobctl.engine.fleet.loader import load_fleet
+from jobctl.engine.scheduler.book import ScheduleBook
+from jobctl.engine.scheduler.store import TABLE
+from jobctl.engine.state.db import StateDB
+from jobctl.spec import ScheduleSpec, SpecError
 
 from ..jobrun import QUICKSTART
 
@@ -28,3 +36,62 @@ def test_a_run_id_that_leaves_the_state_home_is_refused(tmp_path, monkeypatch, r
 
 def test_run_ids_jobctl_makes_pass():
     assert require_run_id("quickstart-20261125-231500-0a1b") == "quickstart-20261125-231500-0a1b"
+
+
+class Planted:
+    """A pickle that, once loaded, touches ``path``: what a planted job-store row did."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_schedule_rows_are_data_a_planted_pickle_runs_nothing(tmp_path):
+    db = StateDB(tmp_path / "home")
+    rule = ScheduleSpec(cron="0 * * * *")
+    with ScheduleBook(db) as book:
+        book.add("good", rule, None)
+    marker = tmp_path / "pwned"
+    planted = pickle.dumps(Planted(marker), protocol=0).decode()
+    with db.engine.begin() as conn:
+        conn.execute(
+            sa.text(f"INSERT INTO {TABLE} VALUES ('evil', 1.0, :state)"), {"state": planted}
+        )
+        conn.execute(
+            sa.text("CREATE TABLE apscheduler_jobs (id TEXT, next_run_time REAL, job_state BLOB)")
+        )
+        conn.execute(
+            sa.text("INSERT INTO apscheduler_jobs VALUES ('evil', 1.0, :s)"),
+            {"s": planted.encode()},
+        )
+    result = runner.invoke(app, ["schedule", "list", "--home", str(tmp_path / "home")])
+    assert result.exit_code == 0, result.output
+    assert "good" in result.output and "evil" not in result.output
+    assert not marker.exists()
+    with ScheduleBook(db) as book:
+        assert [row.job for row in book.list()] == ["good"]
+        assert book.get("good").rule == "cron '0 * * * *' (UTC)"
+
+
+@pytest.mark.parametrize("where", ["member_name", "template"])
+def test_a_fleet_template_cannot_reach_python(tmp_path, where):
+    marker = tmp_path / "pwned"
+    evil = "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
+    name, template = (
+        "m-{{ lr }}",
+        "name: x\\nmodel: {}\\ntraining: {global_batch_size: 4, steps: 1}",
+    )
+    if where == "member_name":
+        name += evil
+    else:
+        template += "\\n# " + evil
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        f'name: f\nmatrix: {{lr: [0.1]}}\nmember_name: "{name}"\ntemplate: "{template}\\n"\n'
+    )
+    with pytest.raises(SpecError) as info:
+        load_fleet(path)
+    assert not marker.exists()
+    assert any("is unsafe" in issue.message for issue in info.value.errors), info.value

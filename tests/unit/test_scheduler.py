@@ -12,12 +12,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from apscheduler.triggers.interval import IntervalTrigger
 from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
 from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook, cron_weekdays, trigger_for
 from jobctl.engine.scheduler.daemon import Daemon
+from jobctl.engine.scheduler.store import rule_json
 from jobctl.engine.scheduler.trigger import Trigger, fire
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases
@@ -295,13 +295,14 @@ def test_daemon_records_a_missed_trigger_and_coalesces_a_backlog(tmp_path):
     _run(db, "job-1", "job", "launching", "training")
     _run(db, "late-1", "late", "launching", "training")
     now = datetime.now(timezone.utc)
-    hourly = IntervalTrigger(hours=1, start_date=now - timedelta(hours=5, minutes=1))
+    rule = ScheduleSpec(interval_s=3600, start=now - timedelta(hours=5, minutes=1))
+    hourly, stored = trigger_for(rule), rule_json(rule)  # the store keeps rules as data
     store = Daemon(db)
     store.start(paused=True)  # as `schedule add` does: nothing fires
     backlog = {"next_run_time": now - timedelta(hours=5), "misfire_grace_time": None}
-    store.add_job(fire, hourly, id="job", kwargs={"job": "job"}, **backlog)
+    store.add_job(fire, hourly, id="job", kwargs={"job": "job", "rule": stored}, **backlog)
     late = {"next_run_time": now - timedelta(minutes=30), "misfire_grace_time": 60}
-    store.add_job(fire, hourly, id="late", kwargs={"job": "late"}, **late)
+    store.add_job(fire, hourly, id="late", kwargs={"job": "late", "rule": stored}, **late)
     store.shutdown(wait=False)
 
     def exited(argv, log):

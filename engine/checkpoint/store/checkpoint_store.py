@@ -196,13 +196,24 @@ class CheckpointStore:
             names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
         except FileNotFoundError:
             return set(), set()
-        found = [parse_step_dirname(name) for name in names]
+        found = [parse_step_dirname(name) for name in names if not self._linked(name)]
         staged = [
             parse_step_dirname(name.removesuffix(STAGING_SUFFIX))
             for name in names
             if name.endswith(STAGING_SUFFIX)
         ]
         return {s for s in found if s is not None}, {s for s in staged if s is not None}
+
+    def _linked(self, name: str) -> bool:
+        """A symbolic link under a local root: never followed (it may lead out of the
+        root: resuming from it, or retention deleting there), so never a step."""
+        protocol = self.fs.protocol
+        local = "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
+        path = f"{self.root}/{name}"
+        if local and os.path.islink(path):
+            logger.warning("skipping %s: a symbolic link, not followed", path)
+            return True
+        return False
 
     def manifest(self, step: int) -> Manifest:
         """The manifest of `step`; IncompleteCheckpointError if absent, Corrupt if unreadable."""
@@ -225,7 +236,7 @@ class CheckpointStore:
 
     def is_complete(self, step: int, verify: bool = False) -> bool:
         """Manifest present and every file present with its size (and sha256 if `verify`)."""
-        return self._problem(step, verify) is None
+        return self.problem(step, verify) is None
 
     def latest_complete(self, verify: bool = False) -> int | None:
         """Newest complete step, warning about (and skipping) newer incomplete or corrupt ones.
@@ -233,7 +244,7 @@ class CheckpointStore:
         `verify` also checks the sha256 of every file of the candidates (reads them all).
         """
         for step in reversed(self.steps()):
-            problem = self._problem(step, verify)
+            problem = self.problem(step, verify)
             if problem is None:
                 return step
             warnings.warn(
@@ -243,7 +254,7 @@ class CheckpointStore:
             )
         return None
 
-    def _problem(self, step: int, verify: bool) -> str | None:
+    def problem(self, step: int, verify: bool = False) -> str | None:
         """Why `step` is not a usable checkpoint, or None if it is."""
         try:
             manifest = self.manifest(step)
@@ -260,6 +271,9 @@ class CheckpointStore:
         self.fs.invalidate_cache()
         found = self.fs.find(base, detail=True)
         sizes = {path[len(base) + 1 :]: int(info["size"]) for path, info in found.items()}
+        linked = sorted(path[len(base) + 1 :] for path, info in found.items() if info.get("islink"))
+        if linked or self._linked(f"{step_dirname(step)}/{MANIFEST_NAME}"):
+            return f"step {step}: {(linked or [MANIFEST_NAME])[0]} is a symbolic link"
         for name, entry in sorted(manifest.files.items()):
             if name not in sizes:
                 return f"step {step}: file {name} is missing"
@@ -352,7 +366,7 @@ class CheckpointStore:
         found, staged = self._entries()
         steps = sorted(found)
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            verdicts = list(pool.map(partial(self._problem, verify=False), steps))
+            verdicts = list(pool.map(partial(self.problem, verify=False), steps))
         problems = dict(zip(steps, verdicts, strict=True))
         complete = [step for step, problem in problems.items() if problem is None]
         doomed = plan_retention(complete, set(problems) - set(complete), keep_last, keep_every)

@@ -13,11 +13,12 @@ I/O on a store; `checkpoint_store` moves the bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -103,7 +104,10 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FileEntry:
-        return cls(size=int(data["size"]), sha256=str(data["sha256"]))
+        size = data["size"]
+        if type(size) is not int or size < 0:
+            raise ValueError(f"size must be an integer >= 0, got {str(size)[:40]}")
+        return cls(size=size, sha256=str(data["sha256"]))
 
 
 def _files_to_dict(files: Mapping[str, FileEntry]) -> dict[str, Any]:
@@ -133,12 +137,13 @@ class PartRecord:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> PartRecord:
-        body = json.loads(data)
-        return cls(
-            step=int(body["step"]),
-            part=check_part_name(str(body["part"])),
-            files=_files_from_dict(body["files"]),
-        )
+        with _malformed_is_a_value_error():
+            body = _json_object(data)
+            return cls(
+                step=_step(body["step"]),
+                part=check_part_name(str(body["part"])),
+                files=_files_from_dict(body["files"]),
+            )
 
 
 @dataclass(frozen=True)
@@ -162,15 +167,40 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Manifest:
-        body = json.loads(data)
-        if body.get("format") != FORMAT_VERSION:
-            raise ValueError(f"unsupported manifest format {body.get('format')!r}")
-        return cls(
-            step=int(body["step"]),
-            parts=[check_part_name(str(p)) for p in body["parts"]],
-            files=_files_from_dict(body["files"]),
-            meta=dict(body.get("meta") or {}),
-        )
+        """The manifest in ``data``; ValueError for anything else (any shape, any depth)."""
+        with _malformed_is_a_value_error():
+            body = _json_object(data)
+            if body.get("format") != FORMAT_VERSION:
+                raise ValueError(f"unsupported manifest format {body.get('format')!r}")
+            return cls(
+                step=_step(body["step"]),
+                parts=[check_part_name(str(p)) for p in body["parts"]],
+                files=_files_from_dict(body["files"]),
+                meta=dict(body.get("meta") or {}),
+            )
+
+
+@contextlib.contextmanager
+def _malformed_is_a_value_error() -> Iterator[None]:
+    """A manifest or part record of the wrong shape (``[]``, ``{"files": []}``, a step of
+    ``1e400``, JSON 100,000 levels deep) is as unreadable as bad JSON: a ValueError."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        raise ValueError(f"malformed: {type(e).__name__}: {e}") from None
+
+
+def _json_object(data: bytes | str) -> dict[str, Any]:
+    body = json.loads(data)
+    if not isinstance(body, dict):
+        raise ValueError(f"expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _step(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"step must be an integer >= 0, got {str(value)[:40]}")
+    return value
 
 
 def measure_files(local_dir: str | os.PathLike[str], files: Iterable[str]) -> dict[str, FileEntry]:
