@@ -19,6 +19,7 @@ from jobctl.engine.cli.report import report
 from jobctl.engine.cli.runs import logs, status, stop
 from jobctl.engine.cli.scale import scale
 from jobctl.engine.cli.schedule import events, schedule_app, scheduler_app
+from jobctl.engine.state.db import StateDBError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -34,8 +35,12 @@ for command in (events, scale, report, stop, status, logs):
 
 
 def main() -> None:
-    """Console-script entry point."""
-    sys.exit(app())
+    """Console-script entry point; a state DB that cannot be read is one line, exit 2."""
+    try:
+        sys.exit(app())
+    except StateDBError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ Timestamps come from an injectable wall clock (``clock``) so tests control time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
-from jobctl.engine.core.env import DB_URL
+from jobctl.engine.core.env import DB_URL, STATE_HOME
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
 
@@ -70,6 +72,53 @@ events = sa.Table(
     sa.Column("data", sa.Text),
 )
 
+
+class StateDBError(RuntimeError):
+    """The state DB cannot be opened or read: the message names it and what to do."""
+
+
+@contextlib.contextmanager
+def _reading(url: str) -> Iterator[None]:
+    """Turn a damaged, locked or foreign DB into one :class:`StateDBError` (no traceback)."""
+    try:
+        yield
+    except sa.exc.IntegrityError:
+        raise
+    except (sa.exc.DBAPIError, sa.exc.NoSuchTableError) as e:
+        raise db_error(url, e) from None
+
+
+def db_error(url: str, err: Exception) -> StateDBError:
+    """What went wrong with the DB at ``url``, in one line, with what to do about it."""
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+    if "locked" in text or "busy" in text:
+        fix = "another process holds a write lock on it: retry when it is done, or stop it"
+    elif "not a database" in text or "malformed" in text or "no such" in text:
+        fix = (
+            "it is damaged or not jobctl's: move it aside (jobctl starts an empty one) or "
+            f"point {STATE_HOME} or {DB_URL} at another"
+        )
+    else:
+        fix = f"check the file and its permissions, or point {STATE_HOME} or {DB_URL} elsewhere"
+    return StateDBError(f"state DB {url}: {text}; {fix}")
+
+
+def _clean(row: Mapping[str, Any], table: sa.Table) -> dict[str, Any]:
+    """``row`` with every value of its column's type: a nonsense value (text in a number
+    column, written by hand or by another program) reads as None, not as a crash later."""
+    out = dict(row)
+    for name, value in out.items():
+        column = table.columns.get(name)
+        if value is None or column is None:
+            continue
+        wanted = column.type.python_type
+        if wanted is float and type(value) is int:
+            out[name] = float(value)
+        elif not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+            out[name] = str(value) if wanted is str else None
+    return out
+
+
 CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (never seen)
 
 
@@ -106,8 +155,9 @@ class StateDB:
         self.engine = sa.create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)
-        metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
+        with _reading(self.url):
+            metadata.create_all(self.engine)
+            _add_missing_columns(self.engine)
 
     @property
     def runs_dir(self) -> Path:
@@ -223,17 +273,17 @@ class StateDB:
 
     def get_run(self, ref: str) -> dict | None:
         """A run by id, or the newest run with that name."""
-        with self.engine.connect() as c:
+        with _reading(self.url), self.engine.connect() as c:
             row = c.execute(runs.select().where(runs.c.id == ref)).mappings().first()
             if row is None:
                 q = runs.select().where(runs.c.name == ref).order_by(runs.c.created_at.desc())
                 row = c.execute(q).mappings().first()
-        return dict(row) if row else None
+        return _clean(row, runs) if row else None
 
     def list_runs(self) -> list[dict]:
-        with self.engine.connect() as c:
+        with _reading(self.url), self.engine.connect() as c:
             rows = c.execute(runs.select().order_by(runs.c.created_at.desc())).mappings().all()
-        return [dict(r) for r in rows]
+        return [_clean(r, runs) for r in rows]
 
     def add_event(self, run_id: str, kind: str, message: str, data: dict | None = None) -> None:
         with self.engine.begin() as c:
@@ -254,9 +304,9 @@ class StateDB:
         q = events.select().where(events.c.run_id == run_id).order_by(events.c.id.desc())
         if limit:
             q = q.limit(limit)
-        with self.engine.connect() as c:
+        with _reading(self.url), self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
-        return [dict(r) for r in reversed(rows)]
+        return [_clean(r, events) for r in reversed(rows)]
 
 
 def _is(column, value):

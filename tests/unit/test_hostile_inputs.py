@@ -4,7 +4,11 @@ home, rich markup in user strings, a damaged or locked state DB.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sqlite3
+import subprocess
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +19,7 @@ from jobctl.engine.core.home import require_run_id
 from jobctl.engine.fleet.loader import load_fleet
 from jobctl.engine.scheduler.book import ScheduleBook
 from jobctl.engine.scheduler.store import TABLE
-from jobctl.engine.state.db import StateDB
+from jobctl.engine.state.db import StateDB, StateDBError
 from jobctl.spec import ScheduleSpec, SpecError
 
 from ..jobrun import QUICKSTART
@@ -95,3 +99,41 @@ def test_a_fleet_template_cannot_reach_python(tmp_path, where):
         load_fleet(path)
     assert not marker.exists()
     assert any("is unsafe" in issue.message for issue in info.value.errors), info.value
+
+
+def test_a_damaged_state_db_is_one_line_naming_it_and_the_fix(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_bytes(b"not a database at all " * 100)
+    with pytest.raises(StateDBError, match="file is not a database; it is damaged"):
+        StateDB(home)
+    env = {**os.environ, "JOBCTL_HOME": str(home)}
+    done = subprocess.run(["jobctl", "status"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert str(home / "state.db") in line and "move it aside" in line
+
+
+def test_status_reads_while_another_process_holds_a_write_lock(tmp_path):
+    db = StateDB(tmp_path / "home")
+    db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
+    holder = sqlite3.connect(tmp_path / "home" / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("UPDATE runs SET step = 3")
+    try:
+        start = time.monotonic()
+        assert [row["step"] for row in StateDB(tmp_path / "home").list_runs()] == [0]
+        assert time.monotonic() - start < 5.0
+    finally:
+        holder.execute("ROLLBACK")
+
+
+def test_nonsense_rows_read_as_none_and_status_prints(tmp_path):
+    db = StateDB(tmp_path / "home")
+    db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET step = 'abc', loss = 'x', total_steps = '[/x]'"))
+    row = db.get_run("r-1")
+    assert (row["step"], row["loss"], row["total_steps"]) == (None, None, None)
+    result = runner.invoke(app, ["status", "--home", str(tmp_path / "home")])
+    assert result.exit_code == 0, result.output
