@@ -4,7 +4,8 @@
 placement, schedule); ``search`` sweeps the candidate layouts (``layout``: P, D, m, M,
 schedule and where the ranks run) and ranks them by simulated step time;
 ``stage_costs`` prices one layout from the calibration and ``contention`` stretches it
-by core sharing; ``partition`` splits blocks into stages; ``simulator/`` runs one step
+by core sharing; ``partition`` splits blocks into stages; ``replicas`` says which D to
+try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule.
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).

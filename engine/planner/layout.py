@@ -7,6 +7,7 @@ share a node, an allreduce ring's node or a host's cores.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from jobctl.engine.core.plan import RankPlan
@@ -87,17 +88,24 @@ class Hosting:
         """
         if self.one_host or self.same_node((boundary, 0), (boundary + 1, 0)):
             return 1
-        node = self.rank(boundary, 0) // self.per_node
-        count = 0
-        for rank in range(node * self.per_node, min((node + 1) * self.per_node, self.P * self.D)):
-            s, d = self.position(rank)
-            peers = [(t, d) for t in (s - 1, s + 1) if 0 <= t < self.P]
-            count += any(not self.same_node((s, d), p) for p in peers)
-        return max(1, count)
+        return _nic_sharing(self, boundary)
 
     @property
     def ranks(self) -> list[RankPlan]:
         return place(self.P, self.D, self.per_node, self.placement)
+
+
+@functools.lru_cache(maxsize=4096)
+def _nic_sharing(hosting: Hosting, boundary: int) -> int:
+    """``Hosting.nic_sharing`` across nodes (cached: the search asks per candidate)."""
+    node = hosting.rank(boundary, 0) // hosting.per_node
+    ranks = range(node * hosting.per_node, (node + 1) * hosting.per_node)
+    count = 0
+    for rank in ranks[: max(0, hosting.P * hosting.D - ranks.start)]:
+        s, d = hosting.position(rank)
+        peers = [(t, d) for t in (s - 1, s + 1) if 0 <= t < hosting.P]
+        count += any(not hosting.same_node((s, d), p) for p in peers)
+    return max(1, count)
 
 
 def place(P: int, D: int, per_node: int, placement: str) -> list[RankPlan]:

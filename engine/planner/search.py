@@ -4,8 +4,10 @@
    (by less than ``STOP_GAIN`` to the next calibrated size) and the model still fits
    memory; an explicit ``training.micro_batch_size`` is kept.
 2. P from the smallest that fits memory to min(blocks, G) (an explicit P only), with
-   every D from floor(G / P) down to 1 (an explicit D kept): any D trains, replicas
-   taking N // D or one more of the N = B / m micro-batches (``micro_batches``).
+   D = floor(G / P) (an explicit D kept); then, against the best of those and with its
+   schedule, every smaller D whose compute alone could still win (``compute_floor``;
+   the schedules' order hardly moves with D, their simulations cost). Any D trains:
+   replicas take N // D or one more of the N = B / m micro-batches (``micro_batches``).
 3. Per (P, D, m): blocks balanced over stages by the schedule's own per-stage cost
    (exact min-max partition; under Varuna the last stage does not recompute), ranks
    placed, and every applicable schedule simulated with a CostModel
@@ -22,6 +24,12 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
 from jobctl.engine.planner.contention import contend, demand, replica_skew
 from jobctl.engine.planner.layout import Hosting, Layout
+from jobctl.engine.planner.replicas import (
+    compute_floor,
+    data_parallel_layouts,
+    fill_variant,
+    micro_batches,
+)
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.engine.planner.simulator.steady import steady_simulate
 from jobctl.engine.planner.stage_costs import (
@@ -131,42 +139,21 @@ def choose_m(spec: JobSpec, tables: Tables, max_P: int, cap: float) -> tuple[int
     return m, [*lines, f"m={m}: {why}"]
 
 
-def data_parallel_layouts(spec: JobSpec, P: int, G: int, m: int) -> list[tuple[int, int, str]]:
-    """(D, m, note) to try for P: every D from 1 to floor(G/P) (an explicit D only).
+def candidates_for(
+    spec: JobSpec, tables: Tables, P: int, G: int, m: int, beat: float | None = None
+) -> list[Candidate]:
+    """(D, m, schedule) candidates for P stages, with bounds, not yet simulated.
 
-    Any D trains: replicas take whole micro-batches, N // D or one more (N = B / m,
-    ``Sharding``), so the step runs the busiest replica's ceil(N / D). Only m must
-    divide the global batch; an m that does not is lowered to the nearest divisor.
+    ``beat`` None: the largest D (floor(G / P), or the explicit one). A step time: every
+    smaller D whose compute alone could beat it (``compute_floor``), so the search
+    reaches every D without pricing those that cannot win.
     """
-    B, par = spec.training.global_batch_size, spec.parallelism
-    note = ""
-    if B % m:
-        m2 = max(d for d in range(1, m) if B % d == 0)
-        note, m = f"m lowered to {m2} to divide the global batch {B}", m2
-    if isinstance(par.data_parallel, int):
-        return [(par.data_parallel, m, note)]
-    top = max(1, min(G // P, B // m))
-    return [(D, m, note) for D in range(top, 0, -1)]
-
-
-def micro_batches(B: int, D: int, m: int) -> int:
-    """M: micro-batches of the busiest replica, ceil((B / m) / D)."""
-    return -(-(B // m) // D)
-
-
-def fill_variant(training: TrainingSpec, P: int, D: int, m: int) -> int | None:
-    """A smaller m giving at least P micro-batches, when m leaves the pipeline unfilled."""
-    B = training.global_batch_size
-    if isinstance(training.micro_batch_size, int) or micro_batches(B, D, m) >= P:
-        return None
-    smaller = [d for d in range(1, m) if B % d == 0 and micro_batches(B, D, d) >= P]
-    return max(smaller) if smaller else None
-
-
-def candidates_for(spec: JobSpec, tables: Tables, P: int, G: int, m: int) -> list[Candidate]:
-    """Every (D, m, schedule) candidate for P stages, with bounds, not yet simulated."""
     out = []
     variants = data_parallel_layouts(spec, P, G, m)
+    if beat is None:
+        variants = variants[:1]
+    else:
+        variants = [v for v in variants[1:] if compute_floor(spec, tables, P, v[0], v[1]) < beat]
     for D, mm, _ in list(variants):
         smaller = fill_variant(spec.training, P, D, mm)
         if smaller is not None:
@@ -258,6 +245,16 @@ def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
         for c in cands:
             check_explicit(spec.training, c.layout, G)
         ranked, rejected = _run(spec, tables, cands, cap)
+        if ranked and not isinstance(par.data_parallel, int):  # then every smaller D
+            win = ranked[0].layout
+            more = [
+                c
+                for P in Ps
+                for c in candidates_for(spec, tables, P, G, m, ranked[0].step)
+                if (c.layout.schedule, c.layout.recompute) == (win.schedule, win.recompute)
+            ]
+            more_ranked, more_rejected = _run(spec, tables, more, cap, ranked[0].step)
+            ranked, rejected = sorted(ranked + more_ranked, key=rank_key), rejected + more_rejected
         smaller = [x for x in cal.micro_batch_sizes if x < m]
         if ranked or isinstance(spec.training.micro_batch_size, int) or not smaller:
             break
@@ -305,10 +302,12 @@ def check_explicit(training: TrainingSpec, layout: Layout, G: int) -> None:
         )
 
 
-def _run(spec: JobSpec, tables: Tables, cands: list[Candidate], cap: float):
-    """Evaluate candidates best bound first, skipping those that cannot win."""
+def _run(
+    spec: JobSpec, tables: Tables, cands: list[Candidate], cap: float, best: float | None = None
+):
+    """Evaluate candidates best bound first, skipping those that cannot win (``best``:
+    a step already simulated elsewhere)."""
     ranked, rejected = [], []
-    best: float | None = None
     for c in sorted(cands, key=lambda c: c.bound):
         if best is not None and c.bound >= best:
             c.why_not = f"cannot win: even without bubbles a step takes >= {c.bound:.4g} s"

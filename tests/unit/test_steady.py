@@ -18,7 +18,7 @@ def _case(rng: random.Random) -> tuple[str, int, int, CostModel]:
     """A random schedule, P, M and non-uniform costs (opportunistic for some Varunas)."""
     name = rng.choice(SCHEDULES)
     P = rng.randint(2 if name == "shifted_critical_path" else 1, 10)
-    M = rng.randint(P, 160)
+    M = rng.randint(P, 160) if rng.random() < 0.5 else rng.randint(400, 700)
     f = [rng.uniform(0.5, 1.5) for _ in range(P)]
     costs = CostModel(
         f=f,

@@ -1,7 +1,9 @@
 """jobctl.engine.planner.simulator: one simulated training step of a pipeline schedule.
 
 ``simulation`` holds the cost model, the result and ``simulate``; ``engine`` is the
-hot loop that propagates start times along the schedule's data flow.
+hot loop that propagates start times along the schedule's data flow; ``steady``
+extrapolates a step of many micro-batches from a few small simulations once the
+schedule's periodic steady state is reached.
 
 Part of ``planner``, in layer 3 of ``engine.LAYERS``: it may import the layers below
 (core to calibration).

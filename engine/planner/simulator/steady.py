@@ -50,11 +50,12 @@ def steady_simulate(make: Generator, M: int, costs: CostModel, seed: int = 0) ->
     jittered = costs.jitter > 0 and P > 1
     start = (JITTER_SPAN if jittered else 2) * P + k
     M0 = M - (M - start) // k * k if start < M else M  # congruent to M, >= start
-    if jittered and 2 * M0 + 2 * k < M:  # the slope over M0 micro-batches, not 2k
+    if jittered and 3 * (M0 + k) < M:  # the slope over M0 micro-batches, not 2k
         far = M0 + (M0 // k + 1) * k
         runs = [simulate(make(n), costs, seed) for n in (M0, far)]
         return _extrapolated(runs, M0, M, make, costs, seed)
-    while M0 + 2 * k < M and not jittered:
+    # The runs below cost about 5 (M0 + k) micro-batches: below that, simulate M itself.
+    while 5 * (M0 + k) < M and not jittered:
         runs = [simulate(make(M0 + j * k), costs, seed) for j in range(3)]
         check = min(M, M0 + (M0 // k + 2) * k)  # about twice M0, congruent to M too
         if _periodic(runs):
