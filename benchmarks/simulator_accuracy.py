@@ -48,6 +48,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from benchmarks import jobbench
+from benchmarks.decision_quality import report_decisions
 from benchmarks.jobbench import Interference, job_spec, layout, measure_best, wait_quiet
 from jobctl.engine.calibration.measure.runner import calibrate
 from jobctl.engine.calibration.record import Calibration
@@ -212,6 +213,7 @@ def main() -> None:
             f"cancelled): median |error| {100 * statistics.median(relative):.1f} %, "
             f"max {100 * max(relative):.1f} % over {len(relative)} configs"
         )
+    report_decisions(runs)
     med, worst = statistics.median(errors), max(errors)
     print(
         f"simulator vs real runtime, {len(errors)} configs from one calibration "
