@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.resolver import PlanError, make_plan
@@ -31,7 +32,7 @@ def find_run(db: StateDB, ref: str) -> dict:
     """The run ``ref`` names (id, or the newest run of that name); exit 2 if none."""
     row = db.get_run(ref)
     if row is None:
-        err.print(f"[red]error:[/red] no run {ref!r}; `jobctl status` lists runs")
+        err.print(f"[red]error:[/red] no run {escape(repr(ref))}; `jobctl status` lists runs")
         raise typer.Exit(2)
     return row
 
@@ -43,11 +44,11 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
         check_data(spec, path)
         return spec
     except SpecError as e:
-        err.print(f"[red]error:[/red] {path}: invalid job spec", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(path))}: invalid job spec", highlight=False)
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(2) from None
     except FileNotFoundError:
-        err.print(f"[red]error:[/red] {path}: no such file")
+        err.print(f"[red]error:[/red] {escape(str(path))}: no such file")
         raise typer.Exit(2) from None
 
 
@@ -66,5 +67,5 @@ def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
     try:
         return make_plan(spec, devices)
     except (PlanError, ValueError) as e:
-        err.print(f"[red]error:[/red] {path}: cannot plan: {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(f'{path}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None

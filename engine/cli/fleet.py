@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, console, err
 from jobctl.engine.fleet.db import FleetDB
@@ -37,7 +38,7 @@ PollOpt = Annotated[float, typer.Option("--poll", min=0.05, help="seconds betwee
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(2)
 
 
@@ -47,7 +48,9 @@ def _planned(path: Path, max_concurrent: int | None) -> FleetPlan:
         fleet: Fleet = load_fleet(path)
         return plan_fleet(fleet, max_concurrent)
     except SpecError as e:
-        err.print(f"[red]error:[/red] {path}: invalid fleet ({len(e.errors)} issue(s))")
+        err.print(
+            f"[red]error:[/red] {escape(str(path))}: invalid fleet ({len(e.errors)} issue(s))"
+        )
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(2) from None
 

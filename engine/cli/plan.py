@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from jobctl.engine.cli.backend import render_or_exit
 from jobctl.engine.cli.common import (
@@ -27,7 +28,8 @@ from jobctl.spec import JobSpec, json_schema
 def validate(spec_file: SpecArg) -> None:
     """Check a job spec and print a one-line summary."""
     spec = load_or_exit(spec_file)
-    console.print(f"[green]ok[/green] {spec_file}: job {spec.name!r}, {spec.training.steps} steps")
+    summary = f"{spec_file}: job {spec.name!r}, {spec.training.steps} steps"
+    console.print(f"[green]ok[/green] {escape(summary)}")
 
 
 def schema() -> None:
@@ -59,7 +61,7 @@ def plan(
     try:
         p, sim = plan_and_simulate(spec, devices, home=home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
-        err.print(f"[red]error:[/red] {spec_file}: cannot plan: {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
     if as_json:
         print(p.model_dump_json(indent=2))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
 from jobctl.engine.state.db import StateDB
@@ -76,7 +77,7 @@ def logs(
     offsets = {}
     for f in files:
         if not f.exists() and not follow:
-            err.print(f"[red]error:[/red] no log {f}")
+            err.print(f"[red]error:[/red] no log {escape(str(f))}")
             raise typer.Exit(2)
         console.rule(f.name)
         text = f.read_text(errors="replace") if f.exists() else ""

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, console, err
 from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook
@@ -32,7 +33,7 @@ JobArg = Annotated[str, typer.Argument(help="job name", show_default=False)]
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(2)
 
 
@@ -45,7 +46,7 @@ def _target(db: StateDB, ref: str) -> tuple[str, str | None, ScheduleSpec | None
         try:
             spec = load_spec(path)
         except SpecError as e:
-            err.print(f"[red]error:[/red] {path}: invalid job spec", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(path))}: invalid job spec", highlight=False)
             err.print(str(e), highlight=False, markup=False)
             raise typer.Exit(2) from None
         return spec.name, str(path.resolve()), spec.schedule
@@ -113,7 +114,9 @@ def add(
     full = _rule(rule, cron, every, tz)
     with ScheduleBook(db) as book:
         row = book.add(name, full, spec_path, grace)
-    console.print(f"scheduled {name}: {row.rule}; next trigger {when(row)}", highlight=False)
+    console.print(
+        escape(f"scheduled {name}: {row.rule}; next trigger {when(row)}"), highlight=False
+    )
 
 
 @schedule_app.command("list")
@@ -130,7 +133,7 @@ def _change(job: str, home: Path | None, action: str) -> None:
             getattr(book, action)(job)
         except NoSuchSchedule:
             raise _fail(f"no schedule for {job!r}; `jobctl schedule list` shows them") from None
-    console.print(f"{job}: schedule {action}d")
+    console.print(escape(f"{job}: schedule {action}d"))
 
 
 @schedule_app.command("remove")

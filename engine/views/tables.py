@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -312,7 +313,7 @@ def print_run(
     f = figures or RunFigures()
     t = Table("field", "value", show_header=False)
     for key in RUN_FIELDS:
-        t.add_row(key, str(row.get(key)))
+        t.add_row(key, escape(str(row.get(key))))  # names, messages: user text
     t.add_row("steps/s (recent)", _num(f.steps_per_s, "{:.3g}"))
     t.add_row("ETA", hms(f.eta_s))
     t.add_row("$ so far", f"{dollars(f.cost_usd)} ({_num(f.device_hours, '{:.3g}')} device-h)")
@@ -329,7 +330,7 @@ def print_run(
     ev = Table("time", "kind", "message", title="recent events", title_justify="left")
     for e in events:
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
-        ev.add_row(when, e["kind"], e["message"].splitlines()[0])
+        ev.add_row(when, escape(e["kind"]), escape(e["message"].splitlines()[0]))
     console.print(ev)
 
 

@@ -137,3 +137,34 @@ def test_nonsense_rows_read_as_none_and_status_prints(tmp_path):
     assert (row["step"], row["loss"], row["total_steps"]) == (None, None, None)
     result = runner.invoke(app, ["status", "--home", str(tmp_path / "home")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "[/x]"],
+        ["logs", "[/x]"],
+        ["report", "[/x]"],
+        ["schedule", "pause", "[/x]"],
+    ],
+)
+def test_rich_markup_in_user_strings_is_printed_not_parsed(tmp_path, argv):
+    result = runner.invoke(app, [*argv, "--home", str(tmp_path / "home")])
+    assert result.exit_code == 2, result.output
+    assert "[/x]" in result.output and "MarkupError" not in repr(result.exception)
+
+
+def test_markup_in_a_run_message_is_printed_not_parsed(tmp_path):
+    db = StateDB(tmp_path / "home")
+    db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
+    db.add_event("r-1", "upload_error", "[/x] [bold]not bold")
+    result = runner.invoke(app, ["status", "r-1", "--home", str(tmp_path / "home")])
+    assert result.exit_code == 0, result.output
+    assert "[/x] [bold]not bold" in result.output
+
+
+def test_markup_in_a_spec_path_is_printed_not_parsed(tmp_path):
+    path = tmp_path / "[red]job.yaml"
+    path.write_text("name: [\n")
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and "[red]job.yaml" in result.output
