@@ -23,8 +23,9 @@ from jobctl.engine.data.prefetch import prefetching
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
+from jobctl.engine.runtime.failure import StepFailure, StepLedger, commit_step, is_peer_failure
 from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
-from jobctl.engine.runtime.optim import build_optimizer, sync_gradients, tied_names
+from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
@@ -115,19 +116,50 @@ class Trainer:
         self.freed = False  # packed away by a hook's relayout
         self.executor: StepExecutor | None = None  # the latest make_executor's
         self.stop_vote = StopVote()
+        self.ledger = StepLedger(start_step)  # where this rank is, for a trapped failure
 
     def _compute(self):
         return autocast(self.spec.training.precision, self.device)
 
     def run(self) -> None:
-        """Train from ``start_step`` to ``training.steps``, or until a stop or a pack."""
+        """Train from ``start_step`` to ``training.steps``, or until a stop or a pack;
+        a lost peer raises :class:`~jobctl.engine.runtime.failure.StepFailure` with the
+        state this rank holds (engine/worker/survival.py takes it from there)."""
         self.make_executor()
+        try:
+            self._loop()
+        except Exception as e:
+            if not is_peer_failure(e):
+                raise
+            self._cut_links()
+            raise StepFailure(self.ledger.held(e, self._apply_pending)) from e
+
+    def _cut_links(self) -> None:
+        """Close this rank's shared-memory links, so a neighbour still waiting on one
+        hears that this rank left (a peer-gone) instead of waiting out the timeout."""
+        if self.executor is not None:
+            self.executor.close()
+
+    def _apply_pending(self) -> None:
+        """Apply the update of the step whose gradients are summed (and committed by
+        some survivor) but which this rank had not applied when it trapped."""
+        st, step = self.state, self.ledger.done
+        for hook in self.hooks:
+            hook.before_update()
+        set_lr(st.opt, lr_at(step, self.spec.training))
+        st.opt.step()
+        for hook in self.hooks:
+            hook.after_update()
+        self.ledger.applied(step + 1)
+
+    def _loop(self) -> None:
         last_report = None  # when the previous step was reported (its period's start)
         for step in range(self.start_step, self.spec.training.steps):
             for hook in self.hooks:
                 hook.before_step(step)
             stats, times = self.train_step(step)
-            loss = self.global_loss(stats)
+            self.ledger.applied(step + 1)
+            loss = self.global_loss(step + 1)
             now = time.perf_counter()
             # What users see (step_time_s, samples/s) is the step's period: report to
             # report, so the previous step's checkpoint, pruning and rebalancing work and
@@ -215,21 +247,25 @@ class Trainer:
     def train_step(self, step: int) -> tuple[StepStats, StepTimes]:
         """Loop step ``step`` on the current layout (see ``runtime.step.train_step``)."""
         st = self.state
+        self.ledger.begin()
         return train_step(
-            self.executor, st.actions, st.opt, self.spec.training, step, self.rank,
-            compute=self._compute, hooks=self.hooks,
-            sync=lambda: sync_gradients(st.named, st.topo, self.ties),
+            _Recorded(self.executor, self.ledger), st.actions, st.opt, self.spec.training,
+            step, self.rank, compute=self._compute, hooks=self.hooks,
+            sync=lambda: self._sync_and_commit(step + 1),
         )  # fmt: skip
 
-    def global_loss(self, stats: StepStats) -> float | None:
-        """Global-batch mean loss, on last-stage ranks."""
-        topo = self.state.topo
-        if not topo.is_last:
-            return None
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=comm_device())
-        if topo.dp_group is not None:
-            dist.all_reduce(total, group=topo.dp_group)
-        return float(total)
+    def _sync_and_commit(self, step: int) -> None:
+        """Sum gradients over replicas and tied stages, then the step's commit (which
+        sums the loss too; see engine/runtime/failure.py) before any rank updates."""
+        st = self.state
+        sync_gradients(st.named, st.topo, self.ties)
+        self.ledger.ready = True
+        loss = commit_step(self.ledger.stats.loss_sum, st.topo.is_last, st.live_group)
+        self.ledger.committed(step, loss)
+
+    def global_loss(self, step: int) -> float | None:
+        """Global-batch mean loss of ``step`` (summed by its commit), on last-stage ranks."""
+        return self.ledger.losses[step] if self.state.topo.is_last else None
 
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         """Heartbeat (every rank), step record (the reporter) and a log line every
@@ -246,8 +282,21 @@ class Trainer:
             print(f"step {step} loss {shown} samples/s {samples_per_s:.1f}", flush=True)
         if not self.state.topo.is_reporter:
             return
+        self.ledger.reported = step
         self.events.write(
             Kind.STEP, step=step, loss=loss, step_time_s=seconds,
             samples_per_s=samples_per_s, deviations=stats.deviations,
             epoch=self.data.epoch((step - 1) * plan.global_batch_size),
         )  # fmt: skip
+
+
+class _Recorded:
+    """The step executor, noting each run's stats in the ledger (the commit sums their
+    loss before the update)."""
+
+    def __init__(self, executor: StepExecutor, ledger: StepLedger):
+        self.executor, self.ledger = executor, ledger
+
+    def run(self, actions, step: int) -> StepStats:
+        self.ledger.stats = self.executor.run(actions, step)
+        return self.ledger.stats

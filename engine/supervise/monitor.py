@@ -21,6 +21,7 @@ from jobctl.engine.core.events import read_metrics
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
+from jobctl.engine.supervise.handover import Handover
 from jobctl.engine.supervise.launch import Run, failing_rank, last_lines
 from jobctl.engine.supervise.records import AttemptRecords
 from jobctl.engine.supervise.recovery import Loss
@@ -41,6 +42,7 @@ class Outcome:
     devices: int | None = None  # a morph's target device count
     straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
     loss: Loss | None = None
+    handover: dict | None = None  # lost nodes: the survivors' emergency step, or why none
 
 
 class Monitor:
@@ -77,6 +79,7 @@ class Monitor:
         self.released: set[int] = set()  # nodes handed back to the backend
         self.released_handles: set[int] = set()  # handles that end on their own, exit 0
         self.left: set[int] = set()  # released handles seen ended
+        self.handover: tuple[Handover, str] | None = None  # lost nodes, survivors writing
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
     # Every rank checkpointed and said so: what still runs is at most torchrun's exit
@@ -89,7 +92,7 @@ class Monitor:
         self._consume_metrics()
         self._release_freed()
         self._check_scale()
-        outcome = self._poll()
+        outcome = self._poll() if self.handover is None else self._handed_over()
         if outcome is None:
             return None
         if self.scale_to is not None and outcome.kind == "stopped":
@@ -176,8 +179,11 @@ class Monitor:
             self._consume_metrics()  # its last records (stopped?) may have come meanwhile
             if r.stopped_at is not None:
                 return self._stopped(statuses)
+            ended = self._ended_outside(statuses, gone)
+            if ended.kind == "preempted":
+                return self._lose(ended.lost_nodes, ended.message)
             self.backend.cancel(self.handles, 9)
-            return self._ended_outside(statuses, gone)
+            return ended
         failed = [c for c in codes if c not in (None, 0)]
         if failed and r.node_sigterm and not r.trained:
             # Told to stop while torchrun was still starting: no step trained, none lost.
@@ -199,10 +205,32 @@ class Monitor:
         silent = [n for n in self.beats.silent(codes) if n not in r.rebalance.freed_nodes]
         if not silent:
             return None
-        self.backend.cancel(self.handles, 9)
         msg = f"no heartbeat from node(s) {silent} for {self.beats.timeout_s:.0f} s"
         self.db.add_event(self.run.id, "heartbeat_timeout", msg, {"nodes": silent})
-        return self._conclude("preempted", 1, msg, silent)
+        return self._lose(silent, msg)
+
+    def _lose(self, lost: list[int], msg: str) -> Outcome | None:
+        """Nodes are lost: end what is left of them at once, and the rest once their
+        survivors have handed the step they hold over (engine/supervise/handover.py)."""
+        own = len(self.handles) == self.run.ctx.nnodes  # a handle per node: end only those
+        self.backend.cancel([self.handles[n] for n in lost] if own else self.handles, 9)
+        plan = getattr(self.run, "plan", None)
+        if own and plan is not None:
+            self.handover = (Handover(self.run, lost, set(self.records.freed_ranks), self.clock),
+                             msg)  # fmt: skip
+            return self._handed_over()
+        return self._conclude("preempted", 1, msg, lost)
+
+    def _handed_over(self) -> Outcome | None:
+        """The attempt's end once the survivors answered (or their time is up)."""
+        handover, msg = self.handover
+        if not handover.settled():
+            return None
+        self.backend.cancel(self.handles, 9)
+        self._consume_metrics()  # their last records (the handed-over step's) first
+        out = self._conclude("preempted", 1, msg, handover.lost)
+        out.handover = handover.record(self.db)
+        return out
 
     def _nodes(self, handle_index: int) -> list[int]:
         """The run's nodes behind one handle (one batch job may hold them all)."""
@@ -311,10 +339,9 @@ class Monitor:
             if running and self.clock() - self.failed_at < self.PEER_FAILURE_GRACE_S:
                 return None
             return self._fail(code)
-        self.backend.cancel(self.handles, 9)
         msg = f"node(s) {lost} lost a worker process without an error report (killed)"
         self.db.add_event(self.run.id, "process_lost", msg, {"nodes": lost})
-        return self._conclude("preempted", 1, msg, lost)
+        return self._lose(lost, msg)
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)

@@ -7,12 +7,15 @@ nothing more: it died, or stopped responding, within one ping interval of that).
 end is the first ``step`` record of the attempt after the morph. Both are the workers'
 wall-clock timestamps, so detection (heartbeat timeout, polling), re-planning and the
 relaunch all count, as they should. The result goes to the run's ``recovery_s`` field
-and a ``recovery`` event (``jobctl status`` / ``events`` show it).
+and a ``recovery`` event (``jobctl status`` / ``events`` show it), with ``steps_lost``:
+completed steps trained again, the newest step trained before the loss minus the step
+the next attempt resumed from (0 when the survivors handed their step over,
+engine/supervise/handover.py; up to a checkpoint interval when it fell back).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobctl.engine.state.db import StateDB
 
@@ -24,6 +27,20 @@ class Loss:
     at: float  # wall-clock time (the workers' clock)
     nodes: list[int]
     sign: str  # "preemption notice" or "last heartbeat"
+    trained: int = 0  # the newest step trained before the loss
+    resumed: int | None = None  # the step the next attempt continues from
+    source: str = "checkpoint"  # of that step: "emergency checkpoint" or "checkpoint"
+
+    def resumed_at(self, step: int, handed_over: int | None) -> Loss:
+        """This loss, with where the next attempt continues (``handed_over``: the
+        survivors' emergency step, if they wrote one)."""
+        source = "emergency checkpoint" if handed_over == step else "checkpoint"
+        return replace(self, resumed=step, source=source)
+
+    @property
+    def steps_lost(self) -> int | None:
+        """Completed steps trained again (None before the resume is known)."""
+        return None if self.resumed is None else max(0, self.trained - self.resumed)
 
 
 class LossClock:
@@ -60,17 +77,23 @@ def record_recovery(db: StateDB, run_id: str, loss: Loss, first_step_ts: float) 
     """Persist one recovery (run field ``recovery_s`` and a ``recovery`` event)."""
     seconds = max(0.0, first_step_ts - loss.at)
     db.update_run(run_id, recovery_s=seconds)
+    lost = loss.steps_lost
+    said = f"; {lost} step(s) lost, from the {loss.source} of step {loss.resumed}"
+    said = "" if lost is None else said
     db.add_event(
         run_id,
         "recovery",
         f"training again {seconds:.1f} s after losing node(s) {loss.nodes} "
-        f"(from their {loss.sign})",
+        f"(from their {loss.sign}){said}",
         {
             "seconds": seconds,
             "lost_at": loss.at,
             "first_step_at": first_step_ts,
             "nodes": loss.nodes,
             "sign": loss.sign,
+            "steps_lost": lost,
+            "resumed": loss.resumed,
+            "source": loss.source,
         },
     )
     return seconds

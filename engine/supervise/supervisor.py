@@ -26,6 +26,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -235,6 +236,9 @@ class Supervisor:
                 {"step": point.step, "source": point.source, "path": str(point.path)},
             )
         self.current, self.resume_dir = run, None
+        if self.loss is not None:  # steps lost: trained before the loss, not resumed from
+            handed = ((self.outcome and self.outcome.handover) or {}).get("step")
+            self.loss = self.loss.resumed_at(point.step if point else 0, handed)
         self.attempt = self.launcher.start(run, self.backend, senv.get(CHANNEL_SECRET), cport)
         self.attempt.start_step = point.step if point else 0
         self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
@@ -289,9 +293,16 @@ class Supervisor:
             return self._finish(outcome)
         self.outcome = outcome
         if outcome.kind == "preempted":  # recovery is timed from the loss itself
-            self.loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
+            loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
+            self.loss = replace(loss, trained=self._trained(outcome))
         self._transition("morphing", outcome.message.splitlines()[0])
         return self.phase
+
+    def _trained(self, outcome: Outcome) -> int:
+        """The newest step trained before a loss (the survivors' handed-over step
+        counts: its record may still be on its way)."""
+        handed = (outcome.handover or {}).get("step") or 0
+        return max(self.db.get_run(self.run_id)["step"] or 0, handed)
 
     def _apply_stop(self) -> None:
         """A `jobctl stop` reaches the nodes running now, or ends the run between attempts."""

@@ -4,6 +4,7 @@ handed to the trainer as hooks."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
+from jobctl.engine.core.env import CHAOS
 from jobctl.engine.core.events import EventLog
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import ModelDef, model_def
@@ -19,6 +21,7 @@ from jobctl.engine.pruning.pruner import Pruner
 from jobctl.engine.rebalance.hook import Rebalancer
 from jobctl.engine.runtime.hook import StageState, StepHook
 from jobctl.engine.runtime.trainer import Trainer, build_state
+from jobctl.engine.worker.chaos import ChaosKill, parse
 from jobctl.spec.job import JobSpec
 
 
@@ -50,6 +53,9 @@ def build_trainer(
     masks = None if pruner is None else (lambda: pruner.masks)
     checkpoints = Checkpointing(spec, plan, rank, run_dir, events, mdef.ties, masks)
     hooks.append(checkpoints)
+    aim = parse(os.environ[CHAOS], rank) if os.environ.get(CHAOS) else None
+    if aim is not None:  # the chaos tests: this rank kills its node mid-step
+        hooks.append(ChaosKill(*aim))
     start = 0
     if resume is not None:
         start = resume_stage(state, mdef.ties, resume)

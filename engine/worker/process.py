@@ -125,6 +125,7 @@ def _join_group(plan: Plan, rank: int) -> None:
 
 def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
     """Build the trainer and train; a failure is written to ``errors/rank-<RANK>.txt``."""
+    from jobctl.engine.runtime.failure import StepFailure
     from jobctl.engine.worker.assembly import build_trainer
 
     resume = os.environ.get(RESUME_DIR)
@@ -136,12 +137,42 @@ def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
         if _early_sigterm:
             trainer.request_stop()
         trainer.run()
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, StepFailure):  # a lost peer: hand the held step over, or fall back
+            _survive(trainer, e, run_dir)
         traceback.print_exc()
         (run_dir / "errors").mkdir(exist_ok=True)
         (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
         raise
     return trainer
+
+
+def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> None:
+    """A lost peer: hand the held step over (engine/worker/survival.py) and leave with
+    exit status 0, so this node's agent tears down no local peer that still writes;
+    returns (the failure is raised as before) when there is nothing to hand over."""
+    from jobctl.engine.worker.survival import survive
+
+    try:
+        decision = survive(trainer, failure.held, run_dir)
+    except Exception:  # noqa: BLE001 - the original failure is what the logs must show
+        traceback.print_exc()
+        decision = None
+    if decision is None or decision.step is None:
+        return
+    print(f"rank {trainer.rank}: lost a peer; handed over step {decision.step}", flush=True)
+    _leave(trainer)
+
+
+def _leave(trainer: Trainer) -> None:
+    """Exit 0 at once, once this rank's events are delivered (interpreter teardown,
+    with peers gone, can hang in the process group's destructor)."""
+    close = getattr(trainer.events, "close", None)
+    if close is not None:
+        close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> int:
@@ -166,11 +197,7 @@ def main() -> int:
         # Packed away: nothing of this rank is left to finish once its events are
         # delivered. Leave at once (interpreter teardown took seconds at times), so the
         # supervisor can hand this node back to the backend while the others train.
-        close = getattr(trainer.events, "close", None)
-        if close is not None:
-            close()
-        sys.stderr.flush()
-        os._exit(0)
+        _leave(trainer)
     return 0
 
 

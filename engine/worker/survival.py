@@ -1,0 +1,118 @@
+"""A survivor's part after a lost peer: settle, tell, hear, agree, write, leave.
+
+The trainer traps a lost peer (a failed collective or point-to-point, a peer-gone on a
+shared-memory channel) and hands over what this rank holds (``runtime.failure.Held``).
+Then, through the run host's store, which outlives every worker:
+
+1. this rank's background checkpoint writer finishes (so no regular checkpoint can be
+   published under the survivors' feet), and it posts what it holds;
+2. it waits, bounded, for the supervisor's word: which nodes are lost (the supervisor
+   kills those first, so nothing of them is left half alive);
+3. it reads what every survivor holds and reaches the decision they all reach
+   (``checkpoint.emergency.decide``): the step, and which blocks this rank writes;
+4. it completes that step's update if it had the summed gradients but not the update,
+   writes its blocks, posts that it is done, and leaves with exit status 0, so its
+   torchrun agent tears nothing down while local peers still write (the supervisor
+   ends the attempt once every survivor is done, or its own bound passed).
+
+No store, no word in time, or no consistent step: the rank leaves as before (the
+failure re-raised) and the run falls back to its newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from jobctl.engine.checkpoint.blocks import snapshot_blocks
+from jobctl.engine.checkpoint.emergency import Decision, decide, survivors_of, write_part
+from jobctl.engine.checkpoint.hook import Checkpointing
+from jobctl.engine.checkpoint.resume import local_root
+from jobctl.engine.core.env import RDZV_ENDPOINT, SHARED_CKPT_DISK
+from jobctl.engine.core.events import Kind
+from jobctl.engine.runtime.failure import Held
+from jobctl.engine.runtime.trainer import Trainer
+
+KEY = "jobctl/emergency/"  # the run host's store is the attempt's own
+WORD_WAIT_S = float(os.environ.get("JOBCTL_EMERGENCY_WAIT_S", "60"))
+PEERS_WAIT_S = 30.0  # survivors that saw the loss later (a collective that had not failed)
+WRITER_WAIT_S = 20.0  # this rank's regular checkpoint write in flight
+
+
+def lasting_store():
+    """A client of the run host's store, or None where there is none."""
+    endpoint = os.environ.get(RDZV_ENDPOINT)
+    if not endpoint or os.environ.get(SHARED_CKPT_DISK, "1") != "1":
+        return None  # parts on separate disks could not make one checkpoint
+    from torch.distributed import TCPStore
+
+    host, port = endpoint.rsplit(":", 1)
+    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+
+
+def wait_key(store, key: str, timeout_s: float) -> dict | None:
+    """The JSON value of ``key`` once set, or None after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not store.check([key]):
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.02)
+    return json.loads(store.get(key))
+
+
+def survive(trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
+    """This rank's part (see the module docstring); the decision it acted on, or None
+    when there is nothing to hand over (fall back)."""
+    store = lasting_store()
+    if store is None:
+        return None
+    rank, plan = trainer.rank, trainer.state.plan
+    ckpt = next(h for h in trainer.hooks if isinstance(h, Checkpointing))
+    _settle_writer(ckpt)
+    store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
+    word = wait_key(store, f"{KEY}lost", WORD_WAIT_S)
+    if word is None:
+        return None
+    ranks = survivors_of(plan, word["nodes"], set(word.get("gone", [])))
+    found = {r: wait_key(store, f"{KEY}rank/{r}", PEERS_WAIT_S) for r in ranks}
+    decision = decide(plan, {r: h for r, h in found.items() if h is not None})
+    if decision.step is not None and held.done < decision.step:
+        held.apply_pending()
+    if decision.step is not None:
+        reporter = next(r.rank for r in plan.ranks if r.stage == plan.P - 1 and r.replica == 0)
+        said = (found.get(reporter) or {}).get("reported", -1)  # its step record is out
+        _write(trainer, ckpt, decision, run_dir, record=said < decision.step)
+    store.set(f"{KEY}done/{rank}", json.dumps({"step": decision.step, "why": decision.why}))
+    return decision
+
+
+def _settle_writer(ckpt: Checkpointing) -> None:
+    """Let this rank's regular checkpoint write finish (its errors do not matter now)."""
+    with contextlib.suppress(Exception):  # a failed regular write leaves only staging
+        ckpt.manager.close(timeout=WRITER_WAIT_S)
+
+
+def _write(
+    trainer: Trainer, ckpt: Checkpointing, decision: Decision, run_dir: Path, record: bool
+) -> None:
+    """Write this rank's blocks of the decided step, and the step's record if needed."""
+    rank, st = trainer.rank, trainer.state
+    mine = decision.blocks.get(rank, [])
+    if mine:
+        masks = ckpt.masks() if ckpt.masks is not None else None
+        snap = snapshot_blocks(st.stage, st.opt, mine, ckpt.ties, masks)
+        root = local_root(trainer.spec.checkpoint, run_dir)
+        published = write_part(root, decision, rank, snap, ckpt.meta(st.plan, decision.step))
+        if published is not None:
+            trainer.events.write(Kind.CHECKPOINT, step=decision.step, path=str(published))
+    if rank == decision.leader and record:
+        # The reporter may have died before it wrote this step's record; its loss was
+        # summed by the step's commit, so every survivor knows it.
+        trainer.events.write(
+            Kind.STEP, step=decision.step, loss=decision.loss, step_time_s=None,
+            samples_per_s=0.0, emergency=True,
+        )  # fmt: skip

@@ -1,0 +1,112 @@
+"""Preemption without rollback: a node lost mid-step while every stage keeps a replica.
+
+A 2 x 2 job placed pipeline-major (node 0 runs replica 0's two stages, node 1 replica
+1's), started with ``jobctl apply``; one rank of node 1 SIGKILLs its whole node (script,
+torchrun agent, both workers) the moment it is inside a forward, the gradient
+all-reduce, the optimizer update or a checkpoint write (``JOBCTL_CHAOS``,
+engine/worker/chaos.py). The survivors on node 0 hand the step they hold over as an
+emergency checkpoint and the run morphs onto them from that step: every step is
+recorded once, in order (none trained twice), with the loss an uninterrupted single
+process gets, and the recovery says 0 steps lost. With D = 1 a lost node takes a stage
+with it: the run falls back to its newest checkpoint and says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobctl.engine.core.env import CHAOS
+from jobctl.engine.state.db import StateDB
+from jobctl.engine.worker.reference import reference_train
+
+from ..jobrun import events, start_apply, tiny_spec, wait_for, write_spec
+
+STEPS = 12
+
+
+def _spec(**extra):
+    return tiny_spec(
+        **{
+            "training.optimizer": "sgd",
+            "training.lr": 0.3,
+            "training.momentum": 0.9,
+            "training.steps": STEPS,
+            "checkpoint.interval": 3,
+            "elasticity.enabled": True,
+            "parallelism.placement": "pipeline_major",
+            **extra,
+        }
+    )
+
+
+def _run(tmp_path, monkeypatch, spec, chaos: str):
+    """Run ``spec`` with ``JOBCTL_CHAOS=chaos`` to its end; the DB, run id and folder."""
+    monkeypatch.setenv(CHAOS, chaos)
+    home = tmp_path / "home"
+    proc = start_apply(write_spec(spec, tmp_path / "job.yaml"), home, output=True)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    run_dir = wait_for(lambda: next((home / "runs").glob("*"), None), 5, "the run folder")
+    db = StateDB(home)
+    row = db.get_run(run_dir.name)
+    assert row["phase"] == "completed" and row["step"] == STEPS, out
+    return db, row["id"], run_dir
+
+
+def _data(db, run_id, kind):
+    evs = [e for e in db.events(run_id) if e["kind"] == kind]
+    assert evs, f"no {kind} event"
+    return json.loads(evs[-1]["data"])
+
+
+def _check_each_step_once(spec, run_dir):
+    """Every step recorded exactly once, in order (a step trained twice would be
+    recorded by both attempts), each with the single-process loss."""
+    ref, _ = reference_train(spec)
+    steps = [e for e in events(run_dir) if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    for e in steps:
+        assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+@pytest.mark.parametrize(
+    "chaos",
+    ["3:4:forward", "2:4:allreduce", "3:4:optimizer", "2:5:checkpoint"],
+    ids=["forward", "allreduce", "optimizer", "checkpoint-write"],
+)
+def test_lost_node_hands_over_its_step(tmp_path, monkeypatch, chaos):
+    spec = _spec()
+    db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, chaos)
+    handed = _data(db, run_id, "emergency")
+    assert handed["step"] is not None and handed["survivors"] == [0, 1], handed
+    resumed = _data(db, run_id, "resume")
+    assert resumed["step"] == handed["step"] >= int(chaos.split(":")[1])
+    recovery = _data(db, run_id, "recovery")
+    assert recovery["steps_lost"] == 0 and recovery["source"] == "emergency checkpoint"
+    assert db.get_run(run_id)["plan"].startswith("P=1 D=2")  # morphed onto node 0
+    _check_each_step_once(spec, run_dir)
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch):
+    spec = _spec(
+        **{"hardware.processes_per_node": 1, "parallelism.data_parallel": 1},
+    )
+    db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, "1:7:forward")
+    handed = _data(db, run_id, "emergency")
+    assert handed["step"] is None and "no live replica of stage(s) [1]" in handed["why"]
+    resumed = _data(db, run_id, "resume")
+    recovery = _data(db, run_id, "recovery")
+    assert recovery["source"] == "checkpoint" and recovery["resumed"] == resumed["step"] == 6
+    trained = max(e["step"] for e in events(run_dir) if e["kind"] == "step" and e["ts"] < (
+        recovery["lost_at"] + 1.0))  # fmt: skip
+    assert recovery["steps_lost"] == trained - 6 >= 1  # the steps after the checkpoint
+    ref, _ = reference_train(spec)
+    for e in events(run_dir):
+        if e["kind"] == "step":
+            assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e
