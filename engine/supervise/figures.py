@@ -52,6 +52,7 @@ class RunFigures:
     lag_steps: int | None = None
     lag_s: float | None = None
     recoveries: list[float] = field(default_factory=list)
+    steps_lost: list[int | None] = field(default_factory=list)  # per recovery (None: unknown)
     straggler_nodes: list[int] = field(default_factory=list)  # of the newest flagging
     epoch: int | None = None  # of the newest step (file data sources)
     eval_loss: tuple[int, float] | None = None  # (step, loss) of the newest eval
@@ -196,6 +197,12 @@ def recoveries(events: list[dict], row: dict | None = None) -> list[float]:
     return out
 
 
+def steps_lost(events: list[dict]) -> list[int | None]:
+    """Completed steps trained again after each recovery (the ``recovery`` events'
+    ``steps_lost``; None where an older event does not say)."""
+    return [_data(e).get("steps_lost") for e in events if e["kind"] == "recovery"]
+
+
 def _spec(run_dir: Path):
     from jobctl.spec import SpecError, load_spec
 
@@ -224,6 +231,7 @@ def run_figures(
         device_hours=dev_s / 3600.0,
         cost_usd=None if price is None else price * dev_s / 3600.0,
         recoveries=recoveries(events, row),
+        steps_lost=steps_lost(events),
         straggler_nodes=next(
             (_data(e).get("nodes", []) for e in reversed(events) if e["kind"] == "straggler"), []
         ),

@@ -26,7 +26,8 @@ DB_MARKERS = {
     "preemption": "preemption",
     "heartbeat_timeout": "preemption",
     "resume": "morph",
-    "recovery": "recovery",
+    "recovery": "recovery",  # its label says the steps lost and what it resumed from
+    "emergency": "recovery",  # the survivors' handover, or why there was none
     "adopt": "adopt",
     "straggler": "straggler",
     "stop": "stop",

@@ -13,10 +13,12 @@ from rich.table import Table
 from jobctl.engine.calibration.record import Calibration, RuntimeCalibration
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.supervise.figures import RunFigures
+from jobctl.engine.views.prediction import print_end_to_end
 
 
-def print_plan(console: Console, plan: Plan) -> None:
-    """The plan as a summary line, a stage table and a rank table."""
+def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
+    """The plan as a summary line, a stage table and a rank table; with ``steps``, the
+    end-to-end prediction (start-up included)."""
     console.print(
         f"[bold]plan[/bold] P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
         f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
@@ -45,6 +47,7 @@ def print_plan(console: Console, plan: Plan) -> None:
     console.print(ranks)
     if plan.prediction:
         _print_prediction(console, plan)
+        print_end_to_end(console, plan, steps)
     if plan.alternatives:
         print_alternatives(console, plan)
 
@@ -319,7 +322,7 @@ def print_run(
     t.add_row("$ so far", f"{dollars(f.cost_usd)} ({_num(f.device_hours, '{:.3g}')} device-h)")
     t.add_row("upload lag", _lag_cell(f, row))
     t.add_row("newest upload", _ago(f.uploaded_at, now))
-    t.add_row("recovery times", ", ".join(f"{s:.1f} s" for s in f.recoveries) or "-")
+    t.add_row("recovery times", _recovery_cell(f.recoveries, f.steps_lost))
     t.add_row("stragglers", _straggler_cell(row, f))
     t.add_row("epoch", "-" if f.epoch is None else str(f.epoch))
     ev_loss = f.eval_loss
@@ -332,6 +335,14 @@ def print_run(
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         ev.add_row(when, escape(e["kind"]), escape(e["message"].splitlines()[0]))
     console.print(ev)
+
+
+def _recovery_cell(seconds: list[float], lost: list[int | None]) -> str:
+    """Each recovery's time, with the completed steps it trained again where known."""
+    lost = [*lost, *[None] * (len(seconds) - len(lost))]
+    cells = [f"{s:.1f} s" + ("" if n is None else f" ({n} steps lost)")
+             for s, n in zip(seconds, lost, strict=False)]  # fmt: skip
+    return ", ".join(cells) or "-"
 
 
 def _straggler_cell(row: dict, f: RunFigures) -> str:
