@@ -3,7 +3,8 @@
 (1) Step time: the quickstart job (2 stages x 2 replicas, m = 2, 4 CPU worker
 processes) trains with the synthetic source, with a 100 MB token file (uint16, 50M
 ids) on local disk, and with the same file on a local moto S3 server (its own process
-at the lowest CPU priority; read by byte ranges), same model and plan. The runs are
+at ``--moto-nice``, 19 by default; read by byte ranges, one ranged GET per sequence),
+same model and plan. The runs are
 interleaved (one of each per round, order rotated) and each reports the median
 ``step_time_s`` after warm-up; prints each source's median over rounds and its ratio
 to synthetic (target: within 2 %, i.e. ratio <= 1.02).
@@ -12,25 +13,50 @@ to synthetic (target: within 2 %, i.e. ratio <= 1.02).
 and of a plain single-process loop (one ``encode`` per document) over the same
 parquet corpus and tokenizer (trained here), printed with their ratio.
 
-    python -m benchmarks.data_throughput [--rounds 2] [--steps 30] [--mb 100] [--docs 20000]
+    python -m benchmarks.data_throughput [--rounds 2] [--steps 30] [--mb 100] [--docs 100000]
+        [--skip-steps | --skip-prepare]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import s3fs
 
-from benchmarks.benchlib import moto_bucket
+from benchmarks.benchlib import _bucket_on, _wait_http
 from benchmarks.jobbench import job_spec, measure
 from jobctl.engine.data import prepare as prep
 from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.supervise.launch import free_port
 from tests.corpus import train_tokenizer, write_parquet
+
+
+@contextlib.contextmanager
+def moto_bucket(nice: int) -> Iterator[str]:
+    """``s3://bucket/prefix`` on a moto server in its own process at ``nice`` (19: the
+    server takes only idle CPU, as remote storage would; 0: it competes with training)."""
+    port = free_port()
+    cmd = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1",
+           "-p", str(port)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(nice)
+    )
+    try:
+        _wait_http(f"http://127.0.0.1:{port}")
+        yield from _bucket_on(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def token_file(path: Path, mb: int) -> Path:
@@ -83,14 +109,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mb", type=int, default=100)
-    ap.add_argument("--docs", type=int, default=20000)
+    ap.add_argument("--docs", type=int, default=100000)
+    ap.add_argument("--moto-nice", type=int, default=19, help="the S3 server's niceness")
     ap.add_argument("--skip-steps", action="store_true", help="only the prepare benchmark")
+    ap.add_argument("--skip-prepare", action="store_true", help="only the step times")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if not args.skip_steps:
             path = token_file(d / "train.bin", args.mb)
-            with moto_bucket(separate_process=True) as bucket:
+            with moto_bucket(args.moto_nice) as bucket:
                 url = bucket.rsplit("/", 1)[0] + "/data/train.bin"
                 s3fs.S3FileSystem(skip_instance_cache=True).put(str(path), url)
                 sources = {
@@ -99,7 +127,8 @@ def main() -> None:
                     "s3": {"data.source": "tokens", "data.path": url},
                 }
                 print_steps(step_times(sources, args.steps, args.rounds, d))
-        prepare_speed(d, args.docs)
+        if not args.skip_prepare:
+            prepare_speed(d, args.docs)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ class PackedData:
         """Sequences per epoch."""
         return self.part.size
 
+    @property
+    def remote(self) -> bool:
+        """Read over the network (each sequence a ranged request)?"""
+        return getattr(self.part.stream, "fs", None) is not None
+
     def epoch(self, index: int) -> int:
         """The epoch of global sample ``index``."""
         return self.order.epoch(index)

@@ -2,11 +2,13 @@
 
 A replica reads its micro-batches in a fixed pattern (``Sharding``): micro-batch
 ``i + 1`` after ``i``, then micro-batch 0 of the next step. After each ``batch`` call
-the next ``depth`` micro-batches of that pattern are queued on one reader thread
-(token files and S3 reads release the GIL); a request that was not predicted (the
-first, or after a layout change) is read on the spot, so results never depend on the
-guess. On CUDA the read-ahead tensors are pinned, so the copy to the GPU is
-asynchronous.
+the next ``depth`` micro-batches of that pattern are queued on reader threads (token
+files and S3 reads release the GIL); a request that was not predicted (the first, or
+after a layout change) is read on the spot, so results never depend on the guess. A
+local file needs one reader two micro-batches ahead; a remote one (each sequence a
+ranged GET, a round trip of milliseconds) is read two steps ahead by
+``REMOTE_READERS`` threads, so many requests are in flight at once. On CUDA the
+read-ahead tensors are pinned, so the copy to the GPU is asynchronous.
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.data.packed import PackedData
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+REMOTE_READERS = 16
 
 
 class Prefetcher:
     """``batch(start, count)`` of ``data``, with the next micro-batches read ahead."""
 
-    def __init__(self, data: PackedData, shard: Sharding, replica: int, pin: bool, depth: int = 2):
+    def __init__(
+        self,
+        data: PackedData,
+        shard: Sharding,
+        replica: int,
+        pin: bool,
+        depth: int = 2,
+        readers: int = 1,
+    ):
         self.data, self.shard, self.replica = data, shard, replica
         self.pin, self.depth = pin, depth
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="jobctl-prefetch")
+        self.pool = ThreadPoolExecutor(readers, thread_name_prefix="jobctl-prefetch")
         self.ahead: dict[tuple[int, int], Future] = {}
 
     def __getattr__(self, name: str):
@@ -76,4 +87,8 @@ def prefetching(data, shard: Sharding, replica: int, device: torch.device):
     not read, and stay on the training thread (they would only contend for the GIL)."""
     if not isinstance(data, PackedData):
         return data
-    return Prefetcher(data, shard, replica, pin=device.type == "cuda")
+    pin = device.type == "cuda"
+    if data.remote:
+        depth = 2 * shard.micro_batches
+        return Prefetcher(data, shard, replica, pin, depth, readers=REMOTE_READERS)
+    return Prefetcher(data, shard, replica, pin)
