@@ -3,7 +3,8 @@
 Measured records are JSON files ``<home>/calibration/<fingerprint key>.json`` under the
 state home (``$JOBCTL_HOME`` or ./.jobctl). A record is reused when its fingerprint
 (model hash, device, torch version, threads) matches the job's; anything else means
-the costs may have changed and the planner falls back to the analytic calibration.
+the costs may have changed and the planner falls back to the analytic calibration. A
+change of ``data`` fields keeps the record (``model_hash``).
 Values a measured record took from the hardware spec (inter-node links, which one
 machine cannot measure) are re-derived from the current spec on every use.
 """
@@ -36,12 +37,15 @@ class CalibrationError(ValueError):
 
 
 def model_hash(spec: JobSpec) -> str:
-    """sha256 of everything that changes per-block costs: model, numerics, data source."""
+    """sha256 of everything that changes per-block costs: model and numerics. Not the
+    data source: it changes only the fetch time, which the record keeps with the source
+    it was measured with (``Calibration.data_source``); a job reading another source
+    keeps the measured compute and its plan says the fetch times are from another
+    source (``resolver.describe``)."""
     key = {
         "model": spec.model.model_dump(mode="json"),
         "precision": spec.training.precision,
         "optimizer": spec.training.optimizer,
-        "data": spec.data.source,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

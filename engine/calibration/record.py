@@ -27,12 +27,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CALIBRATION_VERSION = 9  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
+CALIBRATION_VERSION = 10  # 2: the runtime's own costs (``runtime``); 3: + compute, load;
 # 4: loads are compute demand (plain simulation), no longer fitted along with the message;
 # 5: solo, 2-stage and 4-stage probes; 6: allreduce timed as the runtime's gradient sync;
 # 7: the busy probe's message fit no longer rides on the busy ping-pong; probe rounds, drift
 # 8: compute times at the probes' machine speed (drift), probes taken as measured;
-# 9: each probe's step-to-step spread (step_cv), for data-parallel replicas' skew
+# 9: each probe's step-to-step spread (step_cv), for data-parallel replicas' skew;
+# 10: the data source is no longer in the model hash (``data_source`` says what ``data``
+# was measured with), so a job that changes it keeps its measured compute
 UNITS = {"time": "s", "bytes": "B", "bandwidth": "B/s"}
 STEADY_DRIFT = 1.10  # probes this much slower or faster than the block timing: unsteady
 Source = Literal["measured", "analytic"]
@@ -309,6 +311,9 @@ class Calibration(_Frozen):
     micro_batch_sizes: list[int] = Field(description="the m values compute was measured at")
     blocks: list[BlockCalibration]
     data: dict[int, Stat] = Field(description="m -> seconds to fetch one micro-batch of m")
+    data_source: str | None = Field(
+        None, description="the data.source ``data`` was measured with (None: analytic)"
+    )
     p2p_intra: LinkCalibration
     p2p_inter: LinkCalibration
     allreduce_intra: AllreduceCalibration

@@ -66,7 +66,7 @@ def apply(
     """
     spec = load_or_exit(spec_file)
     p = plan_or_exit(spec, spec_file, devices)
-    views.print_plan(console, p)
+    views.print_plan(console, p, spec.training.steps)
     if dry_run:
         _print_dry_run(spec, p, spec_file, backend)
         return
@@ -135,7 +135,7 @@ def resume(
     spec_file = Path(row["run_dir"]) / "spec.yaml"
     spec = load_or_exit(spec_file)
     p = plan_or_exit(spec, spec_file, devices)
-    views.print_plan(console, p)
+    views.print_plan(console, p, spec.training.steps)
     opts = ApplyOptions(backend=backend, run_id=row["id"])
     _launch_and_report(spec, p, db, row["spec_path"], opts)
 

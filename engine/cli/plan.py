@@ -66,7 +66,7 @@ def plan(
     if as_json:
         print(p.model_dump_json(indent=2))
     else:
-        views.print_plan(console, p)
+        views.print_plan(console, p, spec.training.steps)
         if explain:
             views.print_explanation(console, p)
         if spec.pruning.enabled:

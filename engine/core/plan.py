@@ -51,6 +51,15 @@ class Prediction(_Frozen):
     source: str = Field(description="where the costs came from: analytic or calibration")
     samples_per_s_per_device: float | None = Field(None, description="samples/s / (P x D)")
     calibration: str | None = Field(None, description="fingerprint key of the calibration used")
+    startup_s: float | None = Field(
+        None,
+        description="launch to first step on this machine and backend, measured by earlier "
+        "runs (calibration.startup); None: not measured here yet",
+    )
+
+    def total_s(self, steps: int) -> float:
+        """End to end: start-up (where measured) and ``steps`` steps."""
+        return (self.startup_s or 0.0) + self.step_time_s * steps
 
 
 class Alternative(_Frozen):

@@ -38,8 +38,9 @@ class MemberPlan:
 
     @property
     def duration_s(self) -> float | None:
+        """Start-up (where measured on this machine) and every step."""
         pr = self.plan.prediction
-        return pr.step_time_s * self.member.spec.training.steps if pr else None
+        return pr.total_s(self.member.spec.training.steps) if pr else None
 
     @property
     def cost_usd(self) -> float | None:

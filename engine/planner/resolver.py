@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search, search
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -52,12 +53,12 @@ def plan_and_simulate(
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     cal = calibration or calibration_for(spec, home)
-    found = search(spec, G, cal, describe(cal))
+    found = search(spec, G, cal, describe(cal, spec))
     best = found.ranked[0]
-    return build_plan(spec, cal, found, G), best.sim
+    return build_plan(spec, cal, found, G, home), best.sim
 
 
-def describe(cal: Calibration) -> str:
+def describe(cal: Calibration, spec: JobSpec | None = None) -> str:
     """Where the plan's costs come from, in one line."""
     if cal.source == "analytic":
         return (
@@ -66,10 +67,24 @@ def describe(cal: Calibration) -> str:
         )
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cal.created))
     fp = cal.fingerprint
-    return f"measured calibration {fp.key} ({when}, {fp.device}, torch {fp.torch})"
+    text = f"measured calibration {fp.key} ({when}, {fp.device}, torch {fp.torch})"
+    source = spec.data.source if spec else None
+    if source and cal.data_source and cal.data_source != source:
+        text += (
+            f"; its data fetch times are for data.source {cal.data_source!r}, this job "
+            f"reads {source!r} (`jobctl calibrate` measures them)"
+        )
+    return text
 
 
-def build_plan(spec: JobSpec, cal: Calibration, found: Search, G: int) -> Plan:
+def machine_key(spec: JobSpec) -> str:
+    """Whose start-up a plan uses: this machine's device, through the spec's backend."""
+    return f"{spec.hardware.backend}:{device_name(spec.hardware.device)}"
+
+
+def build_plan(
+    spec: JobSpec, cal: Calibration, found: Search, G: int, home: Path | None = None
+) -> Plan:
     """The winning candidate as a Plan, with its prediction and the alternatives."""
     win = found.ranked[0]
     lay = win.layout
@@ -100,7 +115,7 @@ def build_plan(spec: JobSpec, cal: Calibration, found: Search, G: int) -> Plan:
         block_names=cal.names,
         stages=stage_plans,
         ranks=ranks,
-        prediction=predict(spec, cal, win),
+        prediction=predict(spec, cal, win, startup_for(home, machine_key(spec))),
         alternatives=alternatives(spec, found, G),
         explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
     )
@@ -114,8 +129,10 @@ def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:
     return samples, samples / devices, price / 3600.0 / samples * 1000.0
 
 
-def predict(spec: JobSpec, cal: Calibration, cand: Candidate) -> Prediction:
-    """The simulated step of a candidate as a Prediction."""
+def predict(
+    spec: JobSpec, cal: Calibration, cand: Candidate, startup_s: float | None = None
+) -> Prediction:
+    """The simulated step of a candidate as a Prediction (``startup_s``: measured)."""
     samples, per_device, cost = _throughput(spec, cand)
     return Prediction(
         step_time_s=cand.step,
@@ -126,6 +143,7 @@ def predict(spec: JobSpec, cal: Calibration, cand: Candidate) -> Prediction:
         source="calibration" if cal.source == "measured" else "analytic",
         samples_per_s_per_device=per_device,
         calibration=cal.fingerprint.key if cal.source == "measured" else None,
+        startup_s=startup_s,
     )
 
 

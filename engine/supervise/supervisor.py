@@ -33,13 +33,14 @@ from rich.console import Console
 
 from jobctl.backends import Rendered
 from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.calibration.startup import record_startup
 from jobctl.engine.checkpoint.blocks import read_meta
 from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
 from jobctl.engine.core.env import CHANNEL_SECRET, RESUME_DIR
 from jobctl.engine.core.phases import ACTIVE
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.core.process import pid_alive, process_token
-from jobctl.engine.planner.resolver import describe, make_plan
+from jobctl.engine.planner.resolver import describe, machine_key, make_plan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.adoption import AdoptError, FinishedNodes, archive_offset, live_run
@@ -92,6 +93,7 @@ class Supervisor:
         self.loss: Loss | None = None  # a loss whose recovery is not measured yet
         self.stop_seen: float | None = None
         self.watched_at = 0.0  # when the running attempt was first polled (deadline_s)
+        self.launched_at: float | None = None  # this process launched the attempt (time)
         self.done = False
 
     # -- the loop ------------------------------------------------------------------
@@ -197,7 +199,7 @@ class Supervisor:
         self._transition("calibrating", "resolving the costs the plan is made with")
         self.cal = calibration_for(self.spec, self.db.home)
         self.db.add_event(
-            self.run_id, "calibration", describe(self.cal), {"source": self.cal.source}
+            self.run_id, "calibration", describe(self.cal, self.spec), {"source": self.cal.source}
         )
         return self.phase
 
@@ -239,10 +241,21 @@ class Supervisor:
         if self.loss is not None:  # steps lost: trained before the loss, not resumed from
             handed = ((self.outcome and self.outcome.handover) or {}).get("step")
             self.loss = self.loss.resumed_at(point.step if point else 0, handed)
+        self.launched_at = time.time()  # the workers' clock: start-up to their first step
         self.attempt = self.launcher.start(run, self.backend, senv.get(CHANNEL_SECRET), cport)
         self.attempt.start_step = point.step if point else 0
         self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
         return self.phase
+
+    def _note_startup(self, first_step_ts: float | None) -> None:
+        """Record this machine's start-up once per launched attempt: launch to the end of
+        the first step, less the step itself (``calibration.startup``)."""
+        if first_step_ts is None or self.launched_at is None:
+            return
+        step = self.plan.prediction.step_time_s if self.plan.prediction else 0.0
+        seconds = first_step_ts - self.launched_at - step
+        record_startup(self.db.home, machine_key(self.spec), seconds)
+        self.launched_at = None
 
     def _resume_point(self) -> ResumePoint | None:
         """Where the attempt continues from: an explicit folder, or the newest checkpoint."""
@@ -278,6 +291,7 @@ class Supervisor:
     def _poll(self) -> str:
         outcome = self.monitor.poll_once()
         first_step_ts = self.monitor.records.first_step_ts
+        self._note_startup(first_step_ts)
         if self.loss is not None and first_step_ts is not None:
             record_recovery(self.db, self.run_id, self.loss, first_step_ts)
             self.loss = None

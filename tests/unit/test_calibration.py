@@ -78,11 +78,28 @@ def test_record_round_trips_through_the_cache(tmp_path):
     path = cache.save(cal, tmp_path)
     assert path == tmp_path / "calibration" / f"{cal.fingerprint.key}.json"
     raw = json.loads(path.read_text())
-    assert raw["version"] == CALIBRATION_VERSION == 9 and raw["units"]["time"] == "s"
+    assert raw["version"] == CALIBRATION_VERSION == 10 and raw["units"]["time"] == "s"
     assert raw["blocks"][1]["forward"]["2"]["n"] == 1  # m keys stored as JSON strings
     back = cache.load(path)
     assert back == cal
     assert back.forward(1, 2) == cal.forward(1, 2)
+
+
+def test_a_data_change_keeps_the_measured_record_and_says_so(tmp_path):
+    from jobctl.engine.planner.resolver import make_plan
+
+    spec = tiny_spec()
+    cache.save(measured_like(spec).model_copy(update={"data_source": "synthetic"}), tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes(range(256)) * 64)
+    text = tiny_spec(**{"data.source": "text", "data.path": str(corpus)})
+    assert cache.find_cached(text, tmp_path) is not None
+    plan = make_plan(text, home=tmp_path)
+    assert plan.prediction.source == "calibration"
+    why = "its data fetch times are for data.source 'synthetic', this job reads 'text'"
+    assert why in plan.explanation[0]
+    same = make_plan(spec, home=tmp_path)
+    assert "data fetch" not in same.explanation[0]
 
 
 def test_cache_finds_only_a_matching_fingerprint(tmp_path):

@@ -107,13 +107,16 @@ def test_members_render_from_the_base_with_their_parameters(tmp_path):
 
 
 def test_a_bad_member_names_the_member_and_the_field_and_nothing_launches(tmp_path):
-    path = _sweep(tmp_path, runs="runs: [{lr: -1, layers: 2, d: 1}, {lr: 0.1, layers: 2, d: 3}]")
+    # d: 9 replicas for 8 micro-batches (16 / 2) on a pool of 4 (any D trains, but
+    # every replica needs a micro-batch, and the pool must hold them).
+    path = _sweep(tmp_path, runs="runs: [{lr: -1, layers: 2, d: 1}, {lr: 0.1, layers: 2, d: 9}]")
     with pytest.raises(SpecError) as e:
         load_fleet(path)
     issues = {(i.member, i.path): i for i in e.value.errors}
     assert set(issues) == {
         ("sweep--1-2", "training.lr"),
         ("sweep-0.1-2", "training.global_batch_size"),
+        ("sweep-0.1-2", "parallelism.pipeline_stages"),
     }
     lr = issues["sweep--1-2", "training.lr"]
     assert (lr.file, lr.line, lr.column) == (str(tmp_path / "base.yaml"), 7, 7)

@@ -65,3 +65,27 @@ def test_plan_infeasible_memory_exits_2_with_what_would_fit(tmp_path):
     r = runner.invoke(app, ["plan", str(job), "--home", str(tmp_path)])
     assert r.exit_code == 2
     assert "cannot plan" in r.output and "hardware.memory_gb" in r.output
+
+
+def test_plan_says_its_source_and_adds_the_measured_start_up(tmp_path):
+    from jobctl.engine.calibration.startup import record_startup, startup_for
+    from jobctl.engine.cli.app import app
+    from jobctl.engine.planner.resolver import machine_key, make_plan
+    from jobctl.spec import load_spec
+
+    cmd = ["plan", str(QUICKSTART), "--home", str(tmp_path)]
+    r = runner.invoke(app, cmd, env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "prediction source: analytic" in r.output and "jobctl calibrate" in r.output
+    assert "start-up not measured on this machine yet" in r.output
+    spec = load_spec(QUICKSTART)
+    key = machine_key(spec)
+    for seconds in (40.0, 30.0, 31.0):  # the median of this machine's runs
+        record_startup(tmp_path, key, seconds)
+    assert startup_for(tmp_path, key) == 31.0
+    pr = make_plan(spec, home=tmp_path).prediction
+    assert pr.startup_s == 31.0
+    assert pr.total_s(spec.training.steps) == 31.0 + spec.training.steps * pr.step_time_s
+    r = runner.invoke(app, cmd, env={"COLUMNS": "250"})
+    assert "start-up 31 s (measured by earlier runs here)" in r.output
+    assert f"+ {spec.training.steps} steps x" in r.output

@@ -95,6 +95,7 @@ def calibrate(
         micro_batch_sizes=ms,
         blocks=blocks,
         data=data,
+        data_source=spec.data.source,
         p2p_intra=link,
         p2p_inter=link_from_spec(spec.hardware, False),
         allreduce_intra=allreduce,

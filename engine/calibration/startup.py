@@ -1,0 +1,53 @@
+"""Start-up time: from launching a run to its first step, measured on this machine.
+
+A step time alone under-predicts a short run: launching the torchrun agents, the
+rendezvous, importing torch in every worker, building the stages and the first
+step's warm-up all come first (a fleet predicted at 4 s took 191 s). The supervisor
+records, for each attempt it launches, the seconds from the launch to the end of the
+first step less one predicted step (``record_startup``); the planner adds the median
+of this machine's last ``KEEP`` measurements to a plan's end-to-end prediction
+(``startup_for``). Until a run has been measured here there is no figure, and plans
+say so. Kept per machine (``cache.device_name`` of the device kind) under the state
+home's calibration folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+from jobctl.engine.core.home import default_home
+
+KEEP = 5  # measurements kept per machine
+
+
+def _path(home: Path | None, machine: str) -> Path:
+    key = hashlib.sha256(machine.encode()).hexdigest()[:16]
+    return Path(home or default_home()) / "calibration" / f"startup-{key}.json"
+
+
+def record_startup(home: Path | None, machine: str, seconds: float) -> None:
+    """Add one launch-to-first-step measurement (seconds) for ``machine``."""
+    path = _path(home, machine)
+    samples = _read(path)[-(KEEP - 1) :] + [max(0.0, seconds)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"machine": machine, "updated": time.time(), "samples": samples}))
+    tmp.replace(path)
+
+
+def startup_for(home: Path | None, machine: str) -> float | None:
+    """The median measured start-up of ``machine``, or None if none was measured."""
+    samples = _read(_path(home, machine))
+    return statistics.median(samples) if samples else None
+
+
+def _read(path: Path) -> list[float]:
+    try:
+        raw = json.loads(path.read_text())
+        return [float(x) for x in raw["samples"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []

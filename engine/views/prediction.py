@@ -1,0 +1,44 @@
+"""A plan's end-to-end prediction and where it comes from, in plain words."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from jobctl.engine.core.plan import Plan
+
+
+def duration(seconds: float) -> str:
+    """Seconds as s, min or h."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def print_end_to_end(console: Console, plan: Plan, steps: int | None) -> None:
+    """Start-up plus the steps, and where the prediction comes from, in plain words: an
+    analytic prediction on a CPU asks for ``jobctl calibrate``."""
+    pr = plan.prediction
+    if steps is not None:
+        if pr.startup_s is None:
+            start = "start-up not measured on this machine yet (the first run measures it)"
+        else:
+            start = f"start-up {pr.startup_s:.0f} s (measured by earlier runs here)"
+        console.print(
+            f"end to end: about {duration(pr.total_s(steps))}: {start} + {steps} steps x "
+            f"{pr.step_time_s:.4g} s",
+            soft_wrap=True,
+            highlight=False,
+        )
+    if pr.source == "analytic":
+        how = "from the hardware spec alone (no measured calibration)"
+        hint = ""
+        if plan.device == "cpu":
+            hint = (
+                "; on a CPU such predictions are often several times optimistic: "
+                "`jobctl calibrate JOB.yaml` measures this machine"
+            )
+        console.print(f"[yellow]prediction source: analytic[/yellow], {how}{hint}",
+                      soft_wrap=True, highlight=False)  # fmt: skip
+    else:
+        console.print(f"prediction source: measured calibration {pr.calibration}",
+                      highlight=False)  # fmt: skip
