@@ -29,6 +29,8 @@ log = logging.getLogger("jobctl.supervise")
 class AttemptRecords:
     """The state of one attempt as its workers' records tell it."""
 
+    epoch = 0  # of the newest step (file data sources count epochs); set per instance
+
     def __init__(
         self,
         db: StateDB,
@@ -41,7 +43,6 @@ class AttemptRecords:
         self.db, self.run_id, self.total, self.clock = db, run_id, total_steps, clock
         self.beats, self.scaling = watches  # the monitor's, which it also polls
         self.losses: list[float] = []
-        self.epoch = 0  # of the newest step (file data sources count epochs)
         self.last_upload = -1
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
