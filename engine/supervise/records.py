@@ -178,6 +178,7 @@ class AttemptRecords:
 
     def _on_heartbeat(self, rec: dict) -> None:
         self.beats.saw(rec["node"])
+        self.lost.stepped(rec["step"])  # steps lost count completed steps, reported or not
         self.started.add(rec["rank"])
         d = self.detector
         d.observe(rec["step"], rec["rank"], rec["stage"], rec["node"], rec["compute_s"])

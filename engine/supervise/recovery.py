@@ -49,6 +49,12 @@ class LossClock:
     def __init__(self) -> None:
         self.seen: dict[int, float] = {}
         self.notice: dict[int, float] = {}
+        self.newest = 0  # the newest step any rank said it completed
+
+    def stepped(self, step: int) -> None:
+        """A rank completed ``step`` (its heartbeat, or the step record): a step's
+        update follows its commit, so every rank summed that step's gradients."""
+        self.newest = max(self.newest, step)
 
     def saw(self, node: int, ts: float) -> None:
         self.seen[node] = max(ts, self.seen.get(node, ts))
@@ -70,7 +76,7 @@ class LossClock:
         if not signs:
             return None
         at, sign = min(signs)
-        return Loss(at, sorted(nodes), sign)
+        return Loss(at, sorted(nodes), sign, trained=self.newest)
 
 
 def record_recovery(db: StateDB, run_id: str, loss: Loss, first_step_ts: float) -> float:

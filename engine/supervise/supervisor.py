@@ -308,7 +308,7 @@ class Supervisor:
         self.outcome = outcome
         if outcome.kind == "preempted":  # recovery is timed from the loss itself
             loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
-            self.loss = replace(loss, trained=self._trained(outcome))
+            self.loss = replace(loss, trained=max(loss.trained, self._trained(outcome)))
         self._transition("morphing", outcome.message.splitlines()[0])
         return self.phase
 

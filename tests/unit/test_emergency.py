@@ -1,7 +1,10 @@
 """The survivors' decision (engine/checkpoint/emergency.py), the step commit's bookkeeping
-(engine/runtime/failure.py), and an emergency checkpoint written in parts."""
+(engine/runtime/failure.py), an emergency checkpoint written in parts, and the steps
+lost that recoveries report (engine/supervise/recovery.py, ``jobctl status RUN``)."""
 
 from __future__ import annotations
+
+import json
 
 import torch
 
@@ -11,6 +14,8 @@ from jobctl.engine.checkpoint.resume import find_resume_point
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.runtime.failure import StepLedger, is_peer_failure
 from jobctl.engine.runtime.p2p.shm import PeerGone
+from jobctl.engine.supervise.figures import recoveries, steps_lost
+from jobctl.engine.supervise.recovery import LossClock
 from tests.jobrun import tiny_spec
 
 
@@ -104,3 +109,24 @@ def test_parts_publish_one_checkpoint_that_resume_finds(tmp_path):
     point = find_resume_point(spec.checkpoint, tmp_path)
     assert point.step == 7 and point.path == out
     assert write_part(tmp_path, d, 1, {}, meta) == out  # published already: nothing to do
+
+
+def test_steps_lost_count_completed_steps_trained_again():
+    clock = LossClock()
+    clock.saw(1, 100.0)
+    for step in (7, 8, 6):  # heartbeats of completed steps, any order
+        clock.stepped(step)
+    loss = clock.loss([1])
+    assert loss.trained == 8 and loss.steps_lost is None  # the resume is not known yet
+    fell_back = loss.resumed_at(6, handed_over=None)
+    assert (fell_back.steps_lost, fell_back.source) == (2, "checkpoint")
+    handed = loss.resumed_at(8, handed_over=8)
+    assert (handed.steps_lost, handed.source) == (0, "emergency checkpoint")
+
+
+def test_each_recovery_says_its_steps_lost():
+    evs = [
+        {"kind": "recovery", "data": json.dumps({"seconds": 3.9})},  # before #25
+        {"kind": "recovery", "data": json.dumps({"seconds": 1.24, "steps_lost": 0})},
+    ]
+    assert recoveries(evs) == [3.9, 1.24] and steps_lost(evs) == [None, 0]
