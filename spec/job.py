@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from .base import SpecModel, Violation, require_match
 from .data import UINT16_VOCAB, DataSpec
+from .devices import DEVICES
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
@@ -77,6 +78,25 @@ class JobSpec(SpecModel):
         yield from self._batch_violations()
         yield from self._pruning_violations()
         yield from self._data_violations()
+        yield from self._device_violations()
+
+    def _device_violations(self) -> Iterator[Violation]:
+        hw, precision = self.hardware, self.training.precision
+        if hw.accelerator is None:
+            return
+        if hw.device != "cuda":
+            yield Violation(
+                "hardware.accelerator",
+                f"accelerator {hw.accelerator!r} is a GPU, but hardware.device is {hw.device!r}",
+                "set hardware.device: cuda or remove hardware.accelerator",
+            )
+        rates = DEVICES[hw.accelerator].peak_tflops
+        if precision not in rates:
+            yield Violation(
+                "training.precision",
+                f"{hw.accelerator} has no {precision} rate (it lists {', '.join(rates)})",
+                f"set training.precision to one of {', '.join(rates)}",
+            )
 
     def _data_violations(self) -> Iterator[Violation]:
         data, vocab = self.data, self.model.vocab

@@ -82,6 +82,21 @@ RULE_CASES = [
         id="micro-auto-d",
     ),
     pytest.param(
+        "hardware: {device: cuda, accelerator: v100-pcie-16gb}\n"
+        "training: {global_batch_size: 16, steps: 1, precision: bf16}",
+        "training.precision",
+        "v100-pcie-16gb has no bf16 rate (it lists fp32, fp16)",
+        "set training.precision to one of fp32, fp16",
+        id="accelerator-precision",
+    ),
+    pytest.param(
+        "hardware: {accelerator: v100-sxm2-16gb}",
+        "hardware.accelerator",
+        "accelerator 'v100-sxm2-16gb' is a GPU, but hardware.device is 'cpu'",
+        "set hardware.device: cuda or remove hardware.accelerator",
+        id="accelerator-device",
+    ),
+    pytest.param(
         "elasticity: {min_devices: 4, max_devices: 2}",
         "elasticity.max_devices",
         "max_devices 2 is below min_devices 4",
