@@ -27,13 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import s3fs
 
-from benchmarks.benchlib import _bucket_on, _wait_http
+from benchmarks.benchlib import _bucket_on
 from benchmarks.jobbench import job_spec, measure
 from jobctl.engine.data import prepare as prep
 from jobctl.engine.planner.resolver import make_plan
@@ -52,11 +53,24 @@ def moto_bucket(nice: int) -> Iterator[str]:
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(nice)
     )
     try:
-        _wait_http(f"http://127.0.0.1:{port}")
+        _wait_http(f"http://127.0.0.1:{port}", timeout=180.0)
         yield from _bucket_on(f"http://127.0.0.1:{port}")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _wait_http(url: str, timeout: float) -> None:
+    """Until ``url`` answers: a niced server on a busy machine starts slowly."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def token_file(path: Path, mb: int) -> Path:
