@@ -7,38 +7,44 @@ was started).
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
-from jobctl.engine.cli.apply import apply, resume
-from jobctl.engine.cli.calibrate import calibrate
-from jobctl.engine.cli.data import data_app
-from jobctl.engine.cli.fleet import fleet_app
-from jobctl.engine.cli.plan import plan, render, schema, validate
-from jobctl.engine.cli.report import report
-from jobctl.engine.cli.runs import logs, status, stop
-from jobctl.engine.cli.scale import scale
-from jobctl.engine.cli.schedule import events, schedule_app, scheduler_app
-from jobctl.engine.state.db import StateDBError
+from jobctl.engine.cli.lazy import LazyGroup
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help=__doc__)
 
-# One module per command group; the order here is the order of `jobctl --help`.
-for command in (validate, schema, plan, calibrate, render, apply, resume):
-    app.command()(command)
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(data_app, name="data")
-app.add_typer(schedule_app, name="schedule")
-app.add_typer(scheduler_app, name="scheduler")
-for command in (events, scale, report, stop, status, logs):
-    app.command()(command)
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"jobctl {version('jobctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="print jobctl's version and exit"),
+    ] = False,
+) -> None:  # fmt: skip
+    """The commands live in jobctl.engine.cli.lazy.COMMANDS, imported when they run."""
 
 
 def main() -> None:
     """Console-script entry point; a state DB that cannot be read is one line, exit 2."""
     try:
         sys.exit(app())
-    except StateDBError as e:
+    except Exception as e:
+        # StateDBError, without importing the state DB (SQLAlchemy) before it is needed:
+        # a command that never imported it cannot have raised it.
+        db = sys.modules.get("jobctl.engine.state.db")
+        if db is None or not isinstance(e, db.StateDBError):
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -1,18 +1,23 @@
-"""Options, consoles and look-ups shared by the ``jobctl`` command modules."""
+"""Options, consoles and look-ups shared by the ``jobctl`` command modules.
+
+Imports only typer and rich at module level: every command module imports this one, and
+``--help``, ``validate``, ``status``, ``logs``, ``events`` and ``schema`` must start
+without the planner (torch).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobctl.engine.core.plan import Plan
-from jobctl.engine.planner.resolver import PlanError, make_plan
-from jobctl.engine.state.db import StateDB
-from jobctl.spec import JobSpec, SpecError, load_spec
+if TYPE_CHECKING:
+    from jobctl.engine.core.plan import Plan
+    from jobctl.engine.state.db import StateDB
+    from jobctl.spec import JobSpec
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -39,6 +44,8 @@ def find_run(db: StateDB, ref: str) -> dict:
 
 def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
     """The job spec at ``path``; exit 2 with every issue when it is invalid or missing."""
+    from jobctl.spec import SpecError, load_spec
+
     try:
         spec = load_spec(path, overrides=overrides)
         check_data(spec, path)
@@ -55,6 +62,7 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
 def check_data(spec: JobSpec, path: Path) -> None:
     """Raise a SpecError, located in ``path``, for what the data files show is wrong."""
     from jobctl.engine.data.checks import data_violations
+    from jobctl.spec import SpecError
     from jobctl.spec.data import located
 
     issues = located(str(path), data_violations(spec))
@@ -64,6 +72,8 @@ def check_data(spec: JobSpec, path: Path) -> None:
 
 def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
     """The plan of ``spec`` for ``devices``; exit 2 when none fits."""
+    from jobctl.engine.planner.resolver import PlanError, make_plan
+
     try:
         return make_plan(spec, devices)
     except (PlanError, ValueError) as e:

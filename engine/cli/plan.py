@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from jobctl.engine.cli.backend import render_or_exit
 from jobctl.engine.cli.common import (
     BackendOpt,
     DevicesOpt,
@@ -20,9 +19,10 @@ from jobctl.engine.cli.common import (
     load_or_exit,
     plan_or_exit,
 )
-from jobctl.engine.core.plan import Plan
-from jobctl.engine.views import tables as views
-from jobctl.spec import JobSpec, json_schema
+
+if TYPE_CHECKING:  # the planner, the views and the backends load in the commands that use them
+    from jobctl.engine.core.plan import Plan
+    from jobctl.spec import JobSpec
 
 
 def validate(spec_file: SpecArg) -> None:
@@ -34,6 +34,8 @@ def validate(spec_file: SpecArg) -> None:
 
 def schema() -> None:
     """Print the job spec's JSON schema."""
+    from jobctl.spec import json_schema
+
     print(json.dumps(json_schema(), indent=2))
 
 
@@ -55,6 +57,7 @@ def plan(
     matches, else costs derived from the hardware spec; the plan says which.
     """
     from jobctl.engine.planner.resolver import plan_and_simulate
+    from jobctl.engine.views import tables as views
     from jobctl.engine.views.gantt import draw_gantt
 
     spec = load_or_exit(spec_file)
@@ -94,7 +97,12 @@ def render(
     devices: DevicesOpt = None,
     backend: BackendOpt = None,
 ) -> None:
-    """Write the per-node launch scripts without running anything."""
+    """Write the launch scripts to a folder that runs as written, without running anything.
+
+    The folder holds the scripts, the spec, plan.json and run/ (where the run writes);
+    its README says how to start it by hand.
+    """
+    from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import new_run_id, run_context
 
     spec = load_or_exit(spec_file)

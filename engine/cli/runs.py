@@ -1,7 +1,12 @@
-"""Run lifecycle queries and requests: ``stop``, ``status``, ``logs``."""
+"""Run lifecycle queries and requests: ``stop``, ``status``, ``logs``, ``events``.
+
+None of these plans or trains: they import the state DB and the views only (never
+torch), so they start fast; ``stop`` loads the backends only when it signals nodes.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -10,10 +15,8 @@ import typer
 from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
-from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.run_logs import find_logs
-from jobctl.engine.supervise.run_requests import ENDED, request_stop
-from jobctl.engine.views import tables as views
+
+ENDED = ("completed", "failed", "stopped")  # as engine/supervise/run_requests.ENDED
 
 # What ``stop`` says it did, by Stopping.how.
 STOP_MESSAGES = {
@@ -33,29 +36,60 @@ def stop(run: RunArg, home: HomeOpt = None) -> None:
     if it is between two attempts. Without a live supervisor the recorded nodes are
     signalled directly.
     """
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.supervise.run_requests import request_stop
+
     db = StateDB(home)
     s = request_stop(db, find_run(db, run))
     console.print(STOP_MESSAGES[s.how].format(s=s))
 
 
 def status(
-    run: Annotated[str | None, typer.Argument(help="run id or name")] = None, home: HomeOpt = None
+    run: Annotated[str | None, typer.Argument(help="run id or name")] = None,
+    home: HomeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="redraw every --interval s until the runs end")
+    ] = False,
+    interval: Annotated[float, typer.Option("--interval", help="seconds between redraws")] = 2.0,
 ) -> None:
-    """Table of runs (phase, step, loss, samples/s, ETA, devices, plan, checkpoints,
-    upload lag, $ so far), or one run's details, ranks and recent events."""
-    from jobctl.engine.supervise.figures import rank_compute, run_figures, tail_records
+    """Table of runs, or one run's details, ranks and recent events (--json, --watch).
+
+    The table keeps run, phase, step, loss and ETA in any terminal and adds samples/s,
+    devices, plan, checkpoints, upload lag and $ so far as the width allows.
+    """
+    from jobctl.engine.state.db import StateDB
 
     db = StateDB(home)
+    if run is not None:
+        run = find_run(db, run)["id"]
+    while True:
+        if watch and not as_json:
+            console.clear()
+        rows = _show_status(db, run, as_json)
+        if not watch or all(r["phase"] in ENDED for r in rows):
+            return
+        time.sleep(interval)
+
+
+def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
+    """Print the runs (or the one run ``run``) once; the rows shown."""
+    from jobctl.engine.supervise.figures import rank_compute, run_figures, tail_records
+    from jobctl.engine.views import status as views
+
     now = time.time()
-    if run is None:
-        rows = db.list_runs()
-        figures = {r["id"]: run_figures(r, db.events(r["id"]), now) for r in rows}
+    rows = db.list_runs() if run is None else [db.get_run(run)]
+    recs = tail_records(rows[0]["run_dir"]) if run is not None else []
+    figures = {r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else []))
+               for r in rows}  # fmt: skip
+    if as_json:
+        print(json.dumps(views.runs_json(rows, figures, now), indent=2, default=str))
+    elif run is None:
         views.print_runs(console, rows, figures, now)
-        return
-    row = find_run(db, run)
-    evs, recs = db.events(row["id"]), tail_records(row["run_dir"])
-    figures = run_figures(row, evs, now, recs)
-    views.print_run(console, row, evs[-20:], figures, rank_compute(recs), now)
+    else:
+        evs = db.events(run)
+        views.print_run(console, rows[0], evs[-20:], figures[run], rank_compute(recs), now)
+    return rows
 
 
 def logs(
@@ -66,6 +100,8 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
 ) -> None:
     """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
+    from jobctl.engine.state.db import StateDB
+
     db = StateDB(home)
     row = find_run(db, run)
     run_dir = Path(row["run_dir"])
@@ -97,7 +133,29 @@ def logs(
 
 def _fetched_logs(row: dict) -> dict[str, Path]:
     """The run's log files by name, warning when the nodes' copies could not be fetched."""
+    from jobctl.engine.supervise.run_logs import find_logs
+
     found = find_logs(row)
     if found.warning:
         err.print(f"warning: {found.warning}", markup=False)
     return found.files
+
+
+def events(
+    ref: Annotated[str, typer.Argument(help="run id, job name or fleet name")],
+    home: HomeOpt = None,
+    last: Annotated[int, typer.Option("-n", help="only the last N events")] = 0,
+) -> None:
+    """Events of a job: its runs' phases and progress, and the scheduler's and fleet
+    runner's decisions about it (triggers, skips, launches, exits)."""
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.state.leases import timeline
+    from jobctl.engine.views.schedule import print_timeline
+
+    rows = timeline(StateDB(home), ref)
+    if not rows:
+        err.print(
+            f"[red]error:[/red] {escape(f'no events for {ref!r}; `jobctl status` lists runs')}"
+        )
+        raise typer.Exit(2)
+    print_timeline(console, rows[-last:] if last else rows)

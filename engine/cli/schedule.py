@@ -1,4 +1,4 @@
-"""``jobctl schedule ...``, ``jobctl scheduler run`` and ``jobctl events``.
+"""``jobctl schedule ...`` and ``jobctl scheduler run`` (``jobctl events`` is in runs).
 
 Schedules resume a job from its newest complete checkpoint on a cron rule or interval;
 they live in the state DB, so ``schedule add`` works while a daemon runs elsewhere and
@@ -22,8 +22,8 @@ from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook
 from jobctl.engine.scheduler.daemon import Daemon
 from jobctl.engine.scheduler.trigger import Trigger
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.state.leases import Leases, timeline
-from jobctl.engine.views.schedule import print_leases, print_schedules, print_timeline, when
+from jobctl.engine.state.leases import Leases
+from jobctl.engine.views.schedule import print_leases, print_schedules, when
 from jobctl.spec import ScheduleSpec, SpecError, load_spec
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Resume jobs on a cron rule or interval.")
@@ -193,15 +193,3 @@ def leases(home: HomeOpt = None) -> None:
     now = time.time()
     print_leases(console, Leases(StateDB(home)).all(), now)
 
-
-def events(
-    ref: Annotated[str, typer.Argument(help="run id, job name or fleet name")],
-    home: HomeOpt = None,
-    last: Annotated[int, typer.Option("-n", help="only the last N events")] = 0,
-) -> None:
-    """Events of a job: its runs' phases and progress, and the scheduler's and fleet
-    runner's decisions about it (triggers, skips, launches, exits)."""
-    rows = timeline(StateDB(home), ref)
-    if not rows:
-        raise _fail(f"no events for {ref!r}; `jobctl status` lists runs")
-    print_timeline(console, rows[-last:] if last else rows)

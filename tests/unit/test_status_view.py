@@ -19,7 +19,7 @@ from jobctl.engine.supervise.figures import (
     run_figures,
     tail_records,
 )
-from jobctl.engine.views.tables import RUN_COLUMNS, print_run, print_runs
+from jobctl.engine.views.status import RUN_COLUMNS, print_run, print_runs
 from jobctl.spec import dump_yaml, load_spec
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "jobs" / "quickstart.yaml"

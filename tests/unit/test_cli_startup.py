@@ -1,0 +1,91 @@
+"""`jobctl` starts without torch for the commands that neither plan nor train (#24
+item 9): the command table is lazy, and --help lists every command without loading
+it; `--version` and shell completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jobctl.engine.cli.app import app
+from jobctl.engine.cli.lazy import COMMANDS, load_command
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "jobs" / "quickstart.yaml"
+
+# Runs `jobctl ARGS` in this interpreter, then reports which heavy modules it imported.
+PROBE = """
+import json, sys
+from jobctl.engine.cli.app import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+heavy = ("torch", "jobctl.engine.planner", "jobctl.engine.calibration.cache")
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch"
+                        or any(m.startswith(h) for h in heavy[1:]))))
+"""
+
+
+def _imported(args: list[str]) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["validate", str(QUICKSTART)],
+        ["schema"],
+        ["status"],
+        ["status", "--json"],
+        ["logs", "nope"],
+        ["events", "nope"],
+        ["plan", "--help"],
+    ],
+)
+def test_light_commands_never_import_torch(args, tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
+    assert _imported(args) == []
+
+
+def test_plan_does_import_the_planner(tmp_path, monkeypatch):
+    """The probe can see an import: plan needs the planner (and torch)."""
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
+    assert "torch" in _imported(["plan", str(QUICKSTART)])
+
+
+def test_help_lines_match_each_commands_own_docstring():
+    for name, (_, _, short) in COMMANDS.items():
+        assert load_command(name).get_short_help_str(1000) == short, name
+
+
+def test_help_lists_every_command_and_version_prints():
+    r = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for name in COMMANDS:
+        assert f" {name} " in r.output
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith("jobctl ")
+    assert "--show-completion" in CliRunner().invoke(app, ["--help"]).output
+
+
+def test_shell_completion_names_commands_and_options():
+    def complete(words: str) -> str:
+        env = {**os.environ, "_JOBCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - 1)}  # fmt: skip
+        cmd = "from jobctl.engine.cli.app import app; app(prog_name='jobctl')"
+        run = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True,
+                             env=env, timeout=120)  # fmt: skip
+        return run.stdout
+
+    assert complete("jobctl sta").split() == ["status"]
+    assert "--watch" in complete("jobctl status --w").split()
