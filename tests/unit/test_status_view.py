@@ -216,3 +216,40 @@ def test_rate_and_devices_edge_cases(tmp_path):
     assert device_seconds(evs, 2, 100.0) == 80.0  # data["devices"] wins over the row's
     (tmp_path / "metrics.jsonl").write_text('{"kind": "step"}\n{"kind": "st')  # torn line
     assert tail_records(tmp_path) == [{"kind": "step"}]
+
+
+def test_status_fits_80_columns_and_keeps_the_whole_run_id(db):
+    """#24 item 5: a long run id is never cut, no cell is elided, and the table fits."""
+    db.create_run("quickstart-20261125-233653-566f", "quickstart", db.runs_dir / "q", total_steps=60)
+    con = Console(record=True, width=80)
+    print_runs(con, db.list_runs(), _figures(db), now=NOW)
+    text = con.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "quickstart-20261125-233653-566f" in text and "…" not in text
+    header = next(line for line in text.splitlines() if "phase" in line)
+    for col in ("run", "phase", "step", "loss", "ETA"):
+        assert col in header
+    assert "more columns" in text and "None" not in text
+
+
+def test_ago_never_negative():
+    from jobctl.engine.views.status import ago
+
+    assert ago(100.4, now=100.0) == "just now" and ago(100.0, now=160.0) == "60s ago"
+
+
+def test_status_json_and_watch_of_ended_runs(db, tmp_path):
+    r = CliRunner().invoke(app, ["status", "--json", "--home", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    runs = {x["id"]: x for x in json.loads(r.output)}
+    assert runs["quick-1"]["step"] == 45 and runs["quick-1"]["loss"] == 3.0
+    assert runs["bare-1"]["figures"]["eta_s"] is None
+    db.set_phase("quick-1", "stopped", "asked")
+    db.set_phase("bare-1", "failed", "gone")
+    # --watch returns once every run shown has ended
+    r = CliRunner().invoke(app, ["status", "--watch", "--interval", "0.1", "--home", str(tmp_path)])
+    assert r.exit_code == 0 and "quick-1" in r.output
+    r = CliRunner().invoke(
+        app, ["status", "quick-1", "--home", str(tmp_path)], env={"COLUMNS": "80"}
+    )
+    assert r.exit_code == 0 and "3.0000" in r.output and "None" not in r.output
