@@ -46,8 +46,8 @@ WRITER_WAIT_S = 20.0  # this rank's regular checkpoint write in flight
 def lasting_store():
     """A client of the run host's store, or None where there is none."""
     endpoint = os.environ.get(RDZV_ENDPOINT)
-    if not endpoint or os.environ.get(SHARED_CKPT_DISK, "1") != "1":
-        return None  # parts on separate disks could not make one checkpoint
+    if not endpoint:
+        return None
     from torch.distributed import TCPStore
 
     host, port = endpoint.rsplit(":", 1)
@@ -70,7 +70,21 @@ def survive(trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
     store = lasting_store()
     if store is None:
         return None
+    try:
+        decision = _hand_over(store, trainer, held, run_dir)
+    except Exception as e:  # noqa: BLE001 - the supervisor hears why, rather than waits
+        decision = Decision(None, f"rank {trainer.rank}: {type(e).__name__}: {e}"[:300])
+    if decision is not None:
+        answer = {"step": decision.step, "why": decision.why}
+        store.set(f"{KEY}done/{trainer.rank}", json.dumps(answer))
+    return decision
+
+
+def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
+    """Steps 1 to 4 of the module docstring; None when the supervisor said nothing."""
     rank, plan = trainer.rank, trainer.state.plan
+    if os.environ.get(SHARED_CKPT_DISK, "1") != "1":  # parts on separate disks: no one step
+        return Decision(None, "the nodes do not share the checkpoint disk")
     ckpt = next(h for h in trainer.hooks if isinstance(h, Checkpointing))
     _settle_writer(ckpt)
     store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
@@ -86,7 +100,6 @@ def survive(trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
         reporter = next(r.rank for r in plan.ranks if r.stage == plan.P - 1 and r.replica == 0)
         said = (found.get(reporter) or {}).get("reported", -1)  # its step record is out
         _write(trainer, ckpt, decision, run_dir, record=said < decision.step)
-    store.set(f"{KEY}done/{rank}", json.dumps({"step": decision.step, "why": decision.why}))
     return decision
 
 
