@@ -2,8 +2,9 @@
 
 Per-block snapshots and their files (``blocks``), one rank's background writer,
 publisher and uploader (``manager``, ``upload``, ``inflight``), where a run resumes
-(``resume``) and Slurm requeue (``requeue``); the checkpoint store itself (local and
-remote, its format) is ``store``.
+(``resume``), Slurm requeue (``requeue``) and the survivors' emergency checkpoint of a
+lost node (``emergency``); the checkpoint store itself (local and remote, its format)
+is ``store``.
 
 In layer 4 of ``engine.LAYERS`` (with runtime, channel and state): it may import the
 layers below (core to planner) and, without a cycle, the rest of its own.

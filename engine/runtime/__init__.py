@@ -5,8 +5,9 @@ with the calibration probe), the executor of a stage's action list (``executor``
 its backward split into input and weight gradients for zero-bubble schedules
 (``backward``), process groups (``topology``), optimizer and gradient sums (``optim``), live block
 migration (``migration``), heartbeat fields (``vitals``), the hook protocol that
-pruning and rebalancing plug in through (``hook``) and point-to-point transport
-(``p2p``). It knows no plug-in by name: ``engine.worker`` assembles them.
+pruning and rebalancing plug in through (``hook``), point-to-point transport
+(``p2p``) and a lost peer trapped mid-step with the step commit that keeps survivors
+consistent (``failure``). It knows no plug-in by name: ``engine.worker`` assembles them.
 
 In layer 4 of ``engine.LAYERS`` (with checkpoint, channel and state): it may import the
 layers below (core to planner) and, without a cycle, the rest of its own.

@@ -5,7 +5,9 @@ launch, train, morph, finish); ``launch`` writes each attempt's folder and node
 scripts, ``attempt`` starts its processes, ``monitor`` follows its nodes and how it
 ended, ``records`` mirrors the workers' records (engine/core/events.py) into the state
 DB, ``activity`` turns them into phases. ``crash`` tells a bug from a lost process,
-``recovery`` times recoveries, ``stragglers`` flags slow devices, ``scaling`` reads
+``recovery`` times recoveries and counts the steps they lost, ``handover`` lets the
+survivors of a lost node write the step they hold before the rest is torn down,
+``stragglers`` flags slow devices, ``scaling`` reads
 scale requests and plans the next attempt, ``adoption`` re-attaches a run whose
 supervisor died. ``service`` and ``run_requests`` are the decisions the command line
 asks for (apply, resume, stop, scale), ``run_logs`` finds a run's log files;
