@@ -26,7 +26,14 @@ from jobctl.engine.cli.common import (
 from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.service import ApplyOptions, fail_refused, launch, unfinished_run
+from jobctl.engine.supervise.service import (
+    ApplyOptions,
+    credentials_problem,
+    fail_launch,
+    fail_refused,
+    launch,
+    unfinished_run,
+)
 from jobctl.engine.views import tables as views
 from jobctl.spec import JobSpec
 
@@ -132,6 +139,15 @@ def resume(
     from its newest complete checkpoint, re-planned for the devices available now."""
     db = StateDB(home)
     row = find_run(db, run)
+    if row["phase"] == "completed":  # nothing to continue: say so before any planning
+        loss = "-" if row["loss"] is None else f"{row['loss']:.4f}"
+        console.print(
+            f"run {row['id']} is already complete (step {row['step']}/{row['total_steps']}, "
+            f"loss {loss}); `jobctl apply {row['spec_path'] or 'SPEC'} --fresh` starts a new run",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
     spec_file = Path(row["run_dir"]) / "spec.yaml"
     spec = load_or_exit(spec_file)
     p = plan_or_exit(spec, spec_file, devices)
@@ -140,12 +156,23 @@ def resume(
     _launch_and_report(spec, p, db, row["spec_path"], opts)
 
 
+def _check_credentials(spec: JobSpec, spec_path: str | None) -> None:
+    """Exit 2 with the fix, before any run is recorded or node started, when the run's
+    object store needs credentials that are not there."""
+    problem = credentials_problem(spec)
+    if problem is not None:
+        err.print(f"error: {spec_path}: {problem}. Nothing was started.", highlight=False,
+                  markup=False)  # fmt: skip
+        raise typer.Exit(2)
+
+
 def _launch_and_report(
     spec: JobSpec, p: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions
 ) -> None:
     """Supervise the run in the foreground and say how it ended (exit 1 if it failed)."""
     from jobctl.engine.supervise.adoption import AdoptError
 
+    _check_credentials(spec, spec_path)
     t0 = time.monotonic()
     try:
         run, outcome = launch(spec, p, db, spec_path, opts, console)
@@ -155,6 +182,12 @@ def _launch_and_report(
     except AdoptError as e:  # another live process supervises the run: nothing started
         err.print(f"error: {e}", highlight=False, markup=False)
         raise typer.Exit(2) from None
+    except Exception as e:  # never leave a ghost run `launching` behind
+        where = fail_launch(db, spec.name, opts.run_id, e)
+        err.print(f"error: the launch failed: {type(e).__name__}: {e}", highlight=False,
+                  markup=False)  # fmt: skip
+        err.print(f"the run is marked failed; traceback in {where}", markup=False)
+        raise typer.Exit(1) from None
     if outcome.kind == "stopped":
         step = db.get_run(run.id)["step"]
         console.print(

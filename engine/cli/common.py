@@ -70,12 +70,30 @@ def check_data(spec: JobSpec, path: Path) -> None:
         raise SpecError(issues)
 
 
+def for_devices(spec: JobSpec, devices: int | None) -> JobSpec:
+    """``spec`` to plan on ``devices`` (``--devices``): P and D that the spec fixes to
+    another device count are re-planned for ``devices``, as a morph does (same global
+    batch), and the command says so."""
+    par = spec.parallelism
+    P, D = par.pipeline_stages, par.data_parallel
+    if devices is None or not (isinstance(P, int) and isinstance(D, int)) or devices == P * D:
+        return spec
+    err.print(
+        f"--devices {devices}: the spec fixes P x D = {P} x {D} = {P * D} devices; "
+        f"P and D re-planned for {devices} device(s) with the same global batch "
+        "(as a morph does)",
+        highlight=False,
+    )
+    par = par.model_copy(update={"pipeline_stages": "auto", "data_parallel": "auto"})
+    return spec.model_copy(update={"parallelism": par})
+
+
 def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
-    """The plan of ``spec`` for ``devices``; exit 2 when none fits."""
+    """The plan of ``spec`` for ``devices`` (see ``for_devices``); exit 2 when none fits."""
     from jobctl.engine.planner.resolver import PlanError, make_plan
 
     try:
-        return make_plan(spec, devices)
+        return make_plan(for_devices(spec, devices), devices)
     except (PlanError, ValueError) as e:
         err.print(f"[red]error:[/red] {escape(f'{path}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None

@@ -16,6 +16,7 @@ from jobctl.engine.cli.common import (
     SpecArg,
     console,
     err,
+    for_devices,
     load_or_exit,
     plan_or_exit,
 )
@@ -62,7 +63,7 @@ def plan(
 
     spec = load_or_exit(spec_file)
     try:
-        p, sim = plan_and_simulate(spec, devices, home=home)
+        p, sim = plan_and_simulate(for_devices(spec, devices), devices, home=home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
         err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None

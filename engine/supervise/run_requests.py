@@ -51,11 +51,12 @@ def request_stop(db: StateDB, row: dict) -> Stopping:
     if sup and pid_alive(sup, row["supervisor_token"]):
         db.request_stop(run_id, f"stop requested from pid {os.getpid()}")
         return Stopping(run_id, phase, "asked", supervisor=sup)
-    if phase in BETWEEN:
-        # Between two attempts and nobody supervising: no node runs that could checkpoint.
-        db.set_phase(run_id, "stopped", "stopped between attempts (no supervisor)")
-        return Stopping(run_id, phase, "between")
     handles = [h for h in (row["pids"] or "").split(",") if h]
+    if phase in BETWEEN or not handles:
+        # Nobody supervising and no node recorded (between two attempts, or a launch
+        # that died before any node started): nothing runs that could checkpoint.
+        db.set_phase(run_id, "stopped", "stopped with no supervisor and no node running")
+        return Stopping(run_id, phase, "between")
     # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
     get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
     db.add_event(run_id, "stop", f"SIGTERM sent to {len(handles)} node(s) (no supervisor)")

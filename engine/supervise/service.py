@@ -13,6 +13,7 @@ scale requests are in engine/supervise/run_requests.py.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,3 +75,46 @@ def fail_refused(db: StateDB, name: str, run_id: str | None) -> None:
     row = db.get_run(run_id or name)
     if row is not None and row["phase"] not in ("completed", "failed", "stopped"):
         db.set_phase(row["id"], "failed", "the backend refused the run", exit_code=2)
+
+
+def credentials_problem(spec: JobSpec) -> str | None:
+    """Why the run could not reach its object store (``checkpoint.remote``, an s3:// URL)
+    for want of credentials, with the fix; None when it can or needs none.
+
+    Checked before launch, without contacting S3: botocore resolves credentials the way
+    the workers will (environment, shared files, profiles, SSO, a container or instance
+    role, whose metadata endpoint answers or times out within about a second).
+    """
+    url = spec.checkpoint.remote or ""
+    if not url.startswith(("s3://", "s3a://")):
+        return None
+    import botocore.session
+
+    try:
+        found = botocore.session.get_session().get_credentials()
+    except Exception as e:  # a broken profile or config file: the workers would fail too
+        return f"checkpoint.remote {url}: the AWS configuration cannot be read: {e}"
+    if found is not None:
+        return None
+    return (
+        f"checkpoint.remote {url} needs AWS credentials and none were found (checked the "
+        "environment, ~/.aws/credentials and config, profiles, container and instance "
+        "roles). Fix: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+        "AWS_ENDPOINT_URL for an S3-compatible server) or AWS_PROFILE, or remove "
+        "checkpoint.remote from the spec to keep checkpoints local"
+    )
+
+
+def fail_launch(db: StateDB, name: str, run_id: str | None, error: BaseException) -> str | None:
+    """Mark the run whose launch raised ``error`` as failed, with the reason, so no run is
+    left ``launching`` with nothing behind it; its traceback goes to ``launch-error.txt``
+    in the run folder. The file's path, or None when no run was recorded."""
+    row = db.get_run(run_id or name)
+    if row is None or row["phase"] in ("completed", "failed", "stopped"):
+        return None
+    reason = f"launch failed: {type(error).__name__}: {error}".splitlines()[0]
+    db.set_phase(row["id"], "failed", reason, exit_code=1, message=reason)
+    path = Path(row["run_dir"]) / "launch-error.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(traceback.format_exception(error)))
+    return str(path)

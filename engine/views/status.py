@@ -170,6 +170,7 @@ RUN_FIELDS = (
     "run_dir",
     "spec_path",
     "exit_code",
+    "message",
 )
 
 

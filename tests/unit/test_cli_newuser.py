@@ -1,0 +1,97 @@
+"""A new user's first hour (#24 items 1, 4, 7): every shipped example validates and
+dry-runs; a run that cannot reach its object store is refused before launch; a launch
+that fails leaves a failed run with its reason (and `stop` clears any such run);
+`--devices` re-plans P and D; resuming a completed run says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jobctl.engine.cli.app import app
+from jobctl.engine.state.db import StateDB
+from jobctl.spec import dump_yaml, load_spec
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+SPECS = sorted(p for p in JOBS.glob("*.yaml") if p.name != "fleet-sweep.yaml")
+
+
+def _run(*args: str, env: dict | None = None):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture
+def no_aws(monkeypatch, tmp_path):
+    """No AWS credentials anywhere botocore looks, and no instance metadata lookups."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                "AWS_PROFILE", "AWS_ENDPOINT_URL"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.name)
+def test_every_shipped_example_validates_and_dry_runs(spec):
+    r = _run("validate", str(spec))
+    assert r.exit_code == 0, r.output
+    r = _run("apply", str(spec), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "plan" in r.output and "error" not in r.output
+
+
+def test_missing_object_store_credentials_refused_before_launch(no_aws, tmp_path):
+    r = _run("apply", str(JOBS / "gpt-small-spot.yaml"), "--home", str(tmp_path / "h"))
+    assert r.exit_code == 2, r.output
+    assert "checkpoint.remote s3://my-bucket" in r.output and "AWS_ACCESS_KEY_ID" in r.output
+    assert StateDB(tmp_path / "h").list_runs() == []  # nothing recorded, nothing started
+
+
+def test_failed_launch_leaves_a_failed_run_with_its_reason(monkeypatch, tmp_path):
+    """Credentials, but an endpoint nobody answers: the launch raises while looking for
+    checkpoints to resume from; the run is failed with the reason, not left launching."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    spec = load_spec(JOBS / "quickstart.yaml", {"checkpoint.remote": "s3://b/quick"})
+    path = tmp_path / "quick.yaml"
+    path.write_text(dump_yaml(spec))
+    home = tmp_path / "h"
+    r = _run("apply", str(path), "--home", str(home))
+    assert r.exit_code == 1, r.output
+    assert "the launch failed" in r.output and "Traceback" not in r.output
+    (row,) = StateDB(home).list_runs()
+    assert row["phase"] == "failed" and "launch failed" in row["message"]
+    assert (Path(row["run_dir"]) / "launch-error.txt").exists()
+
+
+def test_stop_clears_a_run_nobody_runs(tmp_path):
+    """A run left launching with no supervisor and no node: `stop` stops it."""
+    db = StateDB(tmp_path)
+    db.create_run("ghost-1", "ghost", tmp_path / "ghost-1", total_steps=10)
+    db.set_phase("ghost-1", "launching", "P=1 D=1")
+    r = _run("stop", "ghost-1", "--home", str(tmp_path))
+    assert r.exit_code == 0 and "stopped" in r.output, r.output
+    assert db.get_run("ghost-1")["phase"] == "stopped"
+
+
+def test_devices_replans_fixed_p_and_d():
+    r = _run("plan", str(JOBS / "quickstart.yaml"), "--devices", "2")
+    assert r.exit_code == 0, r.output
+    assert "P and D re-planned for 2 device(s)" in r.output
+    assert "on 2 device(s)" in r.output
+
+
+def test_resume_of_a_completed_run_says_so(tmp_path):
+    db = StateDB(tmp_path)
+    db.create_run("done-1", "done", tmp_path / "done-1", total_steps=10)
+    for phase in ("launching", "training", "completed"):
+        db.set_phase("done-1", phase, "")
+    db.update_run("done-1", step=10, loss=2.5)
+    r = _run("resume", "done-1", "--home", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "already complete (step 10/10, loss 2.5000)" in r.output
+    assert "plan" not in r.output.split("already")[0] and "nan" not in r.output
