@@ -39,6 +39,9 @@ def _spec(steps: int, P: int = 2, D: int = 2, nodes: int = 2):
             "hardware.processes_per_node": P * D // nodes,
             "parallelism.pipeline_stages": P,
             "parallelism.data_parallel": D,
+            # each node a whole pipeline: a lost node leaves every stage a live replica,
+            # whose survivors hand their step over (#25; stage-major would lose a stage)
+            "parallelism.placement": "pipeline_major",
         }
     )
 
