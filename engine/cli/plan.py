@@ -100,17 +100,34 @@ def render(
 ) -> None:
     """Write the launch scripts to a folder that runs as written, without running anything.
 
-    The folder holds the scripts, the spec, plan.json and run/ (where the run writes);
-    its README says how to start it by hand.
+    OUT/run/ is the run's folder as `jobctl apply` lays it out (spec.yaml, plan.json,
+    the backend's files in scripts/); for the local and Slurm backends OUT/start.sh
+    starts the run by hand: the rendezvous host, then the nodes (or sbatch).
     """
     from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import new_run_id, run_context
+    from jobctl.templates import render as render_template
 
     spec = load_or_exit(spec_file)
     p = plan_or_exit(spec, spec_file, devices)
-    run_id = new_run_id(spec.name)
-    ctx = run_context(spec, p, run_id, (out / "run").resolve())
-    rendered = render_or_exit(err, spec_file, backend or spec.hardware.backend, ctx)
-    for path in rendered.write(out):
+    name = backend or spec.hardware.backend
+    ctx = run_context(spec, p, new_run_id(spec.name), (out / "run").resolve())
+    rendered = render_or_exit(err, spec_file, name, ctx)
+    # The layout `jobctl apply` gives a run: its inputs in the run folder, the backend's
+    # files in run/scripts/ (the sbatch script runs scripts/node-N.sh from run/).
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    for file, text in ctx.inputs.items():
+        (ctx.run_dir / file).write_text(text)
+    for path in rendered.write(ctx.run_dir / "scripts"):
         console.print(f"wrote {path}")
-    (out / "plan.json").write_text(p.model_dump_json(indent=2))
+    command = {"local": "", "slurm": "sbatch --wait scripts/job.sbatch"}.get(name)
+    if command is None:  # its nodes run elsewhere: the scripts are what it submits
+        return
+    start = out / "start.sh"
+    start.write_text(render_template(
+        "by-hand.sh.j2", run_id=ctx.run_id, backend=name, run_dir=str(ctx.run_dir),
+        rdzv_endpoint=ctx.rdzv_endpoint, python=ctx.python, nnodes=ctx.nnodes,
+        command=command,
+    ))  # fmt: skip
+    start.chmod(0o755)
+    console.print(f"wrote {start}: `bash {start}` starts the run without jobctl")

@@ -96,7 +96,8 @@ def test_render_without_backend_uses_the_specs_backend(backend, artifacts, tmp_p
     out = tmp_path / "out"
     r = runner.invoke(app, ["render", str(_spec_file(tmp_path, **overrides)), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == sorted([*artifacts, "plan.json"])
+    out = out / "run" / "scripts"  # the layout of a run's folder
+    assert sorted(p.name for p in out.iterdir()) == sorted(artifacts)
     # The nodes are other machines: the rendezvous is this machine's host name.
     if backend == "kubernetes":
         docs = list(yaml.safe_load_all((out / "manifests.yaml").read_text()))

@@ -164,7 +164,8 @@ def test_cli_renders_every_backend(backend, tmp_path):
         app, ["render", str(spec_file), "--backend", backend, "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == sorted([*CLI_FILES[backend], "plan.json"])
+    out = out / "run" / "scripts"  # the layout of a run's folder
+    assert sorted(p.name for p in out.iterdir()) == sorted(CLI_FILES[backend])
     for name, text in scripts({p.name: p.read_text() for p in out.iterdir()}).items():
         path = tmp_path / name.replace(":", "-")
         path.write_text(text)

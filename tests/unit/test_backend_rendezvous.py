@@ -120,4 +120,5 @@ def test_render_picks_a_port_for_a_rendezvous_on_another_address(tmp_path):
     result = CliRunner().invoke(app, args)
     if result.exception:
         raise result.exception
-    assert "  --rdzv-endpoint=203.0.113.7:" in (tmp_path / "out" / "node-0.sh").read_text()
+    node0 = tmp_path / "out" / "run" / "scripts" / "node-0.sh"  # the layout of a run's folder
+    assert "  --rdzv-endpoint=203.0.113.7:" in node0.read_text()

@@ -74,10 +74,12 @@ def test_plan_json_and_devices():
 def test_render_writes_scripts(tmp_path):
     r = runner.invoke(app, ["render", str(QUICKSTART), "--out", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
-    names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert names == ["node-0.sh", "node-1.sh", "plan.json"]
-    assert os.access(tmp_path / "out" / "node-0.sh", os.X_OK)
-    subprocess.run(["bash", "-n", str(tmp_path / "out" / "node-1.sh")], check=True)
+    scripts = tmp_path / "out" / "run" / "scripts"  # the layout of a run's folder
+    assert sorted(p.name for p in scripts.iterdir()) == ["node-0.sh", "node-1.sh"]
+    assert sorted(p.name for p in scripts.parent.iterdir()) == ["plan.json", "scripts", "spec.yaml"]
+    assert os.access(scripts / "node-0.sh", os.X_OK)
+    subprocess.run(["bash", "-n", str(scripts / "node-1.sh")], check=True)
+    subprocess.run(["bash", "-n", str(tmp_path / "out" / "start.sh")], check=True)
 
 
 def test_apply_dry_run_starts_nothing(tmp_path):

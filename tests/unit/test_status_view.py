@@ -220,7 +220,8 @@ def test_rate_and_devices_edge_cases(tmp_path):
 
 def test_status_fits_80_columns_and_keeps_the_whole_run_id(db):
     """#24 item 5: a long run id is never cut, no cell is elided, and the table fits."""
-    db.create_run("quickstart-20261125-233653-566f", "quickstart", db.runs_dir / "q", total_steps=60)
+    long_id = "quickstart-20261125-233653-566f"
+    db.create_run(long_id, "quickstart", db.runs_dir / "q", total_steps=60)
     con = Console(record=True, width=80)
     print_runs(con, db.list_runs(), _figures(db), now=NOW)
     text = con.export_text()
