@@ -1,12 +1,13 @@
 """``jobctl scheduler run``: the daemon that fires persisted schedules.
 
 An apscheduler 3 scheduler whose job store is a table of plain data in the state DB
-(engine/scheduler/store: no pickles), so schedules survive restarts and every daemon on that DB sees the same ones. Due
-triggers are coalesced (many missed firings of a resume are one resume) and a trigger
-later than its ``misfire_grace_time`` is recorded as missed. The daemon is one thread:
-a loop of "fire what is due, renew and reap children, wait" that wakes at least every
-``poll_s`` so schedules added by other processes are noticed, driven by
-:meth:`Daemon.serve` (``once=True`` for one pass) and stopped by :meth:`Daemon.stop`.
+(engine/scheduler/store: no pickles), so schedules survive restarts and every daemon on
+that DB sees the same ones. Due triggers are coalesced (many missed firings of a resume
+are one resume) and a trigger later than its ``misfire_grace_time`` is recorded as
+missed. The daemon is one thread: a loop of "fire what is due, renew and reap children,
+wait" that wakes at least every ``poll_s`` so schedules added by other processes are
+noticed, driven by :meth:`Daemon.serve` (``once=True`` for one pass) and stopped by
+:meth:`Daemon.stop`.
 """
 
 from __future__ import annotations
