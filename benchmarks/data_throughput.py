@@ -86,7 +86,7 @@ def step_times(sources: dict[str, dict], steps: int, rounds: int, home: Path) ->
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             spec = job_spec(**{"training.steps": steps, **sources[name]})
-            m = measure(spec, make_plan(spec), home / f"{name}-{r}")
+            m = measure(spec, make_plan(spec), home / f"{name}-{r}", deadline_s=1200.0)
             got[name].append(m.step_s)
             print(f"round {r} {name:<10} {m.step_s * 1000:8.1f} ms/step "
                   f"(other load {m.interference:.0%})", flush=True)  # fmt: skip
