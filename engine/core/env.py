@@ -56,7 +56,7 @@ SHARED_CKPT_DISK = "JOBCTL_SHARED_CKPT_DISK"
 #: A folder where every process that reads training samples appends ``global_index
 #: sample_id`` lines (``engine.data``): which sample each step consumed, for tests.
 DATA_TRACE = "JOBCTL_DATA_TRACE"
-#: ``RANK:STEP:WHERE``: that rank SIGKILLs its whole node once loop step STEP (0-based)
-#: or a later one is inside WHERE (forward, allreduce, optimizer, checkpoint), for the
-#: chaos tests (engine/worker/chaos.py).
+#: ``RANK:STEP:WHERE``: that rank of a run's first attempt SIGKILLs its whole node once
+#: loop step STEP (0-based) or a later one is inside WHERE (forward, allreduce,
+#: optimizer, checkpoint), for the chaos tests (engine/worker/chaos.py).
 CHAOS = "JOBCTL_CHAOS"

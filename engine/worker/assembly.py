@@ -54,7 +54,7 @@ def build_trainer(
     checkpoints = Checkpointing(spec, plan, rank, run_dir, events, mdef.ties, masks)
     hooks.append(checkpoints)
     aim = parse(os.environ[CHAOS], rank) if os.environ.get(CHAOS) else None
-    if aim is not None:  # the chaos tests: this rank kills its node mid-step
+    if aim is not None and resume is None:  # chaos tests: kill the node, first attempt only
         hooks.append(ChaosKill(*aim))
     start = 0
     if resume is not None:

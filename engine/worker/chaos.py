@@ -1,6 +1,7 @@
 """Fault injection for the chaos tests: a rank SIGKILLs its whole node mid-step.
 
-``JOBCTL_CHAOS=RANK:STEP:WHERE`` makes rank RANK watch its own threads' stacks from
+``JOBCTL_CHAOS=RANK:STEP:WHERE`` makes rank RANK of a run's first attempt (not one
+resumed from a checkpoint, which would kill again) watch its own threads' stacks from
 loop step STEP on, and SIGKILL every process of its node (the node script, the torchrun
 agent, every worker; itself last) the moment one of them is inside WHERE:
 
