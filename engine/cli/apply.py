@@ -26,8 +26,11 @@ from jobctl.engine.cli.common import (
 from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.launch import Run
+from jobctl.engine.supervise.monitor import Outcome
 from jobctl.engine.supervise.service import (
     ApplyOptions,
+    CtrlC,
     credentials_problem,
     fail_launch,
     fail_refused,
@@ -156,6 +159,20 @@ def resume(
     _launch_and_report(spec, p, db, row["spec_path"], opts)
 
 
+def _detached(db: StateDB, ref: str) -> None:
+    """A second Ctrl-C: the supervisor has left the run to its nodes; say how to follow."""
+    row = db.get_run(ref)
+    rid = row["id"] if row else ref
+    err.print(
+        f"detached from run {rid}: its nodes go on without a supervisor. "
+        f"`jobctl status {rid}` and `jobctl logs {rid} -f` follow it, `jobctl resume {rid}` "
+        f"supervises it again, `jobctl stop {rid}` stops it",
+        markup=False,
+        highlight=False,
+    )
+    raise typer.Exit(130)
+
+
 def _check_credentials(spec: JobSpec, spec_path: str | None) -> None:
     """Exit 2 with the fix, before any run is recorded or node started, when the run's
     object store needs credentials that are not there."""
@@ -175,7 +192,10 @@ def _launch_and_report(
     _check_credentials(spec, spec_path)
     t0 = time.monotonic()
     try:
-        run, outcome = launch(spec, p, db, spec_path, opts, console)
+        with CtrlC(db, opts.run_id or spec.name, console) as ctrl_c:
+            run, outcome = launch(spec, p, db, spec_path, opts, console)
+    except KeyboardInterrupt:
+        _detached(db, opts.run_id or spec.name)
     except BackendError as e:
         fail_refused(db, spec.name, opts.run_id)
         exit_with(err, spec_path, opts.backend or spec.hardware.backend, "start", e)
@@ -188,12 +208,19 @@ def _launch_and_report(
                   markup=False)  # fmt: skip
         err.print(f"the run is marked failed; traceback in {where}", markup=False)
         raise typer.Exit(1) from None
+    _report(db, run, outcome, time.monotonic() - t0, ctrl_c.interrupted)
+
+
+def _report(db: StateDB, run: Run, outcome: Outcome, seconds: float, ctrl_c: bool) -> None:
+    """Say how the run ended: exit 130 when a Ctrl-C stopped it, 1 when it failed."""
     if outcome.kind == "stopped":
         step = db.get_run(run.id)["step"]
         console.print(
             f"run {run.id} stopped at step {step} after a checkpoint; "
             f"`jobctl resume {run.id}` continues it"
         )
+        if ctrl_c:
+            raise typer.Exit(130)  # as a Ctrl-C'd command exits
         return
     if not outcome.ok:
         err.print(f"[red]run {run.id} failed:[/red]")
@@ -201,6 +228,6 @@ def _launch_and_report(
         raise typer.Exit(1)
     last = outcome.losses[-1] if outcome.losses else float("nan")
     console.print(
-        f"[green]run {run.id} completed[/green] in {time.monotonic() - t0:.1f} s, "
+        f"[green]run {run.id} completed[/green] in {seconds:.1f} s, "
         f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}"
     )

@@ -79,6 +79,7 @@ def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
 
     now = time.time()
     rows = db.list_runs() if run is None else [db.get_run(run)]
+    rows = [_supervision(r) for r in rows]
     recs = tail_records(rows[0]["run_dir"]) if run is not None else []
     figures = {r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else []))
                for r in rows}  # fmt: skip
@@ -90,6 +91,17 @@ def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
         evs = db.events(run)
         views.print_run(console, rows[0], evs[-20:], figures[run], rank_compute(recs), now)
     return rows
+
+
+def _supervision(row: dict) -> dict:
+    """``row`` with ``unsupervised`` set when it is not ended and no live process
+    supervises it (its supervisor detached on Ctrl-C, or died): its nodes may still
+    train, and `jobctl resume` adopts them."""
+    from jobctl.engine.core.process import pid_alive
+
+    sup = row.get("supervisor_pid")
+    alive = bool(sup) and pid_alive(sup, row.get("supervisor_token"))
+    return {**row, "unsupervised": row["phase"] not in ENDED and not alive}
 
 
 def logs(

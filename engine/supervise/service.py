@@ -13,6 +13,8 @@ scale requests are in engine/supervise/run_requests.py.
 
 from __future__ import annotations
 
+import os
+import signal
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,3 +120,45 @@ def fail_launch(db: StateDB, name: str, run_id: str | None, error: BaseException
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(traceback.format_exception(error)))
     return str(path)
+
+
+class CtrlC:
+    """Ctrl-C on a foreground ``apply``/``resume`` (the nodes run in sessions of their
+    own, so the terminal's SIGINT reaches this process only).
+
+    The first asks every rank to checkpoint and stop, through the same request as
+    ``jobctl stop`` (the supervisor signals the nodes running then), records it as a
+    ``stop`` event and says so; the run ends ``stopped``. The second raises
+    KeyboardInterrupt: the supervisor detaches (a ``detach`` event) and the nodes go on
+    with their run host, to be adopted by ``jobctl resume``. ``interrupted`` says
+    whether the first came.
+    """
+
+    def __init__(self, db: StateDB, ref: str, console: Console) -> None:
+        self.db, self.ref, self.console = db, ref, console
+        self.interrupted = False
+        self._previous = None
+
+    def __enter__(self) -> CtrlC:
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        row = self.db.get_run(self.ref)
+        if self.interrupted or row is None or row["phase"] in ("completed", "failed", "stopped"):
+            # the second Ctrl-C, or no run of this apply to stop yet
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.interrupted = True
+        note = f"Ctrl-C on jobctl apply (pid {os.getpid()}): every rank checkpoints and stops"
+        self.db.request_stop(row["id"], note)
+        self.db.add_event(row["id"], "stop", note)
+        self.console.print(
+            f"Ctrl-C: asking every rank of {row['id']} to checkpoint and stop; "
+            "Ctrl-C again detaches (the nodes go on; `jobctl resume` adopts them)",
+            markup=False,
+            highlight=False,
+        )

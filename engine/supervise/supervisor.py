@@ -104,6 +104,9 @@ class Supervisor:
                 self.step()
                 if self.monitor is not None:
                     self.sleep(interval)
+        except KeyboardInterrupt:  # a second Ctrl-C: leave the nodes running, adoptable
+            self._detach()
+            raise
         finally:
             if not self.done:  # interrupted: this process leaves the run
                 self._close_attempt()
@@ -332,6 +335,16 @@ class Supervisor:
         n = len(self.attempt.handles)
         note = f"SIGTERM sent to the {n} node(s) running now: checkpoint, then stop"
         self.db.add_event(self.run_id, "stop", note, {"handles": self.attempt.handles})
+
+    def _detach(self) -> None:
+        """Leave the run to its nodes and run host (which outlive this process): a
+        `jobctl resume` adopts them, a `jobctl stop` stops them."""
+        if self.progress is not None:
+            self.progress.stop()
+        if self.attempt is not None and not self.done:
+            self.attempt = None  # its host stays up for the nodes
+            note = f"supervisor (pid {os.getpid()}) detached on Ctrl-C; the nodes go on"
+            self.db.add_event(self.run_id, "detach", note)
 
     def _close_attempt(self) -> None:
         if self.progress is not None:

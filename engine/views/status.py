@@ -122,6 +122,7 @@ def runs_json(rows: list[dict], figures: dict[str, RunFigures], now: float) -> l
                 **{k: r.get(k) for k in RUN_FIELDS},
                 "updated_at": r.get("updated_at"),
                 "message": r.get("message"),
+                "unsupervised": r.get("unsupervised", False),
                 "figures": _figures_data(f),
             }
         )
@@ -136,7 +137,9 @@ def _phase_cell(r: dict) -> str:
     """The phase, with the scheduler's reason while the run waits in its queue."""
     note = r.get("message") or ""
     queued = r["phase"] == "launching" and note.startswith("queued: ")
-    return f"{r['phase']} ({note})" if queued else r["phase"]
+    if queued:
+        return f"{r['phase']} ({note})"
+    return f"{r['phase']} (no supervisor)" if r.get("unsupervised") else r["phase"]
 
 
 def _upload_cell(r: dict, f: RunFigures, now: float) -> str:
@@ -186,6 +189,8 @@ def print_run(
     stragglers), each rank's compute and memory, and its recent ``events``."""
     f = figures or RunFigures()
     t = Table("field", "value", show_header=False)
+    if row.get("unsupervised"):
+        t.add_row("supervisor", f"none: `jobctl resume {escape(row['id'])}` supervises it again")
     for key in RUN_FIELDS:
         fmt = "{:.4f}" if key == "loss" else "{:.1f}" if key == "samples_per_s" else "{}"
         t.add_row(key, escape(_num(row.get(key), fmt)))  # names, messages: user text
