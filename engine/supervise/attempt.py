@@ -81,9 +81,14 @@ def claim_host(run_dir: Path) -> None:
 
 
 class ProgressView:
-    """The attempt's progress bar (steps, loss, throughput) and upload bar."""
+    """The attempt's progress bar (steps, loss, throughput) and upload bar; into a
+    non-terminal (a pipe, a log file) one line per ``log_every`` steps instead."""
 
-    def __init__(self, console: Console, run_id: str, total: int, start: int) -> None:
+    def __init__(
+        self, console: Console, run_id: str, total: int, start: int, log_every: int = 1
+    ) -> None:
+        self.console, self.total, self.log_every = console, total, max(1, log_every)
+        self.lines = not console.is_terminal
         self.bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -99,10 +104,13 @@ class ProgressView:
         self.upload = self.bar.add_task(
             "upload", total=1, completed=0, loss="", sps="-", visible=False
         )
-        self.bar.start()
+        if not self.lines:
+            self.bar.start()
 
     def on_event(self, rec: dict) -> None:
-        if rec["kind"] == Kind.STEP:
+        if self.lines:
+            self._print_line(rec)
+        elif rec["kind"] == Kind.STEP:
             self.bar.update(
                 self.task,
                 completed=rec["step"],
@@ -118,5 +126,17 @@ class ProgressView:
                 description=f"upload step {rec['step']}",
             )
 
+    def _print_line(self, rec: dict) -> None:
+        step = rec.get("step")
+        if rec["kind"] != Kind.STEP or step % self.log_every and step != self.total:
+            return
+        self.console.print(
+            f"step {step}/{self.total} loss {rec['loss']:.4f} "
+            f"samples/s {rec['samples_per_s']:.1f}",
+            markup=False,
+            highlight=False,
+        )
+
     def stop(self) -> None:
-        self.bar.stop()
+        if not self.lines:
+            self.bar.stop()

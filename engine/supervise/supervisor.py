@@ -279,7 +279,9 @@ class Supervisor:
         a, spec, el = self.attempt, self.spec, self.spec.elasticity
         total = spec.training.steps
         if self.opts.show_progress:
-            self.progress = ProgressView(self.console, self.run_id, total, a.start_step)
+            self.progress = ProgressView(
+                self.console, self.run_id, total, a.start_step, self.spec.training.log_every
+            )
         activity = ActivityWatch(
             self.db, self.run_id, spec.checkpoint.interval, total, bool(spec.checkpoint.remote)
         )

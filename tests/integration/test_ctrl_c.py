@@ -50,6 +50,7 @@ def test_first_ctrl_c_checkpoints_and_stops(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, out
     assert "Ctrl-C: asking every rank" in out and "stopped at step" in out
+    assert "step 2/2000 loss " in out  # into a pipe: a line per log_every (1) steps
     row = db.get_run(rid)
     assert row["phase"] == "stopped"
     kinds = [e["kind"] for e in db.events(rid)]

@@ -95,3 +95,25 @@ def test_resume_of_a_completed_run_says_so(tmp_path):
     assert r.exit_code == 0, r.output
     assert "already complete (step 10/10, loss 2.5000)" in r.output
     assert "plan" not in r.output.split("already")[0] and "nan" not in r.output
+
+
+def test_apply_into_a_pipe_prints_a_line_per_log_every_steps():
+    """#24 item 6: no progress bar into a non-terminal; one line per log_every steps
+    (and the last), with step, loss and samples/s."""
+    import io
+
+    from rich.console import Console
+
+    from jobctl.engine.supervise.attempt import ProgressView
+
+    out = io.StringIO()
+    view = ProgressView(Console(file=out, width=80), "run-1", total=7, start=0, log_every=3)
+    for step in range(1, 8):
+        view.on_event({"kind": "step", "step": step, "loss": 5.0 - step / 10,
+                       "samples_per_s": 100.0 + step})  # fmt: skip
+    view.stop()
+    assert out.getvalue().splitlines() == [
+        "step 3/7 loss 4.7000 samples/s 103.0",
+        "step 6/7 loss 4.4000 samples/s 106.0",
+        "step 7/7 loss 4.3000 samples/s 107.0",
+    ]
