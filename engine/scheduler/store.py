@@ -22,7 +22,9 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
 from pydantic import ValidationError
-from sqlalchemy import Column, Float, MetaData, Table, Text, Unicode, delete, insert, select
+from sqlalchemy import Column, Float, MetaData, Table, Text, Unicode, delete, func, insert, select
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import table as sa_table
 from sqlalchemy import update as sql_update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from jobctl.spec import ScheduleSpec
 
 TABLE = "jobctl_schedules"
+LEGACY_TABLE = "apscheduler_jobs"  # apscheduler's SQLAlchemyJobStore: pickled jobs
 FIRE = "jobctl.engine.scheduler.trigger:fire"  # the one callable every schedule names
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 log = logging.getLogger(__name__)
@@ -100,6 +103,22 @@ class DataJobStore(BaseJobStore):
     def start(self, scheduler, alias) -> None:
         super().start(scheduler, alias)
         self.table.create(self.engine, checkfirst=True)
+        self._note_legacy_rows()
+
+    def _note_legacy_rows(self) -> None:
+        """Schedules of an older jobctl sit pickled in ``apscheduler_jobs``: never read
+        (unpickling runs code), so say how to bring them back."""
+        if not sa_inspect(self.engine).has_table(LEGACY_TABLE):
+            return
+        with self.engine.begin() as conn:
+            count = conn.execute(select(func.count()).select_from(sa_table(LEGACY_TABLE))).scalar()
+        if count:
+            log.warning(
+                "%d schedule(s) of an older jobctl in table %s are not read (pickled rows can "
+                "run code); add them again with `jobctl schedule add`",
+                count,
+                LEGACY_TABLE,
+            )
 
     def lookup_job(self, job_id: str) -> Job | None:
         found = self._jobs(self.table.c.id == job_id)

@@ -4,6 +4,7 @@ home, rich markup in user strings, a damaged or locked state DB.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sqlite3
@@ -52,7 +53,7 @@ class Planted:
         return (open, (self.path, "w"))
 
 
-def test_schedule_rows_are_data_a_planted_pickle_runs_nothing(tmp_path):
+def test_schedule_rows_are_data_a_planted_pickle_runs_nothing(tmp_path, caplog):
     db = StateDB(tmp_path / "home")
     rule = ScheduleSpec(cron="0 * * * *")
     with ScheduleBook(db) as book:
@@ -70,8 +71,10 @@ def test_schedule_rows_are_data_a_planted_pickle_runs_nothing(tmp_path):
             sa.text("INSERT INTO apscheduler_jobs VALUES ('evil', 1.0, :s)"),
             {"s": planted.encode()},
         )
-    result = runner.invoke(app, ["schedule", "list", "--home", str(tmp_path / "home")])
+    with caplog.at_level(logging.WARNING, logger="jobctl.engine.scheduler.store"):
+        result = runner.invoke(app, ["schedule", "list", "--home", str(tmp_path / "home")])
     assert result.exit_code == 0, result.output
+    assert any("1 schedule(s) of an older jobctl" in r.getMessage() for r in caplog.records)
     assert "good" in result.output and "evil" not in result.output
     assert not marker.exists()
     with ScheduleBook(db) as book:
