@@ -32,6 +32,7 @@ def _spec(steps: int):
             "training.steps": steps,
             "checkpoint.interval": steps,
             "parallelism.placement": "pipeline_major",
+            "elasticity.enabled": True,  # the jobs that commit (D > 1 too)
         }
     )
 

@@ -10,7 +10,9 @@ also sums the step's loss (the last stage's weighted micro-batch losses; the oth
 stages add 0): a rank that got through the commit of step k knows that every rank,
 dead ones included, finished step k's gradient sums, so every survivor either updated
 to k or holds k's summed gradients and can update itself (``Held.apply_pending``).
-Nobody got through it: nobody updated, every survivor holds k - 1.
+Nobody got through it: nobody updated, every survivor holds k - 1. Only elastic jobs
+with D > 1 commit (the trainer's ``commits``): without replicas a lost node takes a
+stage with it, and without elasticity the run does not morph onto survivors.
 """
 
 from __future__ import annotations

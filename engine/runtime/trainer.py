@@ -117,6 +117,9 @@ class Trainer:
         self.executor: StepExecutor | None = None  # the latest make_executor's
         self.stop_vote = StopVote()
         self.ledger = StepLedger(start_step)  # where this rank is, for a trapped failure
+        # The step commit lets survivors hand a step over; only an elastic job with
+        # replicas has survivors that can (a lost node takes a stage of a D = 1 job).
+        self.commits = spec.elasticity.enabled and plan.D > 1
 
     def _compute(self):
         return autocast(self.spec.training.precision, self.device)
@@ -159,7 +162,7 @@ class Trainer:
                 hook.before_step(step)
             stats, times = self.train_step(step)
             self.ledger.applied(step + 1)
-            loss = self.global_loss(step + 1)
+            loss = self.global_loss(step + 1, stats)
             now = time.perf_counter()
             # What users see (step_time_s, samples/s) is the step's period: report to
             # report, so the previous step's checkpoint, pruning and rebalancing work and
@@ -260,12 +263,22 @@ class Trainer:
         st = self.state
         sync_gradients(st.named, st.topo, self.ties)
         self.ledger.ready = True
-        loss = commit_step(self.ledger.stats.loss_sum, st.topo.is_last, st.live_group)
-        self.ledger.committed(step, loss)
+        if self.commits:
+            loss = commit_step(self.ledger.stats.loss_sum, st.topo.is_last, st.live_group)
+            self.ledger.committed(step, loss)
 
-    def global_loss(self, step: int) -> float | None:
-        """Global-batch mean loss of ``step`` (summed by its commit), on last-stage ranks."""
-        return self.ledger.losses[step] if self.state.topo.is_last else None
+    def global_loss(self, step: int, stats: StepStats) -> float | None:
+        """Global-batch mean loss of ``step`` on last-stage ranks (summed by its commit,
+        or here over the stage's replicas)."""
+        topo = self.state.topo
+        if not topo.is_last:
+            return None
+        if step in self.ledger.losses:
+            return self.ledger.losses[step]
+        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=comm_device())
+        if topo.dp_group is not None:
+            dist.all_reduce(total, group=topo.dp_group)
+        return float(total)
 
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         """Heartbeat (every rank), step record (the reporter) and a log line every
