@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
@@ -124,7 +125,11 @@ CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (
 
 def _sqlite_wal(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=0")
+    # Another process writing a DB still in rollback mode: switching needs it to finish,
+    # but reading does not (`status` must work meanwhile); a later connection switches.
+    with contextlib.suppress(sqlite3.OperationalError):
+        cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
 

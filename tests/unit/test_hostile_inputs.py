@@ -171,3 +171,18 @@ def test_markup_in_a_spec_path_is_printed_not_parsed(tmp_path):
     path.write_text("name: [\n")
     result = runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 2 and "[red]job.yaml" in result.output
+
+
+def test_status_reads_a_rollback_journal_db_while_another_process_writes(tmp_path):
+    db = StateDB(tmp_path / "home")
+    db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
+    db.engine.dispose()
+    holder = sqlite3.connect(tmp_path / "home" / "state.db", isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")  # as an older tool may have left it
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("UPDATE runs SET step = 3")
+    try:
+        result = runner.invoke(app, ["status", "--home", str(tmp_path / "home")])
+        assert result.exit_code == 0 and "r-1" in result.output, result.output
+    finally:
+        holder.execute("ROLLBACK")
