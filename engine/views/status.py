@@ -200,7 +200,7 @@ def print_run(
     t.add_row("upload lag", _lag_cell(f, row))
     t.add_row("newest upload", ago(f.uploaded_at, now))
     t.add_row("recovery times", _recovery_cell(f.recoveries, f.steps_lost))
-    t.add_row("stragglers", _straggler_cell(row, f))
+    t.add_row("stragglers", escape(_straggler_cell(row, f)))  # the DB's text
     t.add_row("epoch", "-" if f.epoch is None else str(f.epoch))
     ev_loss = f.eval_loss
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")

@@ -161,6 +161,7 @@ def test_markup_in_a_run_message_is_printed_not_parsed(tmp_path):
     db = StateDB(tmp_path / "home")
     db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
     db.add_event("r-1", "upload_error", "[/x] [bold]not bold")
+    db.update_run("r-1", message="[/y]", plan="[/z]", stragglers="[/s]")
     result = runner.invoke(app, ["status", "r-1", "--home", str(tmp_path / "home")])
     assert result.exit_code == 0, result.output
     assert "[/x] [bold]not bold" in result.output
