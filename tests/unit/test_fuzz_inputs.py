@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from jobctl.engine.checkpoint.store.format import Manifest
 from jobctl.engine.cli.app import app
 from jobctl.engine.core.event_schema import SCHEMAS, problem
 from jobctl.engine.fleet.loader import load_fleet
+from jobctl.engine.state.db import StateDB
 from jobctl.spec import SpecError, load_spec_text
 
 from ..jobrun import ROOT
@@ -288,3 +290,26 @@ def test_the_command_line_exits_2_located_without_a_traceback(tmp_path: Path):
         )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert_located(done.stderr, folder)
+
+
+RUN_COLUMNS = ["step", "total_steps", "loss", "samples_per_s", "devices", "plan", "message",
+               "stragglers", "last_checkpoint", "last_upload", "updated_at", "pids"]  # fmt: skip
+DB_VALUES = st.one_of(
+    st.none(), st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=30),
+    st.sampled_from(["[/x]", "nan", "abc", "1e400", "\x00"]),
+)  # fmt: skip
+
+
+@settings(FUZZ, max_examples=25, deadline=5000)
+@given(values=st.dictionaries(st.sampled_from(RUN_COLUMNS), DB_VALUES, min_size=1))
+def test_status_shows_whatever_the_state_db_holds(tmp_path_factory, values):
+    home = tmp_path_factory.mktemp("home")
+    db = StateDB(home)
+    db.create_run("r-1", "r", home / "r", total_steps=4)
+    values = {k: v for k, v in values.items() if v is not None or k != "updated_at"}  # NOT NULL
+    sets = ", ".join(f"{name} = :{name}" for name in values) or "step = 0"
+    with db.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE runs SET {sets}"), values)
+    for argv in (["status"], ["status", "r-1"], ["status", "--json"]):
+        result = CliRunner().invoke(app, [*argv, "--home", str(home)])
+        assert result.exit_code == 0, (argv, result.output, result.exception)
