@@ -26,14 +26,19 @@ def _number(value: Any) -> bool:  # NaN is allowed: a diverged loss is still a r
     return type(value) in (int, float) and not (type(value) is float and math.isinf(value))
 
 
-def _number_or_null(value: Any) -> bool:
-    return value is None or _number(value)
+def _loss(value: Any) -> bool:  # a diverged loss may be inf too: still a record
+    return type(value) in (int, float)
+
+
+def _loss_or_null(value: Any) -> bool:
+    return value is None or _loss(value)
 
 
 TYPES = {
     "index": _index,
     "number": _number,
-    "number?": _number_or_null,
+    "loss": _loss,
+    "loss?": _loss_or_null,
     "text": lambda value: isinstance(value, str),
     "list": lambda value: isinstance(value, list),
     "mapping": lambda value: isinstance(value, dict),
@@ -46,8 +51,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
     Kind.HEARTBEAT: {**_STEP, **_NODE, "rank": "index", "stage": "index", "compute_s": "number"},
     Kind.ALIVE: _NODE,
     Kind.CHANNEL_DROPPED: {},
-    Kind.STEP: {**_STEP, "loss": "number?", "samples_per_s": "number"},
-    Kind.EVAL: {**_STEP, "eval_loss": "number"},
+    Kind.STEP: {**_STEP, "loss": "loss?", "samples_per_s": "number"},
+    Kind.EVAL: {**_STEP, "eval_loss": "loss"},
     Kind.SIGTERM: _NODE,
     Kind.NODE_SIGTERM: _NODE,
     Kind.STOPPED: _STEP,
@@ -78,7 +83,8 @@ KINDS = frozenset(kind.value for kind in Kind)
 TYPE_WORDS = {
     "index": "an integer >= 0",
     "number": "a finite number",
-    "number?": "a number or null",
+    "loss": "a number",
+    "loss?": "a number or null",
     "text": "a string",
     "list": "a list",
     "mapping": "a mapping",

@@ -92,6 +92,8 @@ def test_every_kind_the_workers_write_passes_its_schema():
     beat = {"kind": "heartbeat", "step": 3, "rank": 1, "stage": 0, "node": 0, "compute_s": 0.2}
     assert problem(beat) is None
     assert problem({"kind": "step", "step": 1, "loss": None, "samples_per_s": 2.0}) is None
+    for loss in (float("inf"), float("nan")):  # a diverged run still reports its steps
+        assert problem({"kind": "step", "step": 1, "loss": loss, "samples_per_s": 2.0}) is None
     assert problem({"kind": "node_sigterm", "node": 0, "ts": 1.5}) is None
 
 
