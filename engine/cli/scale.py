@@ -28,6 +28,9 @@ def scale(
     row = db.get_run(run)
     if row is None:
         _fail(f"no run {run!r}: `jobctl status` lists the runs")
+    if row["phase"] == "completed":  # as `stop` of an ended run: nothing to do, not an error
+        console.print(f"run {row['id']} is already complete: nothing to scale", highlight=False)
+        return
     try:
         request_scale(row, devices)
     except ScaleRefused as e:

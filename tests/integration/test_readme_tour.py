@@ -1,0 +1,82 @@
+"""Every command of the README's CLI tour, as written (#24 item 4): each line of the
+``## CLI tour`` block runs in order with the `jobctl` console script, from a folder
+holding a copy of jobs/ (so `out/` and the state home `./.jobctl` land there), and
+exits 0 with no traceback. The tour is the README's: a line added there runs here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..jobrun import ROOT
+
+# What a line must print besides exiting 0, for the lines whose output proves the point.
+EXPECT = {
+    "jobctl plan jobs/quickstart.yaml --devices 2": "P and D re-planned for 2 device(s)",
+    "jobctl logs quickstart --rank 3": "step 60 loss",
+    "jobctl status": "quickstart-",
+    "jobctl resume quickstart --devices 2": "already complete",
+    "jobctl apply jobs/quickstart.yaml": "completed",
+}
+
+
+def tour_commands() -> list[str]:
+    """The commands of the README's CLI tour, comments cut, in order."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## CLI tour\s+```bash\n(.*?)```", text, re.S)
+    assert block, "README.md has no ## CLI tour bash block"
+    lines = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    return [line for line in lines if line]
+
+
+def test_the_tour_parses():
+    cmds = tour_commands()
+    assert len(cmds) >= 15 and all(c.startswith("jobctl ") for c in cmds)
+    assert set(EXPECT) <= set(cmds)
+
+
+@pytest.mark.multiproc
+def test_every_tour_command_runs_as_written(tmp_path):
+    shutil.copytree(ROOT / "jobs", tmp_path / "jobs")
+    jobctl = shutil.which("jobctl") or str(Path(sys.executable).with_name("jobctl"))
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBCTL_HOME", "JOBCTL_DB_URL")}
+    env["COLUMNS"] = "80"  # a new user's terminal
+    try:
+        for cmd in tour_commands():
+            args = shlex.split(cmd)
+            run = subprocess.run([jobctl, *args[1:]], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=900)  # fmt: skip
+            out = run.stdout + run.stderr
+            assert run.returncode == 0, f"{cmd}: exit {run.returncode}\n{out[-3000:]}"
+            assert "Traceback" not in out, f"{cmd}\n{out[-3000:]}"
+            if cmd in EXPECT:
+                assert EXPECT[cmd] in out, f"{cmd}\n{out[-3000:]}"
+    finally:  # the --detach line leaves a run supervised in the background: stop it
+        _stop_all(jobctl, tmp_path, env)
+
+
+def _stop_all(jobctl: str, cwd: Path, env: dict) -> None:
+    """Stop every run that has not ended, and wait (bounded) until they have."""
+    deadline = time.monotonic() + 300
+    asked = set()
+    while time.monotonic() < deadline:
+        st = subprocess.run([jobctl, "status", "--json"], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+        live = [r["id"] for r in json.loads(st.stdout or "[]")
+                if r["phase"] not in ("completed", "failed", "stopped")]  # fmt: skip
+        if not live:
+            return
+        for rid in set(live) - asked:
+            subprocess.run([jobctl, "stop", rid], cwd=cwd, env=env, capture_output=True,
+                           timeout=120)  # fmt: skip
+            asked.add(rid)
+        time.sleep(2)
