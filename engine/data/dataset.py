@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from jobctl.engine.data.packed import PackedData, Split, split
-from jobctl.engine.data.tokens import TokenFile
+from jobctl.engine.data.tokens import TokenFile, is_url
 from jobctl.spec import JobSpec
 
 
@@ -129,10 +129,12 @@ def make_data(spec: JobSpec) -> Samples:
     d, m = spec.data, spec.model
     if d.source in ("synthetic", "text"):
         return TokenData(d.source, m.seq_len, m.vocab, d.seed, d.path)
-    stream = open_stream(spec, d.path)
     fraction = d.eval if isinstance(d.eval, float) else None
-    train, _ = split(stream, m.seq_len, fraction)
-    return PackedData(train, d.seed, d.shuffle)
+    remote = d.source == "tokens" and is_url(d.path or "")
+    return PackedData(
+        lambda: split(open_stream(spec, d.path), m.seq_len, fraction)[0],
+        d.seed, d.shuffle, remote=remote,
+    )  # fmt: skip
 
 
 def make_eval_data(spec: JobSpec) -> PackedData | None:
@@ -140,11 +142,13 @@ def make_eval_data(spec: JobSpec) -> PackedData | None:
     d, m = spec.data, spec.model
     if d.eval is None:
         return None
-    if isinstance(d.eval, float):
-        _, held = split(open_stream(spec, d.path), m.seq_len, d.eval)
-    else:
-        held = Split(open_stream(spec, d.eval), m.seq_len)
-    return PackedData(held, d.seed, shuffle=False, traced=False)
+
+    def held() -> Split:
+        if isinstance(d.eval, float):
+            return split(open_stream(spec, d.path), m.seq_len, d.eval)[1]
+        return Split(open_stream(spec, str(d.eval)), m.seq_len)
+
+    return PackedData(held, d.seed, shuffle=False, traced=False, remote=False)
 
 
 def open_stream(spec: JobSpec, path: str | None):

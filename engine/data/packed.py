@@ -10,6 +10,8 @@ the trace file that ``JOBCTL_DATA_TRACE`` names.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +40,46 @@ def split(stream, seq_len: int, eval_fraction: float | None) -> tuple[Split, Spl
 
 
 class PackedData:
-    """``(inputs, targets)`` of any global sample index, over one split."""
+    """``(inputs, targets)`` of any global sample index, over one split.
 
-    def __init__(self, part: Split, seed: int = 0, shuffle: bool = True, traced: bool = True):
-        self.part = part
-        self.seq_len = part.seq_len
-        self.order = SampleOrder(part.size, seed, shuffle)
+    ``part`` may be a function that opens the split: it runs on first use, so pipeline
+    stages that never read tokens (the middle ones) never open the file or tokenize
+    the dataset.
+    """
+
+    def __init__(
+        self,
+        part: Split | Callable[[], Split],
+        seed: int = 0,
+        shuffle: bool = True,
+        traced: bool = True,
+        remote: bool | None = None,
+    ):
+        self._part, self._open = (part, None) if isinstance(part, Split) else (None, part)
+        self.seed, self.shuffle = seed, shuffle
+        self._order: SampleOrder | None = None
+        self._lock = threading.Lock()  # the training thread and a read-ahead thread
+        self._remote = remote
         folder = os.environ.get(env.DATA_TRACE)
         self.trace = Path(folder) / f"{os.getpid()}.txt" if folder and traced else None
+
+    @property
+    def part(self) -> Split:
+        """The split, opened on first use."""
+        with self._lock:
+            if self._part is None:
+                self._part = self._open()
+        return self._part
+
+    @property
+    def order(self) -> SampleOrder:
+        if self._order is None:
+            self._order = SampleOrder(self.part.size, self.seed, self.shuffle)
+        return self._order
+
+    @property
+    def seq_len(self) -> int:
+        return self.part.seq_len
 
     @property
     def size(self) -> int:
@@ -55,7 +89,9 @@ class PackedData:
     @property
     def remote(self) -> bool:
         """Read over the network (each sequence a ranged request)?"""
-        return getattr(self.part.stream, "fs", None) is not None
+        if self._remote is None:
+            self._remote = getattr(self.part.stream, "fs", None) is not None
+        return self._remote
 
     def epoch(self, index: int) -> int:
         """The epoch of global sample ``index``."""
