@@ -51,7 +51,32 @@ _V100_PCIE = DeviceFacts(
 # chip (80 SMs), so the same measured fractions.
 _V100_SXM2 = _V100_PCIE.model_copy(update={"peak_tflops": {"fp32": 15.7, "fp16": 125.0}})
 
+# NVIDIA H100 Tensor Core GPU datasheet (2023, SXM5 column): 989 TFLOP/s dense BF16/FP16
+# tensor (1,979 with sparsity), 67 TFLOP/s FP32, 3.35 TB/s HBM3, 80 GB; 132 SMs: "NVIDIA
+# H100 Tensor Core GPU Architecture" whitepaper (2022), Table 3. gemm_fraction and
+# bandwidth_fraction: measured on this project's lent H100 machines (recorded in the
+# workplace's device notes, 2026-11-13): an 8192^3 bf16 torch.matmul at 798 TFLOP/s, a
+# device-to-device copy at 3.0 TB/s counting bytes read and written.
+_H100_SXM = DeviceFacts(
+    peak_tflops={"fp32": 67.0, "fp16": 989.0, "bf16": 989.0},
+    memory_gbps=3350.0,
+    memory_gb=80.0,
+    sms=132,
+    gemm_fraction=798.0 / 989.0,
+    bandwidth_fraction=3000.0 / 3350.0,
+    launch_us=5.0,
+)
+# NVIDIA H200 Tensor Core GPU datasheet (2024, SXM column): the H100's compute (989 TFLOP/s
+# dense BF16/FP16, 67 FP32), 4.8 TB/s HBM3e, 141 GB, same GH100 chip (132 SMs).
+# gemm_fraction and bandwidth_fraction: measured on the lent H200 machines (device notes,
+# 2026-10-28 and 2026-11-04): 769-798 TFLOP/s on the same bf16 matmul, 4.3 TB/s copy.
+_H200_SXM = _H100_SXM.model_copy(
+    update={"memory_gbps": 4800.0, "memory_gb": 141.0, "bandwidth_fraction": 4300.0 / 4800.0}
+)
+
 DEVICES: dict[str, DeviceFacts] = {
+    "h100-sxm-80gb": _H100_SXM,
+    "h200-sxm-141gb": _H200_SXM,
     "v100-pcie-16gb": _V100_PCIE,
     "v100-sxm2-16gb": _V100_SXM2,
 }
