@@ -33,15 +33,17 @@ from jobctl.engine.planner.replicas import (
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.engine.planner.simulator.steady import steady_simulate
 from jobctl.engine.planner.stage_costs import (
+    CLOSED_FORM_PEAKS,
     StageCosts,
     Tables,
     activation_peaks,
+    generated,
+    generated_peaks,
     lower_bound,
     recompute_counts,
     stage_costs,
     stage_memory,
 )
-from jobctl.engine.schedule.generators import generate
 from jobctl.spec import HardwareSpec, JobSpec, ParallelismSpec, TrainingSpec
 
 GB = 1024**3
@@ -140,13 +142,20 @@ def choose_m(spec: JobSpec, tables: Tables, max_P: int, cap: float) -> tuple[int
 
 
 def candidates_for(
-    spec: JobSpec, tables: Tables, P: int, G: int, m: int, beat: float | None = None
+    spec: JobSpec,
+    tables: Tables,
+    P: int,
+    G: int,
+    m: int,
+    beat: float | None = None,
+    only: tuple[str, bool] | None = None,
 ) -> list[Candidate]:
     """(D, m, schedule) candidates for P stages, with bounds, not yet simulated.
 
     ``beat`` None: the largest D (floor(G / P), or the explicit one). A step time: every
     smaller D whose compute alone could beat it (``compute_floor``), so the search
-    reaches every D without pricing those that cannot win.
+    reaches every D without pricing those that cannot win. ``only``: just this
+    (schedule, recompute), the others are not priced.
     """
     out = []
     variants = data_parallel_layouts(spec, P, G, m)
@@ -164,6 +173,8 @@ def candidates_for(
         priced: dict[str, tuple[list[list[int]], StageCosts]] = {}
         for name, recompute in schedule_options(spec.parallelism, P):
             for rec in (False, True) if recompute is None else (recompute,):
+                if only is not None and (name, rec) != only:
+                    continue
                 layout = Layout(P, D, mm, M, name, rec)
                 mode = recompute_mode(layout)
                 if mode not in priced:  # the partition balances this schedule's own costs
@@ -198,15 +209,22 @@ def _recompute_counts(layout: Layout) -> list[int]:
 
 
 def _schedule(par: ParallelismSpec, lay: Layout) -> list[list[Action]]:
-    return generate(lay.schedule, lay.P, lay.M, **generator_options(par, lay))
+    return generated(lay.schedule, lay.P, lay.M, _options_key(par, lay))
+
+
+def _options_key(par: ParallelismSpec, lay: Layout) -> tuple:
+    return tuple(sorted(generator_options(par, lay).items()))
 
 
 def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -> None:
     """Generate the schedule, check memory, simulate; fills ``memory``/``sim``/``why_not``."""
     lay, cal = cand.layout, tables.cal
-    # GPipe's and 1F1B's memory has a closed form: generate them only if they fit.
-    actions = None if lay.schedule in ("gpipe", "1f1b") else _schedule(spec.parallelism, lay)
-    cand.memory = stage_memory(cal, cand.stages, activation_peaks(lay, actions), lay.m)
+    # GPipe's, 1F1B's and ZB-H1's memory has a closed form: generate them only if they fit.
+    if lay.schedule in CLOSED_FORM_PEAKS:
+        peaks = activation_peaks(lay, None)
+    else:
+        peaks = generated_peaks(lay.schedule, lay.P, lay.M, _options_key(spec.parallelism, lay))
+    cand.memory = stage_memory(cal, cand.stages, peaks, lay.m)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
     if cand.memory[worst] > cap:
         cand.why_not = (
@@ -214,7 +232,7 @@ def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: i
             f"> {spec.hardware.memory_gb} GB"
         )
         return
-    actions = cand.actions = actions or _schedule(spec.parallelism, lay)
+    actions = cand.actions = _schedule(spec.parallelism, lay)
     costs = cand.costs.model(lay, recompute_counts(actions))
     if cand.hosting.share_cores:
         # Messages cost more with load only where ranks outnumber cores (``contend``).
@@ -247,12 +265,9 @@ def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
         ranked, rejected = _run(spec, tables, cands, cap)
         if ranked and not isinstance(par.data_parallel, int):  # then every smaller D
             win = ranked[0].layout
-            more = [
-                c
-                for P in Ps
-                for c in candidates_for(spec, tables, P, G, m, ranked[0].step)
-                if (c.layout.schedule, c.layout.recompute) == (win.schedule, win.recompute)
-            ]
+            only = (win.schedule, win.recompute)
+            beat = ranked[0].step
+            more = [c for P in Ps for c in candidates_for(spec, tables, P, G, m, beat, only)]
             more_ranked, more_rejected = _run(spec, tables, more, cap, ranked[0].step)
             ranked, rejected = sorted(ranked + more_ranked, key=rank_key), rejected + more_rejected
         smaller = [x for x in cal.micro_batch_sizes if x < m]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action, Op
@@ -25,8 +26,10 @@ from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.partition import partition
 from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
+from jobctl.engine.schedule.generators import generate
 
 LOSS_BYTES = 8  # the float64 loss summed over replicas on the last stage
+CLOSED_FORM_PEAKS = ("gpipe", "1f1b", "zb_h1")  # ``activation_peaks`` needs no schedule
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,18 @@ class Tables:
 def activation_peaks(layout: Layout, actions: list[list[Action]] | None) -> list[ActivationPeak]:
     """Per stage, the most micro-batches held at once (full activations, stashed inputs).
 
-    GPipe's and 1F1B's peaks have closed forms (``test_planner`` checks them against
-    ``peak_activations``), so a candidate that cannot fit needs no schedule generated.
+    GPipe's, 1F1B's and ZB-H1's peaks have closed forms (``test_planner`` checks them
+    against ``peak_activations``), so a candidate that cannot fit needs no schedule
+    generated. ZB-H1 holds a micro-batch from F to W, min(P, M) of them on every stage;
+    with recompute, inputs from F to R (1F1B's min(P - s, M)) and full activations
+    from R to W, which starts s micro-batches late (min(s + 1, M)).
     """
     P, M, name, rec = layout.P, layout.M, layout.schedule, layout.recompute
+    if name == "zb_h1":
+        return [
+            ActivationPeak(min(s + 1, M), min(P - s, M)) if rec else ActivationPeak(min(P, M), 0)
+            for s in range(P)
+        ]
     if name == "1f1b":
         return [
             ActivationPeak(1, min(P - s, M)) if rec else ActivationPeak(min(P - s, M), 0)
@@ -114,6 +125,21 @@ def activation_peaks(layout: Layout, actions: list[list[Action]] | None) -> list
     if name == "gpipe":  # the last stage keeps its last micro-batch: one full more
         return [ActivationPeak(1, M)] * (P - 1) + [ActivationPeak(min(2, M), M - 1)]
     return [peak_activations(a) for a in actions]
+
+
+@lru_cache(maxsize=64)
+def generated(name: str, P: int, M: int, options: tuple) -> list[list[Action]]:
+    """``generate(name, P, M, **dict(options))``, once per (kind, P, M, options): the
+    search's candidates and steady-state runs share it (generators are pure and
+    nothing edits an action list)."""
+    return generate(name, P, M, **dict(options))
+
+
+@lru_cache(maxsize=256)
+def generated_peaks(name: str, P: int, M: int, options: tuple) -> list[ActivationPeak]:
+    """``activation_peaks`` of ``generated(name, P, M, options)``, counted once."""
+    layout = Layout(P, 1, 1, M, name, ("recompute", True) in options)
+    return activation_peaks(layout, generated(name, P, M, options))
 
 
 def stage_memory(
