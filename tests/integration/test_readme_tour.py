@@ -45,6 +45,7 @@ def test_the_tour_parses():
 
 
 @pytest.mark.multiproc
+@pytest.mark.timeout(3600)  # calibrate and four training runs, on a shared machine
 def test_every_tour_command_runs_as_written(tmp_path):
     shutil.copytree(ROOT / "jobs", tmp_path / "jobs")
     jobctl = shutil.which("jobctl") or str(Path(sys.executable).with_name("jobctl"))
@@ -53,6 +54,7 @@ def test_every_tour_command_runs_as_written(tmp_path):
     try:
         for cmd in tour_commands():
             args = shlex.split(cmd)
+            print(f"{time.strftime('%H:%M:%S')} {cmd}", flush=True)  # shown on failure
             run = subprocess.run([jobctl, *args[1:]], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=900)  # fmt: skip
             out = run.stdout + run.stderr
