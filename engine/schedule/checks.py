@@ -7,6 +7,7 @@ stage, the action and its position. ``peak_activations`` counts what a stage hol
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
@@ -34,21 +35,24 @@ def peak_activations(stage_actions: list[Action]) -> ActivationPeak:
     micro-batch with a W holds its activations until the W, not the B.
     """
     rec, split = recomputed(stage_actions), weight_split(stage_actions)
-    full = stashed = peak_full = peak_stashed = 0
-    for a in stage_actions:
-        if a.op is Op.FORWARD:
-            if a.micro_batch in rec:
-                stashed += 1
-                peak_stashed = max(peak_stashed, stashed)
-                continue
-            full += 1
-        elif a.op is Op.RECOMPUTE:
-            stashed -= 1
-            full += 1
-        elif a.op is Op.WEIGHT or a.micro_batch not in split:
-            full -= 1
-        peak_full = max(peak_full, full)
-    return ActivationPeak(peak_full, peak_stashed)
+    fwd, rcp, wgt = Op.FORWARD, Op.RECOMPUTE, Op.WEIGHT
+    # Running sums of +1/-1 per action (one pass in C, the planner calls this a lot).
+    full = [
+        (a.micro_batch not in rec) if a.op is fwd
+        else 1 if a.op is rcp
+        else -1 if a.op is wgt or a.micro_batch not in split
+        else 0
+        for a in stage_actions
+    ]  # fmt: skip
+    stashed = (
+        [(a.op is fwd and a.micro_batch in rec) - (a.op is rcp) for a in stage_actions]
+        if rec
+        else []
+    )
+    return ActivationPeak(
+        max(0, *accumulate(full)) if full else 0,
+        max(0, *accumulate(stashed)) if stashed else 0,
+    )
 
 
 def validate(stages: list[list[Action]], P: int, M: int, *, varuna_rules: bool = False) -> None:

@@ -16,6 +16,8 @@ weight gradients) has no one waiting, so it can fill the pipeline's bubbles.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from jobctl.engine.core.actions import Action, B, F, R, W
 
 
@@ -26,17 +28,27 @@ def zb_h1(P: int, M: int, recompute: bool = False) -> list[list[Action]]:
     return [_zb_h1_stage(s, P, M, recompute) for s in range(P)]
 
 
+@lru_cache(maxsize=16)
+def _actions(M: int) -> tuple[tuple[Action, ...], ...]:
+    """F(i), R(i), B(i), W(i) for i < M, built once per M and shared by every stage
+    list (actions are immutable): building them dominated generating large schedules."""
+    return tuple(tuple(make(i) for i in range(M)) for make in (F, R, B, W))
+
+
 def _zb_h1_stage(s: int, P: int, M: int, recompute: bool) -> list[Action]:
     """Warm-up forwards, F B pairs, then the remaining B's; W(k) follows B(k + s)."""
+    fs, rs, bs, ws = _actions(M)
     warmup = min(P - 1 - s, M)
-    actions = [F(i) for i in range(warmup)]
+    actions = list(fs[:warmup])
     weights = 0
     for i in range(M):
         if i + warmup < M:
-            actions.append(F(i + warmup))
-        actions += [R(i), B(i)] if recompute else [B(i)]
+            actions.append(fs[i + warmup])
+        if recompute:
+            actions.append(rs[i])
+        actions.append(bs[i])
         if i >= s:  # W starts s micro-batches late: the gradient chain goes first
-            actions.append(W(weights))
+            actions.append(ws[weights])
             weights += 1
-    actions += [W(k) for k in range(weights, M)]
+    actions += ws[weights:]
     return actions
