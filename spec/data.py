@@ -48,7 +48,24 @@ class DataSpec(SpecModel):
     )
     text_column: str = Field("text", description="The text column of an 'hf' dataset.")
     shuffle: bool = Field(
-        True, description="Shuffle the sequences, seeded, anew every epoch ('tokens', 'hf')."
+        True,
+        description="Shuffle, seeded, anew every epoch ('tokens', 'hf'), by blocks: the "
+        "sequences are cut into blocks of `block_mb` MB of consecutive ones; an epoch visits "
+        "the blocks in a permutation drawn from (seed, epoch) and the sequences of each "
+        "`shuffle_window` blocks in a permutation drawn from (seed, epoch, window). Every "
+        "epoch reads each sequence once; the order depends on no P x D, resume or location.",
+    )
+    block_mb: float = Field(
+        4.0,
+        gt=0,
+        description="Size of a shuffle block in MB ('tokens', 'hf'): a remote token file is "
+        "read one block per ranged GET, a few blocks cached and the next ones read ahead.",
+    )
+    shuffle_window: int = Field(
+        4,
+        ge=1,
+        description="Blocks whose sequences are shuffled together (more: a batch mixes more "
+        "of the file; a remote reader holds 3x this many blocks).",
     )
     eval: str | float | None = Field(
         None,

@@ -9,8 +9,8 @@ Sample order: step ``t`` trains on samples ``[t*B, (t+1)*B)``. Data-parallel rep
 ``d`` of ``D`` takes the ``d``-th contiguous run of whole micro-batches of ``m``:
 ``(B/m) // D`` of them, one more for the first ``(B/m) % D`` replicas (any D). File
 sources (``tokens``, ``hf``) map a global index to a sequence through a seeded
-per-epoch shuffle (``order``); ``synthetic`` and ``text`` compute the sample from the
-index itself.
+per-epoch block-structured shuffle (``order``); ``synthetic`` and ``text`` compute
+the sample from the index itself.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def make_data(spec: JobSpec) -> Samples:
     remote = d.source == "tokens" and is_url(d.path or "")
     return PackedData(
         lambda: split(open_stream(spec, d.path), m.seq_len, fraction)[0],
-        d.seed, d.shuffle, remote=remote,
+        d.seed, d.shuffle, remote=remote, block_mb=d.block_mb, window=d.shuffle_window,
     )  # fmt: skip
 
 

@@ -5,10 +5,11 @@ A replica reads its micro-batches in a fixed pattern (``Sharding``): micro-batch
 the next ``depth`` micro-batches of that pattern are queued on reader threads (token
 files and S3 reads release the GIL); a request that was not predicted (the first, or
 after a layout change) is read on the spot, so results never depend on the guess. A
-local file needs one reader two micro-batches ahead; a remote one (each sequence a
-ranged GET, a round trip of milliseconds) is read two steps ahead by
-``REMOTE_READERS`` threads, so many requests are in flight at once. On CUDA the
-read-ahead tensors are pinned, so the copy to the GPU is asynchronous.
+local file needs one reader two micro-batches ahead; a remote one is read two steps
+ahead by ``REMOTE_READERS`` threads, which mostly wait on whole blocks that
+``packed.BlockReader`` fetches (one ranged GET of a few MB each, the next shuffle
+window already on its way), so a slow block stalls a read-ahead, not a step. On CUDA
+the read-ahead tensors are pinned, so the copy to the GPU is asynchronous.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.data.packed import PackedData
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-REMOTE_READERS = 16
+REMOTE_READERS = 2
 
 
 class Prefetcher:
@@ -80,6 +81,7 @@ class Prefetcher:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.data.close()
 
 
 def prefetching(data, shard: Sharding, replica: int, device: torch.device):

@@ -18,6 +18,7 @@ from jobctl.engine.data.checks import data_violations
 from jobctl.engine.data.dataset import Sharding, make_data, make_eval_data
 from jobctl.engine.data.hf import Tokenizer, require
 from jobctl.engine.data.order import SampleOrder
+from jobctl.engine.data.packed import PackedData, Split
 from jobctl.engine.data.prefetch import Prefetcher
 from jobctl.engine.data.tokens import TokenFile
 from jobctl.spec import load_spec
@@ -64,6 +65,35 @@ def test_order_is_a_fresh_permutation_each_epoch():
     assert order.epoch(49) == 0 and order.epoch(50) == 1
     assert [SampleOrder(50, seed=3).sequence(i) for i in range(50)] == e0
     assert [SampleOrder(50, shuffle=False).sequence(i) for i in range(60)][48:52] == [48, 49, 0, 1]
+
+
+@pytest.mark.parametrize(("block", "window"), [(7, 1), (7, 2), (10, 3), (100, 4)])
+def test_block_order_shuffles_blocks_then_within_windows(block, window):
+    n = 53  # blocks of `block` sequences, the last one short
+    order = SampleOrder(n, seed=5, block=block, window=window)
+    epochs = [[order.sequence(i) for i in range(e * n, e * n + n)] for e in range(3)]
+    assert all(sorted(e) == list(range(n)) for e in epochs)  # each epoch: all, once
+    assert epochs[0] != epochs[1] != epochs[2]
+    # a pure function of (seed, epoch, index): a fresh order asked out of sequence agrees
+    fresh = SampleOrder(n, seed=5, block=block, window=window)
+    assert [fresh.sequence(i) for i in (150, 3, 77, 52, 53)] == [
+        epochs[i // n][i % n] for i in (150, 3, 77, 52, 53)
+    ]
+    assert [SampleOrder(n, seed=6, block=block, window=window).sequence(i) for i in range(n)] != (
+        epochs[0]
+    )
+    # consecutive positions come from one window of `window` blocks, windows in turn
+    pos = 0
+    blocks_in_all = -(-n // block)
+    for k in range(-(-blocks_in_all // window)):
+        blocks = order.window_blocks(1, k)
+        size = sum(min(n, b * block + block) - b * block for b in blocks)
+        got = {s // block for s in epochs[1][pos : pos + size]}
+        assert got == set(blocks) and order.window_of(n + pos) == (1, k)
+        pos += size
+    assert pos == n
+    if window == 1 and block < n:  # the blocks themselves are visited shuffled
+        assert order.window_blocks(0, 0) + order.window_blocks(0, 1) != [0, 1]
 
 
 @pytest.mark.parametrize("suffix", [".bin", ".npy"])
@@ -137,6 +167,51 @@ def test_prefetcher_reads_ahead_and_returns_what_the_source_gives(tmp_path):
             after = [shard.first_sample(step + (i + k) // 2, 1, (i + k) % 2) for k in (1, 2)]
             assert sorted(fetch.ahead) == [(a, 2) for a in after]  # on their way
     fetch.close()
+
+
+class CountingFS:
+    """A real fsspec filesystem that records each byte range it is asked for (one
+    ranged GET apiece on s3fs)."""
+
+    def __init__(self, fs):
+        self.fs, self.ranges = fs, []
+
+    def cat_ranges(self, paths, starts, ends, **kw):
+        self.ranges += list(zip(starts, ends, strict=True))
+        return self.fs.cat_ranges(paths, starts, ends, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def test_remote_token_file_is_read_one_request_per_block(tmp_path):
+    import fsspec
+
+    L, n = 16, 125 * 16 + 1  # 125 sequences: 13 blocks of 10 (the last 5), windows of 2
+    ids = (np.arange(n) * 7 % 251).astype(np.uint16)
+    ids.tofile(tmp_path / "t.bin")
+    url = f"memory://{tmp_path.name}/t.bin"
+    with fsspec.open(url, "wb") as f:
+        f.write(ids.tobytes())
+    block_mb = 10 * L * 2 / 2**20
+    remote_file = TokenFile(url)
+    remote_file.fs = counting = CountingFS(remote_file.fs)
+    remote = PackedData(Split(remote_file, L), seed=1, block_mb=block_mb, window=2)
+    local = PackedData(Split(TokenFile(str(tmp_path / "t.bin")), L), 1, block_mb=block_mb,
+                       window=2)  # fmt: skip
+    assert remote.order.block == 10 and remote.order.count == 13
+    for start in range(0, 125, 5):  # one epoch in batches of 5, same samples as local
+        assert all(torch.equal(a, b) for a, b in
+                   zip(remote.batch(start, 5), local.batch(start, 5), strict=True))  # fmt: skip
+    remote.close(wait=True)
+    fetched = sorted(a // 2 // (10 * L) for a, _ in counting.ranges)
+    extra = list(fetched)
+    for block in range(13):  # every block once, not one request per sequence (125)
+        extra.remove(block)
+    ahead = remote.order.window_blocks(1, 0)  # the next epoch's first window, read ahead
+    assert len(extra) <= len(ahead) and set(extra) <= set(ahead)
+    spans = sorted({(b - a) // 2 for a, b in counting.ranges})
+    assert spans == [5 * L + 1, 10 * L + 1]  # whole blocks: sequences and one target id
 
 
 BAD = {
