@@ -3,7 +3,7 @@
 (1) Step time: the quickstart job (2 stages x 2 replicas, m = 2, 4 CPU worker
 processes) trains with the synthetic source, with a 100 MB token file (uint16, 50M
 ids) on local disk, and with the same file on a local moto S3 server (its own process
-at ``--moto-nice``, 19 by default; read by byte ranges, one ranged GET per sequence),
+at ``--moto-nice``, 19 by default; read one ranged GET per block of ``data.block_mb``),
 same model and plan. The runs are
 interleaved (one of each per round, order rotated) and each reports the median
 ``step_time_s`` after warm-up; prints each source's median over rounds and its ratio
