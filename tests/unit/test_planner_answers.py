@@ -50,12 +50,14 @@ SPECS = {
 
 def _spec(shape):
     if shape is None:
-        return tiny_spec(**{
-            "parallelism.pipeline_stages": "auto",
-            "parallelism.data_parallel": "auto",
-            "parallelism.schedule": "auto",
-            "training.micro_batch_size": "auto",
-        })
+        return tiny_spec(
+            **{
+                "parallelism.pipeline_stages": "auto",
+                "parallelism.data_parallel": "auto",
+                "parallelism.schedule": "auto",
+                "training.micro_batch_size": "auto",
+            }
+        )
     return load_spec_text(GPT.format(**shape))
 
 
