@@ -33,7 +33,11 @@ Progress = Callable[[str, float], None]  # (what, fraction of blocks done)
 class _Clock:
     """The time compute takes, as robust to other work on the machine as possible.
 
-    On CUDA, wall time with the device synchronised so queued kernels count. On CPU,
+    On CUDA, the device's own timeline: each mark is a CUDA event recorded on the
+    stream, and a difference waits for the later one. Nothing synchronises between
+    marks, so the host queues kernels ahead as a training step does; a clock that
+    synchronised at every mark would charge each block its launch latency in full
+    (measured on an H200: a 12-layer GPT at m=4 calibrated 1.5x slower than it ran). On CPU,
     this thread's CPU time: workers run one intra-op thread, so it is the compute
     itself, and it does not grow when other processes take the core for a while;
     sharing cores with the job's own processes is calibrated separately (host
@@ -43,11 +47,24 @@ class _Clock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
 
-    def now(self) -> float:
+    def now(self) -> float | _CudaMark:
         if self.cuda:
-            torch.cuda.synchronize()
-            return time.perf_counter()
+            return _CudaMark()
         return time.thread_time()
+
+
+class _CudaMark:
+    """A point on the current CUDA stream; ``later - earlier`` is seconds between them."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event(enable_timing=True)
+        self.event.record()
+
+    def __sub__(self, earlier: _CudaMark) -> float:
+        self.event.synchronize()
+        return earlier.event.elapsed_time(self.event) / 1e3
 
 
 def autocast_for(training: TrainingSpec, device: torch.device):
