@@ -144,6 +144,16 @@ def _add_missing_columns(engine: sa.Engine) -> None:
                 c.execute(sa.text(f"ALTER TABLE runs ADD COLUMN {col.name} {kind}"))
 
 
+def _refuse_partial(url: str, engine: sa.Engine) -> None:
+    """A DB with one of ``runs`` and ``events`` but not the other (every jobctl DB has
+    had both) was renamed or damaged by hand: creating the missing one empty would hide
+    every run from ``status`` with no word, so say so instead."""
+    have = set(sa.inspect(engine).get_table_names()) & {"runs", "events"}
+    if len(have) == 1:
+        missing = ({"runs", "events"} - have).pop()
+        raise db_error(url, RuntimeError(f"no such table: {missing} (it has {have.pop()})"))
+
+
 class StateDB:
     """Persistent record of runs and events."""
 
@@ -161,6 +171,7 @@ class StateDB:
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)
         with _reading(self.url):
+            _refuse_partial(self.url, self.engine)
             metadata.create_all(self.engine)
             _add_missing_columns(self.engine)
 

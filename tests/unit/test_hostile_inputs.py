@@ -117,6 +117,23 @@ def test_a_damaged_state_db_is_one_line_naming_it_and_the_fix(tmp_path):
     assert str(home / "state.db") in line and "move it aside" in line
 
 
+@pytest.mark.parametrize("table", ["runs", "events"])
+def test_a_renamed_table_is_one_line_not_an_empty_db(tmp_path, table):
+    """Creating the missing table afresh would show no runs with no word (#24 item 16)."""
+    db = StateDB(tmp_path / "home")
+    db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
+    db.engine.dispose()
+    con = sqlite3.connect(tmp_path / "home" / "state.db")
+    con.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
+    con.commit()
+    con.close()
+    with pytest.raises(StateDBError, match=f"no such table: {table}.*move it aside"):
+        StateDB(tmp_path / "home")
+    con = sqlite3.connect(tmp_path / "home" / "state.db")
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert table not in names  # nothing was created behind the user's back
+
+
 def test_status_reads_while_another_process_holds_a_write_lock(tmp_path):
     db = StateDB(tmp_path / "home")
     db.create_run("r-1", "r", tmp_path / "r", total_steps=4)
