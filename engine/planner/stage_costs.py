@@ -29,7 +29,8 @@ from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 from jobctl.engine.schedule.generators import generate
 
 LOSS_BYTES = 8  # the float64 loss summed over replicas on the last stage
-CLOSED_FORM_PEAKS = ("gpipe", "1f1b", "zb_h1")  # ``activation_peaks`` needs no schedule
+# ``activation_peaks`` needs no schedule for these
+CLOSED_FORM_PEAKS = ("gpipe", "1f1b", "zb_h1", "shifted_critical_path")
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ def activation_peaks(layout: Layout, actions: list[list[Action]] | None) -> list
     from R to W, which starts s micro-batches late (min(s + 1, M)).
     """
     P, M, name, rec = layout.P, layout.M, layout.schedule, layout.recompute
+    if name == "shifted_critical_path":  # 1F1B + early recompute; see the generator
+        return shifted_critical_path_peaks(P, M)
     if name == "zb_h1":
         return [
             ActivationPeak(min(s + 1, M), min(P - s, M)) if rec else ActivationPeak(min(P, M), 0)
@@ -140,6 +143,16 @@ def generated_peaks(name: str, P: int, M: int, options: tuple) -> list[Activatio
     """``activation_peaks`` of ``generated(name, P, M, options)``, counted once."""
     layout = Layout(P, 1, 1, M, name, ("recompute", True) in options)
     return activation_peaks(layout, generated(name, P, M, options))
+
+
+def shifted_critical_path_peaks(P: int, M: int) -> list[ActivationPeak]:
+    """Early recompute holds one full micro-batch (R to B) and 1F1B's min(P - s, M)
+    inputs; the penultimate stage's F2, pulled ahead of R0, makes that 3 there (M >= 3);
+    the last stage keeps one micro-batch's activations and recomputes nothing."""
+    peaks = [ActivationPeak(1, min(P - s, M)) for s in range(P - 1)]
+    if P >= 2 and M >= 3:
+        peaks[P - 2] = ActivationPeak(1, 3)
+    return [*peaks, ActivationPeak(1, 0)]
 
 
 def stage_memory(
@@ -209,12 +222,13 @@ def stage_costs(
     # woken process preempts a computing one, or waits out its time slice, so its
     # median was 0.09 ms in one calibration and 1.8 ms in the next).
     busy_link = hosting.oversubscribed and rt is None
-    return StageCosts(
-        graph=[a + sum(times.fwd[i] for i in blocks) for blocks in stages],
-        nograd=[a + sum(times.nograd[i] for i in blocks) for blocks in stages],
+    fwd, nograd, bwd, opt = (t.__getitem__ for t in (times.fwd, times.nograd, times.bwd, times.opt))
+    return StageCosts(  # sum(map(...)): the same sums in the same order, in C
+        graph=[a + sum(map(fwd, blocks)) for blocks in stages],
+        nograd=[a + sum(map(nograd, blocks)) for blocks in stages],
         fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
-        b=[a + sum(times.bwd[i] for i in blocks) for blocks in stages],
-        opt=[sum(times.opt[i] for i in blocks) + (rt.step_s if rt else 0.0) for blocks in stages],
+        b=[a + sum(map(bwd, blocks)) for blocks in stages],
+        opt=[sum(map(opt, blocks)) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
         sends=with_message(
             [

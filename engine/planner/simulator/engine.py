@@ -37,6 +37,7 @@ BLOCKED, PARKED = -1, -2  # waiting[s] when not waiting for a particular input k
 FWD, REC, BWD, WGT = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD, Op.WEIGHT
 TimelineEntry = tuple[int, Action | None, float, float, str]
 _micro_batch = attrgetter("micro_batch")
+_op = attrgetter("op")
 
 
 def send_times(costs: CostModel, M: int, seed: int) -> tuple[list[list[float]], list[list[float]]]:
@@ -81,7 +82,7 @@ class Engine:
         self.sent = [[0.0] * (2 * M) for _ in range(P)] if self.capped else None
         self.starts: list[list[float]] = [[] for _ in range(P)]
         # A stage with W actions splits every backward (checks.validate): B is b - w.
-        self.split = [any(a.op is WGT for a in acts) for acts in stages]
+        self.split = [WGT in set(map(_op, acts)) for acts in stages]  # C loops: hot
         self.b = [costs.b[s] - costs.w[s] if self.split[s] else costs.b[s] for s in range(P)]
         self.context = [
             (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
