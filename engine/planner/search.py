@@ -180,7 +180,8 @@ def candidates_for(
                 if mode not in priced:  # the partition balances this schedule's own costs
                     stages = tables.stages(P, mm, mode)
                     times = tables.times(mm)
-                    priced[mode] = stages, stage_costs(tables.cal, layout, stages, host, times)
+                    costs = stage_costs(tables.cal, layout, stages, host, times, bound_only=True)
+                    priced[mode] = stages, costs
                 stages, costs = priced[mode]
                 cand = Candidate(layout, stages, host, costs, note)
                 recs = _recompute_counts(layout)
@@ -233,6 +234,8 @@ def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: i
         )
         return
     actions = cand.actions = _schedule(spec.parallelism, lay)
+    # Priced for its bound only so far (most candidates are never simulated).
+    cand.costs = stage_costs(cal, lay, cand.stages, cand.hosting, tables.times(lay.m))
     costs = cand.costs.model(lay, recompute_counts(actions))
     if cand.hosting.share_cores:
         # Messages cost more with load only where ranks outnumber cores (``contend``).

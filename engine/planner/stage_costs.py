@@ -183,11 +183,14 @@ class StageCosts:
     ar: list[float]
     sends: list[float]  # per boundary, activation and gradient alike
     jitter: float
+    bound_only: bool = False  # sends not priced (``lower_bound`` reads none)
 
     def model(self, layout: Layout, recomputes: Sequence[int] | None) -> CostModel:
         """The CostModel for ``recomputes[s]`` recomputed micro-batches per stage
         (None, for bounds: whichever forward is cheaper)."""
         M = layout.M
+        if self.bound_only and recomputes is not None:
+            raise ValueError("these stage costs are for a bound only: sends not priced")
         if recomputes is None:
             f = [x + min(g, n) for x, g, n in zip(self.fetch, self.graph, self.nograd, strict=True)]
         else:
@@ -209,9 +212,17 @@ class StageCosts:
 
 
 def stage_costs(
-    cal: Calibration, layout: Layout, stages: list[list[int]], hosting: Hosting, times: BlockTimes
+    cal: Calibration,
+    layout: Layout,
+    stages: list[list[int]],
+    hosting: Hosting,
+    times: BlockTimes,
+    bound_only: bool = False,
 ) -> StageCosts:
-    """Sum the calibrated block costs over each stage's blocks at the layout's m."""
+    """Sum the calibrated block costs over each stage's blocks at the layout's m.
+
+    ``bound_only``: sends left at 0 (their NIC sharing is most of the cost here), for a
+    ``lower_bound`` of a candidate the search may never simulate."""
     P, m = layout.P, layout.m
     rt = cal.runtime
     # Messages at the idle probe's cost; ``contend`` moves it with the plan's load.
@@ -230,7 +241,9 @@ def stage_costs(
         b=[a + sum(map(bwd, blocks)) for blocks in stages],
         opt=[sum(map(opt, blocks)) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
-        sends=with_message(
+        sends=[0.0] * (P - 1)
+        if bound_only
+        else with_message(
             [
                 cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
                     cal.blocks[stages[s][-1]].boundary_bytes * m * hosting.nic_sharing(s),
@@ -241,6 +254,7 @@ def stage_costs(
             message,
         ),
         jitter=cal.jitter,
+        bound_only=bound_only,
     )
 
 
