@@ -158,16 +158,7 @@ def candidates_for(
     (schedule, recompute), the others are not priced.
     """
     out = []
-    variants = data_parallel_layouts(spec, P, G, m)
-    if beat is None:
-        variants = variants[:1]
-    else:
-        variants = [v for v in variants[1:] if compute_floor(spec, tables, P, v[0], v[1]) < beat]
-    for D, mm, _ in list(variants):
-        smaller = fill_variant(spec.training, P, D, mm)
-        if smaller is not None:
-            variants.append((D, smaller, f"m={smaller} so that M >= P={P}"))
-    for D, mm, note in variants:
+    for D, mm, note in _variants(spec, tables, P, G, m, beat):
         M = micro_batches(spec.training.global_batch_size, D, mm)
         host = hosting(spec, P, D, tables.cal.host.cores)
         priced: dict[str, tuple[list[list[int]], StageCosts]] = {}
@@ -189,6 +180,22 @@ def candidates_for(
                 cand.bound = lower_bound(costs.model(layout, None), recs, M, split=split)
                 out.append(cand)
     return out
+
+
+def _variants(
+    spec: JobSpec, tables: Tables, P: int, G: int, m: int, beat: float | None
+) -> list[tuple[int, int, str]]:
+    """(D, m, note) to price for P stages (``candidates_for``'s ``beat``)."""
+    variants = data_parallel_layouts(spec, P, G, m)
+    if beat is None:
+        variants = variants[:1]
+    else:
+        variants = [v for v in variants[1:] if compute_floor(spec, tables, P, v[0], v[1]) < beat]
+    for D, mm, _ in list(variants):
+        smaller = fill_variant(spec.training, P, D, mm)
+        if smaller is not None:
+            variants.append((D, smaller, f"m={smaller} so that M >= P={P}"))
+    return variants
 
 
 def recompute_mode(layout: Layout) -> str:

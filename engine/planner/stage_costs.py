@@ -223,16 +223,8 @@ def stage_costs(
 
     ``bound_only``: sends left at 0 (their NIC sharing is most of the cost here), for a
     ``lower_bound`` of a candidate the search may never simulate."""
-    P, m = layout.P, layout.m
-    rt = cal.runtime
-    # Messages at the idle probe's cost; ``contend`` moves it with the plan's load.
-    message = rt.message_s if rt else 0.0
+    P, rt = layout.P, cal.runtime
     a = rt.action_s if rt else 0.0  # the executor's own cost per action
-    # Cores oversubscribed: the probes' fitted message cost (``contend``) is what the
-    # runtime pays; the busy ping-pong is only the fallback without them (bimodal: a
-    # woken process preempts a computing one, or waits out its time slice, so its
-    # median was 0.09 ms in one calibration and 1.8 ms in the next).
-    busy_link = hosting.oversubscribed and rt is None
     fwd, nograd, bwd, opt = (t.__getitem__ for t in (times.fwd, times.nograd, times.bwd, times.opt))
     return StageCosts(  # sum(map(...)): the same sums in the same order, in C
         graph=[a + sum(map(fwd, blocks)) for blocks in stages],
@@ -241,20 +233,33 @@ def stage_costs(
         b=[a + sum(map(bwd, blocks)) for blocks in stages],
         opt=[sum(map(opt, blocks)) + (rt.step_s if rt else 0.0) for blocks in stages],
         ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
-        sends=[0.0] * (P - 1)
-        if bound_only
-        else with_message(
-            [
-                cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
-                    cal.blocks[stages[s][-1]].boundary_bytes * m * hosting.nic_sharing(s),
-                    busy=busy_link,
-                )
-                for s in range(P - 1)
-            ],
-            message,
-        ),
+        sends=[0.0] * (P - 1) if bound_only else _sends(cal, layout, stages, hosting),
         jitter=cal.jitter,
         bound_only=bound_only,
+    )
+
+
+def _sends(
+    cal: Calibration, layout: Layout, stages: list[list[int]], hosting: Hosting
+) -> list[float]:
+    """Per boundary, the send time of its activation (and gradient) at the layout's m."""
+    rt = cal.runtime
+    # Messages at the idle probe's cost; ``contend`` moves it with the plan's load.
+    message = rt.message_s if rt else 0.0
+    # Cores oversubscribed: the probes' fitted message cost (``contend``) is what the
+    # runtime pays; the busy ping-pong is only the fallback without them (bimodal: a
+    # woken process preempts a computing one, or waits out its time slice, so its
+    # median was 0.09 ms in one calibration and 1.8 ms in the next).
+    busy_link = hosting.oversubscribed and rt is None
+    return with_message(
+        [
+            cal.link(hosting.same_node((s, 0), (s + 1, 0))).time(
+                cal.blocks[stages[s][-1]].boundary_bytes * layout.m * hosting.nic_sharing(s),
+                busy=busy_link,
+            )
+            for s in range(layout.P - 1)
+        ],
+        message,
     )
 
 
