@@ -43,6 +43,8 @@ class BlockTimes:
     bwd: list[float]
     opt: list[float]
     data: float
+    params: list[float]  # bytes per block (not seconds, but looked up as often)
+    tied: list[float]
 
     @classmethod
     def at(cls, cal: Calibration, m: int) -> BlockTimes:
@@ -54,6 +56,8 @@ class BlockTimes:
             bwd=[cal.backward(i, m) for i in n],
             opt=[b.optimizer.median for b in cal.blocks],
             data=cal.data_time(m),
+            params=[b.param_bytes for b in cal.blocks],
+            tied=[b.tied_bytes for b in cal.blocks],
         )
 
     def balance_costs(self, mode: str = "none") -> tuple[list[float], list[float]]:
@@ -232,7 +236,7 @@ def stage_costs(
         fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
         b=[a + sum(map(bwd, blocks)) for blocks in stages],
         opt=[sum(map(opt, blocks)) + (rt.step_s if rt else 0.0) for blocks in stages],
-        ar=[_allreduce(cal, layout, s, blocks, hosting) for s, blocks in enumerate(stages)],
+        ar=[_allreduce(cal, layout, s, blocks, hosting, times) for s, blocks in enumerate(stages)],
         sends=[0.0] * (P - 1) if bound_only else _sends(cal, layout, stages, hosting),
         jitter=cal.jitter,
         bound_only=bound_only,
@@ -280,13 +284,18 @@ def cost_model(
 
 
 def _allreduce(
-    cal: Calibration, layout: Layout, s: int, blocks: list[int], hosting: Hosting
+    cal: Calibration,
+    layout: Layout,
+    s: int,
+    blocks: list[int],
+    hosting: Hosting,
+    times: BlockTimes,
 ) -> float:
     """Stage s's gradient sum over its D replicas, the tied embedding's over the first
     and last stage, and the last stage's loss sum, one after the other."""
     P, D = layout.P, layout.D
-    tied = sum(cal.blocks[i].tied_bytes for i in blocks) if P > 1 else 0.0
-    grads = sum(cal.blocks[i].param_bytes for i in blocks) - tied
+    tied = sum(map(times.tied.__getitem__, blocks)) if P > 1 else 0.0
+    grads = sum(map(times.params.__getitem__, blocks)) - tied
     ends = ((s, 0), (s, D - 1))
     t = cal.allreduce(hosting.same_node(*ends)).time(D, grads, hosting.rings_sharing(s))
     if tied:

@@ -8,9 +8,12 @@ stage, the action and its position. ``peak_activations`` counts what a stage hol
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import attrgetter
 from typing import NamedTuple
 
 from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
+
+_op = attrgetter("op")
 
 
 class ActivationPeak(NamedTuple):
@@ -34,8 +37,10 @@ def peak_activations(stage_actions: list[Action]) -> ActivationPeak:
     until the B. 1F1B without recompute gives ``full = min(P - s, M)`` on stage s. A
     micro-batch with a W holds its activations until the W, not the B.
     """
-    rec, split = recomputed(stage_actions), weight_split(stage_actions)
     fwd, rcp, wgt = Op.FORWARD, Op.RECOMPUTE, Op.WEIGHT
+    ops = set(map(_op, stage_actions))  # most lists have no R or no W: skip their sets
+    rec = recomputed(stage_actions) if rcp in ops else set()
+    split = weight_split(stage_actions) if wgt in ops else set()
     # Running sums of +1/-1 per action (one pass in C, the planner calls this a lot).
     full = [
         (a.micro_batch not in rec) if a.op is fwd
