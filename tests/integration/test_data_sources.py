@@ -21,6 +21,9 @@ from ..corpus import train_tokenizer, write_parquet
 from ..jobrun import JOBCTL, cli_env, events, run_job, step_losses, tiny_spec
 
 B, STEPS = 16, 4
+# blocks of 19 sequences (64 bytes each), windows of 2 blocks: 124 sequences make 7
+# blocks and 4 windows, and a resume at sample 32 lands inside window 0
+BLOCKS = {"data.block_mb": 1258 / 2**20, "data.shuffle_window": 2}
 
 
 def write_tokens(path: Path, n: int = 4000, vocab: int = 256, seed: int = 0) -> Path:
@@ -79,21 +82,21 @@ def tokens(tmp_path_factory) -> Path:
 def test_tokens_run_matches_one_process_and_resumes_at_the_next_sample(
     tmp_path, tokens, monkeypatch
 ):
-    full = traced_run(data_spec(str(tokens), STEPS, 2, 2), tmp_path / "a", tmp_path / "t0",
-                      monkeypatch)  # fmt: skip
+    full = traced_run(data_spec(str(tokens), STEPS, 2, 2, **BLOCKS), tmp_path / "a",
+                      tmp_path / "t0", monkeypatch)  # fmt: skip
     whole = read_trace(tmp_path / "t0")
     assert sorted(whole) == list(range(STEPS * B))
     ids = [whole[i] for i in range(STEPS * B)]
     assert ids != sorted(ids) and len(set(ids)) == len(ids)  # shuffled, no repeats in epoch
-    ref_losses, _ = reference_train(data_spec(str(tokens), STEPS, 1, 1))
+    ref_losses, _ = reference_train(data_spec(str(tokens), STEPS, 1, 1, **BLOCKS))
     assert step_losses(full.dir) == pytest.approx(ref_losses, abs=1e-5)
 
-    first = traced_run(data_spec(str(tokens), 2, 2, 2), tmp_path / "b", tmp_path / "t1",
+    first = traced_run(data_spec(str(tokens), 2, 2, 2, **BLOCKS), tmp_path / "b", tmp_path / "t1",
                        monkeypatch)  # fmt: skip
     ckpt = first.dir / "checkpoints" / "step-00000002"
     for name, (P, D) in {"same": (2, 2), "morph": (1, 2)}.items():
         trace = tmp_path / f"t-{name}"
-        run = traced_run(data_spec(str(tokens), STEPS, P, D), tmp_path / name, trace,
+        run = traced_run(data_spec(str(tokens), STEPS, P, D, **BLOCKS), tmp_path / name, trace,
                          monkeypatch, resume_dir=ckpt)  # fmt: skip
         after = read_trace(trace)
         assert sorted(after) == list(range(2 * B, STEPS * B)), name
@@ -135,9 +138,9 @@ def test_epochs_are_counted_and_eval_loss_is_reported(tmp_path, monkeypatch):
 def test_token_file_on_s3_trains_like_the_local_file(tmp_path, tokens, s3_url, monkeypatch):
     url = s3_url.rsplit("/", 1)[0] + "/data/train.bin"
     s3fs.S3FileSystem(skip_instance_cache=True).put(str(tokens), url)
-    spec = data_spec(url, 2, 2, 1, **{"hardware.nodes": 1})
+    spec = data_spec(url, 2, 2, 1, **{"hardware.nodes": 1, **BLOCKS})
     run = traced_run(spec, tmp_path / "s3", tmp_path / "t", monkeypatch)
-    ref_losses, _ = reference_train(data_spec(str(tokens), 2, 1, 1))
+    ref_losses, _ = reference_train(data_spec(str(tokens), 2, 1, 1, **BLOCKS))
     assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
 
 
