@@ -104,7 +104,7 @@ class PackedData:
 
     @property
     def remote(self) -> bool:
-        """Read over the network (each sequence a ranged request)?"""
+        """Read over the network (each block a ranged request)?"""
         if self._remote is None:
             self._remote = getattr(self.part.stream, "fs", None) is not None
         return self._remote
@@ -151,7 +151,7 @@ class PackedData:
 
 
 def _read(stream, spans: list[tuple[int, int]]) -> list[np.ndarray]:
-    if hasattr(stream, "read_many"):  # a TokenFile: one concurrent fetch when remote
+    if hasattr(stream, "read_many"):  # a local TokenFile (remote ones go by BlockReader)
         return stream.read_many(spans)
     return [np.asarray(stream[a:b]) for a, b in spans]
 
@@ -172,7 +172,8 @@ class BlockReader:
     def sequences(self, indices: range) -> list[np.ndarray]:
         """Ids ``[k*L, k*L + L + 1)`` of the sequence ``k`` each global index reads."""
         where = [self.order.block_of(self.order.sequence(i)) for i in indices]
-        blocks = {block: self._block(block) for block, _ in where}  # all on the wire at once
+        wanted = dict.fromkeys(block for block, _ in where)
+        blocks = {block: self._block(block) for block in wanted}  # all on the wire at once
         for index in (indices[0], indices[-1]):
             self._read_ahead(*self.order.window_of(index))
         L = self.part.seq_len
@@ -190,7 +191,7 @@ class BlockReader:
     def _block(self, block: int) -> Future:
         with self.lock:
             future = self.cache.get(block)
-            if future is None:
+            if future is None or _failed(future):  # a failed GET is retried, not cached
                 future = self.pool.submit(self._fetch, block)
             self.cache[block] = future
             self.cache.move_to_end(block)
@@ -206,3 +207,7 @@ class BlockReader:
 
     def close(self, wait: bool = False) -> None:
         self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+def _failed(future: Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is not None

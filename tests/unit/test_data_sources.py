@@ -4,6 +4,7 @@ pre-launch data checks (each bad input: located, exit 2, with a fix) and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import textwrap
@@ -212,6 +213,31 @@ def test_remote_token_file_is_read_one_request_per_block(tmp_path):
     assert len(extra) <= len(ahead) and set(extra) <= set(ahead)
     spans = sorted({(b - a) // 2 for a, b in counting.ranges})
     assert spans == [5 * L + 1, 10 * L + 1]  # whole blocks: sequences and one target id
+
+
+def test_a_failed_block_read_is_retried_not_cached(tmp_path):
+    import fsspec
+
+    ids = (np.arange(40 * 16 + 1) % 256).astype(np.uint16)
+    url = f"memory://{tmp_path.name}/f.bin"
+    with fsspec.open(url, "wb") as f:
+        f.write(ids.tobytes())
+    tf = TokenFile(url)
+    tf.fs = flaky = CountingFS(tf.fs)
+    real = flaky.cat_ranges
+
+    def fail_once(paths, starts, ends, **kw):
+        flaky.cat_ranges = real  # the next request goes through
+        raise OSError("connection reset")
+
+    flaky.cat_ranges = fail_once
+    data = PackedData(Split(tf, 16), shuffle=False, window=1)
+    # the read-ahead of the next window (the same, only block) may retry it first
+    with contextlib.suppress(OSError):
+        data.batch(0, 2)
+    x, _ = data.batch(0, 2)
+    assert x[1].tolist() == list(range(16, 32)) and len(flaky.ranges) == 1
+    data.close(wait=True)
 
 
 BAD = {
