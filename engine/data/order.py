@@ -74,6 +74,11 @@ class SampleOrder:
         epoch, within = divmod(index, self.size)
         return epoch, self._window_at(epoch, within)
 
+    def window_span(self, epoch: int, k: int) -> tuple[int, int]:
+        """Positions ``[start, stop)`` within ``epoch`` that window ``k`` covers."""
+        ends = self._layout(epoch).ends
+        return (int(ends[k - 1]) if k else 0), int(ends[k])
+
     def next_window(self, epoch: int, k: int) -> tuple[int, int]:
         """The window read after window ``k`` of ``epoch``."""
         return (epoch, k + 1) if k + 1 < len(self._layout(epoch).ends) else (epoch + 1, 0)

@@ -6,9 +6,10 @@ held-out fraction for evaluation is the last sequences of the stream; training
 orders the rest. The order is block-structured (``order``): a block is ``block_mb`` MB of
 consecutive sequences, so a remote token file is read a whole block per ranged GET
 (``BlockReader``: a small LRU cache of blocks, the next shuffle window read ahead in
-the background) instead of one request per sequence; a local file (memory-mapped) or
-a tokenized dataset (in memory) is sliced per sequence. Each ``batch`` may append what
-it read (global index, sequence id) to the trace file that ``JOBCTL_DATA_TRACE`` names.
+the background from the middle of the current one) instead of one request per
+sequence; a local file (memory-mapped) or a tokenized dataset (in memory) is sliced
+per sequence. Each ``batch`` may append what it read (global index, sequence id) to
+the trace file that ``JOBCTL_DATA_TRACE`` names.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ def _read(stream, spans: list[tuple[int, int]]) -> list[np.ndarray]:
 
 class BlockReader:
     """Sequences of a remote split read a whole block per ranged GET, blocks kept in an
-    LRU cache of ``3 * window`` (the window being read, the next one, one spare); the
-    first read in a window queues the next window's blocks on background threads."""
+    LRU cache of ``3 * window`` (the window being read, the next one, one spare); a
+    read past the middle of a window queues the next window's blocks on background
+    threads."""
 
     def __init__(self, part: Split, order: SampleOrder):
         self.part, self.order = part, order
@@ -174,12 +176,17 @@ class BlockReader:
         where = [self.order.block_of(self.order.sequence(i)) for i in indices]
         wanted = dict.fromkeys(block for block, _ in where)
         blocks = {block: self._block(block) for block in wanted}  # all on the wire at once
-        for index in (indices[0], indices[-1]):
-            self._read_ahead(*self.order.window_of(index))
+        self._read_ahead(indices[-1])
         L = self.part.seq_len
         return [blocks[block].result()[at * L : at * L + L + 1] for block, at in where]
 
-    def _read_ahead(self, epoch: int, k: int) -> None:
+    def _read_ahead(self, index: int) -> None:
+        """Queue the next window once half of this one is read: early enough to hide
+        its GETs, late enough not to spend the bandwidth and memory before it counts."""
+        epoch, k = self.order.window_of(index)
+        start, stop = self.order.window_span(epoch, k)
+        if index % self.order.size - start < (stop - start) // 2:
+            return
         nxt = self.order.next_window(epoch, k)
         with self.lock:
             if nxt in self.ahead:
