@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action, Op
@@ -28,6 +29,7 @@ from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 from jobctl.engine.schedule.generators import generate
 
+_op = attrgetter("op")
 LOSS_BYTES = 8  # the float64 loss summed over replicas on the last stage
 # ``activation_peaks`` needs no schedule for these
 CLOSED_FORM_PEAKS = ("gpipe", "1f1b", "zb_h1", "shifted_critical_path")
@@ -268,7 +270,8 @@ def _sends(
 
 
 def recompute_counts(actions: list[list[Action]]) -> list[int]:
-    return [sum(a.op is Op.RECOMPUTE for a in acts) for acts in actions]
+    """Recomputes per stage (counted in C: the search asks for every simulated layout)."""
+    return [list(map(_op, acts)).count(Op.RECOMPUTE) for acts in actions]
 
 
 def cost_model(
