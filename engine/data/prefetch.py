@@ -4,12 +4,13 @@ A replica reads its micro-batches in a fixed pattern (``Sharding``): micro-batch
 ``i + 1`` after ``i``, then micro-batch 0 of the next step. After each ``batch`` call
 the next ``depth`` micro-batches of that pattern are queued on reader threads (token
 files and S3 reads release the GIL); a request that was not predicted (the first, or
-after a layout change) is read on the spot, so results never depend on the guess. A
-local file needs one reader two micro-batches ahead; a remote one is read two steps
-ahead by ``REMOTE_READERS`` threads, which mostly wait on whole blocks that
-``packed.BlockReader`` fetches (one ranged GET of a few MB each, the next shuffle
-window already on its way), so a slow block stalls a read-ahead, not a step. On CUDA
-the read-ahead tensors are pinned, so the copy to the GPU is asynchronous.
+after a layout change) is read on the spot, so results never depend on the guess. One
+reader two micro-batches ahead serves a local file and a remote one alike: a remote
+file's blocks are fetched whole (one ranged GET of a few MB) by
+``packed.BlockReader``, the next shuffle window from the middle of the current one,
+so a step slices blocks already in memory (more reader threads only contend for the
+GIL). On CUDA the read-ahead tensors are pinned, so the copy to the GPU is
+asynchronous.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.data.packed import PackedData
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-REMOTE_READERS = 2
 
 
 class Prefetcher:
@@ -89,8 +89,4 @@ def prefetching(data, shard: Sharding, replica: int, device: torch.device):
     not read, and stay on the training thread (they would only contend for the GIL)."""
     if not isinstance(data, PackedData):
         return data
-    pin = device.type == "cuda"
-    if data.remote:
-        depth = 2 * shard.micro_batches
-        return Prefetcher(data, shard, replica, pin, depth, readers=REMOTE_READERS)
-    return Prefetcher(data, shard, replica, pin)
+    return Prefetcher(data, shard, replica, pin=device.type == "cuda")
