@@ -23,7 +23,9 @@ from jobctl.engine.checkpoint.emergency import survivors_of, uncovered_stages
 from jobctl.engine.state.db import StateDB
 
 KEY = "jobctl/emergency/"  # engine/worker/survival.py's
-WAIT_S = float(os.environ.get("JOBCTL_HANDOVER_WAIT_S", "45"))
+# Beyond a survivor's own bounds (engine/worker/survival.py: its peers' records, 60 s),
+# so a slow peer ends in an answer rather than in the supervisor giving up first.
+WAIT_S = float(os.environ.get("JOBCTL_HANDOVER_WAIT_S", "100"))
 
 
 class Handover:

@@ -39,7 +39,8 @@ from jobctl.engine.runtime.trainer import Trainer
 
 KEY = "jobctl/emergency/"  # the run host's store is the attempt's own
 WORD_WAIT_S = float(os.environ.get("JOBCTL_EMERGENCY_WAIT_S", "60"))
-PEERS_WAIT_S = 30.0  # survivors that saw the loss later (a collective that had not failed)
+PEERS_WAIT_S = 60.0  # survivors that saw the loss later (a collective that had not failed,
+# a checkpoint write to settle first: up to WRITER_WAIT_S, more on a loaded machine)
 WRITER_WAIT_S = 20.0  # this rank's regular checkpoint write in flight
 
 
