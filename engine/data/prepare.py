@@ -94,10 +94,15 @@ def prepare(job: Job, on_chunk: Callable[[int, int, int], None] | None = None) -
         on_chunk(skip, total, 0)
     todo = (c for k, c in enumerate(chunks) if k >= skip)
     workers = job.workers or os.cpu_count() or 1
-    # fork: workers start in milliseconds with what is imported (the parent has loaded
-    # the tokenizer but never encoded, so no tokenizer threads exist to be forked)
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    pool = mp.get_context(method).Pool(workers, _start_worker, (job.tokenizer,))
+    # forkserver: workers fork from a clean server process, so they inherit no thread
+    # of the caller's (a plain fork deadlocked under pytest, whose process had run
+    # tokenizers' thread pool and a moto server thread before); the server preloads
+    # this module, so a worker starts without re-importing it.
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        ctx.set_forkserver_preload([__name__])
+    pool = ctx.Pool(workers, _start_worker, (job.tokenizer,))
     with pool, open(job.partial, "ab") as out:
         for k, ids in enumerate(pool.imap(_tokenize, todo), start=skip + 1):
             out.write(ids.astype(dtype).tobytes())
