@@ -101,6 +101,9 @@ class Monitor:
             outcome = Outcome(False, 0, msg, self.records.losses, "morph", devices=req.devices)
         outcome.straggler_nodes = self.records.detector.nodes(self.records.stragglers)
         if outcome.kind == "preempted" and outcome.loss is None:
+            # Records the host appended while the attempt ended still count: the newest
+            # step trained before the loss decides how many steps are trained again.
+            self._consume_metrics()
             outcome.loss = self.records.lost.loss(outcome.lost_nodes)
         return outcome
 

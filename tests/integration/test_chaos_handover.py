@@ -121,7 +121,9 @@ def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch
     relaunched = next(e["ts"] for e in db.events(run_id) if e["kind"] == "resume")
     trained = max(e["step"] for e in events(run_dir)
                   if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched)  # fmt: skip
-    assert recovery["steps_lost"] == trained - 6 >= 1  # the steps after the checkpoint
+    # The steps after the checkpoint that some record says completed (step 7 may or may
+    # not have been reported before rank 1 took its node down: both counts agree).
+    assert recovery["steps_lost"] == trained - 6 >= 0
     assert f"({trained - 6} steps lost)" in _status(tmp_path, run_id)
     ref, _ = reference_train(spec)
     for e in events(run_dir):
