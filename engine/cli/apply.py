@@ -126,10 +126,24 @@ def _detach(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
+    _await_row(db, run_id, proc, log)
     console.print(
         f"run {run_id} supervised in the background by pid {proc.pid} (log {log}); "
         f"`jobctl status {run_id}`, `jobctl logs {run_id} -f`, `jobctl stop {run_id}`"
     )
+
+
+def _await_row(db: StateDB, run_id: str, proc, log: Path, bound_s: float = 60.0) -> None:
+    """Return once the background supervisor has recorded the run, so the id printed
+    next works at once in `status` and `logs -f`; exit with its log if it ended first."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while db.get_run(run_id) is None and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            console.print(f"error: the background apply ended ({proc.returncode}); see {log}")
+            raise typer.Exit(proc.returncode or 1)
+        time.sleep(0.1)
 
 
 def resume(

@@ -51,7 +51,9 @@ def test_detach_then_follow_logs(tmp_path):
     r = run_cli(tmp_path, "apply", str(spec), "--detach", timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "supervised in the background" in r.stdout
-    run_id = r.stdout.split("run ")[1].split()[0]
+    # The id, not the first word after "run " (the plan's start-up line says "the first
+    # run measures it" when this machine has no start-up time yet).
+    run_id = re.search(r"\brun (\S+-\d{8}-\d{6}-[0-9a-f]+)", r.stdout).group(1)
     lg = run_cli(tmp_path, "logs", run_id, "--rank", "0", "-f", timeout=240)
     assert lg.returncode == 0 and "rank 0: done" in lg.stdout
     st = run_cli(tmp_path, "status", run_id)
