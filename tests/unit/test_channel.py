@@ -34,14 +34,6 @@ def _request(server: ChannelServer, method: str, path: str, body: dict | None, h
     return out
 
 
-@pytest.fixture
-def server(tmp_path):
-    secret = new_secret()
-    with ChannelServer("127.0.0.1", 0, secret, tmp_path / "metrics.jsonl") as srv:
-        srv.secret = secret
-        yield srv
-
-
 # Events as the workers write them: every field the supervisor reads (event_schema).
 BEAT = {"rank": 3, "stage": 0, "node": 0, "compute_s": 0.1}
 STEP = {"loss": 2.5, "samples_per_s": 8.0}

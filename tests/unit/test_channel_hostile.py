@@ -13,21 +13,12 @@ import socket
 
 import pytest
 
-from jobctl.engine.channel.server import ChannelServer, new_secret
 from jobctl.engine.core.event_schema import problem
 
 from .test_monitor_queue import DONE, RUNNING, _monitor, _step, _write
 
 BEAT = {"kind": "heartbeat", "step": 1, "rank": 0, "stage": 0, "node": 0, "compute_s": 0.1}
 HOSTILE_STEP = {"kind": "step", "step": 99999, "loss": -1.0, "run": "other-run"}
-
-
-@pytest.fixture
-def server(tmp_path):
-    secret = new_secret()
-    with ChannelServer("127.0.0.1", 0, secret, tmp_path / "metrics.jsonl") as srv:
-        srv.secret = secret
-        yield srv
 
 
 def raw_post(server, body: bytes, length: str | None = None) -> tuple[int, dict]:
