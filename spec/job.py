@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from .base import SpecModel, Violation, require_match
+from .cost import BudgetSpec, PlannerSpec, cost_violations
 from .data import UINT16_VOCAB, DataSpec
 from .devices import DEVICES
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
@@ -66,6 +67,8 @@ class JobSpec(SpecModel):
     schedule: ScheduleSpec | None = Field(
         None, description="When to resume the job from its latest checkpoint; null = run once."
     )
+    budget: BudgetSpec = _section(BudgetSpec, "What the whole job may cost, in USD.")
+    planner: PlannerSpec = _section(PlannerSpec, "What the planner optimises.")
 
     @field_validator("name")
     @classmethod
@@ -79,6 +82,7 @@ class JobSpec(SpecModel):
         yield from self._pruning_violations()
         yield from self._data_violations()
         yield from self._device_violations()
+        yield from cost_violations(self.hardware, self.budget)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision

@@ -278,6 +278,15 @@ class HardwareSpec(SpecModel):
     )
     price_per_hour: float = Field(0.0, ge=0.0, description="Price per device-hour, USD.")
     spot: bool = Field(False, description="Devices are preemptible spot capacity.")
+    spot_price_per_hour: float | None = Field(
+        None,
+        ge=0.0,
+        description="Spot price per device-hour, USD; with it price_per_hour is the "
+        "on-demand price, `plan` shows both, and `spot` says which the run pays.",
+    )
+    preemptions_per_hour: float = Field(
+        0.0, ge=0.0, description="Expected preemptions per spot node-hour (for costs)."
+    )
     interconnect: InterconnectSpec = Field(
         default_factory=InterconnectSpec, description="Network speeds of the pool."
     )

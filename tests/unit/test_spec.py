@@ -166,7 +166,7 @@ def test_json_schema_describes_every_property() -> None:
     assert set(models) == {
         "JobSpec", "ModelSpec", "DataSpec", "TrainingSpec", "HardwareSpec", "InterconnectSpec",
         "ParallelismSpec", "ElasticitySpec", "PruningSpec", "RebalancingSpec", "CheckpointSpec",
-        "ScheduleSpec", "SlurmSpec", "KubernetesSpec", "SshSpec",
+        "ScheduleSpec", "SlurmSpec", "KubernetesSpec", "SshSpec", "BudgetSpec", "PlannerSpec",
     }  # fmt: skip
     undocumented = [
         f"{name}.{prop}"
