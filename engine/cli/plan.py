@@ -23,6 +23,7 @@ from jobctl.engine.cli.common import (
 
 if TYPE_CHECKING:  # the planner, the views and the backends load in the commands that use them
     from jobctl.engine.core.plan import Plan
+    from jobctl.engine.planner.objective import Choice
     from jobctl.spec import JobSpec
 
 
@@ -57,13 +58,13 @@ def plan(
     Uses the cached calibration of this model and machine (`jobctl calibrate`) if one
     matches, else costs derived from the hardware spec; the plan says which.
     """
-    from jobctl.engine.planner.resolver import plan_and_simulate
+    from jobctl.engine.planner.resolver import plan_priced
     from jobctl.engine.views import tables as views
     from jobctl.engine.views.gantt import draw_gantt
 
     spec = load_or_exit(spec_file)
     try:
-        p, sim = plan_and_simulate(for_devices(spec, devices), devices, home=home)
+        p, sim, choice = plan_priced(for_devices(spec, devices), devices, home=home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
         err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
@@ -71,6 +72,7 @@ def plan(
         print(p.model_dump_json(indent=2))
     else:
         views.print_plan(console, p, spec.training.steps)
+        _print_costs(spec, choice)
         if explain:
             views.print_explanation(console, p)
         if spec.pruning.enabled:
@@ -79,6 +81,19 @@ def plan(
         title = f"{spec.name}: {p.summary()}, simulated {sim.step_time:.4g} s/step"
         path = draw_gantt(sim, gantt, title)
         (err if as_json else console).print(f"wrote {path}")
+
+
+def _print_costs(spec: JobSpec, choice: Choice) -> None:
+    """Dollars to finish under each pricing, then the time-vs-dollars frontier."""
+    from jobctl.engine.planner.cost import pricings
+    from jobctl.engine.planner.objective import frontier
+    from jobctl.engine.views.cost import print_costs, print_frontier
+
+    print_costs(console, spec.training.steps, choice.pricings, pricings(spec)[1])
+    front = frontier(choice.options)
+    rows = [(o.cand.layout.label(), o.forecast) for o in front]
+    chosen = next((i for i, o in enumerate(front) if o is choice.chosen), None)
+    print_frontier(console, rows, chosen, spec.planner.objective)
 
 
 def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> None:

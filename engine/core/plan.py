@@ -57,6 +57,14 @@ class Prediction(_Frozen):
         "runs (calibration.startup); None: not measured here yet",
     )
 
+    finish_s: float | None = Field(
+        None,
+        description="wall seconds to finish the whole job: start-up, steps, checkpoints "
+        "and expected preemptions (planner.cost)",
+    )
+    finish_usd: float | None = Field(None, description="USD to finish the whole job")
+    hourly_usd: float | None = Field(None, description="USD per hour of the devices used")
+
     def total_s(self, steps: int) -> float:
         """End to end: start-up (where measured) and ``steps`` steps."""
         return (self.startup_s or 0.0) + self.step_time_s * steps

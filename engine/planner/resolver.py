@@ -18,11 +18,13 @@ from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
-from jobctl.engine.planner.search import GB, Candidate, PlanError, Search, search
+from jobctl.engine.planner.cost import cost_config, forecast, stage_state_bytes
+from jobctl.engine.planner.objective import Choice, choose, nodes_of
+from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.spec import JobSpec
 
-__all__ = ["PlanError", "make_plan", "plan_and_simulate"]
+__all__ = ["PlanError", "make_plan", "plan_and_simulate", "plan_priced"]
 
 TOP_ALTERNATIVES = 8
 TOP_REJECTED = 4
@@ -49,13 +51,24 @@ def plan_and_simulate(
     home: Path | None = None,
 ) -> tuple[Plan, SimResult]:
     """``make_plan``, and the simulated step of the chosen plan (for timelines)."""
+    return plan_priced(spec, devices, calibration, home)[:2]
+
+
+def plan_priced(
+    spec: JobSpec,
+    devices: int | None = None,
+    calibration: Calibration | None = None,
+    home: Path | None = None,
+) -> tuple[Plan, SimResult, Choice]:
+    """``plan_and_simulate``, and the layout ``planner.objective`` chose among every
+    layout priced to finish the job (``objective.choose``; ``BudgetError``: none fits)."""
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     cal = calibration or calibration_for(spec, home)
-    found = search(spec, G, cal, describe(cal, spec))
-    best = found.ranked[0]
-    return build_plan(spec, cal, found, G, home), best.sim
+    choice = choose(spec, cal, G, describe(cal, spec), startup_for(home, machine_key(spec)))
+    found = choice.found
+    return build_plan(spec, cal, found, G, home), found.ranked[0].sim, choice
 
 
 def describe(cal: Calibration, spec: JobSpec | None = None) -> str:
@@ -134,7 +147,12 @@ def predict(
 ) -> Prediction:
     """The simulated step of a candidate as a Prediction (``startup_s``: measured)."""
     samples, per_device, cost = _throughput(spec, cand)
+    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), startup_s)
+    fc = forecast(cand.step, cand.layout.devices, nodes_of(cand), cfg, cfg.pricing())
     return Prediction(
+        finish_s=fc.wall_s if fc.finishes else None,
+        finish_usd=fc.usd if fc.finishes else None,
+        hourly_usd=fc.hourly_usd,
         step_time_s=cand.step,
         samples_per_s=samples,
         memory_per_stage_gb=[x / GB for x in cand.memory],

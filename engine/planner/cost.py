@@ -1,0 +1,153 @@
+"""Dollars and wall time to finish the whole job, from a plan's predicted step time.
+
+``forecast`` is a pure function of the step time, the layout's devices and nodes, and
+a typed ``CostConfig``; ``cost_config`` builds that config from the spec, the
+calibration's state bytes and this machine's measured start-up. The wall time is
+
+    T0 = start-up + steps x step + checkpoints x snapshot + the final checkpoint
+    T  = T0 / (1 - lambda x (recovery + redo))
+
+where lambda is the pool's preemption rate (``preemptions_per_hour`` per node, times
+the nodes used) and each preemption costs a recovery (detecting the lost node, then a
+relaunch: ``heartbeat_timeout_s`` + the measured start-up) and, on average, half a
+checkpoint interval of steps redone (Varuna sec. 4.6: work since the last checkpoint
+is lost). The expected preemptions are lambda x T, so T solves T = T0 + lambda T
+(recovery + redo); when lambda (recovery + redo) >= 1 the job never finishes (inf).
+The devices are paid for all of T: dollars = devices x price x T / 3600.
+
+The blocking part of a checkpoint is the snapshot of the largest stage's state (the
+write and upload run in the background); the final checkpoint is written (and
+uploaded) before the run ends. Their bandwidths are assumptions, named below.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.spec import JobSpec
+
+SNAPSHOT_GBYTES_S = 2.0  # host copy of a stage's state before the background write
+DISK_GBYTES_S = 0.5  # the final checkpoint's local write
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """One way to pay for the pool: a price per device-hour and how often it is lost."""
+
+    label: str  # "on-demand" or "spot"
+    price_per_hour: float  # USD per device-hour
+    preemptions_per_hour: float = 0.0  # per node-hour
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Everything besides the step time that the wall time and dollars depend on."""
+
+    steps: int
+    startup_s: float = 0.0  # launch to first step (measured here; 0 when not yet)
+    recovery_s: float = 0.0  # one preemption: detection and relaunch
+    checkpoint_every: int = 0  # steps between checkpoints; 0: none but the last
+    snapshot_s: float = 0.0  # training time one checkpoint blocks
+    final_s: float = 0.0  # the last checkpoint's write and upload
+    pricings: tuple[Pricing, ...] = ()
+    paid: str = "on-demand"  # the label of the pricing the run pays
+    startup_measured: bool = True
+
+    def pricing(self, label: str | None = None) -> Pricing:
+        """The pricing named ``label`` (default: the one the run pays)."""
+        want = label or self.paid
+        return next(p for p in self.pricings if p.label == want)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The whole job on one layout and pricing: wall time, dollars, and where they go."""
+
+    label: str
+    devices: int
+    nodes: int
+    step_s: float
+    wall_s: float  # inf: preemptions outpace progress
+    usd: float
+    hourly_usd: float
+    preemptions: float  # expected number
+    parts: dict[str, float] = field(default_factory=dict)  # seconds by cause
+
+    @property
+    def finishes(self) -> bool:
+        return math.isfinite(self.wall_s)
+
+
+def forecast(
+    step_s: float, devices: int, nodes: int, cfg: CostConfig, pricing: Pricing
+) -> Forecast:
+    """Wall time and dollars to finish ``cfg.steps`` steps on ``devices`` (see module doc)."""
+    saves = (cfg.steps - 1) // cfg.checkpoint_every if cfg.checkpoint_every else 0
+    parts = {
+        "start-up": cfg.startup_s,
+        "steps": cfg.steps * step_s,
+        "checkpoints": saves * cfg.snapshot_s + cfg.final_s,
+    }
+    base = sum(parts.values())
+    rate = pricing.preemptions_per_hour * nodes / 3600.0  # lambda, per second
+    interval = cfg.checkpoint_every or cfg.steps
+    lost = cfg.recovery_s + 0.5 * interval * step_s  # per preemption
+    wall = base / (1.0 - rate * lost) if rate * lost < 1.0 else math.inf
+    parts["preemptions"] = wall - base
+    hourly = devices * pricing.price_per_hour
+    return Forecast(
+        label=pricing.label,
+        devices=devices,
+        nodes=nodes,
+        step_s=step_s,
+        wall_s=wall,
+        usd=hourly * wall / 3600.0,
+        hourly_usd=hourly,
+        preemptions=rate * wall,
+        parts=parts,
+    )
+
+
+def forecasts(step_s: float, devices: int, nodes: int, cfg: CostConfig) -> list[Forecast]:
+    """``forecast`` under every pricing the spec gives (on-demand and spot side by side)."""
+    return [forecast(step_s, devices, nodes, cfg, p) for p in cfg.pricings]
+
+
+def pricings(spec: JobSpec) -> tuple[tuple[Pricing, ...], str]:
+    """The pool's pricings (on-demand, spot when a spot price is given) and the label of
+    the one the run pays."""
+    hw = spec.hardware
+    paid = "spot" if hw.spot else "on-demand"
+    if hw.spot_price_per_hour is None:  # one price: what the pool costs, spot or not
+        rate = hw.preemptions_per_hour if hw.spot else 0.0
+        return (Pricing(paid, hw.price_per_hour, rate),), paid
+    spot = Pricing("spot", hw.spot_price_per_hour, hw.preemptions_per_hour)
+    return (Pricing("on-demand", hw.price_per_hour), spot), paid
+
+
+def stage_state_bytes(cal: Calibration, stages: list[list[int]]) -> float:
+    """The state (weights, gradients, optimizer) of the largest stage: what one rank saves."""
+    return max(sum(cal.blocks[b].state_bytes for b in s) for s in stages)
+
+
+def cost_config(spec: JobSpec, state_bytes: float, startup_s: float | None) -> CostConfig:
+    """The ``CostConfig`` of ``spec``: a rank's checkpoint of ``state_bytes``, the measured
+    ``startup_s`` (None: not measured on this machine yet, counted as 0)."""
+    start = startup_s or 0.0
+    final = state_bytes / (DISK_GBYTES_S * 1e9)
+    if spec.checkpoint.remote:  # uploaded over the pool's link before the run ends
+        final += state_bytes * 8 / (spec.hardware.interconnect.inter_node_gbps * 1e9)
+    found, paid = pricings(spec)
+    return CostConfig(
+        steps=spec.training.steps,
+        startup_s=start,
+        recovery_s=spec.elasticity.heartbeat_timeout_s + start,
+        checkpoint_every=spec.checkpoint.interval,
+        snapshot_s=state_bytes / (SNAPSHOT_GBYTES_S * 1e9),
+        final_s=final,
+        pricings=found,
+        paid=paid,
+        startup_measured=startup_s is not None,
+    )
