@@ -40,9 +40,9 @@ def main() -> None:
     try:
         sys.exit(app())
     except Exception as e:
-        # StateDBError, without importing the state DB (SQLAlchemy) before it is needed:
-        # a command that never imported it cannot have raised it.
-        db = sys.modules.get("jobctl.engine.state.db")
+        # StateDBError, without importing the state DB before it is needed: a command
+        # that never imported it cannot have raised it.
+        db = sys.modules.get("jobctl.engine.state.reader")
         if db is None or not isinstance(e, db.StateDBError):
             raise
         print(f"error: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Run lifecycle queries and requests: ``stop``, ``status``, ``logs``, ``events``.
 
-None of these plans or trains: they import the state DB and the views only (never
+None of these plans or trains: they read the state DB (``engine.state.reader``: a
+SQLite file through ``sqlite3``, without SQLAlchemy) and import the views only (never
 torch), so they start fast; ``stop`` loads the backends only when it signals nodes.
 """
 
@@ -58,9 +59,9 @@ def status(
     The table keeps run, phase, step, loss and ETA in any terminal and adds samples/s,
     devices, plan, checkpoints, upload lag and $ so far as the width allows.
     """
-    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.state.reader import read_state
 
-    db = StateDB(home)
+    db = read_state(home)
     if run is not None:
         run = find_run(db, run)["id"]
     while True:
@@ -112,9 +113,9 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
 ) -> None:
     """Show a run's worker logs (all ranks, or one); -f follows until the run ends."""
-    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.state.reader import read_state
 
-    db = StateDB(home)
+    db = read_state(home)
     row = find_run(db, run)
     run_dir = Path(row["run_dir"])
     found = _fetched_logs(row)
@@ -160,11 +161,10 @@ def events(
 ) -> None:
     """Events of a job: its runs' phases and progress, and the scheduler's and fleet
     runner's decisions about it (triggers, skips, launches, exits)."""
-    from jobctl.engine.state.db import StateDB
-    from jobctl.engine.state.leases import timeline
+    from jobctl.engine.state.reader import read_state, timeline
     from jobctl.engine.views.schedule import print_timeline
 
-    rows = timeline(StateDB(home), ref)
+    rows = timeline(read_state(home), ref)
     if not rows:
         err.print(
             f"[red]error:[/red] {escape(f'no events for {ref!r}; `jobctl status` lists runs')}"

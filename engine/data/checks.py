@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from jobctl.engine.data.tokens import TokenFile, is_url, sequences_in
 from jobctl.spec import JobSpec
 from jobctl.spec.base import Violation
 from jobctl.spec.data import UINT16_VOCAB
+
+if TYPE_CHECKING:
+    from jobctl.engine.data.tokens import TokenFile
+
+# engine.data.tokens (numpy, fsspec) is imported by the checks that read files, so that
+# `validate` of a synthetic-data spec starts without it.
 
 SAMPLE_IDS = 1 << 16  # ids read from each of the start, middle and end of a token file
 
@@ -46,6 +52,8 @@ def _need(spec: JobSpec) -> int:
 
 
 def _missing(path: str, field: str) -> Violation | None:
+    from jobctl.engine.data.tokens import is_url
+
     if is_url(path) or os.path.exists(path):
         return None
     return Violation(field, f"{path}: no such file or folder", f"fix {field} or create the file")
@@ -74,6 +82,8 @@ def _text(spec: JobSpec) -> Iterator[Violation]:
 def _open(path: str, field: str, dtype: str) -> TokenFile | Violation:
     if (missing := _missing(path, field)) is not None:
         return missing
+    from jobctl.engine.data.tokens import TokenFile
+
     try:
         return TokenFile(path, dtype)
     except Exception as err:  # noqa: BLE001 - any reader error: permissions, S3 credentials
@@ -84,6 +94,8 @@ def _open(path: str, field: str, dtype: str) -> TokenFile | Violation:
 def _tokens(
     spec: JobSpec, path: str, field: str, fraction: float | None, need: int | None = None
 ) -> Iterator[Violation]:
+    from jobctl.engine.data.tokens import sequences_in
+
     vocab, seq_len = spec.model.vocab, spec.model.seq_len
     tf = _open(path, field, spec.data.tokens_dtype(vocab))
     if isinstance(tf, Violation):
@@ -177,6 +189,8 @@ def _hf_contents(spec: JobSpec) -> Iterator[Violation]:
 
 def _hf_enough(spec: JobSpec, tok, batches) -> Iterator[Violation]:
     """Tokenize documents until one global batch is covered (the whole set at worst)."""
+    from jobctl.engine.data.tokens import sequences_in
+
     seq_len, fraction = spec.model.seq_len, _fraction(spec)
     want = (_need(spec) + (1 if fraction else 0)) * seq_len + 1
     have = 0

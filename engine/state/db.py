@@ -23,9 +23,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobctl.engine.core.env import DB_URL, STATE_HOME
+from jobctl.engine.core.env import DB_URL
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
+from jobctl.engine.state.reader import StateDBError as StateDBError  # re-exported
+from jobctl.engine.state.reader import db_error
 
 metadata = sa.MetaData()
 
@@ -74,10 +76,6 @@ events = sa.Table(
 )
 
 
-class StateDBError(RuntimeError):
-    """The state DB cannot be opened or read: the message names it and what to do."""
-
-
 @contextlib.contextmanager
 def _reading(url: str) -> Iterator[None]:
     """Turn a damaged, locked or foreign DB into one :class:`StateDBError` (no traceback)."""
@@ -87,21 +85,6 @@ def _reading(url: str) -> Iterator[None]:
         raise
     except (sa.exc.DBAPIError, sa.exc.NoSuchTableError) as e:
         raise db_error(url, e) from None
-
-
-def db_error(url: str, err: Exception) -> StateDBError:
-    """What went wrong with the DB at ``url``, in one line, with what to do about it."""
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    if "locked" in text or "busy" in text:
-        fix = "another process holds a write lock on it: retry when it is done, or stop it"
-    elif "not a database" in text or "malformed" in text or "no such" in text:
-        fix = (
-            "it is damaged or not jobctl's: move it aside (jobctl starts an empty one) or "
-            f"point {STATE_HOME} or {DB_URL} at another"
-        )
-    else:
-        fix = f"check the file and its permissions, or point {STATE_HOME} or {DB_URL} elsewhere"
-    return StateDBError(f"state DB {url}: {text}; {fix}")
 
 
 def _clean(row: Mapping[str, Any], table: sa.Table) -> dict[str, Any]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.backends import BackendError, get_backend
-
 
 @dataclass(frozen=True)
 class LogFiles:
@@ -30,6 +28,10 @@ def find_logs(row: dict) -> LogFiles:
     warning = None
     backend = row["backend"] or "local"
     if backend in ("ssh", "kubernetes"):
+        # The backends (jinja2, the spec) only for the nodes that need them fetched:
+        # `jobctl logs` of a local run starts without them.
+        from jobctl.backends import BackendError, get_backend
+
         handles = [h for h in (row["pids"] or "").split(",") if h]
         try:
             found = {p.name: p for p in get_backend(backend).logs(handles, run_dir)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from jobctl.engine.scheduler.book import ScheduleRow
-from jobctl.engine.state.leases import Lease
+if TYPE_CHECKING:  # `jobctl events` prints a timeline without the scheduler's imports
+    from jobctl.engine.scheduler.book import ScheduleRow
+    from jobctl.engine.state.leases import Lease
 
 
 def when(row: ScheduleRow) -> str:

@@ -26,15 +26,22 @@ try:
     app(sys.argv[1:], standalone_mode=False)
 except SystemExit:
     pass
-heavy = ("torch", "jobctl.engine.planner", "jobctl.engine.calibration.cache")
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch"
-                        or any(m.startswith(h) for h in heavy[1:]))))
+heavy = json.loads(HEAVY)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy
+                        or any(m.startswith(h + ".") for h in heavy))))
 """
+HEAVY = ["torch", "jobctl.engine.planner", "jobctl.engine.calibration.cache"]
+# What the commands that only read the state DB leave out besides (#24 item 9): the
+# SQLAlchemy state DB (a SQLite file is read through sqlite3), the backends (jinja2)
+# and the token files (numpy).
+READ_ONLY_HEAVY = [*HEAVY, "sqlalchemy", "jobctl.backends", "jobctl.engine.data.tokens",
+                   "numpy", "jobctl.engine.scheduler"]  # fmt: skip
 
 
-def _imported(args: list[str]) -> list[str]:
+def _imported(args: list[str], heavy: list[str] = HEAVY) -> list[str]:
+    probe = PROBE.replace("HEAVY", repr(json.dumps(heavy)))
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,6 +62,27 @@ def _imported(args: list[str]) -> list[str]:
 def test_light_commands_never_import_torch(args, tmp_path, monkeypatch):
     monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
     assert _imported(args) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["status", "q-1"], ["status", "--json"], ["logs", "q-1"], ["events", "q"],
+     ["validate", str(QUICKSTART)]],
+)  # fmt: skip
+def test_reading_commands_import_neither_sqlalchemy_nor_backends(args, tmp_path, monkeypatch):
+    """On a (current) SQLite state DB with a run, status, logs and events read it
+    through sqlite3; validate of a synthetic-data spec never opens token files."""
+    from jobctl.engine.state.db import StateDB
+
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
+    monkeypatch.delenv("JOBCTL_DB_URL", raising=False)
+    run_dir = tmp_path / "runs" / "q-1"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-0.log").write_text("step 1\n")
+    (run_dir / "spec.yaml").write_text(QUICKSTART.read_text())
+    StateDB(tmp_path).create_run("q-1", "q", run_dir, total_steps=4)
+    assert _imported(args, READ_ONLY_HEAVY) == []
+    assert "sqlalchemy" in _imported(["stop", "q-1"], ["sqlalchemy"])  # the probe sees it
 
 
 def test_plan_does_import_the_planner(tmp_path, monkeypatch):
