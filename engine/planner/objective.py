@@ -88,10 +88,13 @@ def pool_sizes(G: int) -> list[int]:
     return sizes
 
 
-def searches(spec: JobSpec, cal: Calibration, G: int, source: str) -> tuple[Search, list]:
-    """The search on G devices, and the ranked candidates of every searched pool size."""
+def searches(
+    spec: JobSpec, cal: Calibration, G: int, source: str, wide: bool = False
+) -> tuple[Search, list]:
+    """The search on G devices, and the ranked candidates of every searched pool size
+    (only G's unless money matters or ``wide``)."""
     found = search(spec, G, cal, source)
-    if spec.planner.objective == "throughput" and not spec.budget.capped:
+    if not wide and spec.planner.objective == "throughput" and not spec.budget.capped:
         return found, list(found.ranked)
     seen = {c.layout.label(): c for c in found.ranked}
     for g in pool_sizes(G)[1:]:
@@ -102,6 +105,14 @@ def searches(spec: JobSpec, cal: Calibration, G: int, source: str) -> tuple[Sear
         for c in more.ranked:
             seen.setdefault(c.layout.label(), c)
     return found, sorted(seen.values(), key=rank_key)
+
+
+def plan_options(
+    spec: JobSpec, cal: Calibration, G: int, startup_s: float | None = None
+) -> list[Option]:
+    """Every layout of every searched pool size, priced to finish the job."""
+    ranked = searches(spec, cal, G, cal.source, wide=True)[1]
+    return [price(spec, cal, c, startup_s) for c in ranked]
 
 
 def choose(
