@@ -8,6 +8,7 @@ walks a run through them:
     pending -> calibrating -> planning -> launching -> training -> completed
     training <-> checkpointing | pruning | rebalancing; the final upload: uploading
     (any active phase, or launching) -> morphing -> planning -> launching -> ...
+    launching | active -> (jobctl stop) stopping -> stopped (or completed, failed)
     anything alive -> failed | stopped; failed / stopped -> (resume) calibrating ...
 
 The active phases (training and what the workers do between steps) follow the
@@ -15,6 +16,10 @@ workers' records, which different ranks deliver in any order, so any active phas
 follow any other. ``uploading`` is the final upload the ranks wait for before they
 exit; an upload in the background while training goes on is not a phase but the run's
 ``uploading_step`` field (engine/supervise/activity.py).
+
+``stopping`` is a run whose nodes were asked to checkpoint and stop (``jobctl stop``,
+engine/supervise/run_requests.py) and have not ended yet; the workers' records never
+move it back to an active phase (activity.py manages only the active ones).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Phase(str, enum.Enum):
     CHECKPOINTING = "checkpointing"
     UPLOADING = "uploading"
     MORPHING = "morphing"
+    STOPPING = "stopping"
     COMPLETED = "completed"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -47,8 +53,11 @@ _ANY_LIVE = {
     Phase.PLANNING,
     Phase.LAUNCHING,
     Phase.MORPHING,
+    Phase.STOPPING,
     *ACTIVE,
 }
+# The phases a stop request moves to ``stopping``: nodes run that can checkpoint.
+STOPPABLE = {Phase.LAUNCHING, *ACTIVE}
 # A stopped (or failed) run can be resumed: calibrated, planned and launched again.
 _RESUME = {Phase.CALIBRATING, Phase.PLANNING, Phase.LAUNCHING, Phase.MORPHING}
 
@@ -67,6 +76,11 @@ ALLOWED: dict[Phase, set[Phase]] = {
 for _p in ACTIVE:
     # A batch job its scheduler requeues (preemption with requeue) waits in the queue again.
     ALLOWED[_p] = (ACTIVE - {_p}) | {Phase.MORPHING, Phase.COMPLETED, Phase.LAUNCHING}
+# A stopping run ends (the last step may complete it); a node lost meanwhile, or its
+# batch job requeued, still morphs or waits in the queue as a training one would.
+ALLOWED[Phase.STOPPING] = {Phase.COMPLETED, Phase.MORPHING, Phase.LAUNCHING}
+for _p in STOPPABLE:
+    ALLOWED[_p] = ALLOWED[_p] | {Phase.STOPPING}
 for _p in _ANY_LIVE:  # anything alive can fail or be stopped
     ALLOWED[_p] = ALLOWED[_p] | {Phase.FAILED, Phase.STOPPED}
 

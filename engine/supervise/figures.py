@@ -13,6 +13,9 @@ run's events; the run folder's ``metrics.jsonl`` holds every worker record. From
   with the devices of the attempt then running (``data["devices"]`` of the phase event if
   present, else P x D of the plan the launching event names, else the row's devices).
   Queue waits and re-planning are not billed; devices a packing frees mid-attempt are.
+  The price is the one the run pays (``spec.cost.run_price``: the spot price on spot).
+* **$ per step** now: the row's devices at that price over the recent rate; **$ to
+  finish**: the steps left at it (what the ETA's steps will cost at the current rate).
 * **Upload lag**: local checkpoints not yet committed remotely, in steps, and in seconds
   how long the oldest of them has waited (until now, or until the run ended); and the
   age of the newest remote checkpoint (since its upload event).
@@ -30,8 +33,10 @@ from pathlib import Path
 
 from jobctl.engine.core.events import Kind
 from jobctl.engine.supervise.stragglers import per_micro_batch_s
+from jobctl.spec.cost import run_price
 
-TRAINING = {"training", "pruning", "rebalancing", "checkpointing", "uploading"}
+# Phases that hold the devices (a stopping run still writes its checkpoint on them).
+TRAINING = {"training", "pruning", "rebalancing", "checkpointing", "uploading", "stopping"}
 ENDED = {"completed", "failed", "stopped"}
 TAIL_BYTES = 512 * 1024  # of metrics.jsonl: enough for the recent steps and heartbeats
 RATE_WINDOW = 20  # step records the recent rate is measured over
@@ -48,6 +53,8 @@ class RunFigures:
     eta_s: float | None = None
     device_hours: float | None = None
     cost_usd: float | None = None
+    usd_per_step: float | None = None  # now: the devices running, at the recent rate
+    usd_to_finish: float | None = None  # the steps left at usd_per_step
     uploaded_at: float | None = None
     lag_steps: int | None = None
     lag_s: float | None = None
@@ -100,6 +107,13 @@ def eta_s(row: dict, rate: float | None) -> float | None:
     if row["phase"] in ENDED or not total or not rate or step >= total:
         return None
     return (total - step) / rate
+
+
+def usd_per_step(price: float | None, devices: int | None, rate: float | None) -> float | None:
+    """USD one step costs now: ``devices`` at ``price`` per device-hour, ``rate`` steps/s."""
+    if price is None or not devices or not rate:
+        return None
+    return devices * price / 3600.0 / rate
 
 
 def _event_step(e: dict) -> int | None:
@@ -223,13 +237,17 @@ def run_figures(
     if rate is None and spec is not None and row.get("samples_per_s"):
         rate = row["samples_per_s"] / spec.training.global_batch_size
     dev_s = device_seconds(events, row.get("devices"), now)
-    price = spec.hardware.price_per_hour if spec is not None else None
+    price = run_price(spec.hardware) if spec is not None else None
     remote = bool(spec is not None and spec.checkpoint.remote)
+    per_step = usd_per_step(price, row.get("devices"), rate)
+    eta = eta_s(row, rate)
     return RunFigures(
         steps_per_s=rate,
-        eta_s=eta_s(row, rate),
+        eta_s=eta,
         device_hours=dev_s / 3600.0,
         cost_usd=None if price is None else price * dev_s / 3600.0,
+        usd_per_step=per_step,
+        usd_to_finish=None if per_step is None or eta is None else per_step * eta * rate,
         recoveries=recoveries(events, row),
         steps_lost=steps_lost(events),
         straggler_nodes=next(

@@ -18,6 +18,7 @@ from pathlib import Path
 from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
 from jobctl.engine.core.events import read_metrics
+from jobctl.engine.core.phases import STOPPABLE
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
@@ -281,7 +282,9 @@ class Monitor:
         elif not pending and self.queued is not None:
             self.queued = None
             self.beats.last.clear()  # watched again from each node's first heartbeat
-            self.db.set_phase(rid, "training", "running", message=None)
+            # A run asked to stop meanwhile stays stopping (its nodes were signalled).
+            live = {p.value for p in STOPPABLE}
+            self.db.set_phase_if(rid, live, "training", "running", message=None)
 
     def _requeued(self, detail: str) -> None:
         """The same batch job runs again and resumes from the newest checkpoint (the

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.backends import get_backend
+from jobctl.engine.core.phases import STOPPABLE
 from jobctl.engine.core.process import pid_alive
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.scaling import ScaleRequest, check_devices, write_request
@@ -50,6 +51,7 @@ def request_stop(db: StateDB, row: dict) -> Stopping:
     sup = row["supervisor_pid"]
     if sup and pid_alive(sup, row["supervisor_token"]):
         db.request_stop(run_id, f"stop requested from pid {os.getpid()}")
+        _stopping(db, run_id, "the nodes checkpoint, then stop")
         return Stopping(run_id, phase, "asked", supervisor=sup)
     handles = [h for h in (row["pids"] or "").split(",") if h]
     if phase in BETWEEN or not handles:
@@ -60,7 +62,14 @@ def request_stop(db: StateDB, row: dict) -> Stopping:
     # SIGTERM reaches every node's torchrun agent, which forwards it to its workers.
     get_backend(row["backend"] or "local").cancel(handles, signal.SIGTERM)
     db.add_event(run_id, "stop", f"SIGTERM sent to {len(handles)} node(s) (no supervisor)")
+    _stopping(db, run_id, "the nodes checkpoint, then stop (no supervisor records the end)")
     return Stopping(run_id, phase, "signalled", nodes=len(handles))
+
+
+def _stopping(db: StateDB, run_id: str, note: str) -> None:
+    """``status`` says ``stopping`` from the request until the run ends, where nodes
+    run that can checkpoint (a run between two attempts stops at once)."""
+    db.set_phase_if(run_id, {p.value for p in STOPPABLE}, "stopping", note)
 
 
 class ScaleRefused(ValueError):

@@ -58,7 +58,8 @@ from jobctl.engine.supervise.recovery import Loss, record_recovery
 from jobctl.engine.supervise.scaling import next_attempt
 from jobctl.spec import JobSpec
 
-ORPHANED = {p.value for p in ACTIVE} | {"launching"}  # a dead supervisor's attempt
+# A dead supervisor's attempt (one asked to stop too: resuming it is asking it to run).
+ORPHANED = {p.value for p in ACTIVE} | {"launching", "stopping"}
 
 
 class Supervisor:

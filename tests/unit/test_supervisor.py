@@ -163,17 +163,33 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
     cancels_before = list(old.cancels)
     r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
     assert r.exit_code == 0, r.output
-    assert sup.step() == "training"
+    assert db.get_run(sup.run_id)["phase"] == "stopping"  # from the request on
+    assert sup.step() == "stopping"
     assert new.cancels == [(["a1n0"], signal.SIGTERM)]
     assert old.cancels == cancels_before  # the dead attempt's handles are left alone
-    assert sup.step() == "training"  # applied once
+    assert sup.step() == "stopping"  # applied once
     assert new.cancels == [(["a1n0"], signal.SIGTERM)]
+    r = CliRunner().invoke(app, ["status", "--home", str(db.home)], env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and "stopping" in r.output, r.output
     run_dir = sup.current.dir
     write(run_dir, {"kind": "sigterm", "rank": 0, "node": 0, "ts": 1003.0})
-    write(run_dir, {"kind": "checkpoint", "step": 1, "ts": 1003.1})
-    write(run_dir, {"kind": "stopped", "step": 1, "rank": 0, "ts": 1003.2})
+    write(run_dir, heartbeat(2, 0, 0, 1003.05), step(2, 1003.06))  # the step it finishes
+    write(run_dir, {"kind": "checkpoint", "step": 2, "ts": 1003.1})
+    assert sup.step() == "stopping"  # the workers' records do not move it back
+    write(run_dir, {"kind": "stopped", "step": 2, "rank": 0, "ts": 1003.2})
     new.set_all(NodeStatus("stopped", -15, "exit -15", "cancelled"))
     assert sup.step() == "stopped"
+    phases_seen = [e["message"].split(":")[0] for e in db.events(sup.run_id)
+                   if e["kind"] == "phase"]  # fmt: skip
+    assert phases_seen[-2:] == ["stopping", "stopped"]
+
+
+def test_a_stopping_run_is_billed_until_it_has_stopped():
+    from jobctl.engine.supervise.figures import device_seconds
+
+    evs = [{"kind": "phase", "ts": t, "message": m, "data": None}
+           for t, m in ((0.0, "training"), (10.0, "stopping: asked"), (15.0, "stopped"))]  # fmt: skip
+    assert device_seconds(evs, 2, now=100.0) == 30.0  # 2 devices for 10 + 5 s
 
 
 def test_stop_without_a_supervisor_signals_the_recorded_nodes(tmp_path):
@@ -185,6 +201,7 @@ def test_stop_without_a_supervisor_signals_the_recorded_nodes(tmp_path):
     r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
     assert r.exit_code == 0 and "asked 1 node(s)" in r.output, r.output
     assert db.get_run(sup.run_id)["stop_requested"] is None
+    assert db.get_run(sup.run_id)["phase"] == "stopping"
 
 
 def _trained_with_errors_dir(tmp_path, steps):
