@@ -187,8 +187,8 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
 def test_a_stopping_run_is_billed_until_it_has_stopped():
     from jobctl.engine.supervise.figures import device_seconds
 
-    evs = [{"kind": "phase", "ts": t, "message": m, "data": None}
-           for t, m in ((0.0, "training"), (10.0, "stopping: asked"), (15.0, "stopped"))]  # fmt: skip
+    marks = ((0.0, "training"), (10.0, "stopping: asked"), (15.0, "stopped"))
+    evs = [{"kind": "phase", "ts": t, "message": m, "data": None} for t, m in marks]
     assert device_seconds(evs, 2, now=100.0) == 30.0  # 2 devices for 10 + 5 s
 
 
