@@ -40,6 +40,7 @@ RUN_COLUMNS = (
     "uploaded",
     "upload lag",
     "$ so far",
+    "$ to finish",
     "updated",
 )
 
@@ -64,6 +65,7 @@ def run_cells(r: dict, f: RunFigures, now: float) -> dict[str, str]:
         "uploaded": _upload_cell(r, f, now),
         "upload lag": _lag_cell(f, r),
         "$ so far": dollars(f.cost_usd),
+        "$ to finish": dollars(f.usd_to_finish),
         "updated": ago(r["updated_at"], now),
     }
 
@@ -197,6 +199,8 @@ def print_run(
     t.add_row("steps/s (recent)", _num(f.steps_per_s, "{:.3g}"))
     t.add_row("ETA", hms(f.eta_s))
     t.add_row("$ so far", f"{dollars(f.cost_usd)} ({_num(f.device_hours, '{:.3g}')} device-h)")
+    t.add_row("$ per step (now)", _num(f.usd_per_step, "${:.3g}"))
+    t.add_row("$ to finish", f"{dollars(f.usd_to_finish)} at the current rate, ETA {hms(f.eta_s)}")
     t.add_row("upload lag", _lag_cell(f, row))
     t.add_row("newest upload", ago(f.uploaded_at, now))
     t.add_row("recovery times", _recovery_cell(f.recoveries, f.steps_lost))

@@ -133,8 +133,12 @@ def test_figures_eta_cost_upload_lag_recoveries(db):
     assert f.uploaded_at == 1215.0
     assert (f.lag_steps, f.lag_s) == (20, pytest.approx(NOW - 1300))  # step 30 waits since 1300
     assert f.recoveries == [40.0, 12.5]
+    # now: 2 devices at $2/h, 4 s a step; the 55 steps left at that rate
+    assert f.usd_per_step == pytest.approx(2 * PRICE / 3600 * 4)
+    assert f.usd_to_finish == pytest.approx(55 * f.usd_per_step)
     bare = _figures(db)["bare-1"]
     assert (bare.eta_s, bare.cost_usd, bare.lag_steps) == (None, None, None)
+    assert (bare.usd_per_step, bare.usd_to_finish) == (None, None)
 
 
 def test_status_table_shows_every_column_and_the_numbers(db):
@@ -146,7 +150,7 @@ def test_status_table_shows_every_column_and_the_numbers(db):
         assert col in header, col
     assert RUN_COLUMNS == (
         "run", "phase", "step", "loss", "samples/s", "ETA", "devices", "plan", "ckpt",
-        "uploaded", "upload lag", "$ so far", "updated",
+        "uploaded", "upload lag", "$ so far", "$ to finish", "updated",
     )  # fmt: skip
     row = next(line for line in text.splitlines() if "quick-1" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
@@ -154,6 +158,7 @@ def test_status_table_shows_every_column_and_the_numbers(db):
     assert got["step"] == "45/100" and got["devices"] == "2"
     assert got["ETA"] == "0:03:40"  # 55 steps at 0.25 steps/s
     assert got["$ so far"] == "$0.7778"  # 1400 device-s x $2/h
+    assert got["$ to finish"] == "$0.2444"  # 55 steps x 4 s x 2 devices x $2/h
     assert got["uploaded"] == "20 (4m ago)"  # uploaded at 1215, 225 s before now
     assert got["upload lag"] == "20 steps / 0:02:20, uploading 30"
     bare = next(line for line in text.splitlines() if "bare-1" in line)
@@ -184,6 +189,7 @@ def test_status_detail_recoveries_stragglers_ranks_events(db):
     assert "recovery times" in text and "40.0 s, 12.5 s" in text
     assert "rank(s) 1 on node(s) [0]" in text
     assert "ETA" in text and "0:03:40" in text and "$0.7778" in text
+    assert "$ to finish" in text and "$0.2444 at the current rate" in text
     rows = [[c.strip() for c in x.split("│")[1:-1]] for x in text.splitlines() if "%" in x]
     assert ["1", "0", "1", "45", "3.00", "6.00", "+50 %", "150.0 MiB rss"] in rows
     assert "recent events" in text and "straggler" in text and "morphing" in text
