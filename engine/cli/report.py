@@ -42,6 +42,7 @@ def write_report(db: StateDB, row: dict, out: Path | None = None, home: Path | N
     returns the page's path. A timeline that cannot be drawn (no spec, a plan that no
     longer fits) is said so among the page's events."""
     # Imported here: matplotlib, which draws the PNGs, loads only for a report.
+    from jobctl.engine.supervise.figures import run_figures
     from jobctl.engine.supervise.report_data import collect, simulate_run
     from jobctl.engine.views.report import draw_timeline, render_html, write_pngs
 
@@ -58,5 +59,6 @@ def write_report(db: StateDB, row: dict, out: Path | None = None, home: Path | N
         pngs.append(timeline.png)
     except (ValueError, OSError, SpecError) as e:  # a plan that no longer fits, no spec
         db_events = [*db_events, {"ts": time.time(), "kind": "report", "message": str(e)}]
-    path.write_text(render_html(row, s, db_events, timeline, pngs))
+    money = run_figures(row, db.events(row["id"]), time.time())
+    path.write_text(render_html(row, s, db_events, timeline, pngs, money))
     return path

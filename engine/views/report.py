@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from jobctl.engine.supervise.figures import RunFigures
 from jobctl.engine.supervise.report_data import RunSeries, SimulatedStep
 from jobctl.engine.views.gantt import draw_gantt
 from jobctl.engine.views.png import draw_png, slug
 from jobctl.engine.views.svg import Chart, Series, render
+from jobctl.engine.views.tables import dollars, hms
 
 
 def charts(s: RunSeries) -> list[Chart]:
@@ -102,15 +104,17 @@ def render_html(
     db_events: list[dict],
     timeline: Timeline | None,
     pngs: list[Path] | None = None,
+    figures: RunFigures | None = None,
 ) -> str:
-    """The page: summary, charts, timeline, the PNG files beside it, events."""
+    """The page: summary (with the money ``figures``), charts, timeline, the PNG files
+    beside it, events."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>jobctl report: {escape(row['id'])}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>jobctl report: {escape(row['id'])}</h1>",
-        *_summary_html(row, s),
+        *_summary_html(row, s, figures),
     ]
     for chart in charts(s):
         parts.append(f"<h2>{escape(chart.title)}</h2>")
@@ -128,8 +132,9 @@ def render_html(
     return "\n".join(parts) + "\n"
 
 
-def _summary_html(row: dict, s: RunSeries) -> list[str]:
-    """The run's fields and how much the page plots, as a table."""
+def _summary_html(row: dict, s: RunSeries, f: RunFigures | None = None) -> list[str]:
+    """The run's fields, its dollars (so far, per step now, to finish at the current
+    rate, with the ETA) and how much the page plots, as a table."""
     summary = [
         ("run", row["id"]),
         ("phase", row["phase"]),
@@ -140,6 +145,13 @@ def _summary_html(row: dict, s: RunSeries) -> list[str]:
         ("step points", len(s.steps)),
         ("event markers", len(s.markers)),
     ]
+    if f is not None:
+        summary[6:6] = [
+            ("$ so far", dollars(f.cost_usd)),
+            ("$ per step (now)", "-" if f.usd_per_step is None else f"${f.usd_per_step:.3g}"),
+            ("$ to finish (current rate)", dollars(f.usd_to_finish)),
+            ("ETA", hms(f.eta_s)),
+        ]
     return [
         "<table>",
         *(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in summary),

@@ -12,6 +12,7 @@ import pytest
 from jobctl.engine.cli.report import write_report
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.figures import RunFigures
 from jobctl.engine.supervise.report_data import collect
 from jobctl.engine.views.report import render_html
 from jobctl.spec import load_spec
@@ -69,6 +70,11 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     ys = [float(p.split(",")[1]) for p in per_dev.split()]
     assert ys[0] == ys[1] == ys[2] and ys[3] < ys[0]  # 8 samples/s/device, then 16: higher
     assert text.count('data-kind="checkpoint"') == 2  # on both throughput charts
+    money = RunFigures(eta_s=60.0, cost_usd=1.5, usd_per_step=0.002, usd_to_finish=0.25)
+    text = render_html(row, s, db_events, None, figures=money)
+    for cell in ("$ so far</th><td>$1.50", "$ per step (now)</th><td>$0.002",
+                 "$ to finish (current rate)</th><td>$0.2500", "ETA</th><td>0:01:00"):  # fmt: skip
+        assert cell in text, cell
 
 
 def _run_with_plan(tmp_path, plan_overrides: dict | None):
