@@ -4,9 +4,11 @@
 so training never waits on the network. A background thread posts batches; a
 connection error, a timeout or a 5xx answer retries the same batch (same sequence
 number: the server archives it once) with backoff, so a run host that is briefly
-unreachable loses nothing. ``close`` (also run at interpreter exit) flushes what is
-queued. If the queue overflows, the oldest events are dropped and counted; the count is
-reported as a ``channel_dropped`` event.
+unreachable loses nothing. A batch the server refuses whole (400: every event
+malformed) would be refused again: it is counted (``refused``) and not retried.
+``close`` (also run at interpreter exit) flushes what is queued. If the queue
+overflows, the oldest events are dropped and counted; the count is reported as a
+``channel_dropped`` event.
 
 ``event_sink`` picks the sink for a worker: the channel when ``JOBCTL_CHANNEL_URL`` and
 ``JOBCTL_CHANNEL_SECRET`` are set, otherwise the run folder's ``metrics.jsonl``
@@ -33,7 +35,7 @@ from jobctl.engine.core.events import EventLog, Kind
 
 
 class ChannelError(RuntimeError):
-    """The channel answered with something a retry cannot fix (401, 400)."""
+    """The channel answered with an error (401, 5xx): the batch is retried."""
 
 
 class ChannelSink:
@@ -59,6 +61,7 @@ class ChannelSink:
         self.src, self.max_queue, self.batch = src, max_queue, batch
         self.interval, self.timeout = interval, timeout
         self.sent = self.dropped = self.failures = 0
+        self.refused = 0  # events of batches the server refused whole (400)
         self.last_error: str | None = None
         self._q: collections.deque[dict] = collections.deque()
         # Reentrant: a SIGTERM handler may write an event while the main thread is in write().
@@ -151,7 +154,7 @@ class ChannelSink:
             if not batch:
                 continue
             try:
-                self._post(batch)
+                refused = self._post(batch)
             except (OSError, http.client.HTTPException, ChannelError) as e:
                 self.failures += 1
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -164,6 +167,9 @@ class ChannelSink:
                 continue
             backoff = 0.1
             self._last_post = time.monotonic()
+            if refused is not None:  # the same batch would be refused again: count it
+                self.refused += len(batch)
+                self.last_error = refused
             with self._cond:
                 self._pending = []
                 self._done += self._pending_real
@@ -171,16 +177,21 @@ class ChannelSink:
                 self.sent += len(batch)
                 self._cond.notify_all()
 
-    def _post(self, batch: list[dict]) -> None:
+    def _post(self, batch: list[dict]) -> str | None:
+        """Post ``batch``; None once archived (its malformed events set aside by the
+        server), the answer when the server refused all of it (400: never retried)."""
         body = json.dumps({"src": self.src, "seq": self._seq, "events": batch}).encode()
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         self._conn.request("POST", "/v1/events", body=body, headers=self.headers)
         resp = self._conn.getresponse()
         text = resp.read()
+        if resp.status == 400:
+            return f"400 {text[:200]!r}"
         if resp.status != 200:
             # 401 (wrong secret) and 5xx are retried: a restarted run host may come back.
             raise ChannelError(f"{resp.status} {text[:200]!r}")
+        return None
 
     def _drop_conn(self) -> None:
         if self._conn is not None:

@@ -13,6 +13,11 @@ Each sender numbers its batches (``src``, ``seq``); a batch is retried with the 
 number until it is acknowledged, so a retry whose first try did arrive is dropped here
 and every event is archived exactly once, in each sender's order.
 
+Every event is checked against its kind's schema (engine/core/event_schema.py): the
+valid ones of a batch are archived and the malformed ones set aside, counted and named
+in the answer (``rejected``); a body that is not a batch, or whose every event is
+malformed, is refused whole (400).
+
 Endpoints: ``POST /v1/events`` (body ``{"src", "seq", "events": [...]}``),
 ``GET /v1/health`` (counters). Both need the secret.
 """
@@ -26,6 +31,7 @@ import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 from jobctl.engine.core import event_schema
 from jobctl.engine.core.event_schema import MAX_INDEX
@@ -136,18 +142,34 @@ class _Handler(JsonHandler):
             self.reply(code, {"error": f"{why} (at most {MAX_BODY} bytes)"})
             return
         try:
-            src, seq, events = read_batch(self.rfile.read(n))
+            b = read_batch(self.rfile.read(n))
         except ValueError as e:
             self.server.note_malformed(self.client_address[0], str(e))
             self.reply(400, {"error": f"bad batch: {e}"})
             return
-        fresh = self.server.archive.add(src, seq, events)
-        self.reply(200, {"accepted": len(events) if fresh else 0, "duplicate": not fresh})
+        fresh = self.server.archive.add(b.src, b.seq, b.events)
+        answer = {"accepted": len(b.events) if fresh else 0, "duplicate": not fresh}
+        if b.invalid and fresh:
+            self.server.note_invalid(self.client_address[0], b.invalid)
+            answer["rejected"] = [{"event": i, "error": why} for i, why in b.invalid]
+        self.reply(200, answer)
 
 
-def read_batch(data: bytes) -> tuple[str, int, list[dict]]:
-    """``(src, seq, events)`` of a request body, every event checked against its kind's
-    schema (engine/core/event_schema); ValueError saying what is wrong otherwise."""
+class Batch(NamedTuple):
+    """One request's batch: the sender ``src``, its number ``seq``, the ``events`` that
+    pass their kind's schema and the ``invalid`` ones (index in the batch, why)."""
+
+    src: str
+    seq: int
+    events: list[dict]
+    invalid: list[tuple[int, str]]
+
+
+def read_batch(data: bytes) -> Batch:
+    """The batch of a request body, every event checked against its kind's schema
+    (engine/core/event_schema): a malformed event is set aside, not the whole batch
+    (the sender's other events are archived). ValueError saying what is wrong when the
+    body is not a batch, or when it has events and none of them is valid."""
     try:
         body = json.loads(data)
     except RecursionError:
@@ -159,11 +181,18 @@ def read_batch(data: bytes) -> tuple[str, int, list[dict]]:
     src, seq, events = body.get("src"), body.get("seq"), body["events"]
     if not isinstance(src, str) or type(seq) is not int or not 0 <= seq <= MAX_INDEX:
         raise ValueError("'src' must be a string and 'seq' an integer >= 0")
+    good, invalid = [], []
     for i, event in enumerate(events):
         why = event_schema.problem(event)
-        if why is not None:
-            raise ValueError(f"event {i}: {why}")
-    return src, seq, events
+        if why is None:
+            good.append(event)
+        else:
+            invalid.append((i, why))
+    if invalid and not good:
+        i, why = invalid[0]
+        raise ValueError(f"event {i}: {why}" + (f" (and {len(invalid) - 1} more)"
+                                                if len(invalid) > 1 else ""))  # fmt: skip
+    return Batch(src, seq, good, invalid)
 
 
 class _Server(ThreadingHTTPServer):
@@ -175,7 +204,16 @@ class _Server(ThreadingHTTPServer):
         self.secret, self.archive = secret, archive
         self.rejected = 0
         self.malformed = 0  # requests refused with 400/413: bad length, JSON or event
+        self.invalid_events = 0  # events set aside from batches whose others were archived
         self._lock = threading.Lock()
+
+    def note_invalid(self, client: str, invalid: list[tuple[int, str]]) -> None:
+        with self._lock:
+            self.invalid_events += len(invalid)
+            n = self.invalid_events
+        i, why = invalid[0]
+        log.warning("channel: set aside %d malformed event(s) from %s, event %d: %s "
+                    "(%d so far)", len(invalid), client, i, why[:200], n)  # fmt: skip
 
     def note_malformed(self, client: str, why: str) -> None:
         with self._lock:
@@ -197,6 +235,7 @@ class _Server(ThreadingHTTPServer):
             "duplicates": a.duplicates,
             "rejected": self.rejected,
             "malformed": self.malformed,
+            "invalid_events": self.invalid_events,
         }
 
 

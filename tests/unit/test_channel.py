@@ -76,6 +76,7 @@ def test_request_with_right_secret_is_archived_once(server, tmp_path):
         "duplicates": 1,
         "rejected": 0,
         "malformed": 0,
+        "invalid_events": 0,
     }
 
 

@@ -71,6 +71,36 @@ def test_handler_errors_are_answered_400(server, body, length, words):
     assert server._server.malformed == 1
 
 
+def test_a_malformed_event_is_set_aside_and_the_rest_of_its_batch_archived(server, tmp_path):
+    """Leftover (c): one bad event refused the whole batch (and the sender retried it
+    forever); now the valid ones are archived, the bad ones counted and named."""
+    good = [{"kind": "step", "step": s, "loss": 2.0, "samples_per_s": 4.0} for s in (1, 2)]
+    status, answer = raw_post(server, batch(good[0], HOSTILE_STEP, good[1], [1]))
+    assert status == 200 and answer["accepted"] == 2, answer
+    assert [r["event"] for r in answer["rejected"]] == [1, 3]
+    assert "samples_per_s" in answer["rejected"][0]["error"]
+    archived = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in archived] == [1, 2]
+    stats = server._server.stats()
+    assert (stats["invalid_events"], stats["malformed"], stats["accepted"]) == (2, 0, 2)
+    # A retry of that batch is a duplicate: nothing archived or counted twice.
+    status, answer = raw_post(server, batch(good[0], HOSTILE_STEP, good[1], [1]))
+    assert (status, answer) == (200, {"accepted": 0, "duplicate": True})
+    assert server._server.stats()["invalid_events"] == 2
+
+
+def test_a_sender_does_not_retry_a_batch_refused_whole(server, tmp_path):
+    from jobctl.engine.channel.client import ChannelSink
+
+    sink = ChannelSink(server.url, server.secret, "rank-0", batch=1, interval=0.02)
+    sink.write("step", step=1, loss=1.0)  # no samples_per_s: refused whole (400)
+    sink.write("step", step=2, loss=1.0, samples_per_s=3.0)
+    assert sink.flush(20) and sink.close(5)
+    assert sink.refused == 1 and "samples_per_s" in sink.last_error
+    archived = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in archived] == [2]
+
+
 def test_the_channel_still_serves_after_hostile_requests(server, tmp_path):
     raw_post(server, b"[" * 100_000, None)
     good = {"kind": "step", "step": 1, "loss": 2.0, "samples_per_s": 4.0}

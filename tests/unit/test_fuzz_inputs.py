@@ -205,11 +205,12 @@ EVENT = st.fixed_dictionaries({"kind": st.sampled_from(sorted(SCHEMAS))}).flatma
 def test_channel_batches_are_read_or_refused(body):
     data = json.dumps(body).encode()
     try:
-        src, seq, events = read_batch(data)
+        src, seq, events, invalid = read_batch(data)
     except ValueError:
         return
     assert isinstance(src, str) and isinstance(seq, int) and seq >= 0
     assert all(problem(event) is None for event in events)
+    assert len(events) + len(invalid) == len(body["events"]) and (events or not invalid)
 
 
 @FUZZ
