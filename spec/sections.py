@@ -25,6 +25,7 @@ from .limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
+from .model_source import HuggingFaceSpec, Task
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -68,12 +69,23 @@ class ModelSpec(SpecModel):
     import_args: dict[str, Any] = Field(
         default={}, description="Keyword arguments passed to the `import` factory."
     )
+    huggingface: HuggingFaceSpec | None = Field(
+        None, description="A transformers model class and its config or pretrained directory."
+    )
+    task: Task | None = Field(
+        None, description="What a traced model learns (batches and labels); null infers it."
+    )
+    subgraphs: int | None = Field(
+        None, ge=2, le=MAX_LAYERS, description="Subgraphs a traced model is sharded into "
+        "(the planner's cut points); null: one per layer plus two."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _imported_model_has_no_family(cls, data: Any) -> Any:
         """An imported model is not a builtin family, so `family` defaults to null with it."""
         imported = isinstance(data, dict) and data.get("import", data.get("import_")) is not None
+        imported = imported or (isinstance(data, dict) and data.get("huggingface") is not None)
         if imported and "family" not in data:
             return {**data, "family": None}
         return data
@@ -98,7 +110,13 @@ class ModelSpec(SpecModel):
                 "`family` and `import` are exclusive: an imported model is not a builtin family",
                 "remove model.family (or remove model.import to use the builtin family)",
             )
-        if self.import_ is None and self.family is None:
+        if self.import_ is not None and self.huggingface is not None:
+            yield Violation(
+                "huggingface",
+                "`import` and `huggingface` are exclusive: give one model",
+                "remove model.import or model.huggingface",
+            )
+        if self.import_ is None and self.family is None and self.huggingface is None:
             yield Violation(
                 "family",
                 "no model given: `family` is null and there is no `import`",

@@ -111,6 +111,7 @@ class ModelDef:
     ties: list[Tie] = field(default_factory=list)
     seed: int = 0
     names: list[str] = field(default_factory=list)
+    graph: object | None = None  # a traced model's GraphModel (model/graph), if any
 
     def block(self, i: int) -> nn.Module:
         """Block ``i`` initialised from its own seed (independent of the partition)."""
@@ -154,8 +155,18 @@ def gpt_def(
     return ModelDef(layers + 2, build, ties, seed, names)
 
 
-def import_def(target: str, args: dict, seed: int = 0) -> ModelDef:
-    """A user model: ``pkg.module:factory`` returning a list of blocks."""
+def import_def(target: str, args: dict, seed: int = 0, micro_batch: int = 1, **graph) -> ModelDef:
+    """A user model: ``pkg.module:factory`` returning a list of blocks or one ``nn.Module``.
+
+    A list is the hand-cut form (each block takes and returns one tensor); a module is
+    traced and sharded into subgraphs (``model.graph``).
+    """
+    from jobctl.engine.model.graph.source import GraphModelConfig, build_model
+
+    cfg = GraphModelConfig(import_=target, args=dict(args), seed=seed, **graph)
+    probe = build_model(cfg) if not _returns_list(target, args) else None
+    if probe is not None:
+        return graph_model_def(cfg, micro_batch)
     module_name, _, attr = target.partition(":")
     factory = getattr(importlib.import_module(module_name), attr)
     with torch.random.fork_rng(devices=[]):
@@ -167,14 +178,46 @@ def import_def(target: str, args: dict, seed: int = 0) -> ModelDef:
     return ModelDef(len(blocks), lambda i: blocks[i], [], seed, names)
 
 
-def model_def(spec_model, seed: int) -> ModelDef:
-    """ModelDef for a spec's ``model`` section."""
-    if spec_model.import_:
-        return import_def(spec_model.import_, dict(spec_model.import_args), seed)
+def _returns_list(target: str, args: dict) -> bool:
+    """Whether the factory returns the hand-cut form (a list or tuple of blocks)."""
+    from jobctl.engine.model.graph.source import GraphModelConfig, factory_model, meta_parameters
+
+    with meta_parameters():
+        made = factory_model(GraphModelConfig(import_=target, args=dict(args)))
+    return isinstance(made, (list, tuple))
+
+
+def graph_model_def(cfg, micro_batch: int) -> ModelDef:
+    """A traced model's ModelDef: block ``i`` is subgraph ``i`` (``model.graph``)."""
+    from jobctl.engine.model.graph.graph_def import GraphModel
+
+    g = GraphModel(cfg, micro_batch)
+    ties = [
+        Tie(f"layers.{t.members[0][0]}.{t.members[0][1]}", f"layers.{b}.{name}")
+        for t in g.ties
+        for b, name in t.members[1:]
+    ]
+    return ModelDef(len(g.shards), lambda i: g.block(i, cfg.seed), ties, cfg.seed, g.names, g)
+
+
+def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
+    """ModelDef for a spec's ``model`` section (a traced one for ``micro_batch``)."""
     m = spec_model
-    return gpt_def(
-        m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings, seed
-    )
+    hf = getattr(m, "huggingface", None)
+    if hf is not None:
+        from jobctl.engine.model.graph.source import GraphModelConfig
+
+        cfg = GraphModelConfig(
+            hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
+            hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task,
+            seq_len=m.seq_len, subgraphs=m.subgraphs, seed=seed,
+        )
+        return graph_model_def(cfg, micro_batch)
+    if m.import_:
+        extra = {"task": m.task, "seq_len": m.seq_len, "subgraphs": m.subgraphs}
+        return import_def(m.import_, dict(m.import_args), seed, micro_batch, **extra)
+    shape = (m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings)
+    return gpt_def(*shape, seed)
 
 
 class Stage(nn.Module):
@@ -184,6 +227,8 @@ class Stage(nn.Module):
         super().__init__()
         self.block_ids = list(blocks)
         self.layers = nn.ModuleDict({str(i): mdef.block(i) for i in self.block_ids})
+        # A traced model's runner (model/graph/runner); plain attribute, not a submodule.
+        self.graph = None if mdef.graph is None else mdef.graph.runner(self.block_ids)
         for tie in mdef.ties:  # co-located ties share one Parameter, as in a single process
             if self.has_param(tie.canonical) and self.has_param(tie.alias):
                 self._set_param(tie.alias, self.get_parameter(tie.canonical))
@@ -195,10 +240,22 @@ class Stage(nn.Module):
         owner, _, leaf = name.rpartition(".")
         setattr(self.get_submodule(owner), leaf, param)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | None, batch: dict | None = None) -> torch.Tensor:
+        """This stage's output: the next stage's input, or (last stage) the logits or,
+        for a traced model that computes its own, the loss."""
+        if self.graph is not None:
+            return self.graph.forward(self, x, batch)
         for i in self.block_ids:
             x = self.layers[str(i)](x)
         return x
+
+    def batch(self, x: torch.Tensor, y: torch.Tensor, first: int) -> dict | None:
+        """A traced model's keyword arguments for tokens ``x`` -> ``y`` (None: builtin)."""
+        return None if self.graph is None else self.graph.batch(x, y, first)
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The last stage's micro-batch loss."""
+        return self.graph.loss(out, y) if self.graph is not None else lm_loss(out, y)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ def model_costs(spec: JobSpec) -> ModelCosts:
     hw, m = spec.hardware, spec.model
     per_param = STATE_BYTES_PER_PARAM[spec.training.optimizer]
     rate = (hw.flops_tflops or DEFAULT_TFLOPS[hw.device]) * 1e12
-    if m.import_:
+    if m.import_ or m.huggingface is not None:
         return _imported_costs(m, spec.training.seed, per_param, rate)
     h, t, v, L = m.hidden, m.seq_len, m.vocab, m.layers
     embed, block, head = gpt_block_params(h, t, v)
@@ -61,8 +61,19 @@ def model_costs(spec: JobSpec) -> ModelCosts:
 
 
 def _imported_costs(model: ModelSpec, seed: int, per_param: int, rate: float) -> ModelCosts:
-    """Costs of a user model: 2 FLOPs per parameter per token-ish sample, by size."""
+    """Costs of a user model: a traced one's from its subgraphs' real shapes
+    (``model.graph.profile``); hand-cut blocks at 2 FLOPs per parameter per token."""
     mdef = model_def(model, seed)
+    if mdef.graph is not None:
+        from jobctl.engine.model.graph.profile import profile
+
+        costs = profile(mdef.graph, 1)
+        params = [c.params for c in costs]
+        flops = [c.flops for c in costs]
+        acts = [float(c.act_bytes) for c in costs]
+        boundary = [float(c.out_bytes) for c in costs]
+        state = [c * per_param for c in params]
+        return ModelCosts(mdef.names, params, flops, state, acts, boundary, rate)
     counts = [param_count(mdef.block(i)) for i in range(mdef.num_blocks)]
     t = model.seq_len
     flops = [2.0 * c * t for c in counts]

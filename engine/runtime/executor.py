@@ -23,7 +23,7 @@ import torch
 
 from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
 from jobctl.engine.data.dataset import Sharding, TokenData
-from jobctl.engine.model.blocks import Stage, lm_loss
+from jobctl.engine.model.blocks import Stage
 from jobctl.engine.runtime.backward import (
     WeightStore,
     defer_linear_weights,
@@ -180,36 +180,43 @@ class StepExecutor:
             stats.loss_sum += loss
             stats.bwd_s.append(seconds)
 
-    def _inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+        """Micro-batch ``i``'s stage input, targets (last stage) and, for a traced
+        model, its keyword arguments (on every stage whose subgraphs read them)."""
         first = self.shard.first_sample(self.step, self.topo.replica, i)
+        graph = self.stage.graph
         need_tokens = self.topo.is_first or self.topo.is_last
-        if need_tokens:
+        batch = None
+        if need_tokens or (graph is not None and graph.needs_batch):
             x, y = self.data.batch(first, self.shard.micro_batch)
             x, y = x.to(self.device), y.to(self.device)
+            batch = self.stage.batch(x, y, first)
         if not self.topo.is_first:
             x = self.acts_in.take(i)
-        return x, (y if self.topo.is_last else None)
+        return x, (y if self.topo.is_last else None), batch
 
     def _forward(self, i: int) -> float:
-        x, y = self._inputs(i)
+        x, y, batch = self._inputs(i)
         t0 = time.perf_counter()
         if i in self.rec:
             rng = torch.get_rng_state()
             with torch.no_grad():
-                out = self.stage(x)
-            self.saved[i] = {"x": x, "y": y, "rng": rng}
+                out = self.stage(x, batch)
+            self.saved[i] = {"x": x, "y": y, "batch": batch, "rng": rng}
         else:
-            out = self._graph_forward(i, x, y)
+            out = self._graph_forward(i, x, y, batch)
         seconds = time.perf_counter() - t0
         if self.acts_out is not None:
             self.acts_out.send(i, out.detach())
         return seconds
 
-    def _graph_forward(self, i: int, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    def _graph_forward(
+        self, i: int, x: torch.Tensor, y: torch.Tensor | None, batch: dict | None
+    ) -> torch.Tensor:
         if x.is_floating_point():
             x.requires_grad_(True)
-        out = self.stage(x)
-        loss = lm_loss(out, y) * self.shard.loss_scale if self.topo.is_last else None
+        out = self.stage(x, batch)
+        loss = self.stage.loss(out, y) * self.shard.loss_scale if self.topo.is_last else None
         self.saved[i] = {"x": x, "out": out, "loss": loss, "graph": True}
         return out
 
@@ -217,7 +224,7 @@ class StepExecutor:
         s = self.saved.pop(i)
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(s["rng"])
-            self._graph_forward(i, s["x"], s["y"])
+            self._graph_forward(i, s["x"], s["y"], s["batch"])
 
     def _backward(self, i: int) -> tuple[float, float]:
         """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds).

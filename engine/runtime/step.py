@@ -17,10 +17,11 @@ import torch
 
 from jobctl.engine.core.actions import Action
 from jobctl.engine.model.blocks import Stage, block_seed
+from jobctl.engine.model.graph import boundary
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr
-from jobctl.engine.runtime.p2p.gloo import recv_meta, send_meta
+from jobctl.engine.runtime.p2p.gloo import recv_ints, recv_meta, send_ints, send_meta
 from jobctl.engine.runtime.topology import Topology
 from jobctl.spec.sections import TrainingSpec
 
@@ -88,15 +89,25 @@ def probe_channels(
     device: torch.device,
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> Channels:
-    """Propagate activation shapes down the pipeline with one dry forward per stage."""
+    """Propagate activation shapes down the pipeline with one dry forward per stage.
+
+    A traced model's stages also pass on the layout of the several values their
+    carrier holds (``model.graph.boundary``), as autocast decided their dtypes.
+    """
+    tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+    batch = stage.batch(tokens.to(device), tokens.clone().to(device), 0)
+    graph = stage.graph
     if topo.is_first:
-        x = torch.zeros(micro_batch, seq_len, dtype=torch.long)
-        in_shape, in_dtype = None, None
+        x, in_shape, in_dtype = tokens, None, None
     else:
         in_shape, in_dtype = recv_meta(topo.prev)
         x = torch.zeros(in_shape, dtype=in_dtype)
+        if graph is not None:
+            graph.in_boundary = boundary.decode(recv_ints(topo.prev))
     with torch.no_grad(), torch.random.fork_rng(devices=[]), compute():
-        out = stage(x.to(device))
+        out = stage(x.to(device), batch)
     if topo.next is not None:
         send_meta(out, topo.next)
+        if graph is not None:
+            send_ints(boundary.encode(graph.out_boundary), topo.next)
     return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype)

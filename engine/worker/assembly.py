@@ -44,7 +44,7 @@ def build_trainer(
     """The trainer of ``rank``, with its hooks; from checkpoint ``resume`` if given."""
     # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
     events = event_sink(run_dir, rank, plan.rank(rank).node)
-    mdef = model_def(spec.model, spec.training.seed)
+    mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)
     state = build_state(mdef, spec.training, plan, rank, device)
     pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]

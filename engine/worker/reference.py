@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from jobctl.engine.data.dataset import Sharding, TokenData, make_data
-from jobctl.engine.model.blocks import Stage, Tie, lm_loss, model_def
+from jobctl.engine.model.blocks import Stage, Tie, model_def
 from jobctl.engine.pruning.pruner import prunable_names
 from jobctl.engine.pruning.schedule import target_at
 from jobctl.engine.pruning.selection import select_single
@@ -37,13 +37,13 @@ def reference_train(
     final masks go into ``masks`` if given (and ``masks`` passed in continue a run).
     """
     torch.manual_seed(spec.training.seed)
-    mdef = model_def(spec.model, spec.training.seed)
+    B = spec.training.global_batch_size
+    mdef = model_def(spec.model, spec.training.seed, micro_batch or B)
     model = Stage(mdef, range(mdef.num_blocks))
     if start_state:
         model.load_state_dict(start_state, strict=False)
     params = dict(model.named_parameters())
     opt = build_optimizer(list(params.values()), spec.training)
-    B = spec.training.global_batch_size
     shard = Sharding(B, 1, micro_batch or B)
     data = make_data(spec)
     losses = []
@@ -72,8 +72,9 @@ def _step(
     opt.zero_grad(set_to_none=True)
     total = 0.0
     for i in range(shard.micro_batches):
-        x, y = data.batch(shard.first_sample(step, 0, i), shard.micro_batch)
-        loss = lm_loss(model(x), y) * shard.loss_scale
+        first = shard.first_sample(step, 0, i)
+        x, y = data.batch(first, shard.micro_batch)
+        loss = model.loss(model(x, model.batch(x, y, first)), y) * shard.loss_scale
         loss.backward()
         total += float(loss.detach())
     for n, keep in held.items():

@@ -55,6 +55,21 @@ def recv_meta(src: int) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(int(x) for x in meta[2 : 2 + ndim]), _DTYPES[int(meta[1])]
 
 
+def send_ints(values: list[int], dst: int) -> None:
+    """Blocking send of a list of integers (its length first)."""
+    dist.send(torch.tensor([len(values)], dtype=torch.int64).to(comm_device()), dst)
+    dist.send(torch.tensor(values, dtype=torch.int64).to(comm_device()), dst)
+
+
+def recv_ints(src: int) -> list[int]:
+    """Counterpart of :func:`send_ints`."""
+    n = torch.zeros(1, dtype=torch.int64, device=comm_device())
+    dist.recv(n, src)
+    out = torch.zeros(int(n.item()), dtype=torch.int64, device=comm_device())
+    dist.recv(out, src)
+    return [int(v) for v in out.cpu()]
+
+
 class _Watcher:
     """Waits, in a thread, on receives in the order they were posted.
 

@@ -1,0 +1,64 @@
+"""Token batches as a model's keyword arguments, by task.
+
+jobctl's data sources give each micro-batch as ``(x, y)``: ``x`` the tokens, ``y``
+the same tokens shifted by one. A graph model is called with the keyword arguments
+its task expects, and computes its own loss from ``labels`` (Hugging Face models
+do). The masked-LM mask is drawn per sample from (seed, sample index), so any layout
+and any resume mask the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TASKS = ("causal_lm", "masked_lm", "seq2seq")
+MASK_PROB = 0.15
+IGNORE = -100
+
+
+def infer_task(class_name: str) -> str | None:
+    """The task of a Hugging Face class from its name, or None."""
+    if class_name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if class_name.endswith("ForMaskedLM"):
+        return "masked_lm"
+    if class_name.endswith(("ForConditionalGeneration", "ForSeq2SeqLM")):
+        return "seq2seq"
+    return None
+
+
+def model_inputs(
+    task: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    first: int = 0,
+    seed: int = 0,
+    mask_id: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Keyword arguments of one micro-batch; ``first`` is its first global sample."""
+    if task == "causal_lm":  # Hugging Face shifts the labels itself
+        return {"input_ids": x, "labels": x}
+    if task == "seq2seq":  # translate x into its continuation y
+        return {"input_ids": x, "labels": y}
+    if task == "masked_lm":
+        return _masked(x, first, seed, mask_id)
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
+def _masked(x: torch.Tensor, first: int, seed: int, mask_id: int) -> dict[str, torch.Tensor]:
+    chosen = torch.zeros(x.shape, dtype=torch.bool)
+    for j in range(x.shape[0]):  # per sample, so micro-batching does not change masks
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + first + j)
+        chosen[j] = torch.rand(x.shape[1], generator=gen) < MASK_PROB
+    chosen = chosen.to(x.device)
+    labels = torch.where(chosen, x, torch.full_like(x, IGNORE))
+    return {"input_ids": torch.where(chosen, torch.full_like(x, mask_id), x), "labels": labels}
+
+
+def example_inputs(task: str, m: int, seq_len: int, device: str = "meta") -> dict:
+    """Meta tensors shaped like one micro-batch of ``task`` (for tracing)."""
+    # Distinct tensors: export would merge two arguments that are one object.
+    def tokens() -> torch.Tensor:
+        return torch.zeros(m, seq_len, dtype=torch.long, device=device)
+
+    return {"input_ids": tokens(), "labels": tokens()}

@@ -1,0 +1,60 @@
+"""What each subgraph costs, from the traced graph's real shapes (no weights needed).
+
+Every subgraph runs once on the meta device under ``FlopCounterMode`` (exact matmul
+and attention FLOPs for the traced shapes); parameter elements are the meta
+tensors' sizes; the bytes a cut moves are its carrier's (``boundary``); the
+activation bytes a subgraph keeps for backward are the float values its nodes
+produce (an upper bound: autograd frees some views). All are per traced
+micro-batch; ``per_sample`` divides by its size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from jobctl.engine.model.graph import boundary
+from jobctl.engine.model.graph.batch import example_inputs
+from jobctl.engine.model.graph.subgraph import Subgraph
+
+
+@dataclass(frozen=True)
+class SubgraphCost:
+    """One subgraph's size and work for one traced micro-batch."""
+
+    params: int
+    flops: float  # forward
+    out_bytes: int  # the carrier it hands the next subgraph (0 for the last)
+    act_bytes: int
+
+
+def profile(graph, micro_batch: int) -> list[SubgraphCost]:
+    """Costs of every subgraph of ``graph`` (a ``GraphModel``) for one micro-batch."""
+    batch = example_inputs(graph.task, micro_batch, graph.cfg.seq_len)
+    carry: tuple = ()
+    out = []
+    for shard in graph.shards:
+        tensors = {t: graph.tensors[graph.original(t)] for t in shard.params}
+        sub = Subgraph(graph.gm, shard, tensors, graph.original)
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            carry = sub.run(carry, batch)
+        params = sum(
+            t.numel() for t in tensors.values() if t.is_floating_point() and t.requires_grad
+        )
+        last = not shard.carry_out
+        out_bytes = 0 if last else boundary.describe(list(carry)).nbytes()
+        out.append(SubgraphCost(params, float(counter.get_total_flops()), out_bytes, _acts(sub)))
+    return out
+
+
+def _acts(sub: Subgraph) -> int:
+    """Bytes of the float values the subgraph's nodes produce (traced metadata)."""
+    total = 0
+    for node in sub.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            total += val.numel() * val.element_size()
+    return total

@@ -1,0 +1,68 @@
+"""How a stage of a traced model runs its subgraphs and talks to its neighbours.
+
+A stage receives the carrier of the values the previous stage's last subgraph
+produced (``boundary``), runs its subgraphs in order, and packs what the next stage
+needs. The first stage starts from the batch; the last returns the model's own loss
+(Hugging Face models given ``labels``) rather than logits. The layout of the carrier
+a stage receives is learned once, at start-up, from its neighbour
+(``runtime.step.probe_channels``), because autocast decides the dtypes at run time.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from jobctl.engine.model.graph import boundary
+from jobctl.engine.model.graph.batch import model_inputs
+from jobctl.engine.model.graph.subgraph import repoint_devices
+
+
+class StageRunner:
+    """The graph side of one ``Stage``: which subgraphs, and the carriers in and out."""
+
+    def __init__(self, graph, block_ids: list[int]) -> None:
+        self.graph = graph
+        self.block_ids = list(block_ids)
+        self.first = not self.block_ids or self.block_ids[0] == 0
+        self.last = not self.block_ids or self.block_ids[-1] == len(graph.shards) - 1
+        self.in_boundary: boundary.Boundary | None = None
+        self.out_boundary: boundary.Boundary | None = None
+        self.device: torch.device | None = None
+        self.needs_batch = self.first or any(graph.shards[i].batch_in for i in self.block_ids)
+
+    def forward(self, stage: nn.Module, x: torch.Tensor | None, batch: dict | None):
+        """Run the stage's subgraphs; the carrier for the next stage, or the loss."""
+        device = _device_of(stage, x)
+        if device != self.device:  # the trace ran on meta; creation ops follow the stage
+            for i in self.block_ids:
+                repoint_devices(stage.layers[str(i)], device)
+            self.device = device
+        carry: tuple = ()
+        if not self.first:
+            if self.in_boundary is None:
+                raise RuntimeError("stage input layout unknown: probe_channels did not run")
+            carry = tuple(boundary.unpack(self.in_boundary, x))
+        for i in self.block_ids:
+            carry = stage.layers[str(i)].run(carry, batch or {})
+        if self.last:
+            return carry[0]  # the model's own loss: the first output when labels are given
+        self.out_boundary = boundary.describe(list(carry))
+        return boundary.pack(self.out_boundary, list(carry))
+
+    def batch(self, x: torch.Tensor, y: torch.Tensor, first: int) -> dict:
+        """The model's keyword arguments for one micro-batch of tokens."""
+        g = self.graph
+        return model_inputs(g.task, x, y, first, g.cfg.seed, g.mask_id)
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The model computed its own loss; ``y`` is already inside the batch."""
+        del y
+        return out
+
+
+def _device_of(stage: nn.Module, x: torch.Tensor | None) -> torch.device:
+    p = next(stage.parameters(), None)
+    if p is not None:
+        return p.device
+    return x.device if x is not None else torch.device("cpu")

@@ -1,0 +1,92 @@
+"""One graph of an unmodified model, traced with ``torch.export`` (Merak sec. 4.1).
+
+Why ``torch.export`` (non-strict) and not ``torch.fx.symbolic_trace``: the model
+runs as ordinary Python on fake tensors, so the control flow of Hugging Face code
+(mask construction, rotary caches, config branches) resolves at trace time instead of
+failing on proxies, and ``transformers`` 5 no longer ships an fx tracer. Parameters
+are on the meta device, so tracing needs no memory for weights; the traced graph
+keeps every node's module path (``nn_module_stack``), which names the subgraphs.
+Shapes are specialised to the plan's micro-batch size and sequence length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+#: Nodes the exported graph adds for its own checks on the traced (meta) inputs.
+DROPPED = {"_guards_fn"}
+
+
+class TraceError(ValueError):
+    """A model that cannot be traced; names the module and op where tracing stopped."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+class _CallsOnly(nn.Module):
+    """Calls the model with keyword arguments and returns its flat outputs."""
+
+    def __init__(self, model: nn.Module, extra: dict) -> None:
+        super().__init__()
+        self.model, self.extra = model, extra
+
+    def forward(self, **batch):
+        out = self.model(**batch, **self.extra)
+        if isinstance(out, torch.Tensor):
+            return (out,)
+        if isinstance(out, dict):  # a ModelOutput: loss first when labels were given
+            return tuple(v for v in out.values() if isinstance(v, torch.Tensor))
+        return tuple(v for v in out if isinstance(v, torch.Tensor))
+
+
+def trace(model: nn.Module, inputs: dict) -> fx.GraphModule:
+    """The model's training graph for ``inputs`` (meta tensors)."""
+    extra = _call_options(model)
+    wrapped = _CallsOnly(model, extra).train()
+    try:
+        program = torch.export.export(wrapped, (), inputs, strict=False)
+    except Exception as exc:  # noqa: BLE001 -- export raises many kinds
+        raise TraceError(
+            f"torch.export could not trace {type(model).__name__}: {_where(exc)}",
+            "make the failing module a leaf of its own stage, or simplify its "
+            "data-dependent control flow; see torch.export's message above",
+        ) from exc
+    gm = program.module()
+    _drop_checks(gm)
+    return gm
+
+
+def _call_options(model: nn.Module) -> dict:
+    """Keyword options that keep a Hugging Face model's outputs tensors only."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        return {"use_cache": False}
+    return {}
+
+
+def _where(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:400]
+
+
+def _drop_checks(gm: fx.GraphModule) -> None:
+    """Remove export's input guards and metadata asserts (they pin the meta device)."""
+    for node in list(gm.graph.nodes):
+        dead = node.op == "call_module" and node.target in DROPPED
+        dead |= node.op == "call_function" and "_assert_tensor_metadata" in str(node.target)
+        if dead and not node.users:
+            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module a node ran in (``transformer.h.3.attn``), or ``''``."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path.removeprefix("model.").removeprefix("L['self'].model.")

@@ -1,0 +1,67 @@
+"""Unmodified Hugging Face models (Merak sec. 4): traced, sharded, trained like one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jobctl.engine.worker.reference import reference_train
+
+from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+
+pytest.importorskip("transformers")
+
+STEPS = 3
+SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
+NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+GPT2 = {"class": "GPT2LMHeadModel", "config": {
+    "n_layer": 3, "n_embd": 32, "n_head": 4, "vocab_size": 256, "n_positions": 32,
+    **NO_DROPOUT}}
+LLAMA = {"class": "LlamaForCausalLM", "config": {
+    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 256,
+    "max_position_embeddings": 64}}
+BERT = {"class": "BertForMaskedLM", "config": {
+    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+    "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 64,
+    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
+T5 = {"class": "T5ForConditionalGeneration", "config": {
+    "num_layers": 2, "num_decoder_layers": 2, "d_model": 32, "d_kv": 8, "num_heads": 4,
+    "d_ff": 64, "vocab_size": 256, "dropout_rate": 0.0, "decoder_start_token_id": 0,
+    "pad_token_id": 0}}
+
+
+def hf_spec(model: dict, P: int, D: int, **extra):
+    """The quickstart job with a Hugging Face model instead of the builtin GPT."""
+    return tiny_spec(**{
+        "model.family": None,
+        "model.huggingface": model,
+        "training.steps": STEPS,
+        "checkpoint.interval": STEPS,
+        "parallelism.pipeline_stages": P,
+        "parallelism.data_parallel": D,
+        "hardware.processes_per_node": P * D,
+        **SGD,
+        **extra,
+    })
+
+
+def run_and_compare(tmp_path, spec, atol: float = 1e-5):
+    """Run ``spec`` and check its losses and final weights equal one process's."""
+    ref_losses, ref_weights = reference_train(spec)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    losses = step_losses(run.dir)
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    assert losses[-1] < losses[0]
+    weights = final_weights(run.dir, STEPS)
+    assert set(weights) == set(ref_weights)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=atol, rtol=0, msg=name)
+    return run
+
+
+@pytest.mark.multiproc
+def test_tied_gpt2_two_stages_equals_one_process(tmp_path):
+    run = run_and_compare(tmp_path, hf_spec(GPT2, 2, 1))
+    assert run.plan.P == 2
