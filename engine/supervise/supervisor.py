@@ -45,6 +45,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.adoption import AdoptError, FinishedNodes, archive_offset, live_run
 from jobctl.engine.supervise.attempt import Attempt, ProcessLauncher, ProgressView, claim_host
+from jobctl.engine.supervise.budget import BudgetWatch
 from jobctl.engine.supervise.launch import (
     Run,
     channel_env,
@@ -288,6 +289,7 @@ class Supervisor:
         )
         on_event = self.progress.on_event if self.progress else None
         self.watched_at = self.clock()
+        self.budget = BudgetWatch(self.db, self.run_id, spec)
         self.monitor = Monitor(
             a.run, a.backend, a.handles, self.db, total, on_event,
             el.straggler_threshold, el.heartbeat_timeout_s, self.clock, activity,
@@ -295,6 +297,7 @@ class Supervisor:
 
     # -- while an attempt runs -----------------------------------------------------
     def _poll(self) -> str:
+        self.budget.check()  # a stop request or a scale request, applied like the user's
         outcome = self.monitor.poll_once()
         first_step_ts = self.monitor.records.first_step_ts
         self._note_startup(first_step_ts)
