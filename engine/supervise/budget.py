@@ -22,6 +22,7 @@ from pathlib import Path
 
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.figures import run_figures
+from jobctl.engine.supervise.run_requests import request_stop
 from jobctl.engine.supervise.scaling import ScaleRequest, read_request, write_request
 from jobctl.spec import JobSpec
 from jobctl.spec.cost import run_price
@@ -69,7 +70,7 @@ class BudgetWatch:
             f"{row['step'] or 0} (${next_step:.3g} a step): checkpoint, then stop"
         )
         self.db.add_event(self.run_id, "budget", msg, {**figures, "step": row["step"]})
-        self.db.request_stop(self.run_id, msg)
+        request_stop(self.db, row)  # as `jobctl stop`: the phase says stopping at once
         return True
 
     def _over_hourly(self, row: dict, cap: float) -> bool:

@@ -5,10 +5,12 @@ with the figures. (tests/integration/test_budget_run.py: a real run stopping at 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.budget import BudgetWatch
 from jobctl.engine.supervise.scaling import read_request
@@ -40,6 +42,8 @@ def _run(tmp_path, **overrides):
     clock.t = 1000.0
     db.set_phase("q-1", "training", "pid 1 supervising 2 node(s)")
     db.update_run("q-1", step=5)
+    me = os.getpid()  # this process supervises it (a stop reaches it through the DB)
+    assert db.claim_supervisor("q-1", me, pid_alive, process_token(me)) is None
     return db, clock, spec, run_dir
 
 
@@ -56,7 +60,8 @@ def test_total_cap_stops_the_run_before_the_next_step_passes_it(tmp_path):
     assert watch.check() is None
     clock.t = 1011.5  # $0.46 + $0.04 reaches $0.50
     assert watch.check() == "stop"
-    assert db.get_run("q-1")["stop_requested"] == 1011.5
+    row = db.get_run("q-1")
+    assert row["stop_requested"] == 1011.5 and row["phase"] == "stopping"
     (event,) = [e for e in db.events("q-1") if e["kind"] == "budget"]
     data = json.loads(event["data"]) if isinstance(event["data"], str) else event["data"]
     assert data["usd"] == pytest.approx(0.46)
