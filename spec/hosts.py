@@ -1,5 +1,6 @@
 """Names the spec hands to other systems: host names, Kubernetes label keys and values,
-container image references and extended resource names.
+container image references, extended resource names, and the ssh backend's key files
+and remote Python.
 
 These values are quoted wherever they reach a shell script or a manifest, so a stray
 newline or ``$(...)`` would be inert there; they are still checked here, at `validate`,
@@ -9,13 +10,14 @@ because such a value can only be a mistake and would fail much later, on a clust
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from .base import SpecModel, friendly_error, require_match
+from .base import SpecModel, Violation, friendly_error, require_match
 
 HOST_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 HOST_NAME = rf"^{HOST_LABEL}(\.{HOST_LABEL})*\.?$"
@@ -118,10 +120,58 @@ def default_rendezvous_host(data: dict[str, Any]) -> str:
     return socket.gethostname()
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A program to run: a name found on PATH (python3.11) or a path to one, one word.
+EXECUTABLE = r"^[A-Za-z0-9_.~+/@%:,=][A-Za-z0-9_.~+/@%:,=-]*$"
+
+
+def require_path(value: str) -> str:
+    """``value`` if it can name a file: not blank, no control character (a newline there
+    could only be a paste gone wrong), else a ``file_path`` error."""
+    if not value.strip() or _CONTROL.search(value):
+        raise friendly_error(
+            "file_path",
+            f"{value!r} is not a file path (blank, or it holds a control character)",
+            fix="write the path on one line, e.g. ~/.ssh/id_ed25519",
+        )
+    return value
+
+
+def require_executable(value: str) -> str:
+    """``value`` if it is one program name or path, else an ``executable`` error."""
+    return require_match(
+        value,
+        EXECUTABLE,
+        "executable",
+        f"{value!r} is not a program name or path (one word: no spaces, options or "
+        "control characters)",
+        fix="write a name on the hosts' PATH such as python3, or a path such as "
+        "/opt/venv/bin/python",
+    )
+
+
+def ssh_violations(ssh: SshSpec, backend: str) -> list[Violation]:
+    """What this machine shows wrong with the ssh settings, checked at ``validate`` (not
+    while the spec loads: the nodes load it too, and the key lives only here): an
+    identity file that is missing or not a readable file."""
+    path = ssh.identity_file
+    if backend != "ssh" or path is None:
+        return []
+    found = os.path.expanduser(path)
+    if os.path.isfile(found) and os.access(found, os.R_OK):
+        return []
+    why = "is not a readable file" if os.path.exists(found) else "does not exist"
+    return [Violation("hardware.ssh.identity_file", f"{path} {why} on this machine",
+                      "point it at your private key (ssh -i's file), or remove it to use "
+                      "ssh's own configuration")]  # fmt: skip
+
+
 HostName = Annotated[str, AfterValidator(require_host)]
 Labels = Annotated[dict[str, str], AfterValidator(require_labels)]
 ImageRef = Annotated[str, AfterValidator(require_image)]
 ResourceName = Annotated[str, AfterValidator(require_resource)]
+FilePath = Annotated[str, AfterValidator(require_path)]
+Executable = Annotated[str, AfterValidator(require_executable)]
 
 
 class SshSpec(SpecModel):
@@ -131,8 +181,10 @@ class SshSpec(SpecModel):
         None, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$", description="Login; null = ssh's."
     )
     port: int = Field(22, ge=1, le=65535, description="sshd port on every host.")
-    identity_file: str | None = Field(None, description="Private key file; null = ssh's.")
-    known_hosts_file: str | None = Field(
+    identity_file: FilePath | None = Field(
+        None, description="Private key file on this machine; null = ssh's."
+    )
+    known_hosts_file: FilePath | None = Field(
         None, description="Known-hosts file; null = ~/.ssh/known_hosts."
     )
     strict_host_key_checking: Literal["yes", "accept-new"] = Field(
@@ -141,6 +193,6 @@ class SshSpec(SpecModel):
     connect_timeout_s: int = Field(
         10, ge=1, le=3600, description="Seconds to wait for a connection."
     )
-    python: str | None = Field(
+    python: Executable | None = Field(
         None, description="Python on the hosts; null = the same path as the supervisor's."
     )

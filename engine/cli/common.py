@@ -60,12 +60,16 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
 
 
 def check_data(spec: JobSpec, path: Path) -> None:
-    """Raise a SpecError, located in ``path``, for what the data files show is wrong."""
+    """Raise a SpecError, located in ``path``, for what the data files (and the ssh
+    key, which lives on this machine) show is wrong."""
     from jobctl.engine.data.checks import data_violations
     from jobctl.spec import SpecError
     from jobctl.spec.data import located
+    from jobctl.spec.hosts import ssh_violations
 
-    issues = located(str(path), data_violations(spec))
+    hw = spec.hardware
+    found = data_violations(spec) + ssh_violations(hw.ssh, hw.backend)
+    issues = located(str(path), found)
     if issues:
         raise SpecError(issues)
 

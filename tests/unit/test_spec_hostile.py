@@ -106,6 +106,14 @@ def test_count_fields_have_upper_bounds_with_a_fix(key, value, words):
         ('kubernetes: {image: i, node_selector: {"a\\nb": x}}', "kubernetes.node_selector"),
         ('kubernetes: {image: i, node_selector: {k: "$(id)"}}', "kubernetes.node_selector"),
         ('kubernetes: {image: i, gpu_resource: "x$(id)"}', "kubernetes.gpu_resource"),
+        # Leftover (d): the ssh backend's key file and remote Python were unchecked.
+        ('ssh: {identity_file: "~/.ssh/id\\nrm -rf ~"}', "ssh.identity_file"),
+        ('ssh: {identity_file: "  "}', "ssh.identity_file"),
+        ('ssh: {known_hosts_file: "k\\x01"}', "ssh.known_hosts_file"),
+        ('ssh: {python: "python3; rm -rf ~"}', "ssh.python"),
+        ('ssh: {python: "python3 -X dev"}', "ssh.python"),
+        ('ssh: {python: "-c"}', "ssh.python"),
+        ('ssh: {python: "$(id)"}', "ssh.python"),
     ],
 )
 def test_names_handed_to_other_systems_are_validated(hardware, path):
@@ -124,10 +132,35 @@ def test_names_handed_to_other_systems_are_validated(hardware, path):
         "kubernetes: {image: 'localhost:5000/acme/jobctl:0.1', node_selector: "
         "{cloud.google.com/gke-spot: 'true', gpu: ''}, gpu_resource: amd.com/gpu}",
         "kubernetes: {image: 'ghcr.io/acme/jobctl@sha256:" + "a" * 64 + "'}",
+        "ssh: {python: python3.11, identity_file: ~/.ssh/id_ed25519}",
+        "ssh: {python: /opt/venv-2/bin/python, known_hosts_file: /etc/ssh/known hosts}",
+        "ssh: {python: ~/miniconda3/envs/train/bin/python}",
     ],
 )
 def test_real_names_still_pass(hardware):
     load_spec_text(spec_with({"hardware": hardware}), "job.yaml")
+
+
+def test_a_missing_ssh_key_is_a_located_validate_error_with_a_fix(tmp_path: Path):
+    """At `validate` (exit 2), not while the spec loads: the nodes load it too, and the
+    key is only on this machine."""
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli.app import app
+
+    key = tmp_path / "id_test"
+    text = spec_with({"hardware": f"backend: ssh, nodes: 1, hosts: [127.0.0.1], "
+                                  f"ssh: {{identity_file: '{key}'}}"})  # fmt: skip
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert load_spec(path).hardware.ssh.identity_file == str(key)
+    r = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert "hardware.ssh.identity_file" in r.output and "does not exist" in r.output
+    assert f"{path}:4:" in r.output and "private key" in r.output
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    r = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
 
 
 def test_control_characters_are_placed_by_line_and_column():
