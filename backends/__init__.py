@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Backend, BackendError, NodeStatus, Released, Rendered, RunContext
+from .by_hand import by_hand_command
 from .kubernetes import KubernetesBackend
 from .local import LocalBackend
 from .slurm import SlurmBackend
@@ -32,5 +33,6 @@ __all__ = [
     "Released",
     "Rendered",
     "RunContext",
+    "by_hand_command",
     "get_backend",
 ]

@@ -116,9 +116,10 @@ def render(
     """Write the launch scripts to a folder that runs as written, without running anything.
 
     OUT/run/ is the run's folder as `jobctl apply` lays it out (spec.yaml, plan.json,
-    the backend's files in scripts/); for the local and Slurm backends OUT/start.sh
-    starts the run by hand: the rendezvous host, then the nodes (or sbatch).
+    the backend's files in scripts/); OUT/start.sh starts the run by hand: the
+    rendezvous host, then the nodes (local, ssh), sbatch or kubectl apply, and waits.
     """
+    from jobctl.backends import by_hand_command
     from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import new_run_id, run_context
     from jobctl.templates import render as render_template
@@ -135,9 +136,7 @@ def render(
         (ctx.run_dir / file).write_text(text)
     for path in rendered.write(ctx.run_dir / "scripts"):
         console.print(f"wrote {path}")
-    command = {"local": "", "slurm": "sbatch --wait scripts/job.sbatch"}.get(name)
-    if command is None:  # its nodes run elsewhere: the scripts are what it submits
-        return
+    command = by_hand_command(name, ctx)  # start the nodes as apply would, and wait
     start = out / "start.sh"
     start.write_text(render_template(
         "by-hand.sh.j2", run_id=ctx.run_id, backend=name, run_dir=str(ctx.run_dir),
