@@ -60,8 +60,9 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
 
 
 def check_data(spec: JobSpec, path: Path) -> None:
-    """Raise a SpecError, located in ``path``, for what the data files (and the ssh
-    key, which lives on this machine) show is wrong."""
+    """Raise a SpecError, located in ``path``, for what the data files, the model
+    source (an import factory, a Hugging Face class or directory) and the ssh key,
+    which live on this machine, show is wrong."""
     from jobctl.engine.data.checks import data_violations
     from jobctl.spec import SpecError
     from jobctl.spec.data import located
@@ -69,6 +70,10 @@ def check_data(spec: JobSpec, path: Path) -> None:
 
     hw = spec.hardware
     found = data_violations(spec) + ssh_violations(hw.ssh, hw.backend)
+    if spec.model.huggingface is not None or spec.model.import_ is not None:
+        from jobctl.engine.model.graph.checks import model_violations
+
+        found += model_violations(spec)  # builds it with meta parameters: no weights
     issues = located(str(path), found)
     if issues:
         raise SpecError(issues)

@@ -105,9 +105,30 @@ def hf_config(cfg: GraphModelConfig):
             )
         return conf_cls.from_pretrained(cfg.pretrained)
     if cfg.hf_config_path:
-        data = json.loads(Path(cfg.hf_config_path).read_text())
-        return conf_cls(**data)
+        return conf_cls(**_config_json(cfg.hf_config_path))
     return conf_cls(**(cfg.hf_config or {}))
+
+
+def _config_json(path: str) -> dict[str, Any]:
+    """The fields of a config.json (``model.huggingface.config_path``)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ModelSourceError(
+            f"model.huggingface.config_path {path!r} cannot be read: {exc.strerror}",
+            "point it at a config.json (e.g. one written by save_pretrained)",
+        ) from exc
+    except ValueError as exc:
+        raise ModelSourceError(
+            f"model.huggingface.config_path {path!r} is not JSON: {exc}",
+            "point it at a config.json (e.g. one written by save_pretrained)",
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelSourceError(
+            f"model.huggingface.config_path {path!r} is not a JSON object",
+            "point it at a config.json (e.g. one written by save_pretrained)",
+        )
+    return data
 
 
 def _hf_model(cfg: GraphModelConfig) -> nn.Module:

@@ -1,0 +1,158 @@
+"""What can be known about an unmodified model before anything starts, checked at ``validate``.
+
+``model_violations(spec)`` builds the model of a ``model.huggingface`` or
+``model.import`` section the way a rank does (``source.build_model``: parameters on
+the meta device, so no weights are allocated) and reports each problem as a
+:class:`~jobctl.spec.base.Violation` on the field to fix: a class that is not a
+``transformers`` model class, a ``config_path`` that is missing or not JSON, a
+pretrained directory without ``config.json`` or ``*.safetensors`` or whose tensors do
+not have the config's shapes (read from the safetensors headers, not the data), a
+factory that cannot be imported, raises, or returns something that is neither an
+``nn.Module`` nor a list of them. The builtin family has nothing to check here, and
+this module imports torch only when a spec names such a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jobctl.spec.base import Violation
+
+HF = "model.huggingface"
+
+
+def model_violations(spec: Any) -> list[Violation]:
+    """Every problem of ``spec.model``'s unmodified model (none for the builtin family)."""
+    m = spec.model
+    if m.huggingface is not None:
+        return _first_problem(_hf_steps(m))
+    if m.import_ is not None:
+        return _first_problem([("model.import", lambda: _check_factory(m))])
+    return []
+
+
+def _first_problem(steps: list[tuple[str, Callable[[], None]]]) -> list[Violation]:
+    """Run the checks in order; the first that fails is the violation (later ones
+    depend on it: no config without a class, no shapes without a config)."""
+    from jobctl.engine.model.graph.source import ModelSourceError
+
+    for field, check in steps:
+        try:
+            check()
+        except ModelSourceError as e:
+            return [Violation(field, str(e), e.fix)]
+    return []
+
+
+def _hf_steps(m: Any) -> list[tuple[str, Callable[[], None]]]:
+    from jobctl.engine.model.graph.source import hf_class
+
+    hf = m.huggingface
+    cfg = _graph_config(m)
+    given = next(k for k in ("config", "config_path", "pretrained") if getattr(hf, k))
+    steps: list[tuple[str, Callable[[], None]]] = [(f"{HF}.class", lambda: hf_class(hf.class_))]
+    if hf.pretrained:
+        steps.append((f"{HF}.pretrained", lambda: _check_directory(hf.pretrained)))
+    steps.append((f"{HF}.{given}", lambda: _check_shapes(cfg)))
+    return steps
+
+
+def _graph_config(m: Any):
+    from jobctl.engine.model.graph.source import GraphModelConfig
+
+    hf = m.huggingface
+    return GraphModelConfig(
+        hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
+        hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task,
+    )  # fmt: skip
+
+
+def _check_directory(directory: str) -> None:
+    """A pretrained directory exists with a config.json and safetensors weights."""
+    from jobctl.engine.model.graph.source import ModelSourceError
+    from jobctl.engine.model.graph.weights import weight_files
+
+    if not Path(directory).is_dir():
+        raise ModelSourceError(
+            f"{HF}.pretrained {directory!r}: no such directory",
+            "point it at a local directory written by save_pretrained",
+        )
+    if not (Path(directory) / "config.json").is_file():
+        raise ModelSourceError(
+            f"{HF}.pretrained {directory!r} has no config.json",
+            "point it at a directory written by save_pretrained (it writes config.json)",
+        )
+    weight_files(directory)
+
+
+def _check_shapes(cfg: Any) -> None:
+    """The model builds from its config (meta parameters), and a pretrained directory
+    holds every parameter with the shape the config makes."""
+    from jobctl.engine.model.graph.source import build_model
+
+    model = build_model(cfg)
+    if cfg.pretrained:
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        _compare_headers(cfg.pretrained, shapes, _tied_names(model))
+
+
+def _tied_names(model: Any) -> dict[str, list[str]]:
+    """Each parameter's other names (a tied embedding is saved under one of them)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {n: [a for a in names if a != n] for names in by_id.values() for n in names}
+
+
+def _compare_headers(directory: str, shapes: dict[str, tuple], aliases: dict) -> None:
+    from safetensors import safe_open
+
+    from jobctl.engine.model.graph.source import ModelSourceError
+    from jobctl.engine.model.graph.weights import weight_files
+
+    files = weight_files(directory)
+    for name, shape in shapes.items():
+        source = next((a for a in [name, *aliases.get(name, [])] if a in files), None)
+        if source is None:
+            raise ModelSourceError(
+                f"pretrained {directory!r} has no tensor {name!r}",
+                "check that the directory was saved from this model class and config",
+            )
+        with safe_open(str(files[source]), framework="pt") as handle:
+            found = tuple(handle.get_slice(source).get_shape())
+        if found != shape:
+            raise ModelSourceError(
+                f"pretrained tensor {source!r} has shape {found}, the config makes {shape}",
+                "use the config.json saved with these weights",
+            )
+
+
+def _check_factory(m: Any) -> None:
+    """The factory imports, runs (meta parameters) and returns a module or a list of them."""
+    from torch import nn
+
+    from jobctl.engine.model.graph.source import (
+        GraphModelConfig,
+        ModelSourceError,
+        factory_model,
+        meta_parameters,
+    )
+
+    with meta_parameters():
+        made = factory_model(GraphModelConfig(import_=m.import_, args=dict(m.import_args)))
+    blocks = made if isinstance(made, (list, tuple)) else [made]
+    if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+        raise ModelSourceError(
+            f"model.import {m.import_!r} returned {_kind(made)}, not an nn.Module "
+            "or a list of nn.Module blocks",
+            "return the model itself (an nn.Module), or a non-empty list of blocks",
+        )
+
+
+def _kind(made: Any) -> str:
+    if isinstance(made, (list, tuple)):
+        inner = sorted({type(b).__name__ for b in made})
+        return f"a {type(made).__name__} of {', '.join(inner) or 'nothing'}"
+    return type(made).__name__
