@@ -16,18 +16,24 @@ only on earlier events), so every decision sees exactly the arrivals a real stag
 would see. A deviation moves the forward to the front of the stage's remaining list;
 the list, a copy, then is the executed order. Events are built only when asked for
 (``timeline``).
+
+The decision is incremental: per stage, what each position holds (+1/-1 full
+activations and stashed inputs, ``StageFacts``) is counted once per action list and
+cached with it, so the held micro-batches at a position are a running sum carried
+forward, and only a recompute, or a backward without one, can deviate at all.
 """
 
 from __future__ import annotations
 
 import heapq
+from itertools import accumulate
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from jobctl.engine.core.actions import Action, Op
-from jobctl.engine.schedule.checks import peak_activations
+from jobctl.engine.schedule.checks import ActivationPeak
 
 if TYPE_CHECKING:
     from jobctl.engine.planner.simulator.simulation import CostModel
@@ -38,6 +44,51 @@ FWD, REC, BWD, WGT = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD, Op.WEIGHT
 TimelineEntry = tuple[int, Action | None, float, float, str]
 _micro_batch = attrgetter("micro_batch")
 _op = attrgetter("op")
+FACTS_CACHED = 4096  # per-stage facts of this many action lists (the search's schedules)
+_facts: dict[int, tuple[list[Action], StageFacts]] = {}
+
+
+class StageFacts(NamedTuple):
+    """What one stage's action list holds, position by position (pure in the list).
+
+    ``full[k]`` / ``stashed[k]``: how action k changes the full activations and stashed
+    inputs the stage holds (``peak_activations``' counting; a split stage's B frees
+    nothing, its W does); ``movable[k]``: action k may be preceded by a forward (a
+    recompute, or a backward without one); ``peak``: the list's own activation peaks.
+    """
+
+    recomputed: frozenset[int]
+    split: bool
+    full: tuple[int, ...]
+    stashed: tuple[int, ...]
+    movable: tuple[bool, ...]
+    peak: ActivationPeak
+
+
+def stage_facts(acts: list[Action]) -> StageFacts:
+    """``StageFacts`` of one stage's list, counted once per list object (the planner's
+    lists come from cached generators and are never edited)."""
+    hit = _facts.get(id(acts))
+    if hit is not None and hit[0] is acts and len(hit[1].full) == len(acts):
+        return hit[1]
+    ops = list(map(_op, acts))
+    rec = frozenset(a.micro_batch for a in acts if a.op is REC) if REC in ops else frozenset()
+    split = WGT in ops
+    full = tuple(
+        (a.micro_batch not in rec) if a.op is FWD
+        else 1 if a.op is REC
+        else -1 if a.op is WGT or not split
+        else 0
+        for a in acts
+    )  # fmt: skip
+    stashed = tuple((a.op is FWD and a.micro_batch in rec) - (a.op is REC) for a in acts)
+    movable = tuple(a.op is REC or (a.op is BWD and a.micro_batch not in rec) for a in acts)
+    peak = ActivationPeak(max(0, 0, *accumulate(full)), max(0, 0, *accumulate(stashed)))
+    facts = StageFacts(rec, split, full, stashed, movable, peak)
+    if len(_facts) >= FACTS_CACHED:
+        _facts.clear()
+    _facts[id(acts)] = acts, facts
+    return facts
 
 
 def send_times(costs: CostModel, M: int, seed: int) -> tuple[list[list[float]], list[list[float]]]:
@@ -81,13 +132,18 @@ class Engine:
         self.inflight: list[list[float]] = [[] for _ in range(P)]  # send end times
         self.sent = [[0.0] * (2 * M) for _ in range(P)] if self.capped else None
         self.starts: list[list[float]] = [[] for _ in range(P)]
+        facts = [stage_facts(acts) for acts in stages] if self.opportunistic else []
         # A stage with W actions splits every backward (checks.validate): B is b - w.
-        self.split = [WGT in set(map(_op, acts)) for acts in stages]  # C loops: hot
+        self.split = (
+            [f.split for f in facts] if facts else [WGT in set(map(_op, a)) for a in stages]
+        )
         self.b = [costs.b[s] - costs.w[s] if self.split[s] else costs.b[s] for s in range(P)]
+        # Per position: may a forward move ahead of it (copied: deviations reorder it).
+        self.movable = [list(f.movable) for f in facts] or [None] * P
         self.context = [
             (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
             + (costs.f[s], costs.r[s], self.b[s], s + 1 if s + 1 < P else -1, s - 1)
-            + (costs.w[s],)
+            + (costs.w[s], self.movable[s])
             for s in range(P)
         ]
         self.pos = [0] * P
@@ -96,9 +152,10 @@ class Engine:
         self.todo = list(range(P))
         self.heap: list[tuple[float, int]] = []
         self.deviations = 0
-        if self.opportunistic:
-            self.rec = [{a.micro_batch for a in acts if a.op is REC} for acts in stages]
-            self.bounds = [peak_activations(acts) for acts in stages]
+        if facts:
+            self.rec = [f.recomputed for f in facts]
+            self.bounds = [f.peak for f in facts]
+            self.deltas = [(list(f.full), list(f.stashed)) for f in facts]
             self.held = [[0, 0] for _ in range(P)]  # full, stashed; up to position counted
             self.counted = [0] * P
             self.next_forward = [0] * P
@@ -125,12 +182,12 @@ class Engine:
     def _advance(self, s: int) -> None:
         """Run stage s's list from where it stopped until an input is missing (the hot
         loop: one function, locals only, nothing allocated per action but its start)."""
-        acts, starts, inbox, dur, f, r, b, nxt, prv, wc = self.context[s]
+        acts, starts, inbox, dur, f, r, b, nxt, prv, wc, movable = self.context[s]
         k, t, n, M = self.pos[s], self.free[s], len(acts), self.M
-        inboxes, waiting, opp, capped = self.inbox, self.waiting, self.opportunistic, self.capped
+        inboxes, waiting, capped = self.inbox, self.waiting, self.capped
         while k < n:  # the caller set waiting[s] to BLOCKED
             a = acts[k]
-            if opp and a.op is not FWD and a.op is not WGT and inbox[M + a.micro_batch] > t:
+            if movable is not None and movable[k] and inbox[M + a.micro_batch] > t:
                 # A backward task without its gradient: Varuna's deviation.
                 if self._choose(s, k, t, settled=False):
                     break
@@ -190,13 +247,17 @@ class Engine:
         j = -1 if keep or grad <= t else self._fitting_forward(s, k)
         if j < 0:
             return False
-        fwd = inbox[acts[j].micro_batch]
-        if not settled and (grad == INF or fwd == INF):
+        fwd, mb = inbox[acts[j].micro_batch], a.micro_batch
+        if not settled and (
+            (grad == INF and self._earliest(s + 1, self.M + mb) <= t)
+            or (fwd == INF and self._earliest(s - 1, acts[j].micro_batch) <= t)
+        ):  # an arrival not computed yet may come by t: decide when t comes
             self.waiting[s] = PARKED
             heapq.heappush(self.heap, (t, s))
             return True
         if fwd <= t:
-            acts.insert(k, acts.pop(j))
+            for order in (acts, self.movable[s], *self.deltas[s]):
+                order.insert(k, order.pop(j))
             self.deviations += 1
             return False
         if a.op is REC:
@@ -208,9 +269,21 @@ class Engine:
                 heapq.heappush(self.heap, (wake, s))
         return True
 
+    def _earliest(self, src: int, key: int) -> float:
+        """No earlier than this can the output ``key`` of stage ``src``, not computed
+        yet, arrive: the stage runs in order from ``free[src]`` (a bound that settles a
+        decision at once where the arrival cannot come by the decision's time)."""
+        cost = self.costs.f[src] if key < self.M else self.b[src]
+        return self.free[src] + cost + self.out_dur[src][key]
+
     def _fitting_forward(self, s: int, k: int) -> int:
         """Position of the next forward after k if it fits the activation peaks, else -1."""
-        held, bound = self._held(s, k), self.bounds[s]
+        held, bound, c = self.held[s], self.bounds[s], self.counted[s]
+        if c < k:  # what the stage holds before k: the running sums carried forward
+            full, stashed = self.deltas[s]
+            held[0] += sum(full[c:k])
+            held[1] += sum(stashed[c:k])
+            self.counted[s] = k
         if held[0] >= bound.full and held[1] >= bound.stashed:
             return -1
         acts = self.lists[s]
@@ -222,20 +295,6 @@ class Engine:
             return -1
         kind = acts[j].micro_batch in self.rec[s]  # 0: full activations, 1: stashed input
         return j if held[kind] < bound[kind] else -1
-
-    def _held(self, s: int, k: int) -> list[int]:
-        """Full and stashed micro-batches stage s holds before position k."""
-        held, rec = self.held[s], self.rec[s]
-        for a in self.lists[s][self.counted[s] : k]:
-            if a.op is FWD:
-                held[a.micro_batch in rec] += 1
-            elif a.op is REC:
-                held[0] += 1
-                held[1] -= 1
-            elif a.op is WGT or not self.split[s]:  # a split backward frees at its W
-                held[0] -= 1
-        self.counted[s] = k
-        return held
 
     def busy(self) -> list[float]:
         """Compute time per stage (one F and one B per micro-batch, a W per micro-batch
