@@ -37,9 +37,7 @@ def parse_duration(value: Any) -> Any:
     try:
         return float(text)
     except ValueError:
-        raise friendly_error(
-            "duration", f"{value!r} is not a duration", fix=DURATION_FIX
-        ) from None
+        raise friendly_error("duration", f"{value!r} is not a duration", fix=DURATION_FIX) from None
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0.0)]
@@ -107,8 +105,10 @@ def cost_violations(hw: HardwareSpec, budget: BudgetSpec) -> Iterator[Violation]
     """The rules tying the budget and the preemption rate to the pool's prices."""
     price = run_price(hw)
     if budget.capped and price == 0:
-        which = "spot_price_per_hour" if hw.spot and hw.spot_price_per_hour is not None else (
-            "price_per_hour"
+        which = (
+            "spot_price_per_hour"
+            if hw.spot and hw.spot_price_per_hour is not None
+            else "price_per_hour"
         )
         yield Violation(
             f"hardware.{which}",

@@ -1,10 +1,10 @@
 """The run's budget at run time (``budget`` in the spec), checked while an attempt trains.
 
 * **Total cap** (``max_total_usd``): once the dollars so far plus one more step at the
-  current rate reach it, the run is asked to stop, as `jobctl stop` does (every rank
-  checkpoints at the end of its step, then exits: nothing trained is lost); a
-  ``budget`` event carries the figures. `jobctl resume` continues it (and stops again
-  unless the budget was raised).
+  current rate and the devices' cost until the next check reach it, the run is asked
+  to stop, as `jobctl stop` does (every rank checkpoints at the end of its step, then
+  exits: nothing trained is lost); a ``budget`` event carries the figures. `jobctl
+  resume` continues it (and stops again unless the budget was raised).
 * **Hourly cap** (``max_hourly_usd``): devices running x price above it leaves a scale
   request (``scaling.ScaleRequest``) for the most devices the cap pays for; the monitor
   morphs the job onto them after a checkpoint, like `jobctl scale`; a ``budget`` event
@@ -38,7 +38,7 @@ class BudgetWatch:
     ) -> None:
         self.db, self.run_id, self.spec = db, run_id, spec
         self.clock = clock or db.clock
-        self.checked_at = -math.inf
+        self.checked_at = self.previous = -math.inf
         self.stopped = False
         self.shrunk_to: int | None = None
 
@@ -48,7 +48,7 @@ class BudgetWatch:
         now = self.clock()
         if not b.capped or self.stopped or now - self.checked_at < CHECK_S:
             return None
-        self.checked_at = now
+        self.previous, self.checked_at = self.checked_at, now
         row = self.db.get_run(self.run_id)
         if row is None or row["phase"] not in ("training", "checkpointing", "uploading"):
             return None
@@ -61,10 +61,19 @@ class BudgetWatch:
     def _over_total(self, row: dict, now: float, cap: float) -> bool:
         f = run_figures(row, self.db.events(self.run_id), now)
         spent, next_step = f.cost_usd or 0.0, f.usd_per_step or 0.0
-        if spent + next_step < cap:
+        # what the devices cost until the next check (as long as the last gap, on a busy
+        # host more than CHECK_S), so that the stop comes before the cap, not after
+        gap = max(CHECK_S, now - self.previous) if math.isfinite(self.previous) else CHECK_S
+        until_next = (row.get("devices") or 0) * run_price(self.spec.hardware) * gap / 3600
+        if spent + next_step + until_next < cap:
             return False
         self.stopped = True
-        figures = {"usd": round(spent, 6), "usd_per_step": next_step, "max_total_usd": cap}
+        figures = {
+            "usd": round(spent, 6),
+            "usd_per_step": next_step,
+            "usd_to_next_check": until_next,
+            "max_total_usd": cap,
+        }
         msg = (
             f"budget.max_total_usd ${cap:g} reached: ${spent:.4g} spent by step "
             f"{row['step'] or 0} (${next_step:.3g} a step): checkpoint, then stop"
