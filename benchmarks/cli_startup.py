@@ -8,7 +8,12 @@ run, which a loaded machine inflates less than wall time. The state home is a
 temporary folder with one run and a few events, so ``status``, ``logs`` and
 ``events`` read a real state DB.
 
-    python benchmarks/cli_startup.py [--rounds 5]
+With ``--baseline DIR`` (a folder holding another checkout as ``DIR/jobctl``, e.g.
+``git archive REV | tar -x -C DIR/src; ln -s DIR/src DIR/jobctl``), each command is
+also run from there (``PYTHONPATH=DIR``), interleaved with this checkout's run, and
+the table adds the baseline's median (wall, CPU) and the wall ratio new / baseline.
+
+    python benchmarks/cli_startup.py [--rounds 5] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -74,29 +79,44 @@ def time_once(args: list[str], env: dict) -> tuple[float, float]:
     return wall, cpu
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    a = ap.parse_args()
+def measure(rounds: int, baseline: str | None) -> dict[str, dict[str, list]]:
+    """Wall and CPU times by command, for this checkout (``new``) and the baseline."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         env = {**os.environ, "JOBCTL_HOME": str(home), "COLUMNS": "80"}
         env.pop("JOBCTL_DB_URL", None)
+        envs = {"new": env}
+        if baseline:
+            envs["base"] = {**env, "PYTHONPATH": baseline}
         cmds = commands(seed(home))
-        times: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
-        for _ in range(a.rounds):
+        times = {k: {which: [] for which in envs} for k in cmds}
+        for _ in range(rounds):
             for label, args in cmds.items():
-                times[label].append(time_once(args, env))
-    print(f"{'command':<12} {'wall median s':>13} {'cpu s':>7} {'target s':>9}  ok")
-    worst = 0.0
-    for label, runs in times.items():
-        runs.sort()
-        wall, cpu = runs[len(runs) // 2]
-        worst = max(worst, wall)
-        ok = "yes" if wall < TARGET_S else "NO"
-        print(f"{label:<12} {wall:>13.3f} {cpu:>7.3f} {TARGET_S:>9.1f}  {ok}")
-    print(f"slowest median {worst:.3f} s; mean of medians "
-          f"{statistics.mean(r[len(r) // 2][0] for r in times.values()):.3f} s")  # fmt: skip
+                for which, e in envs.items():
+                    times[label][which].append(time_once(args, e))
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline", help="folder holding another checkout as jobctl/")
+    a = ap.parse_args()
+    times = measure(a.rounds, a.baseline)
+    extra = f" {'base s':>7} {'cpu':>6} {'ratio':>6}" if a.baseline else ""
+    print(f"{'command':<12} {'wall median s':>13} {'cpu s':>7} {'target s':>9}  ok{extra}")
+    medians = []
+    for label, by in times.items():
+        wall, cpu = sorted(by["new"])[len(by["new"]) // 2]  # the median run (odd rounds)
+        medians.append(wall)
+        line = f"{label:<12} {wall:>13.3f} {cpu:>7.3f} {TARGET_S:>9.1f}  "
+        line += "yes" if wall < TARGET_S else "NO "
+        if a.baseline:
+            base, base_cpu = sorted(by["base"])[len(by["base"]) // 2]
+            line += f" {base:>7.3f} {base_cpu:>6.3f} {wall / base:>6.2f}"
+        print(line)
+    print(f"slowest median {max(medians):.3f} s; mean of medians "
+          f"{statistics.mean(medians):.3f} s (target {TARGET_S} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from jobctl.engine.calibration.record import Calibration, RuntimeCalibration
-from jobctl.engine.core.plan import Plan
-from jobctl.engine.views.prediction import print_end_to_end
+if TYPE_CHECKING:  # `jobctl status` formats with this module without plans or records
+    from rich.progress import Progress
+
+    from jobctl.engine.calibration.record import Calibration, RuntimeCalibration
+    from jobctl.engine.core.plan import Plan
 
 
 def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
@@ -43,6 +45,8 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         ranks.add_row(*(str(v) for v in (r.rank, r.node, r.local_rank, r.stage, r.replica)))
     console.print(ranks)
     if plan.prediction:
+        from jobctl.engine.views.prediction import print_end_to_end
+
         _print_prediction(console, plan)
         print_end_to_end(console, plan, steps)
     if plan.alternatives:
@@ -114,6 +118,14 @@ def print_explanation(console: Console, plan: Plan) -> None:
 
 def calibration_progress(console: Console) -> Progress:
     """Progress bar of ``jobctl calibrate``."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("[bold]calibrating[/bold]"),
         BarColumn(),
