@@ -70,6 +70,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "preemption, checkpoint and upload events marked, the loss curve and the "
         "simulated pipeline timeline.",
     ),
+    "export": (
+        "export",
+        "export",
+        "Write a run's trained weights as a Hugging Face model directory (from_pretrained).",
+    ),
     "stop": (
         "runs",
         "stop",

@@ -50,7 +50,7 @@ def _hf_steps(m: Any) -> list[tuple[str, Callable[[], None]]]:
     from jobctl.engine.model.graph.source import hf_class
 
     hf = m.huggingface
-    cfg = _graph_config(m)
+    cfg = graph_config(m)
     given = next(k for k in ("config", "config_path", "pretrained") if getattr(hf, k))
     steps: list[tuple[str, Callable[[], None]]] = [(f"{HF}.class", lambda: hf_class(hf.class_))]
     if hf.pretrained:
@@ -59,10 +59,16 @@ def _hf_steps(m: Any) -> list[tuple[str, Callable[[], None]]]:
     return steps
 
 
-def _graph_config(m: Any):
+def graph_config(m: Any):
+    """The ``source.GraphModelConfig`` of a spec's ``model`` section (huggingface or
+    import; None for the builtin family)."""
     from jobctl.engine.model.graph.source import GraphModelConfig
 
     hf = m.huggingface
+    if hf is None:
+        if m.import_ is None:
+            return None
+        return GraphModelConfig(import_=m.import_, args=dict(m.import_args), task=m.task)
     return GraphModelConfig(
         hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
         hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task,
@@ -95,10 +101,10 @@ def _check_shapes(cfg: Any) -> None:
     model = build_model(cfg)
     if cfg.pretrained:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        _compare_headers(cfg.pretrained, shapes, _tied_names(model))
+        _compare_headers(cfg.pretrained, shapes, tied_names(model))
 
 
-def _tied_names(model: Any) -> dict[str, list[str]]:
+def tied_names(model: Any) -> dict[str, list[str]]:
     """Each parameter's other names (a tied embedding is saved under one of them)."""
     by_id: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -133,15 +139,10 @@ def _check_factory(m: Any) -> None:
     """The factory imports, runs (meta parameters) and returns a module or a list of them."""
     from torch import nn
 
-    from jobctl.engine.model.graph.source import (
-        GraphModelConfig,
-        ModelSourceError,
-        factory_model,
-        meta_parameters,
-    )
+    from jobctl.engine.model.graph.source import ModelSourceError, factory_model, meta_parameters
 
     with meta_parameters():
-        made = factory_model(GraphModelConfig(import_=m.import_, args=dict(m.import_args)))
+        made = factory_model(graph_config(m))
     blocks = made if isinstance(made, (list, tuple)) else [made]
     if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
         raise ModelSourceError(
