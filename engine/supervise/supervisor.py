@@ -37,7 +37,7 @@ from jobctl.engine.calibration.startup import record_startup
 from jobctl.engine.checkpoint.blocks import read_meta
 from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
 from jobctl.engine.core.env import CHANNEL_SECRET, RESUME_DIR
-from jobctl.engine.core.phases import ACTIVE
+from jobctl.engine.core.phases import ACTIVE, STOPPABLE
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.planner.resolver import describe, machine_key, make_plan
@@ -341,6 +341,8 @@ class Supervisor:
         n = len(self.attempt.handles)
         note = f"SIGTERM sent to the {n} node(s) running now: checkpoint, then stop"
         self.db.add_event(self.run_id, "stop", note, {"handles": self.attempt.handles})
+        # Ctrl-C on apply asks through the DB alone; `jobctl stop` has moved it already.
+        self.db.set_phase_if(self.run_id, {p.value for p in STOPPABLE}, "stopping", note)
 
     def _detach(self) -> None:
         """Leave the run to its nodes and run host (which outlive this process): a

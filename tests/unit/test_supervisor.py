@@ -184,6 +184,18 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
     assert phases_seen[-2:] == ["stopping", "stopped"]
 
 
+def test_a_stop_asked_through_the_db_alone_shows_stopping(tmp_path):
+    """Ctrl-C on apply records the request without `jobctl stop`'s phase change: the
+    supervisor moves the run to stopping when it signals the nodes."""
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    db.request_stop(sup.run_id, "Ctrl-C on jobctl apply")
+    assert sup.step() == "stopping"
+    assert launcher.nodes.cancels[-1][1] == signal.SIGTERM
+    launcher.nodes.set_all(NodeStatus("stopped", -15, "exit -15", "cancelled"))
+    assert sup.step() == "stopped"
+
+
 def test_a_stopping_run_is_billed_until_it_has_stopped():
     from jobctl.engine.supervise.figures import device_seconds
 
