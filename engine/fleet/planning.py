@@ -2,12 +2,14 @@
 
 Each member is planned for its own hardware pool with :func:`make_plan`; the devices
 its plan uses are what the fleet runner reserves for it in the shared pool. Predicted
-cost of a member is its $ per 1k samples times the samples it trains; the makespan is
-the runner's own admission rule replayed with the predicted durations.
+cost and time of a member are its plan's dollars and wall time to finish
+(``planner.cost``); the fleet's total is their sum, held to ``max_total_usd``; the
+makespan is the runner's own admission rule replayed with the predicted durations.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,7 @@ from jobctl.engine.fleet.db import FleetDB, MemberRecord
 from jobctl.engine.fleet.loader import Fleet, Member, MemberIssue
 from jobctl.engine.fleet.runner import admit
 from jobctl.engine.planner.resolver import PlanError, make_plan
-from jobctl.spec import JobSpec, SpecError, dump_yaml
+from jobctl.spec import JobSpec, SpecError, SpecIssue, dump_yaml
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,26 @@ class MemberPlan:
 
     @property
     def duration_s(self) -> float | None:
-        """Start-up (where measured on this machine) and every step."""
+        """Wall time to finish (planner.cost: start-up where measured on this machine,
+        every step, checkpoints, expected preemptions)."""
         pr = self.plan.prediction
-        return pr.total_s(self.member.spec.training.steps) if pr else None
+        if pr is None:
+            return None
+        return (
+            pr.finish_s if pr.finish_s is not None else pr.total_s(self.member.spec.training.steps)
+        )
 
     @property
     def cost_usd(self) -> float | None:
+        """Dollars to finish (planner.cost), at the price the member pays."""
         pr = self.plan.prediction
-        return pr.cost_per_1k_samples * self.samples / 1000 if pr else None
+        if pr is None:
+            return None
+        return (
+            pr.finish_usd
+            if pr.finish_usd is not None
+            else pr.cost_per_1k_samples * self.samples / 1000
+        )
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,31 @@ def plan_fleet(fleet: Fleet, max_concurrent: int | None = None) -> FleetPlan:
     if issues:
         raise SpecError(issues)
     limit = max_concurrent or fleet.spec.max_concurrent or len(plans)
-    return FleetPlan(fleet, plans, pool, limit)
+    fp = FleetPlan(fleet, plans, pool, limit)
+    over = over_budget(fp)
+    if over is not None:
+        raise SpecError([over])
+    return fp
+
+
+def over_budget(fp: FleetPlan) -> SpecIssue | None:
+    """The issue of a fleet predicted above its ``max_total_usd``, naming the dearest
+    members; None within it (or with no budget)."""
+    cap, total = fp.fleet.spec.max_total_usd, fp.total_cost_usd
+    if cap is None or total <= cap:
+        return None
+    dear = sorted(fp.members, key=lambda m: -(m.cost_usd or 0.0))[:3]
+    shown = ", ".join(f"{m.member.name} ${m.cost_usd or 0.0:.4g}" for m in dear)
+    text = fp.fleet.path.read_text() if fp.fleet.path.exists() else ""
+    found = re.search(r"^max_total_usd\s*:", text, re.MULTILINE)
+    line = text.count("\n", 0, found.start()) + 1 if found else None
+    return SpecIssue(
+        str(fp.fleet.path), line, 1 if found else None, "max_total_usd",
+        f"the members are predicted to cost ${total:.4g} to finish, over max_total_usd "
+        f"${cap:g} (dearest: {shown})",
+        fix="raise max_total_usd, drop members, or give members a cheaper plan "
+        "(planner.objective: cost, fewer training.steps)",
+    )  # fmt: skip
 
 
 def record_fleet(fleets: FleetDB, fp: FleetPlan, now: float) -> None:

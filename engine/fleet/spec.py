@@ -76,6 +76,12 @@ class FleetSpec(SpecModel):
     max_concurrent: int | None = Field(
         None, ge=1, description="Members running at once at most; default: what fits the pool."
     )
+    max_total_usd: float | None = Field(
+        None,
+        gt=0.0,
+        description="USD the whole fleet may cost (the members' predicted dollars to "
+        "finish, summed): `fleet plan` and `fleet apply` refuse a fleet predicted above it.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -52,11 +52,16 @@ def print_fleet_plan(console: Console, fp: FleetPlan) -> None:
     console.print(t)
     device_h = sum((m.duration_s or 0.0) * m.devices for m in fp.members) / 3600
     console.print(
-        f"[bold]total[/bold] predicted ${fp.total_cost_usd:.3g} for {len(fp.members)} "
-        f"member(s), {device_h:.3g} device-hours, about {_duration(fp.makespan_s)} end to end",
+        f"[bold]total[/bold] predicted ${fp.total_cost_usd:.3g} to finish {len(fp.members)} "
+        f"member(s), {device_h:.3g} device-hours, about {_duration(fp.makespan_s)} end to end"
+        + _budget(fp.fleet.spec.max_total_usd),
         highlight=False,
     )
     print_sources(console, [m.plan for m in fp.members])
+
+
+def _budget(cap: float | None) -> str:
+    return "" if cap is None else f"; fleet budget ${cap:g} (max_total_usd)"
 
 
 def print_sources(console: Console, plans: list) -> None:

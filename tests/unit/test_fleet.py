@@ -220,11 +220,30 @@ def test_fleet_plan_lists_diffs_predictions_and_the_total(tmp_path):
     assert "model.layers: 2 -> 4" in r.output and "parallelism.data_parallel: 1 -> 2" in r.output
     fp = plan_fleet(load_fleet(path))
     assert [m.devices for m in fp.members] == [1, 1, 1, 1, 2]
-    total = sum(m.plan.prediction.cost_per_1k_samples * 3 * 16 / 1000 for m in fp.members)
+    # each member's dollars to finish: its devices at the price for its predicted wall time
+    price = fp.members[0].member.spec.hardware.price_per_hour
+    for m in fp.members:
+        pr = m.plan.prediction
+        assert m.cost_usd == pytest.approx(pr.finish_s * m.devices * price / 3600)
+        assert pr.finish_s >= 3 * pr.step_time_s  # 3 steps and the last checkpoint
+    total = sum(m.plan.prediction.finish_usd for m in fp.members)
     assert fp.total_cost_usd == pytest.approx(total) and total > 0
-    assert f"predicted ${total:.3g} for 5 member(s)" in r.output
+    assert f"predicted ${total:.3g} to finish 5 member(s)" in r.output
     changes = dict((k, (a, b)) for k, a, b in fp.members[0].changes)
     assert changes == {}  # the first member is the base itself
+
+
+def test_a_fleet_over_its_budget_is_refused_naming_the_dearest(tmp_path):
+    total = plan_fleet(load_fleet(_sweep(tmp_path))).total_cost_usd
+    path = _sweep(tmp_path, extra=f"max_total_usd: {total / 2:.8f}")
+    r = runner.invoke(app, ["fleet", "plan", str(path)], env={"COLUMNS": "220"})
+    assert r.exit_code == 2
+    out = " ".join(r.output.split())
+    assert f"fleet.yaml:9:1: max_total_usd: the members are predicted to cost ${total:.4g}" in out, out
+    assert "(dearest: sweep-0.01-4" in out and "fix: raise max_total_usd" in out
+    ok = _sweep(tmp_path, extra=f"max_total_usd: {total * 2:.8f}")
+    r = runner.invoke(app, ["fleet", "plan", str(ok)], env={"COLUMNS": "220"})
+    assert r.exit_code == 0 and "fleet budget $" in r.output, r.output
 
 
 def test_a_member_larger_than_the_pool_is_refused(tmp_path):
