@@ -86,8 +86,8 @@ class BudgetWatch:
         price, devices = run_price(self.spec.hardware), row.get("devices") or 0
         hourly = devices * price
         target = int(cap // price) if price > 0 else devices
-        if hourly <= cap or target < 1 or target == self.shrunk_to:
-            return False
+        if hourly <= cap or target < 1 or target == self.shrunk_to or not row.get("step"):
+            return False  # (a morph is a checkpoint first: once a step is trained)
         run_dir = Path(row["run_dir"])
         if read_request(run_dir) is not None:  # a morph is already asked for
             return False

@@ -1,6 +1,7 @@
-"""A real run (the quickstart, 2x2 on 4 local worker processes) with a tiny
-``budget.max_total_usd``: it checkpoints and stops at the budget, the step it stopped at
-saved (nothing trained is lost), with a ``budget`` event carrying the figures."""
+"""Real runs (the quickstart, 2x2 on 4 local worker processes) held to a budget: a tiny
+``budget.max_total_usd`` checkpoints and stops it, the step it stopped at saved
+(nothing trained is lost); a ``budget.max_hourly_usd`` below its 4 devices morphs it
+onto 2. Each writes a ``budget`` event carrying the figures."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.figures import run_figures
 from jobctl.engine.supervise.service import ApplyOptions, launch
+from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import events, tiny_spec
 
@@ -57,3 +59,33 @@ def test_a_tiny_total_budget_checkpoints_and_stops_at_it(tmp_path):
     # status bills until the run ends: the stop's checkpoint and exit (seconds) too
     f = run_figures(row, db.events(run.id), time.time())
     assert data["usd"] <= f.cost_usd <= data["usd"] + 30 * PRICE * 4 / 3600
+
+
+@pytest.mark.multiproc
+def test_an_hourly_cap_below_the_devices_running_morphs_the_job_down(tmp_path):
+    spec = tiny_spec(**{
+        "training.steps": 80, "training.optimizer": "sgd", "training.lr": 0.3,
+        "training.momentum": 0.9, "hardware.price_per_hour": 1.0,
+        "budget.max_hourly_usd": 2.5,  # pays for 2 devices, not 4
+    })  # fmt: skip
+    # Planned without the cap: 4 devices ($4/h), as after a scale-up past it.
+    plan = make_plan(spec.model_copy(update={"budget": spec.budget.model_copy(
+        update={"max_hourly_usd": None})}))  # fmt: skip
+    assert plan.world_size == 4
+    db = StateDB(tmp_path)
+    opts = ApplyOptions(deadline_s=300.0, show_progress=False)
+    run, outcome = launch(spec, plan, db, None, opts, Console(quiet=True))
+    assert outcome.ok, outcome.message
+    row = db.get_run(run.id)
+    assert (row["phase"], row["step"], row["devices"]) == ("completed", 80, 2)
+    (budget,) = [e for e in db.events(run.id) if e["kind"] == "budget"]
+    data = budget["data"] if isinstance(budget["data"], dict) else json.loads(budget["data"])
+    assert (data["devices"], data["target"], data["max_hourly_usd"]) == (4, 2, 2.5)
+    morphs = [e for e in db.events(run.id) if e["kind"] == "morph"]
+    assert len(morphs) == 1 and "4 -> 2 device(s)" in morphs[0]["message"]
+    # the morph loses nothing: every step once more or once, each loss as one process
+    ref, _ = reference_train(spec)
+    steps = [e for e in events(run.dir) if e["kind"] == "step"]
+    assert sorted({e["step"] for e in steps}) == list(range(1, 81))
+    for e in steps:
+        assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e
