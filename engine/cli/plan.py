@@ -72,7 +72,7 @@ def plan(
         print(p.model_dump_json(indent=2))
     else:
         views.print_plan(console, p, spec.training.steps)
-        _print_costs(spec, choice)
+        _print_costs(spec, choice, p.prediction.startup_s is not None)
         if explain:
             views.print_explanation(console, p)
         if spec.pruning.enabled:
@@ -83,13 +83,13 @@ def plan(
         (err if as_json else console).print(f"wrote {path}")
 
 
-def _print_costs(spec: JobSpec, choice: Choice) -> None:
+def _print_costs(spec: JobSpec, choice: Choice, measured: bool) -> None:
     """Dollars to finish under each pricing, then the time-vs-dollars frontier."""
     from jobctl.engine.planner.cost import pricings
     from jobctl.engine.planner.objective import frontier
     from jobctl.engine.views.cost import print_costs, print_frontier
 
-    print_costs(console, spec.training.steps, choice.pricings, pricings(spec)[1])
+    print_costs(console, spec.training.steps, choice.pricings, pricings(spec)[1], measured)
     front = frontier(choice.options)
     rows = [(o.cand.layout.label(), o.forecast) for o in front]
     chosen = next((i for i, o in enumerate(front) if o is choice.chosen), None)

@@ -23,6 +23,7 @@ from jobctl.engine.planner.objective import Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.spec import JobSpec
+from jobctl.spec.cost import run_price
 
 __all__ = ["PlanError", "make_plan", "plan_and_simulate", "plan_priced"]
 
@@ -138,7 +139,7 @@ def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:
     """Samples/s, samples/s per device, USD per 1,000 samples."""
     samples = spec.training.global_batch_size / cand.step
     devices = cand.layout.devices
-    price = spec.hardware.price_per_hour * devices
+    price = run_price(spec.hardware) * devices  # the spot price on spot, when given
     return samples, samples / devices, price / 3600.0 / samples * 1000.0
 
 

@@ -21,8 +21,11 @@ WIDTH, HEIGHT = 52, 8  # the picture's plot area, in characters
 MARKS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def print_costs(console: Console, steps: int, found: list[Forecast], paid: str) -> None:
-    """Wall time and dollars to finish ``steps`` steps, one column per pricing."""
+def print_costs(
+    console: Console, steps: int, found: list[Forecast], paid: str, startup_measured: bool = True
+) -> None:
+    """Wall time and dollars to finish ``steps`` steps, one column per pricing (start-up
+    ``not measured`` until a run on this machine measured it)."""
     t = Table(
         f"to finish {steps} steps",
         *(f"{f.label}{' (paid)' if f.label == paid and len(found) > 1 else ''}" for f in found),
@@ -32,6 +35,9 @@ def print_costs(console: Console, steps: int, found: list[Forecast], paid: str) 
     t.add_row("devices x $/device-h", *(f"{f.devices} x {dollars(_per(f))}" for f in found))
     t.add_row("$ per hour", *(dollars(f.hourly_usd) for f in found))
     for part in ("start-up", "steps", "checkpoints", "preemptions"):
+        if part == "start-up" and not startup_measured:
+            t.add_row("  start-up", *("not measured" for _ in found))
+            continue
         t.add_row(f"  {part}", *(_time(f.parts.get(part)) for f in found))
     t.add_row("expected preemptions", *(f"{f.preemptions:.2g}" for f in found))
     t.add_row("wall time", *(_time(f.wall_s) for f in found))
