@@ -9,7 +9,9 @@ plus ``*.safetensors``, sharded index included) gives its shape.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -49,3 +51,48 @@ class HuggingFaceSpec(SpecModel):
                 f"(got {', '.join(given) or 'none'})",
                 "give the config inline, a config.json path, or a pretrained directory",
             )
+
+
+def hf_vocab(hf: dict) -> int | None:
+    """The config's ``vocab_size`` (inline, or in a readable config.json), or None."""
+    config = hf.get("config")
+    if not isinstance(config, dict):
+        path = hf.get("config_path") or (
+            str(Path(hf["pretrained"]) / "config.json") if hf.get("pretrained") else None
+        )
+        try:
+            config = json.loads(Path(path).read_text()) if path else None
+        except (OSError, ValueError):
+            return None  # validate reports the missing or broken file
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    return vocab if isinstance(vocab, int) and vocab >= 2 else None
+
+
+def hf_defaults(data):
+    """A ``model`` section with a ``huggingface`` model: no builtin family, and the
+    config's vocabulary (what the data's token ids range over) unless given."""
+    hf = data.get("huggingface") if isinstance(data, dict) else None
+    if hf is None:
+        return data
+    data = data if "family" in data else {**data, "family": None}
+    vocab = hf_vocab(hf) if isinstance(hf, dict) and "vocab" not in data else None
+    return data if vocab is None else {**data, "vocab": vocab}
+
+
+def hf_violations(model) -> Iterator[Violation]:
+    """A ``model`` section's conflicts around ``huggingface``."""
+    if model.huggingface is None:
+        return
+    if model.import_ is not None:
+        yield Violation(
+            "huggingface",
+            "`import` and `huggingface` are exclusive: give one model",
+            "remove model.import or model.huggingface",
+        )
+    vocab = hf_vocab(model.huggingface.model_dump(by_alias=True))
+    if vocab and vocab != model.vocab:
+        yield Violation(
+            "vocab",
+            f"model.vocab {model.vocab} differs from the config's vocab_size {vocab}",
+            "remove model.vocab (a Hugging Face model takes its config's vocab_size)",
+        )

@@ -25,7 +25,7 @@ from .limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
-from .model_source import HuggingFaceSpec, Task
+from .model_source import HuggingFaceSpec, Task, hf_defaults, hf_violations
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -85,7 +85,7 @@ class ModelSpec(SpecModel):
     def _imported_model_has_no_family(cls, data: Any) -> Any:
         """An imported model is not a builtin family, so `family` defaults to null with it."""
         imported = isinstance(data, dict) and data.get("import", data.get("import_")) is not None
-        imported = imported or (isinstance(data, dict) and data.get("huggingface") is not None)
+        data = hf_defaults(data)
         if imported and "family" not in data:
             return {**data, "family": None}
         return data
@@ -110,12 +110,7 @@ class ModelSpec(SpecModel):
                 "`family` and `import` are exclusive: an imported model is not a builtin family",
                 "remove model.family (or remove model.import to use the builtin family)",
             )
-        if self.import_ is not None and self.huggingface is not None:
-            yield Violation(
-                "huggingface",
-                "`import` and `huggingface` are exclusive: give one model",
-                "remove model.import or model.huggingface",
-            )
+        yield from hf_violations(self)
         if self.import_ is None and self.family is None and self.huggingface is None:
             yield Violation(
                 "family",

@@ -113,6 +113,13 @@ class ModelDef:
     names: list[str] = field(default_factory=list)
     graph: object | None = None  # a traced model's GraphModel (model/graph), if any
 
+    def tie_shapes(self) -> dict[str, tuple]:
+        """Each tie's shape by canonical name (a traced model's; the builtin GPT's tie is
+        held by every rank of its group, which needs none)."""
+        if self.graph is None:
+            return {}
+        return {t.canonical: self.graph.shape_of(t.canonical) for t in self.ties}
+
     def block(self, i: int) -> nn.Module:
         """Block ``i`` initialised from its own seed (independent of the partition)."""
         with torch.random.fork_rng(devices=[]):

@@ -31,7 +31,7 @@ from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.optim import build_optimizer
 from jobctl.engine.runtime.p2p.gloo import comm_device
-from jobctl.engine.runtime.topology import Topology, build_topology
+from jobctl.engine.runtime.topology import Topology, build_topology, tie_blocks
 from jobctl.spec.sections import TrainingSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -189,7 +189,7 @@ def migrate(
     left = sorted(mine_old - set(mine_new))
     arrived = sorted(set(mine_new) - mine_old)
     # New groups: every rank of the old world creates them, in the same order.
-    topo = build_topology(new, rank, bool(mdef.ties))
+    topo = build_topology(new, rank, tie_blocks(mdef.ties))
     live = None
     if new.world_size < old.world_size:
         live = dist.new_group(list(range(new.world_size)))

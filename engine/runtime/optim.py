@@ -51,16 +51,53 @@ def tied_names(ties: list[Tie]) -> set[str]:
     return {n for t in ties for n in (t.canonical, t.alias)}
 
 
-def sync_gradients(named: dict[str, nn.Parameter], topo: Topology, ties: set[str]) -> None:
-    """Sum gradients over data-parallel replicas (and tied stages) in flat buckets."""
+def sync_gradients(
+    named: dict[str, nn.Parameter],
+    topo: Topology,
+    ties: set[str],
+    groups: list[Tie] = (),
+    shapes: dict[str, tuple] | None = None,
+) -> None:
+    """Sum gradients over data-parallel replicas (and tied stages) in flat buckets.
+
+    A tied tensor may have several copies on one rank (a traced model's subgraphs each
+    hold the tensor they read, e.g. T5's shared embedding in two decoder subgraphs):
+    each rank adds its copies' gradients per tie, the sums are all-reduced over the
+    tied stages, and every copy takes the total. ``shapes`` gives a tie's shape for a
+    rank that holds none of its copies but takes part in the group.
+    """
     tied_here = topo.tied_group is not None
-    buckets: dict[str, list[nn.Parameter]] = {"dp": [], "tied": []}
+    dp: list[nn.Parameter] = []
     for name, p in named.items():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        buckets["tied" if tied_here and name in ties else "dp"].append(p)
-    allreduce_grads(buckets["dp"], topo.dp_group)
-    allreduce_grads(buckets["tied"], topo.tied_group)
+        if not (tied_here and name in ties):
+            dp.append(p)
+    allreduce_grads(dp, topo.dp_group)
+    if tied_here:
+        _sync_ties(named, topo, groups, shapes or {})
+
+
+def _sync_ties(named: dict, topo: Topology, groups: list[Tie], shapes: dict) -> None:
+    copies: dict[str, dict[int, nn.Parameter]] = {}
+    for t in groups:
+        for n in (t.canonical, t.alias):
+            if n in named:
+                copies.setdefault(t.canonical, {})[id(named[n])] = named[n]
+            else:
+                copies.setdefault(t.canonical, {})
+    sums = []
+    for key in sorted(copies):
+        held = list(copies[key].values())
+        if held:
+            sums.append(torch.stack([p.grad for p in held]).sum(0))
+        else:
+            sums.append(torch.zeros(shapes[key], device=next(iter(named.values())).device))
+    flat = _flatten_dense_tensors(sums)
+    dist.all_reduce(flat, group=topo.tied_group)
+    for key, total in zip(sorted(copies), _unflatten_dense_tensors(flat, sums), strict=True):
+        for p in copies[key].values():
+            p.grad.copy_(total)
 
 
 def allreduce_grads(params: list[nn.Parameter], group) -> None:

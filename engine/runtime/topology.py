@@ -45,7 +45,12 @@ class Topology:
         return self.is_last and self.replica == 0
 
 
-def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology | None:
+def tie_blocks(ties) -> set[int]:
+    """The blocks that hold a copy of a tied tensor (``layers.<block>.`` names)."""
+    return {int(n.split(".")[1]) for t in ties for n in (t.canonical, t.alias)}
+
+
+def build_topology(plan: Plan, rank: int, has_ties: bool | set[int]) -> Topology | None:
     """Create all process groups (collectively) and return this rank's view.
 
     A rank the plan does not use (freed by packing) still takes part in creating the
@@ -60,7 +65,11 @@ def build_topology(plan: Plan, rank: int, has_ties: bool) -> Topology | None:
     tied_ranks: list[int] = []
     tied_group = None
     if has_ties and plan.P > 1:
-        tied_ranks = sorted(plan.stages[0].ranks + plan.stages[-1].ranks)
+        # The stages holding a tied copy: first and last for the builtin GPT, any for a
+        # traced model (T5's shared embedding is read by encoder and decoder subgraphs).
+        blocks = has_ties if isinstance(has_ties, set) else {0, plan.stages[-1].blocks[-1]}
+        tied = [st for st in plan.stages if blocks & set(st.blocks)]
+        tied_ranks = sorted(r for st in tied for r in st.ranks)
         group = dist.new_group(tied_ranks)
         if rank in tied_ranks:
             tied_group = group

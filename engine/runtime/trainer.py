@@ -29,7 +29,7 @@ from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gra
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
-from jobctl.engine.runtime.topology import build_topology
+from jobctl.engine.runtime.topology import build_topology, tie_blocks
 from jobctl.engine.runtime.vitals import compute_fields, memory_fields
 from jobctl.spec.job import JobSpec
 from jobctl.spec.sections import HardwareSpec, TrainingSpec
@@ -54,7 +54,7 @@ def build_state(
 ) -> StageState:
     """The stage state ``rank`` starts under: its stage of ``plan`` and a fresh optimizer
     (creates the process groups: collective, every rank in the same order)."""
-    topo = build_topology(plan, rank, bool(mdef.ties))
+    topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
     stage = Stage(mdef, me.blocks).to(device)
     named = dict(stage.named_parameters())
@@ -108,6 +108,7 @@ class Trainer:
         self.rank = state.topo.rank
         self.hooks, self.start_step = hooks or [], start_step
         self.ties = tied_names(mdef.ties)
+        self.tie_groups, self.tie_shapes = mdef.ties, mdef.tie_shapes()
         plan = state.plan
         self.shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
         self.data = prefetching(make_data(spec), self.shard, state.topo.replica, device)
@@ -261,7 +262,7 @@ class Trainer:
         """Sum gradients over replicas and tied stages, then the step's commit (which
         sums the loss too; see engine/runtime/failure.py) before any rank updates."""
         st = self.state
-        sync_gradients(st.named, st.topo, self.ties)
+        sync_gradients(st.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
         self.ledger.ready = True
         if self.commits:
             loss = commit_step(self.ledger.stats.loss_sum, st.topo.is_last, st.live_group)

@@ -4,14 +4,17 @@ jobctl's data sources give each micro-batch as ``(x, y)``: ``x`` the tokens, ``y
 the same tokens shifted by one. A graph model is called with the keyword arguments
 its task expects, and computes its own loss from ``labels`` (Hugging Face models
 do). The masked-LM mask is drawn per sample from (seed, sample index), so any layout
-and any resume mask the same tokens.
+and any resume mask the same tokens; it masks exactly ``round(0.15 * T)`` tokens of
+every sample (not a Bernoulli draw per token), so every micro-batch has the same number
+of labels, and the mean of the micro-batches' mean losses is the batch's mean loss
+under any micro-batching -- as one process computes it.
 """
 
 from __future__ import annotations
 
 import torch
 
-TASKS = ("causal_lm", "masked_lm", "seq2seq")
+TASKS = ("causal_lm", "masked_lm", "seq2seq", "image_classification")
 MASK_PROB = 0.15
 IGNORE = -100
 
@@ -24,6 +27,8 @@ def infer_task(class_name: str) -> str | None:
         return "masked_lm"
     if class_name.endswith(("ForConditionalGeneration", "ForSeq2SeqLM")):
         return "seq2seq"
+    if class_name.endswith("ForImageClassification"):
+        return "image_classification"
     return None
 
 
@@ -42,21 +47,35 @@ def model_inputs(
         return {"input_ids": x, "labels": y}
     if task == "masked_lm":
         return _masked(x, first, seed, mask_id)
+    if task == "image_classification":
+        raise ValueError(
+            "image_classification needs image batches; jobctl's data sources give tokens "
+            "(images are traced and sharded, but there is no image data source yet)"
+        )
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
 def _masked(x: torch.Tensor, first: int, seed: int, mask_id: int) -> dict[str, torch.Tensor]:
     chosen = torch.zeros(x.shape, dtype=torch.bool)
+    k = max(1, round(MASK_PROB * x.shape[1]))
     for j in range(x.shape[0]):  # per sample, so micro-batching does not change masks
         gen = torch.Generator().manual_seed(seed * 1_000_003 + first + j)
-        chosen[j] = torch.rand(x.shape[1], generator=gen) < MASK_PROB
+        chosen[j, torch.randperm(x.shape[1], generator=gen)[:k]] = True
     chosen = chosen.to(x.device)
     labels = torch.where(chosen, x, torch.full_like(x, IGNORE))
     return {"input_ids": torch.where(chosen, torch.full_like(x, mask_id), x), "labels": labels}
 
 
-def example_inputs(task: str, m: int, seq_len: int, device: str = "meta") -> dict:
-    """Meta tensors shaped like one micro-batch of ``task`` (for tracing)."""
+def example_inputs(
+    task: str, m: int, seq_len: int, device: str = "meta", config=None
+) -> dict:
+    """Meta tensors shaped like one micro-batch of ``task`` (for tracing); an image
+    task's shape comes from the model's config (channels, image size)."""
+    if task == "image_classification":
+        c = getattr(config, "num_channels", 3)
+        size = getattr(config, "image_size", 224)
+        pixels = torch.zeros(m, c, size, size, device=device)
+        return {"pixel_values": pixels, "labels": torch.zeros(m, dtype=torch.long, device=device)}
     # Distinct tensors: export would merge two arguments that are one object.
     def tokens() -> torch.Tensor:
         return torch.zeros(m, seq_len, dtype=torch.long, device=device)

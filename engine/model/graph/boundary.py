@@ -83,7 +83,8 @@ def unpack(b: Boundary, carrier: torch.Tensor) -> list[torch.Tensor]:
         else:
             raw = piece.detach().contiguous().view(torch.uint8)
             n = _numel(slot.shape) * _itemsize(slot.dtype)
-            out.append(raw[:n].view(slot.dtype).view(slot.shape))
+            # A copy: the slot's offset in the carrier need not be aligned to its dtype.
+            out.append(raw[:n].clone().view(slot.dtype).view(slot.shape))
     return out
 
 

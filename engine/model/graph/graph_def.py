@@ -46,7 +46,9 @@ class GraphModel:
         self.cfg = cfg
         self.model = build_model(cfg)
         self.task = cfg.task or infer_task(type(self.model).__name__) or "causal_lm"
-        inputs = example_inputs(self.task, micro_batch, cfg.seq_len)
+        inputs = example_inputs(
+            self.task, micro_batch, cfg.seq_len, config=getattr(self.model, "config", None)
+        )
         self.gm = trace(self.model, inputs)
         layers = repeated_layers(self.model)
         self.shards: list[Shard] = shards(self.gm, cfg.subgraphs or layers + 2, layers)
@@ -55,6 +57,10 @@ class GraphModel:
         self.groups = _tie_groups(self.model)
         self.ties = self._ties()
         self.per_block = can_init(self.model, sorted(self.param_names))
+
+    def shape_of(self, stage_name: str) -> tuple:
+        """The shape of a stage parameter ``layers.<block>.<name>``."""
+        return tuple(self.tensors[stage_name.split(".", 2)[2]].shape)
 
     def runner(self, block_ids: list[int]):
         """How a stage holding ``block_ids`` runs them (``runner.StageRunner``)."""

@@ -32,7 +32,9 @@ class SubgraphCost:
 
 def profile(graph, micro_batch: int) -> list[SubgraphCost]:
     """Costs of every subgraph of ``graph`` (a ``GraphModel``) for one micro-batch."""
-    batch = example_inputs(graph.task, micro_batch, graph.cfg.seq_len)
+    batch = example_inputs(
+        graph.task, micro_batch, graph.cfg.seq_len, config=getattr(graph.model, "config", None)
+    )
     carry: tuple = ()
     out = []
     for shard in graph.shards:
