@@ -76,7 +76,7 @@ def why_not(spec: JobSpec, fc: Forecast) -> str:
     if b.max_hourly_usd is not None and fc.hourly_usd > b.max_hourly_usd:
         return f"${fc.hourly_usd:.4g}/h > budget.max_hourly_usd ${b.max_hourly_usd:g}"
     if deadline is not None and fc.wall_s > deadline:
-        return f"{fc.wall_s / 3600:.3g} h > planner.deadline {deadline / 3600:.3g} h"
+        return f"{span(fc.wall_s)} > planner.deadline {span(deadline)}"
     return ""
 
 
@@ -132,7 +132,7 @@ def choose(
     rest = [o.cand for o in options if o is not chosen]
     line = (
         f"objective {objective}: {chosen.cand.layout.label()} on {chosen.forecast.devices} "
-        f"device(s), {chosen.forecast.wall_s / 3600:.3g} h, ${chosen.forecast.usd:.4g} to "
+        f"device(s), {span(chosen.forecast.wall_s)}, ${chosen.forecast.usd:.4g} to "
         f"finish ({len(fits)} of {len(options)} priced layouts fit)"
     )
     picked = Search([chosen.cand, *rest], found.rejected, [*found.explanation, line])
@@ -189,8 +189,14 @@ def cheapest_fit(
 def describe(o: Option) -> str:
     """One line: the layout, its devices, wall time and dollars to finish."""
     fc = o.forecast
-    hours = fc.wall_s / 3600
-    return f"{o.cand.layout.label()} on {fc.devices} device(s), {hours:.3g} h, ${fc.usd:.4g}"
+    return f"{o.cand.layout.label()} on {fc.devices} device(s), {span(fc.wall_s)}, ${fc.usd:.4g}"
+
+
+def span(seconds: float) -> str:
+    """Seconds as s, min or h (3 significant digits)."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.3g} h"
 
 
 def frontier(options: list[Option]) -> list[Option]:

@@ -130,6 +130,15 @@ def test_throughput_is_the_fastest_within_the_budget() -> None:
     assert s == pytest.approx(min(o.forecast.wall_s for o in within))
 
 
+def test_an_hourly_cap_keeps_the_plan_to_the_devices_it_pays_for() -> None:
+    # $0.45 per GPU-hour: $1 an hour pays for 2 of the 8
+    text = gpu_job() + "budget:\n  max_hourly_usd: 1.0\n"
+    plan = plan_priced(load_spec_text(text), home=NO_HOME)[0]
+    assert plan.world_size == 2 and plan.prediction.hourly_usd == pytest.approx(0.9)
+    with pytest.raises(SpecError, match="budget.max_hourly_usd"):
+        load_spec_text(gpu_job() + "budget:\n  max_hourly_usd: 0.4\n")  # not one GPU
+
+
 def test_frontier_keeps_only_options_nothing_beats_on_both() -> None:
     spec = load_spec_text(gpu_job())
     options = plan_options(spec, calibration_for(spec, NO_HOME), 8)
