@@ -1,7 +1,7 @@
 """The planner's search (Varuna sec. 4.4): micro-batch size, P sweep, simulation, ranking.
 
 1. m: the lowest micro-batch size at which the per-sample time F(m)/m stops improving
-   (by less than ``STOP_GAIN`` to the next calibrated size) and the model still fits
+   (by less than ``sizing.STOP_GAIN`` to the next size) and the model still fits
    memory; an explicit ``training.micro_batch_size`` is kept.
 2. P from the smallest that fits memory to min(blocks, G) (an explicit P only), with
    D = floor(G / P) (an explicit D kept); then, against the best of those and with its
@@ -10,9 +10,9 @@
    replicas take N // D or one more of the N = B / m micro-batches (``micro_batches``).
 3. Per (P, D, m): blocks balanced over stages by the schedule's own per-stage cost
    (exact min-max partition; under Varuna the last stage does not recompute), ranks
-   placed, and every applicable schedule simulated with a CostModel
-   from the calibration. Candidates are evaluated best bound first; one whose lower
-   bound cannot beat the best simulated step is skipped.
+   placed, and every applicable schedule simulated with a CostModel from the
+   calibration, best bound first: one whose bound cannot beat the best simulated step
+   is skipped, and one no plan could show (``shortlist``) is not simulated.
 4. Ranked by throughput (the global batch is fixed, so by step time), then devices.
 """
 
@@ -30,8 +30,10 @@ from jobctl.engine.planner.replicas import (
     fill_variant,
     micro_batches,
 )
+from jobctl.engine.planner.shortlist import Shortlist, sweep_lines
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.engine.planner.simulator.steady import steady_simulate
+from jobctl.engine.planner.sizing import GB, choose_m, fit_hint
 from jobctl.engine.planner.stage_costs import (
     CLOSED_FORM_PEAKS,
     StageCosts,
@@ -43,15 +45,17 @@ from jobctl.engine.planner.stage_costs import (
     recompute_counts,
     stage_costs,
     stage_memory,
+    step_floor,
 )
-from jobctl.spec import HardwareSpec, JobSpec, ParallelismSpec, TrainingSpec
+from jobctl.spec import JobSpec, ParallelismSpec, TrainingSpec
 
-GB = 1024**3
-STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
 AUTO_SCHEDULES = ("gpipe", "1f1b", "varuna", "shifted_critical_path", "zb_h1")
 RECOMPUTING = ("varuna", "shifted_critical_path")
 OPTIONAL_RECOMPUTE = ("gpipe", "1f1b", "zb_h1")  # recompute by parallelism.recompute
 SPLIT_BACKWARD = ("zb_h1",)  # zero bubble: backward split into B and W
+# Every CostModel field the pipeline depends on (all but the allreduce and optimizer).
+PIPELINE_COSTS = ("f", "b", "r", "w", "act", "grad", "jitter", "max_inflight_sends")
+PIPELINE_COSTS += ("opportunistic",)
 
 
 class PlanError(ValueError):
@@ -68,6 +72,7 @@ class Candidate:
     costs: StageCosts
     note: str = ""  # how D or m were adjusted for divisibility
     bound: float = 0.0
+    floor: float | None = None  # step_floor, where the search prunes with it
     memory: list[float] = field(default_factory=list)
     actions: list[list[Action]] = field(default_factory=list)
     sim: SimResult | None = None
@@ -85,6 +90,7 @@ class Search:
     ranked: list[Candidate]  # simulated, fastest first
     rejected: list[Candidate]  # did not fit, or could not beat the winner
     explanation: list[str]
+    pruned: list[Candidate] = field(default_factory=list)  # could not be shown (shortlist)
 
 
 def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | None]]:
@@ -115,30 +121,6 @@ def hosting(spec: JobSpec, P: int, D: int, cores: int) -> Hosting:
     return Hosting(
         P, D, hw.processes_per_node, placement, hw.one_machine, share, share and cores < P * D
     )
-
-
-def choose_m(spec: JobSpec, tables: Tables, max_P: int, cap: float) -> tuple[int, list[str]]:
-    """Varuna's m: the lowest m where F(m)/m stops improving, among sizes that fit."""
-    explicit, cal = spec.training.micro_batch_size, tables.cal
-    ms = sorted(cal.micro_batch_sizes)
-    per = {m: cal.per_sample(m) for m in ms}
-    table = ", ".join(f"m={m} {1e3 * per[m]:.3g} ms" for m in ms)
-    lines = [f"F(m)/m, forward+backward per sample: {table}"]
-    if isinstance(explicit, int):
-        return explicit, [*lines, f"m={explicit}: explicit training.micro_batch_size"]
-    stop = ms[-1]
-    for a, b in zip(ms, ms[1:], strict=False):
-        if 1 - per[b] / per[a] < STOP_GAIN:
-            stop = a
-            break
-    fitting = [m for m in ms if m <= stop and tables.min_memory(max_P, m) <= cap]
-    if not fitting:
-        return 1, lines  # nothing fits even at m=1: the P sweep explains
-    m = fitting[-1]
-    why = f"stops improving by {100 * STOP_GAIN:.0f} % after m={stop}"
-    if m != stop:
-        why += f"; m={stop} does not fit {spec.hardware.memory_gb} GB on {max_P} stages"
-    return m, [*lines, f"m={m}: {why}"]
 
 
 def candidates_for(
@@ -226,39 +208,67 @@ def _options_key(par: ParallelismSpec, lay: Layout) -> tuple:
 
 def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: int = 0) -> None:
     """Generate the schedule, check memory, simulate; fills ``memory``/``sim``/``why_not``."""
-    lay, cal = cand.layout, tables.cal
+    if fits_memory(spec, tables, cand, cap):
+        simulate_candidate(spec, tables, cand, seed)
+
+
+def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> bool:
+    """Fill ``memory`` (and ``why_not`` when a stage does not fit ``cap``)."""
+    lay = cand.layout
     # GPipe's, 1F1B's and ZB-H1's memory has a closed form: generate them only if they fit.
     if lay.schedule in CLOSED_FORM_PEAKS:
         peaks = activation_peaks(lay, None)
     else:
         peaks = generated_peaks(lay.schedule, lay.P, lay.M, _options_key(spec.parallelism, lay))
-    cand.memory = stage_memory(cal, cand.stages, peaks, lay.m)
+    cand.memory = stage_memory(tables.cal, cand.stages, peaks, lay.m)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
-    if cand.memory[worst] > cap:
-        cand.why_not = (
-            f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
-            f"> {spec.hardware.memory_gb} GB"
-        )
-        return
+    if cand.memory[worst] <= cap:
+        return True
+    cand.why_not = (
+        f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
+        f"> {spec.hardware.memory_gb} GB"
+    )
+    return False
+
+
+def priced(tables: Tables, cand: Candidate) -> StageCosts:
+    """The candidate's stage costs with sends (bounds need none; most never simulate)."""
+    if cand.costs.bound_only:
+        lay = cand.layout
+        cand.costs = stage_costs(tables.cal, lay, cand.stages, cand.hosting, tables.times(lay.m))
+    return cand.costs
+
+
+def simulate_candidate(spec: JobSpec, tables: Tables, cand: Candidate, seed: int = 0) -> None:
+    """Simulate a candidate that fits memory; fills ``actions`` and ``sim``."""
+    lay, cal = cand.layout, tables.cal
     actions = cand.actions = _schedule(spec.parallelism, lay)
-    # Priced for its bound only so far (most candidates are never simulated).
-    cand.costs = stage_costs(cal, lay, cand.stages, cand.hosting, tables.times(lay.m))
-    costs = cand.costs.model(lay, recompute_counts(actions))
+    costs = priced(tables, cand).model(lay, recompute_counts(actions))
     if cand.hosting.share_cores:
         # Messages cost more with load only where ranks outnumber cores (``contend``).
         _, cand.sim = contend(cal, actions, costs, lay.D, seed, cand.hosting.oversubscribed)
-    else:
+        return
+    # The pipeline is the same for every D with this M and these costs: only the
+    # allreduce and optimizer after it differ (``SimResult.recosted``).
+    key = (_options_key(spec.parallelism, lay), lay.schedule, lay.M, seed)
+    key += tuple(getattr(costs, name) for name in PIPELINE_COSTS)
+    sim = tables.pipelines.get(key)
+    if sim is None:
         # Large M: a few small simulations extrapolated from the periodic steady state
         # (``simulator.steady``), equal to simulating ``actions`` where costs are fixed.
         def make(M: int) -> list[list[Action]]:
             return actions if M == lay.M else _schedule(spec.parallelism, replace(lay, M=M))
 
-        sim = steady_simulate(make, lay.M, costs, seed)
-        _, cand.sim = replica_skew(tables.cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
+        sim = tables.pipelines[key] = steady_simulate(make, lay.M, costs, seed)
+    sim = sim.recosted(costs)
+    _, cand.sim = replica_skew(cal, actions, costs, sim, lay.D, demand(sim, lay.D), seed)
 
 
-def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
-    """Sweep, simulate and rank every candidate layout for G devices."""
+def search(
+    spec: JobSpec, G: int, cal: Calibration, source: str, exhaustive: bool = False
+) -> Search:
+    """Sweep, simulate and rank every candidate layout for G devices (``exhaustive``:
+    also those no plan could show, see ``shortlist``)."""
     cap = spec.hardware.memory_gb * GB
     n, par = cal.num_blocks, spec.parallelism
     explicit_P = par.pipeline_stages if isinstance(par.pipeline_stages, int) else None
@@ -272,13 +282,14 @@ def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
         cands = [c for P in Ps for c in candidates_for(spec, tables, P, G, m)]
         for c in cands:
             check_explicit(spec.training, c.layout, G)
-        ranked, rejected = _run(spec, tables, cands, cap)
+        short = None if exhaustive or not _prunable(spec) else Shortlist()
+        ranked, rejected = _run(spec, tables, cands, cap, None, short)
         if ranked and not isinstance(par.data_parallel, int):  # then every smaller D
             win = ranked[0].layout
             only = (win.schedule, win.recompute)
             beat = ranked[0].step
             more = [c for P in Ps for c in candidates_for(spec, tables, P, G, m, beat, only)]
-            more_ranked, more_rejected = _run(spec, tables, more, cap, ranked[0].step)
+            more_ranked, more_rejected = _run(spec, tables, more, cap, beat, short)
             ranked, rejected = sorted(ranked + more_ranked, key=rank_key), rejected + more_rejected
         smaller = [x for x in cal.micro_batch_sizes if x < m]
         if ranked or isinstance(spec.training.micro_batch_size, int) or not smaller:
@@ -289,10 +300,15 @@ def search(spec: JobSpec, G: int, cal: Calibration, source: str) -> Search:
         worst = min(rejected, key=lambda c: max(c.memory or [float("inf")]))
         raise PlanError(
             f"no layout fits: {worst.layout.label()} {worst.why_not}; "
-            + _fit_hint(spec.hardware, tables, G)
+            + fit_hint(spec.hardware, tables, G)
         )
     explain += sweep_lines(Ps, ranked, rejected)
-    return Search(ranked, rejected, explain)
+    return Search(ranked, rejected, explain, short.pruned if short else [])
+
+
+def _prunable(spec: JobSpec) -> bool:
+    """Is the search's order the plan's? (Money chooses among every layout simulated.)"""
+    return spec.planner.objective == "throughput" and not spec.budget.capped
 
 
 def _pipeline_depths(spec: JobSpec, tables: Tables, G: int, m: int, cap: float, explain: list[str]):
@@ -304,7 +320,7 @@ def _pipeline_depths(spec: JobSpec, tables: Tables, G: int, m: int, cap: float, 
     top = min(n, G)
     low = next((P for P in range(1, top + 1) if tables.min_memory(P, m) <= cap), None)
     if low is None:
-        raise PlanError(_fit_hint(spec.hardware, tables, G))
+        raise PlanError(fit_hint(spec.hardware, tables, G))
     explain.append(
         f"P sweep: from {low} (smallest P whose stages fit {spec.hardware.memory_gb} GB "
         f"at m={m}) to {top} = min(blocks {n}, G {G})"
@@ -328,72 +344,56 @@ def check_explicit(training: TrainingSpec, layout: Layout, G: int) -> None:
 
 
 def _run(
-    spec: JobSpec, tables: Tables, cands: list[Candidate], cap: float, best: float | None = None
+    spec: JobSpec,
+    tables: Tables,
+    cands: list[Candidate],
+    cap: float,
+    best: float | None = None,
+    short: Shortlist | None = None,
 ):
     """Evaluate candidates best bound first, skipping those that cannot win (``best``:
-    a step already simulated elsewhere)."""
+    a step already simulated elsewhere) and, with a ``short``list, those no plan could
+    show (into ``short.pruned``)."""
     ranked, rejected = [], []
     for c in sorted(cands, key=lambda c: c.bound):
         if best is not None and c.bound >= best:
             c.why_not = f"cannot win: even without bubbles a step takes >= {c.bound:.4g} s"
             rejected.append(c)
-            continue
-        evaluate(spec, tables, c, cap)
-        if c.sim is None:
+        elif _pruned(tables, c, short):
+            short.pruned.append(c)
+        elif not fits_memory(spec, tables, c, cap):
             rejected.append(c)
-            continue
-        ranked.append(c)
-        best = c.step if best is None else min(best, c.step)
+            if short is not None:
+                short.rejected(c)
+        elif _pruned(tables, c, short):  # now that its memory cannot list it
+            short.pruned.append(c)
+        else:
+            simulate_candidate(spec, tables, c)
+            ranked.append(c)
+            best = c.step if best is None else min(best, c.step)
+            if short is not None:
+                short.ranked(c)
     ranked.sort(key=rank_key)
     return ranked, rejected
+
+
+def _pruned(tables: Tables, cand: Candidate, short: Shortlist | None) -> bool:
+    """Is the candidate's ``step_floor`` above the step any plan could show it at?"""
+    cut = None if short is None or cand.hosting.share_cores else short.cutoff(cand)
+    if cut is None:  # (contention stretches costs after pricing: no floor there)
+        return False
+    lay = cand.layout
+    if cand.floor is None:
+        costs = priced(tables, cand).model(lay, None)
+        split = lay.schedule in SPLIT_BACKWARD
+        cand.floor = step_floor(costs, _recompute_counts(lay), lay.M, split=split)
+    if cand.floor <= cut:
+        return False
+    cand.why_not = f"cannot be shown: a step takes >= {cand.floor:.4g} s"
+    return True
 
 
 def rank_key(c: Candidate) -> tuple[float, int, float]:
     """Throughput first (the global batch is fixed: step time), then fewer devices,
     then less memory."""
     return (round(c.step, 12), c.layout.devices, max(c.memory))
-
-
-def _fit_hint(hardware: HardwareSpec, tables: Tables, G: int) -> str:
-    """What would fit memory when nothing does at this G."""
-    mem, n = hardware.memory_gb, tables.cal.num_blocks
-    cap = mem * GB
-    need = {P: tables.min_memory(P, 1) for P in range(1, n + 1)}
-    low = next((P for P in range(1, n + 1) if need[P] <= cap), None)
-    if low is None:
-        return (
-            f"the model does not fit {mem} GB devices even with one block per stage "
-            f"(P={n}): the heaviest block needs {need[n] / GB:.2f} GB with m=1; raise "
-            "hardware.memory_gb or use a smaller model"
-        )
-    if low > G:
-        top = min(n, G)
-        return (
-            f"the model needs at least P={low} stages to fit {mem} GB devices, but only "
-            f"G={G} devices are available: add devices (>= {low}), or raise "
-            f"hardware.memory_gb to {need[top] / GB:.2f} GB to fit P={top}"
-        )
-    return f"P >= {low} stages fit {mem} GB at m=1: lower micro_batch_size or raise P"
-
-
-def sweep_lines(Ps, ranked: list[Candidate], rejected: list[Candidate]) -> list[str]:
-    """One line per P: its best simulated layout, or why it has none."""
-    out = []
-    for P in Ps:
-        mine = [c for c in ranked if c.layout.P == P]
-        if mine:
-            best = mine[0]
-            others = ", ".join(
-                f"{c.layout.schedule}{'+R' if c.layout.recompute else ''} {c.step:.4g} s"
-                for c in mine[1:4]
-            )
-            note = f" [{best.note}]" if best.note else ""
-            out.append(
-                f"  P={P}: best {best.layout.label()} {best.step:.4g} s/step, "
-                f"bubble {100 * best.sim.bubble_ratio:.1f} %{note}"
-                + (f"; also {others}" if others else "")
-            )
-        else:
-            why = next((c.why_not for c in rejected if c.layout.P == P), "no candidate")
-            out.append(f"  P={P}: none ({why})")
-    return out

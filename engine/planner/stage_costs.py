@@ -84,6 +84,9 @@ class Tables:
         self.cal = cal
         self._times: dict[int, BlockTimes] = {}
         self._stages: dict[tuple[int, int, str], list[list[int]]] = {}
+        # Simulated pipelines by schedule and every cost before the allreduce: the D
+        # variants of one (P, M) share one (``SimResult.recosted``).
+        self.pipelines: dict[tuple, object] = {}
 
     def times(self, m: int) -> BlockTimes:
         if m not in self._times:
@@ -144,7 +147,7 @@ def generated(name: str, P: int, M: int, options: tuple) -> list[list[Action]]:
     return generate(name, P, M, **dict(options))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def generated_peaks(name: str, P: int, M: int, options: tuple) -> list[ActivationPeak]:
     """``activation_peaks`` of ``generated(name, P, M, options)``, counted once."""
     layout = Layout(P, 1, 1, M, name, ("recompute", True) in options)
@@ -330,6 +333,36 @@ def lower_bound(
         through = max(through, ramp + busy[s])
         ramp += costs.f[s] + costs.b[s]
     return max(own, through + costs.ar[0] + costs.opt[0])
+
+
+def step_floor(
+    costs: CostModel, recomputes: Sequence[int], M: int, *, split: bool = False
+) -> float:
+    """``lower_bound`` with the ramps and sends each stage cannot avoid (for pruning).
+
+    Stage s starts no earlier than micro-batch 0's forwards and activation sends on
+    stages 0..s-1 (its first action is a forward), ends no earlier than that plus its
+    own work (``busy``), and then (unsplit: its last action is a backward) the
+    gradient crosses each stage u < s (send, then u's backward) before u reduces and
+    steps. Sends count only where they are fixed (no jitter: a jittered send may take
+    0). The search prunes with it (``shortlist``); ``test_planner_search`` checks it
+    never exceeds the simulation.
+    """
+    P, fixed = costs.P, costs.jitter == 0
+    act = costs.act if fixed else (0.0,) * (P - 1)
+    grad = costs.grad if fixed else (0.0,) * (P - 1)
+    # With C[s] the gradient's way down to stage 0 from s, the end of stage u after
+    # stage s's last backward is end[s] + C[s] - C[u]: keep the best u <= s so far.
+    floor, start, down, tail = 0.0, 0.0, 0.0, -float("inf")
+    for s in range(P):
+        end = start + M * (costs.f[s] + costs.b[s]) + recomputes[s] * costs.r[s]
+        finish = costs.ar[s] + costs.opt[s]
+        tail = finish if split else max(tail, finish - down)
+        floor = max(floor, end + (tail if split else down + tail))
+        if s < P - 1:
+            start += costs.f[s] + act[s]
+            down += grad[s] + costs.b[s]
+    return floor
 
 
 def with_message(sends: Sequence[float], extra: float) -> list[float]:

@@ -25,6 +25,7 @@ forward, and only a recompute, or a backward without one, can deviate at all.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from itertools import accumulate
 from operator import attrgetter
@@ -153,13 +154,18 @@ class Engine:
         self.heap: list[tuple[float, int]] = []
         self.deviations = 0
         if facts:
-            self.rec = [f.recomputed for f in facts]
-            self.bounds = [f.peak for f in facts]
-            self.deltas = [(list(f.full), list(f.stashed)) for f in facts]
-            self.held = [[0, 0] for _ in range(P)]  # full, stashed; up to position counted
-            self.counted = [0] * P
-            self.next_forward = [0] * P
-            self.decided = [-1] * P  # position where the stage chose to keep order
+            self._prepare_decisions(facts)
+
+    def _prepare_decisions(self, facts: list[StageFacts]) -> None:
+        """State of the opportunistic decisions (``_choose``), per stage."""
+        P = self.P
+        self.rec = [f.recomputed for f in facts]
+        self.bounds = [f.peak for f in facts]
+        self.deltas = [(list(f.full), list(f.stashed)) for f in facts]
+        self.held = [[0, 0] for _ in range(P)]  # full, stashed; up to position counted
+        self.counted = [0] * P
+        self.next_forward = [0] * P
+        self.decided = [-1] * P  # position where the stage chose to keep order
 
     def run(self) -> None:
         """Advance stages along data flow; decide parked stages in time order."""
@@ -322,6 +328,12 @@ class Engine:
             out.append((s, None, self.free[s], ar_end, "allreduce"))
             out.append((s, None, ar_end, ar_end + c.opt[s], "optimizer"))
         return out
+
+    def recosted(self, costs: CostModel) -> Engine:
+        """This run with other allreduce and optimizer times (``SimResult.recosted``)."""
+        other = copy.copy(self)
+        other.costs = costs
+        return other
 
     def step_time(self) -> float:
         """When the last stage finishes its allreduce and optimizer step."""

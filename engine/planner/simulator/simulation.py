@@ -13,7 +13,7 @@ when ``SimResult.events`` is read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -152,6 +152,15 @@ class SimResult:
         each action in executed order followed by the send of its output, then the
         stage's allreduce and optimizer step."""
         return [SimEvent(*entry) for entry in self._engine.timeline()]
+
+    def recosted(self, costs: CostModel) -> SimResult:
+        """This step under ``costs`` that differ from the simulated ones in ``ar`` and
+        ``opt`` only: they run after each stage's last action and change nothing before
+        it, so only the step time (and the timeline's tail) moves (the planner's D
+        variants with one M share a pipeline)."""
+        ends = zip(self.stage_end, costs.ar, costs.opt, strict=True)
+        step = max(e + a + o for e, a, o in ends)
+        return replace(self, step_time=step, _engine=self._engine.recosted(costs))
 
     @cached_property
     def peak_activations(self) -> list[ActivationPeak]:

@@ -41,6 +41,10 @@ class _FullTimeline:
     def __init__(self, make: Generator, M: int, costs: CostModel, seed: int) -> None:
         self.args = make, M, costs, seed
 
+    def recosted(self, costs: CostModel) -> _FullTimeline:
+        make, M, _, seed = self.args
+        return _FullTimeline(make, M, costs, seed)
+
     def timeline(self):
         make, M, costs, seed = self.args
         return simulate(make(M), costs, seed)._engine.timeline()
