@@ -208,6 +208,11 @@ def _alternative(c: Candidate, why: str, **values) -> Alternative:
 
 def why_slower(c: Candidate, win: Candidate, G: int) -> str:
     """Why a simulated candidate lost to the winner, in the terms that differ."""
+    if c.step < win.step and c.layout.devices != win.layout.devices:  # chosen for money
+        return (
+            f"{100 * (1 - c.step / win.step):.1f} % faster on {c.layout.devices} devices, "
+            "but over the budget or dearer (planner.objective)"
+        )
     if c.step <= win.step:
         if c.layout.devices != win.layout.devices:
             return f"as fast, but on {c.layout.devices} devices, not {win.layout.devices}"
