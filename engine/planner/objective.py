@@ -135,7 +135,9 @@ def choose(
         f"device(s), {span(chosen.forecast.wall_s)}, ${chosen.forecast.usd:.4g} to "
         f"finish ({len(fits)} of {len(options)} priced layouts fit)"
     )
-    picked = Search([chosen.cand, *rest], found.rejected, [*found.explanation, line])
+    plain = objective == "throughput" and not spec.budget.capped  # the search's own pick
+    explain = found.explanation if plain else [*found.explanation, line]
+    picked = Search([chosen.cand, *rest], found.rejected, explain)
     return Choice(picked, chosen, options, line, side_by_side(spec, cal, chosen.cand, startup_s))
 
 

@@ -67,6 +67,8 @@ def answer(name: str) -> dict:
     shape, G = SPECS[name]
     got = make_plan(_spec(shape), G).model_dump(mode="json")
     got.pop("ranks")
+    for key in ("finish_s", "finish_usd", "hourly_usd"):  # planner.cost's, not the search's
+        got["prediction"].pop(key, None)
     for stage in got["stages"]:
         stage["actions"] = hashlib.sha256(stage["actions"].encode()).hexdigest()[:16]
     return got
