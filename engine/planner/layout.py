@@ -94,6 +94,12 @@ class Hosting:
     def ranks(self) -> list[RankPlan]:
         return place(self.P, self.D, self.per_node, self.placement)
 
+    @property
+    def nodes(self) -> int:
+        """Nodes the ranks occupy: ``place`` puts rank r on node r // per_node (without
+        building P x D rank records)."""
+        return (self.P * self.D - 1) // self.per_node + 1
+
 
 @functools.lru_cache(maxsize=4096)
 def _nic_sharing(hosting: Hosting, boundary: int) -> int:

@@ -25,6 +25,7 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.partition import partition
+from jobctl.engine.planner.simulator.engine import stage_facts
 from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 from jobctl.engine.schedule.generators import generate
@@ -149,7 +150,10 @@ def generated(name: str, P: int, M: int, options: tuple) -> list[list[Action]]:
 
 @lru_cache(maxsize=4096)
 def generated_peaks(name: str, P: int, M: int, options: tuple) -> list[ActivationPeak]:
-    """``activation_peaks`` of ``generated(name, P, M, options)``, counted once."""
+    """``activation_peaks`` of ``generated(name, P, M, options)``, counted once (by the
+    simulator's per-list ``stage_facts``, which a simulation of these lists reuses)."""
+    if name not in CLOSED_FORM_PEAKS:
+        return [stage_facts(acts).peak for acts in generated(name, P, M, options)]
     layout = Layout(P, 1, 1, M, name, ("recompute", True) in options)
     return activation_peaks(layout, generated(name, P, M, options))
 

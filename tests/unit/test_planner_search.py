@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from jobctl.engine.planner.layout import Layout
+from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.resolver import build_plan
 from jobctl.engine.planner.search import (
     AUTO_SCHEDULES,
@@ -110,3 +110,11 @@ def test_the_grid_prunes():
         spec = load_spec_text(GPT.format(layers=layers, hidden=hidden, batch=batch, memory=memory))
         pruned += len(search(spec, G, analytic(spec), "analytic").pruned)
     assert pruned > 0
+
+
+def test_hosting_nodes_is_the_placed_ranks_node_count():
+    for P, D, per_node in [(1, 1, 4), (3, 5, 4), (7, 3, 2), (4, 8, 8), (5, 1, 1)]:
+        for placement in ("stage_major", "pipeline_major"):
+            for one_host in (False, True):
+                hosting = Hosting(P, D, per_node, placement, one_host, False)
+                assert hosting.nodes == max(r.node for r in hosting.ranks) + 1

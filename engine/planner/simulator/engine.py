@@ -73,17 +73,19 @@ def stage_facts(acts: list[Action]) -> StageFacts:
     if hit is not None and hit[0] is acts and len(hit[1].full) == len(acts):
         return hit[1]
     ops = list(map(_op, acts))
-    rec = frozenset(a.micro_batch for a in acts if a.op is REC) if REC in ops else frozenset()
+    pairs = list(zip(ops, map(_micro_batch, acts), strict=True))
+    rec = frozenset(m for o, m in pairs if o is REC) if REC in ops else frozenset()
     split = WGT in ops
+    unsplit = 0 if split else -1  # what a B frees: everything, unless its W does
     full = tuple(
-        (a.micro_batch not in rec) if a.op is FWD
-        else 1 if a.op is REC
-        else -1 if a.op is WGT or not split
-        else 0
-        for a in acts
-    )  # fmt: skip
-    stashed = tuple((a.op is FWD and a.micro_batch in rec) - (a.op is REC) for a in acts)
-    movable = tuple(a.op is REC or (a.op is BWD and a.micro_batch not in rec) for a in acts)
+        (m not in rec) if o is FWD else 1 if o is REC else -1 if o is WGT else unsplit
+        for o, m in pairs
+    )
+    if rec:
+        stashed = tuple((o is FWD and m in rec) - (o is REC) for o, m in pairs)
+        movable = tuple(o is REC or (o is BWD and m not in rec) for o, m in pairs)
+    else:  # nothing recomputed: no stashed inputs, and every backward may deviate
+        stashed, movable = (0,) * len(ops), tuple(o is BWD for o in ops)
     peak = ActivationPeak(max(0, 0, *accumulate(full)), max(0, 0, *accumulate(stashed)))
     facts = StageFacts(rec, split, full, stashed, movable, peak)
     if len(_facts) >= FACTS_CACHED:
