@@ -8,7 +8,9 @@ first step less one predicted step (``record_startup``); the planner adds the me
 of this machine's last ``KEEP`` measurements to a plan's end-to-end prediction
 (``startup_for``). Until a run has been measured here there is no figure, and plans
 say so. Kept per machine (``cache.device_name`` of the device kind) under the state
-home's calibration folder.
+home's calibration folder. Recoveries (losing nodes to training again, recorded by
+the supervisor after each) are kept the same way (``kind="recovery"``): the cost
+forecast prices a preemption with them (``planner.cost``).
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ from jobctl.engine.core.home import default_home
 KEEP = 5  # measurements kept per machine
 
 
-def _path(home: Path | None, machine: str) -> Path:
+def _path(home: Path | None, machine: str, kind: str = "startup") -> Path:
     key = hashlib.sha256(machine.encode()).hexdigest()[:16]
-    return Path(home or default_home()) / "calibration" / f"startup-{key}.json"
+    return Path(home or default_home()) / "calibration" / f"{kind}-{key}.json"
 
 
-def record_startup(home: Path | None, machine: str, seconds: float) -> None:
-    """Add one launch-to-first-step measurement (seconds) for ``machine``."""
-    path = _path(home, machine)
+def record_startup(home: Path | None, machine: str, seconds: float, kind: str = "startup") -> None:
+    """Add one launch-to-first-step measurement (seconds) for ``machine`` (``kind``
+    ``recovery``: a recovery's, from losing nodes to training again)."""
+    path = _path(home, machine, kind)
     samples = _read(path)[-(KEEP - 1) :] + [max(0.0, seconds)]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -39,9 +42,10 @@ def record_startup(home: Path | None, machine: str, seconds: float) -> None:
     tmp.replace(path)
 
 
-def startup_for(home: Path | None, machine: str) -> float | None:
-    """The median measured start-up of ``machine``, or None if none was measured."""
-    samples = _read(_path(home, machine))
+def startup_for(home: Path | None, machine: str, kind: str = "startup") -> float | None:
+    """The median measured start-up (or ``kind`` ``recovery``) of ``machine``, or None
+    if none was measured."""
+    samples = _read(_path(home, machine, kind))
     return statistics.median(samples) if samples else None
 
 

@@ -8,8 +8,9 @@ calibration's state bytes and this machine's measured start-up. The wall time is
     T  = T0 / (1 - lambda x (recovery + redo))
 
 where lambda is the pool's preemption rate (``preemptions_per_hour`` per node, times
-the nodes used) and each preemption costs a recovery (detecting the lost node, then a
-relaunch: ``heartbeat_timeout_s`` + the measured start-up) and, on average, half a
+the nodes used) and each preemption costs a recovery (this machine's measured
+recoveries, ``calibration.startup``; until one is measured, detecting the lost node
+and a relaunch: ``heartbeat_timeout_s`` + the measured start-up) and, on average, half a
 checkpoint interval of steps redone (Varuna sec. 4.6: work since the last checkpoint
 is lost). The expected preemptions are lambda x T, so T solves T = T0 + lambda T
 (recovery + redo); when lambda (recovery + redo) >= 1 the job never finishes (inf).
@@ -39,6 +40,15 @@ class Pricing:
     label: str  # "on-demand" or "spot"
     price_per_hour: float  # USD per device-hour
     preemptions_per_hour: float = 0.0  # per node-hour
+
+
+@dataclass(frozen=True)
+class Measured:
+    """This machine's measured start-up and recovery (``calibration.startup``; None:
+    not measured here yet)."""
+
+    startup_s: float | None = None
+    recovery_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,10 +142,14 @@ def stage_state_bytes(cal: Calibration, stages: list[list[int]]) -> float:
     return max(sum(cal.blocks[b].state_bytes for b in s) for s in stages)
 
 
-def cost_config(spec: JobSpec, state_bytes: float, startup_s: float | None) -> CostConfig:
-    """The ``CostConfig`` of ``spec``: a rank's checkpoint of ``state_bytes``, the measured
-    ``startup_s`` (None: not measured on this machine yet, counted as 0)."""
-    start = startup_s or 0.0
+def cost_config(spec: JobSpec, state_bytes: float, measured: Measured) -> CostConfig:
+    """The ``CostConfig`` of ``spec``: a rank's checkpoint of ``state_bytes``, this
+    machine's ``measured`` start-up (not measured yet: 0) and recovery (not measured
+    yet: detection, ``elasticity.heartbeat_timeout_s``, and a start-up)."""
+    start = measured.startup_s or 0.0
+    recovery_s = measured.recovery_s
+    if recovery_s is None:
+        recovery_s = spec.elasticity.heartbeat_timeout_s + start
     final = state_bytes / (DISK_GBYTES_S * 1e9)
     if spec.checkpoint.remote:  # uploaded over the pool's link before the run ends
         final += state_bytes * 8 / (spec.hardware.interconnect.inter_node_gbps * 1e9)
@@ -143,11 +157,11 @@ def cost_config(spec: JobSpec, state_bytes: float, startup_s: float | None) -> C
     return CostConfig(
         steps=spec.training.steps,
         startup_s=start,
-        recovery_s=spec.elasticity.heartbeat_timeout_s + start,
+        recovery_s=recovery_s,
         checkpoint_every=spec.checkpoint.interval,
         snapshot_s=state_bytes / (SNAPSHOT_GBYTES_S * 1e9),
         final_s=final,
         pricings=found,
         paid=paid,
-        startup_measured=startup_s is not None,
+        startup_measured=measured.startup_s is not None,
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.planner.cost import (
     Forecast,
+    Measured,
     cost_config,
     forecast,
     forecasts,
@@ -29,6 +30,8 @@ from jobctl.engine.planner.cost import (
 )
 from jobctl.engine.planner.search import Candidate, PlanError, Search, rank_key, search
 from jobctl.spec import JobSpec
+
+NOT_MEASURED = Measured()
 
 
 class BudgetError(PlanError):
@@ -56,12 +59,12 @@ class Choice:
 
 
 def nodes_of(cand: Candidate) -> int:
-    return max(r.node for r in cand.hosting.ranks) + 1
+    return cand.hosting.nodes
 
 
-def price(spec: JobSpec, cal: Calibration, cand: Candidate, startup_s: float | None) -> Option:
+def price(spec: JobSpec, cal: Calibration, cand: Candidate, measured: Measured) -> Option:
     """``cand`` priced to finish ``spec`` (and whether the budget and deadline allow it)."""
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), startup_s)
+    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), measured)
     fc = forecast(cand.step, cand.layout.devices, nodes_of(cand), cfg, cfg.pricing())
     return Option(cand, fc, why_not(spec, fc))
 
@@ -108,23 +111,23 @@ def searches(
 
 
 def plan_options(
-    spec: JobSpec, cal: Calibration, G: int, startup_s: float | None = None
+    spec: JobSpec, cal: Calibration, G: int, measured: Measured = NOT_MEASURED
 ) -> list[Option]:
     """Every layout of every searched pool size, priced to finish the job."""
     ranked = searches(spec, cal, G, cal.source, wide=True)[1]
-    return [price(spec, cal, c, startup_s) for c in ranked]
+    return [price(spec, cal, c, measured) for c in ranked]
 
 
 def choose(
-    spec: JobSpec, cal: Calibration, G: int, source: str, startup_s: float | None = None
+    spec: JobSpec, cal: Calibration, G: int, source: str, measured: Measured = NOT_MEASURED
 ) -> Choice:
     """The layout ``planner.objective`` picks within the budget (module doc)."""
     found, ranked = searches(spec, cal, G, source)
-    options = [price(spec, cal, c, startup_s) for c in ranked]
+    options = [price(spec, cal, c, measured) for c in ranked]
     fits = [o for o in options if not o.why_not]
     objective = spec.planner.objective
     if not fits:
-        raise BudgetError(refusal(spec, cal, G, source, startup_s, options))
+        raise BudgetError(refusal(spec, cal, G, source, measured, options))
     if objective == "throughput":
         chosen = fits[0]  # the search's order: step time, then fewer devices
     else:
@@ -138,14 +141,14 @@ def choose(
     plain = objective == "throughput" and not spec.budget.capped  # the search's own pick
     explain = found.explanation if plain else [*found.explanation, line]
     picked = Search([chosen.cand, *rest], found.rejected, explain)
-    return Choice(picked, chosen, options, line, side_by_side(spec, cal, chosen.cand, startup_s))
+    return Choice(picked, chosen, options, line, side_by_side(spec, cal, chosen.cand, measured))
 
 
 def side_by_side(
-    spec: JobSpec, cal: Calibration, cand: Candidate, startup_s: float | None
+    spec: JobSpec, cal: Calibration, cand: Candidate, measured: Measured
 ) -> list[Forecast]:
     """``cand`` finishing the job under every pricing the spec gives (on-demand, spot)."""
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), startup_s)
+    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), measured)
     return forecasts(cand.step, cand.layout.devices, nodes_of(cand), cfg)
 
 
@@ -154,14 +157,14 @@ def refusal(
     cal: Calibration,
     G: int,
     source: str,
-    startup_s: float | None,
+    measured: Measured,
     options: list[Option],
 ) -> str:
     """Why nothing fits, and the cheapest plan that would: with P and D left to the planner
     when the spec pins them."""
     best = options[0]
     text = f"{best.cand.layout.label()} on {best.forecast.devices} device(s): {best.why_not}"
-    fit = cheapest_fit(spec, cal, G, source, startup_s)
+    fit = cheapest_fit(spec, cal, G, source, measured)
     if fit is None:
         cheapest = min(options, key=lambda o: o.forecast.usd)
         return f"{text}; no plan fits: the cheapest, {describe(cheapest)}, " + cheapest.why_not
@@ -173,7 +176,7 @@ def refusal(
 
 
 def cheapest_fit(
-    spec: JobSpec, cal: Calibration, G: int, source: str, startup_s: float | None
+    spec: JobSpec, cal: Calibration, G: int, source: str, measured: Measured
 ) -> Option | None:
     """The cheapest option within the budget and deadline with P and D left to the search."""
     par = spec.parallelism.model_copy(update={"pipeline_stages": "auto", "data_parallel": "auto"})
@@ -184,7 +187,7 @@ def cheapest_fit(
             ranked = search(free, g, cal, source).ranked
         except PlanError:
             continue
-        fits += [o for o in (price(spec, cal, c, startup_s) for c in ranked) if not o.why_not]
+        fits += [o for o in (price(spec, cal, c, measured) for c in ranked) if not o.why_not]
     return min(fits, key=lambda o: o.forecast.usd) if fits else None
 
 

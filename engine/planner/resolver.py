@@ -18,8 +18,8 @@ from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
-from jobctl.engine.planner.cost import cost_config, forecast, stage_state_bytes
-from jobctl.engine.planner.objective import Choice, choose, nodes_of
+from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
+from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.spec import JobSpec
@@ -67,7 +67,7 @@ def plan_priced(
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     cal = calibration or calibration_for(spec, home)
-    choice = choose(spec, cal, G, describe(cal, spec), startup_for(home, machine_key(spec)))
+    choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
     found = choice.found
     return build_plan(spec, cal, found, G, home), found.ranked[0].sim, choice
 
@@ -129,7 +129,7 @@ def build_plan(
         block_names=cal.names,
         stages=stage_plans,
         ranks=ranks,
-        prediction=predict(spec, cal, win, startup_for(home, machine_key(spec))),
+        prediction=predict(spec, cal, win, measured(home, spec)),
         alternatives=alternatives(spec, found, G),
         explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
     )
@@ -143,12 +143,19 @@ def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:
     return samples, samples / devices, price / 3600.0 / samples * 1000.0
 
 
+def measured(home: Path | None, spec: JobSpec) -> Measured:
+    """This machine's measured start-up and recovery, through the spec's backend."""
+    key = machine_key(spec)
+    return Measured(startup_for(home, key), startup_for(home, key, "recovery"))
+
+
 def predict(
-    spec: JobSpec, cal: Calibration, cand: Candidate, startup_s: float | None = None
+    spec: JobSpec, cal: Calibration, cand: Candidate, seen: Measured = NOT_MEASURED
 ) -> Prediction:
-    """The simulated step of a candidate as a Prediction (``startup_s``: measured)."""
+    """The simulated step of a candidate as a Prediction (``seen``: this machine's
+    measured start-up and recovery)."""
     samples, per_device, cost = _throughput(spec, cand)
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), startup_s)
+    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), seen)
     fc = forecast(cand.step, cand.layout.devices, nodes_of(cand), cfg, cfg.pricing())
     return Prediction(
         finish_s=fc.wall_s if fc.finishes else None,
@@ -162,7 +169,7 @@ def predict(
         source="calibration" if cal.source == "measured" else "analytic",
         samples_per_s_per_device=per_device,
         calibration=cal.fingerprint.key if cal.source == "measured" else None,
-        startup_s=startup_s,
+        startup_s=seen.startup_s,
     )
 
 

@@ -302,7 +302,8 @@ class Supervisor:
         first_step_ts = self.monitor.records.first_step_ts
         self._note_startup(first_step_ts)
         if self.loss is not None and first_step_ts is not None:
-            record_recovery(self.db, self.run_id, self.loss, first_step_ts)
+            seconds = record_recovery(self.db, self.run_id, self.loss, first_step_ts)
+            record_startup(self.db.home, machine_key(self.spec), seconds, kind="recovery")
             self.loss = None
         deadline = self.opts.deadline_s
         if outcome is None and deadline is not None and self.clock() - self.watched_at > deadline:

@@ -10,8 +10,17 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.calibration.startup import record_startup, startup_for
 from jobctl.engine.cli.app import app
-from jobctl.engine.planner.cost import CostConfig, Pricing, forecast, forecasts
+from jobctl.engine.planner.cost import (
+    SNAPSHOT_GBYTES_S,
+    CostConfig,
+    Measured,
+    Pricing,
+    cost_config,
+    forecast,
+    forecasts,
+)
 from jobctl.engine.planner.objective import BudgetError, frontier, plan_options
 from jobctl.engine.planner.resolver import plan_and_simulate, plan_priced
 from jobctl.engine.views.cost import frontier_picture
@@ -66,6 +75,20 @@ def test_preemptions_cost_recovery_and_half_an_interval_redone() -> None:
     assert fc.usd == pytest.approx(8 * 0.5 * fc.wall_s / 3600)
     never = forecast(1.0, 8, 40, cfg, spot)  # 80 preemptions/h, each losing 110 s
     assert math.isinf(never.wall_s) and not never.finishes
+
+
+def test_a_preemption_costs_the_measured_recovery_else_detection_and_a_start_up(tmp_path):
+    spec = load_spec_text(priced(spot="true", preemptions_per_hour=1))
+    cfg = cost_config(spec, 1e9, Measured(startup_s=20.0, recovery_s=50.0))
+    assert (cfg.startup_s, cfg.recovery_s, cfg.paid) == (20.0, 50.0, "spot")
+    assert cfg.snapshot_s == pytest.approx(1e9 / (SNAPSHOT_GBYTES_S * 1e9))
+    cfg = cost_config(spec, 1e9, Measured(startup_s=20.0))
+    assert cfg.recovery_s == spec.elasticity.heartbeat_timeout_s + 20.0
+    # the supervisor records each recovery beside the start-ups; plans read the median
+    for seconds in (40.0, 70.0, 55.0):
+        record_startup(tmp_path, "local:cpu", seconds, kind="recovery")
+    assert startup_for(tmp_path, "local:cpu", "recovery") == 55.0
+    assert startup_for(tmp_path, "local:cpu") is None
 
 
 def test_on_demand_and_spot_side_by_side() -> None:
