@@ -51,15 +51,17 @@ def load_spec_text(
 ) -> JobSpec:
     """Load and validate a job spec from YAML ``text``; ``filename`` is used in messages.
 
-    A relative ``data.path`` resolves against the folder of ``filename``, or against the
-    current directory when ``filename`` is a placeholder such as ``<string>``.
+    A relative ``data.path`` (or ``model.huggingface`` path) resolves against the folder
+    of ``filename``, or against the current directory when ``filename`` is a
+    placeholder such as ``<string>``.
     """
     source = parse_yaml(text, filename)
     if not isinstance(source.data, dict):
         raise SpecError(source.issues or [_not_a_mapping(source)])
     data, applied, issues = _apply_overrides(source.data, overrides or {}, filename)
     issues = source.issues + issues
-    data = _resolve_data_path(data, _base_dir(filename))
+    base = _base_dir(filename)
+    data = _resolve_model_paths(_resolve_data_path(data, base), base)
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as err:
@@ -153,3 +155,21 @@ def _resolve_data_path(data: dict[str, Any], base: Path) -> dict[str, Any]:
             path = Path(value).expanduser()
             resolved[key] = os.path.abspath(path if path.is_absolute() else base / path)
     return {**data, "data": {**section, **resolved}} if resolved else data
+
+
+def _resolve_model_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Make relative ``model.huggingface.config_path`` and ``pretrained`` absolute
+    against ``base``, as ``data.path`` is, so every process reads the same files."""
+    model = data.get("model")
+    hf = model.get("huggingface") if isinstance(model, dict) else None
+    if not isinstance(hf, dict):
+        return data
+    resolved = {}
+    for key in ("config_path", "pretrained"):
+        value = hf.get(key)
+        if isinstance(value, str) and value and "://" not in value:
+            path = Path(value).expanduser()
+            resolved[key] = os.path.abspath(path if path.is_absolute() else base / path)
+    if not resolved:
+        return data
+    return {**data, "model": {**model, "huggingface": {**hf, **resolved}}}

@@ -139,3 +139,13 @@ def test_factory_that_raises(tmp_path):
 def test_factory_returning_no_module(tmp_path, factory, kind):
     path = _spec(tmp_path, f'  import: "{HERE}:{factory}"')
     _validate_fails(path, "import:", kind, "not an nn.Module")
+
+
+def test_relative_pretrained_resolves_against_the_spec_folder(tmp_path, saved_gpt2):
+    _copy_dir(saved_gpt2, tmp_path / "weights")
+    path = _spec(tmp_path, _hf_yaml(pretrained="weights"))
+    r = runner.invoke(app, ["validate", str(path)])  # from the repository, not tmp_path
+    assert r.exit_code == 0, r.output
+    from jobctl.spec import load_spec
+
+    assert load_spec(path).model.huggingface.pretrained == str(tmp_path / "weights")
