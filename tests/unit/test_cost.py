@@ -219,3 +219,28 @@ def test_cost_forecasts_under_every_pricing() -> None:
     on_demand, spot = forecasts(1.0, 2, 1, cfg)
     assert on_demand.usd == pytest.approx(2 * 3.0 * 10 / 3600)
     assert cfg.pricing().label == "spot" and spot.preemptions > 0
+
+
+def test_plan_prints_dollars_to_finish_and_the_frontier_in_80_columns(tmp_path):
+    spec_file = tmp_path / "gpt.yaml"
+    spec_file.write_text(
+        gpu_job().replace(
+            "price_per_hour: 0.45", "price_per_hour: 1.5\n  spot_price_per_hour: 0.45"
+        )
+        + "planner:\n  objective: cost\n"
+    )
+    r = CliRunner().invoke(
+        app, ["plan", str(spec_file), "--home", str(NO_HOME)], env={"COLUMNS": "80"}
+    )
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("cost"))
+    money = lines[start:]
+    assert max(map(len, money)) <= 80
+    text = "\n".join(money)
+    assert "on-demand" in text and "spot (paid)" in text and "$ to finish" in text
+    assert "time vs dollars (objective cost; * = chosen)" in text
+    # the frontier: 8, 4, 2 and 1 GPUs, the cheapest (1 GPU) chosen
+    legend = [line.split() for line in money if line.startswith("  ") and " dev " in line]
+    assert [row[0] for row in legend] == ["a", "b", "c", "*"]
+    assert [row[row.index("dev") - 1] for row in legend] == ["8", "4", "2", "1"]
