@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from .base import SpecModel, Violation
 
 CLASS_PATTERN = r"^[A-Z][A-Za-z0-9_]*$"
 #: What a traced model is trained to do; ``auto`` infers it from the class name.
 Task = Literal["causal_lm", "masked_lm", "seq2seq"]
+LOSS_PATTERN = r"^(auto|next_token|cross_entropy|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+#: A traced model's loss: its own, a named one, or ``pkg.module:fn(logits, batch)``.
+LossName = Annotated[str, StringConstraints(pattern=LOSS_PATTERN)]
 
 
 class HuggingFaceSpec(SpecModel):

@@ -25,7 +25,7 @@ from .limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
-from .model_source import HuggingFaceSpec, Task, hf_defaults, hf_violations
+from .model_source import HuggingFaceSpec, LossName, Task, hf_defaults, hf_violations
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -75,9 +75,13 @@ class ModelSpec(SpecModel):
     task: Task | None = Field(
         None, description="What a traced model learns (batches and labels); null infers it."
     )
+    loss: LossName = Field(
+        "auto", description="A traced model's loss: 'auto' (its own, given labels), "
+        "'next_token', 'cross_entropy', or 'pkg.module:fn' called as fn(logits, batch)."
+    )
     subgraphs: int | None = Field(
         None, ge=2, le=MAX_LAYERS, description="Subgraphs a traced model is sharded into "
-        "(the planner's cut points); null: one per layer plus two."
+        "(the planner's cut points, Merak Alg. 2's k); null: 2 per layer + 2."
     )
 
     @model_validator(mode="before")

@@ -216,12 +216,12 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
 
         cfg = GraphModelConfig(
             hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
-            hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task,
+            hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task, loss=m.loss,
             seq_len=m.seq_len, subgraphs=m.subgraphs, seed=seed,
         )
         return graph_model_def(cfg, micro_batch)
     if m.import_:
-        extra = {"task": m.task, "seq_len": m.seq_len, "subgraphs": m.subgraphs}
+        extra = {"task": m.task, "seq_len": m.seq_len, "subgraphs": m.subgraphs, "loss": m.loss}
         return import_def(m.import_, dict(m.import_args), seed, micro_batch, **extra)
     shape = (m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings)
     return gpt_def(*shape, seed)
@@ -260,9 +260,9 @@ class Stage(nn.Module):
         """A traced model's keyword arguments for tokens ``x`` -> ``y`` (None: builtin)."""
         return None if self.graph is None else self.graph.batch(x, y, first)
 
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, out: torch.Tensor, y: torch.Tensor, batch: dict | None = None) -> torch.Tensor:
         """The last stage's micro-batch loss."""
-        return self.graph.loss(out, y) if self.graph is not None else lm_loss(out, y)
+        return self.graph.loss(out, y, batch) if self.graph is not None else lm_loss(out, y)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -216,7 +216,8 @@ class StepExecutor:
         if x.is_floating_point():
             x.requires_grad_(True)
         out = self.stage(x, batch)
-        loss = self.stage.loss(out, y) * self.shard.loss_scale if self.topo.is_last else None
+        last = self.topo.is_last
+        loss = self.stage.loss(out, y, batch) * self.shard.loss_scale if last else None
         self.saved[i] = {"x": x, "out": out, "loss": loss, "graph": True}
         return out
 

@@ -74,7 +74,8 @@ def _step(
     for i in range(shard.micro_batches):
         first = shard.first_sample(step, 0, i)
         x, y = data.batch(first, shard.micro_batch)
-        loss = model.loss(model(x, model.batch(x, y, first)), y) * shard.loss_scale
+        batch = model.batch(x, y, first)
+        loss = model.loss(model(x, batch), y, batch) * shard.loss_scale
         loss.backward()
         total += float(loss.detach())
     for n, keep in held.items():

@@ -97,3 +97,11 @@ def test_tied_gpt2_resumes_into_another_layout(tmp_path):
     weights = final_weights(run.dir, 4)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+def test_named_loss_trains_the_logits_like_one_process(tmp_path):
+    # model.loss: next_token -- the model is traced without labels, the last stage takes
+    # its logits and computes the builtin GPT's loss against the next tokens.
+    run = run_and_compare(tmp_path, hf_spec(LLAMA, 2, 1, **{"model.loss": "next_token"}))
+    assert run.plan.P == 2

@@ -138,3 +138,27 @@ def test_boundary_round_trips_mixed_dtypes_bit_exactly():
     assert torch.equal(out[1], mask) and torch.equal(out[2], pos) and torch.equal(out[3], half)
     out[0].sum().backward()  # the gradient reaches the hidden state, only it
     assert torch.equal(h.grad, torch.ones_like(h))
+
+
+def test_eval_mode_turns_the_traced_dropout_off():
+    config = {**FAMILIES["gpt2"][1], "resid_pdrop": 0.5}
+    g = GraphModel(GraphModelConfig(hf_class="GPT2LMHeadModel", hf_config=config, seq_len=T), B)
+    blocks = [g.block(i, seed=3) for i in range(len(g.shards))]
+    x = torch.randint(1, 97, (B, T), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x}
+
+    def loss() -> float:
+        carry: tuple = ()
+        with torch.no_grad():
+            for b in blocks:
+                carry = b.run(carry, batch)
+        return float(carry[0])
+
+    train = {loss() for _ in range(3)}
+    assert len(train) == 3  # dropout draws differ in train mode
+    for b in blocks:
+        b.eval()
+    ref = _reference("GPT2LMHeadModel", config, blocks).eval()
+    with torch.no_grad():
+        want = float(ref(**batch, use_cache=False).loss)
+    assert loss() == pytest.approx(want, abs=1e-6) and loss() == loss()

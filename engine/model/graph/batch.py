@@ -70,10 +70,11 @@ def example_inputs(
     task: str, m: int, seq_len: int, device: str = "meta", config=None
 ) -> dict:
     """Meta tensors shaped like one micro-batch of ``task`` (for tracing); an image
-    task's shape comes from the model's config (channels, image size)."""
+    task's shape comes from the model's config fields (channels, image size)."""
+    config = config or {}
     if task == "image_classification":
-        c = getattr(config, "num_channels", 3)
-        size = getattr(config, "image_size", 224)
+        c = config.get("num_channels", 3)
+        size = config.get("image_size", 224)
         pixels = torch.zeros(m, c, size, size, device=device)
         return {"pixel_values": pixels, "labels": torch.zeros(m, dtype=torch.long, device=device)}
     # Distinct tensors: export would merge two arguments that are one object.

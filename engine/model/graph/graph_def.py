@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from jobctl.engine.model.graph import boundary
+from jobctl.engine.model.graph import boundary, cache
 from jobctl.engine.model.graph.batch import example_inputs, infer_task
-from jobctl.engine.model.graph.shard import Shard, shards
+from jobctl.engine.model.graph.shard import shards
 from jobctl.engine.model.graph.source import (
     GraphModelConfig,
     build_model,
@@ -25,7 +26,7 @@ from jobctl.engine.model.graph.source import (
     param_tensors,
     repeated_layers,
 )
-from jobctl.engine.model.graph.subgraph import Subgraph
+from jobctl.engine.model.graph.subgraph import Subgraph, repoint_devices
 from jobctl.engine.model.graph.trace import trace
 from jobctl.engine.model.graph.weights import can_init, init_block, read_pretrained
 
@@ -44,23 +45,46 @@ class GraphModel:
 
     def __init__(self, cfg: GraphModelConfig, micro_batch: int) -> None:
         self.cfg = cfg
-        self.model = build_model(cfg)
-        self.task = cfg.task or infer_task(type(self.model).__name__) or "causal_lm"
-        inputs = example_inputs(
-            self.task, micro_batch, cfg.seq_len, config=getattr(self.model, "config", None)
-        )
-        self.gm = trace(self.model, inputs)
-        layers = repeated_layers(self.model)
-        self.shards: list[Shard] = shards(self.gm, cfg.subgraphs or layers + 2, layers)
-        self.tensors = param_tensors(self.model)
-        self.param_names = set(dict(self.model.named_parameters(remove_duplicate=False)))
-        self.groups = _tie_groups(self.model)
+        k = cache.key(describe(cfg, micro_batch)) if cacheable(cfg) else None
+        traced = cache.load(k) if k else None
+        if traced is None:
+            traced = self._trace(micro_batch)
+            if k:
+                cache.save(k, traced)
+        self.gm, self.shards, self.task = traced.gm, traced.shards, traced.task
+        self.shapes, self.groups, self.config = traced.shapes, traced.groups, traced.config
+        self.param_names = {n for n, (_, _, param) in self.shapes.items() if param}
         self.ties = self._ties()
-        self.per_block = can_init(self.model, sorted(self.param_names))
+
+    def _trace(self, micro_batch: int) -> cache.Traced:
+        model = self.model
+        task = self.cfg.task or infer_task(type(model).__name__) or "causal_lm"
+        config = config_fields(model)
+        inputs = example_inputs(task, micro_batch, self.cfg.seq_len, config=config)
+        if self.cfg.loss != "auto":  # a named loss: the model returns logits
+            inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        gm = trace(model, inputs)
+        layers = repeated_layers(model)
+        found = shards(gm, self.cfg.subgraphs or 2 * layers + 2, layers)
+        params = set(dict(model.named_parameters(remove_duplicate=False)))
+        shapes = {
+            n: (tuple(t.shape), t.dtype, n in params) for n, t in param_tensors(model).items()
+        }
+        return cache.Traced(gm, found, shapes, _tie_groups(model), task, config)
+
+    @functools.cached_property
+    def model(self) -> torch.nn.Module:
+        """The user's model with meta parameters (built when weights are first needed)."""
+        return build_model(self.cfg)
+
+    def meta_tensor(self, name: str) -> torch.Tensor:
+        """A parameter or buffer as a meta tensor (a parameter requires grad)."""
+        shape, dtype, param = self.shapes[name]
+        return torch.empty(shape, dtype=dtype, device="meta", requires_grad=param)
 
     def shape_of(self, stage_name: str) -> tuple:
         """The shape of a stage parameter ``layers.<block>.<name>``."""
-        return tuple(self.tensors[stage_name.split(".", 2)[2]].shape)
+        return self.shapes[stage_name.split(".", 2)[2]][0]
 
     def runner(self, block_ids: list[int]):
         """How a stage holding ``block_ids`` runs them (``runner.StageRunner``)."""
@@ -71,9 +95,8 @@ class GraphModel:
     @property
     def mask_id(self) -> int:
         """The masked-LM mask token: the config's ``mask_token_id``, else the last id."""
-        config = getattr(self.model, "config", None)
-        explicit = getattr(config, "mask_token_id", None)
-        return int(explicit) if explicit is not None else int(getattr(config, "vocab_size", 1)) - 1
+        explicit = self.config.get("mask_token_id")
+        return int(explicit) if explicit is not None else int(self.config.get("vocab_size", 1)) - 1
 
     @property
     def names(self) -> list[str]:
@@ -103,16 +126,18 @@ class GraphModel:
             if name in self.param_names:
                 tensors[target] = values[name]
             else:  # a buffer: real already (source.meta_parameters keeps buffers)
-                tensors[target] = self.tensors[name]
-        return Subgraph(self.gm, shard, tensors, self.original)
+                tensors[target] = self.model.get_buffer(name)
+        sub = Subgraph(self.gm, shard, tensors, self.original)
+        repoint_devices(sub, torch.device("cpu"))  # where its weights are; a stage moves it
+        return sub
 
     def _values(self, i: int, params: list[str], seed: int) -> dict[str, torch.nn.Parameter]:
         """One ``nn.Parameter`` per distinct tensor, shared by its tied names."""
         if self.cfg.pretrained:
             wanted = {n: self._aliases(n) for n in params}
-            shapes = {n: tuple(self.tensors[n].shape) for n in params}
+            shapes = {n: self.shapes[n][0] for n in params}
             raw = read_pretrained(self.cfg.pretrained, wanted, shapes)
-        elif self.per_block:
+        elif can_init(self.model, params):
             raw = init_block(self.model, params, _block_seed(seed, i))
             for n in params:
                 if n in self.groups:
@@ -142,6 +167,29 @@ class GraphModel:
     def boundary_of(self, values: list[torch.Tensor]) -> boundary.Boundary:
         """The carrier layout of the values one subgraph hands the next."""
         return boundary.describe(values)
+
+
+def cacheable(cfg: GraphModelConfig) -> bool:
+    """Only a Hugging Face class is cached: its code is pinned by the transformers
+    version in the key; a user factory's code may change under the same name."""
+    return cfg.hf_class is not None
+
+
+def describe(cfg: GraphModelConfig, micro_batch: int) -> dict:
+    """What the trace depends on (the config file's content, not its path)."""
+    config = cfg.hf_config
+    source = cfg.hf_config_path or (f"{cfg.pretrained}/config.json" if cfg.pretrained else None)
+    if source:
+        config = Path(source).read_text()
+    return {"class": cfg.hf_class, "config": config, "task": cfg.task, "m": micro_batch,
+            "seq_len": cfg.seq_len, "subgraphs": cfg.subgraphs, "loss": cfg.loss}
+
+
+def config_fields(model: torch.nn.Module) -> dict:
+    """The model config's fields the batches need (image shape, vocabulary, mask id)."""
+    config = getattr(model, "config", None)
+    names = ("num_channels", "image_size", "vocab_size", "mask_token_id")
+    return {n: getattr(config, n) for n in names if getattr(config, n, None) is not None}
 
 
 def _tie_groups(model: torch.nn.Module) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import fx
 from torch.utils.flop_counter import FlopCounterMode
 
 from jobctl.engine.model.graph import boundary
@@ -32,31 +33,33 @@ class SubgraphCost:
 
 def profile(graph, micro_batch: int) -> list[SubgraphCost]:
     """Costs of every subgraph of ``graph`` (a ``GraphModel``) for one micro-batch."""
-    batch = example_inputs(
-        graph.task, micro_batch, graph.cfg.seq_len, config=getattr(graph.model, "config", None)
-    )
+    batch = example_inputs(graph.task, micro_batch, graph.cfg.seq_len, config=graph.config)
     carry: tuple = ()
-    out = []
+    costs = []
     for shard in graph.shards:
-        tensors = {t: graph.tensors[graph.original(t)] for t in shard.params}
+        tensors = {t: graph.meta_tensor(graph.original(t)) for t in shard.params}
         sub = Subgraph(graph.gm, shard, tensors, graph.original)
-        counter = FlopCounterMode(display=False)
+        counter, sizes = FlopCounterMode(display=False), _Sizes(sub)
         with counter, torch.no_grad():
-            carry = sub.run(carry, batch)
+            out = sizes.run(*carry, *[batch[n] for n in shard.batch_in])
+        carry = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         params = sum(
             t.numel() for t in tensors.values() if t.is_floating_point() and t.requires_grad
         )
         last = not shard.carry_out
         out_bytes = 0 if last else boundary.describe(list(carry)).nbytes()
-        out.append(SubgraphCost(params, float(counter.get_total_flops()), out_bytes, _acts(sub)))
-    return out
+        flops = float(counter.get_total_flops())
+        costs.append(SubgraphCost(params, flops, out_bytes, sizes.total))
+    return costs
 
 
-def _acts(sub: Subgraph) -> int:
-    """Bytes of the float values the subgraph's nodes produce (traced metadata)."""
+class _Sizes(fx.Interpreter):
+    """Runs a subgraph and adds up the bytes of the float values its nodes produce."""
+
     total = 0
-    for node in sub.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.is_floating_point():
-            total += val.numel() * val.element_size()
-    return total
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        if n.op == "call_function" and isinstance(out, torch.Tensor) and out.is_floating_point():
+            self.total += out.numel() * out.element_size()
+        return out

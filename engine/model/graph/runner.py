@@ -15,6 +15,7 @@ from torch import nn
 
 from jobctl.engine.model.graph import boundary
 from jobctl.engine.model.graph.batch import model_inputs
+from jobctl.engine.model.graph.losses import compute, split_labels
 from jobctl.engine.model.graph.subgraph import repoint_devices
 
 
@@ -46,19 +47,20 @@ class StageRunner:
         for i in self.block_ids:
             carry = stage.layers[str(i)].run(carry, batch or {})
         if self.last:
-            return carry[0]  # the model's own loss: the first output when labels are given
+            return carry[0]  # the loss (labels given) or the logits (model.loss named)
         self.out_boundary = boundary.describe(list(carry))
         return boundary.pack(self.out_boundary, list(carry))
 
     def batch(self, x: torch.Tensor, y: torch.Tensor, first: int) -> dict:
         """The model's keyword arguments for one micro-batch of tokens."""
         g = self.graph
-        return model_inputs(g.task, x, y, first, g.cfg.seed, g.mask_id)
+        return split_labels(model_inputs(g.task, x, y, first, g.cfg.seed, g.mask_id), g.cfg.loss)
 
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The model computed its own loss; ``y`` is already inside the batch."""
-        del y
-        return out
+    def loss(self, out: torch.Tensor, y: torch.Tensor, batch: dict | None) -> torch.Tensor:
+        """The model's own loss (``out``), or ``model.loss`` of its logits."""
+        if self.graph.cfg.loss == "auto":
+            return out
+        return compute(self.graph.cfg.loss, out, y, batch or {})
 
 
 def _device_of(stage: nn.Module, x: torch.Tensor | None) -> torch.device:

@@ -38,6 +38,7 @@ class GraphModelConfig:
     hf_config_path: str | None = None
     pretrained: str | None = None
     task: str | None = None
+    loss: str = "auto"
     seq_len: int = 32
     subgraphs: int | None = None
     seed: int = 0

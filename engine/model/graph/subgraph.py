@@ -18,6 +18,8 @@ from torch import fx
 
 from jobctl.engine.model.graph.shard import Shard
 
+DROPOUTS = (torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default)
+
 
 class Subgraph(fx.GraphModule):
     """One shard as a module: ``run(carry, batch) -> carry`` (a tuple of tensors).
@@ -36,6 +38,21 @@ class Subgraph(fx.GraphModule):
         graph = _graph(gm, shard, rename)
         super().__init__({rename(t): tensors[t] for t in shard.params}, graph)
         self.shard = shard
+
+    def train(self, mode: bool = True) -> Subgraph:
+        """Switch the traced dropouts too: the trace baked ``train=True`` into each
+        ``aten.dropout`` call, so eval mode rewrites that argument (eval losses without
+        dropout, as the unmodified model in ``eval()`` computes them)."""
+        super().train(mode)
+        changed = False
+        for node in self.graph.nodes:
+            dropout = node.op == "call_function" and node.target in DROPOUTS
+            if dropout and len(node.args) == 3 and node.args[2] != mode:
+                node.args = (node.args[0], node.args[1], mode)
+                changed = True
+        if changed:
+            self.recompile()
+        return self
 
     def run(self, carry: tuple, batch: dict) -> tuple:
         """The shard's outputs from the carried values and the batch's inputs."""
