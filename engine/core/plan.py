@@ -24,6 +24,12 @@ class StagePlan(_Frozen):
     blocks: list[int] = Field(description="model blocks (cut-point sections) this stage holds")
     ranks: list[int] = Field(description="global rank of this stage in replica d, for each d")
     recompute: bool = Field(False, description="forwards keep only inputs; R re-runs them")
+    keep_blocks: int | None = Field(
+        None,
+        description="stage-aware recomputation (Merak sec. 5.2): the leading blocks that keep "
+        "their activations; the others keep only their input and recompute in backward",
+    )
+    alpha: float | None = Field(None, description="Merak's non-recompute ratio alpha_i")
     actions: str = Field(description="compact action list, e.g. 'F0 F1 B0 B1'")
 
     def action_list(self) -> list[Action]:

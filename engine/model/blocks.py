@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Embedding(nn.Module):
@@ -230,9 +231,12 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
 class Stage(nn.Module):
     """The blocks one pipeline stage owns, under the unsplit model's names."""
 
-    def __init__(self, mdef: ModelDef, blocks: Iterable[int]) -> None:
+    def __init__(self, mdef: ModelDef, blocks: Iterable[int], keep: int | None = None) -> None:
         super().__init__()
         self.block_ids = list(blocks)
+        # Stage-aware recomputation (Merak sec. 5.2): blocks past the first ``keep`` run
+        # under activation checkpointing (their input kept, recomputed in backward).
+        self.keep = keep
         self.layers = nn.ModuleDict({str(i): mdef.block(i) for i in self.block_ids})
         # A traced model's runner (model/graph/runner); plain attribute, not a submodule.
         self.graph = None if mdef.graph is None else mdef.graph.runner(self.block_ids)
@@ -252,7 +256,20 @@ class Stage(nn.Module):
         for a traced model that computes its own, the loss."""
         if self.graph is not None:
             return self.graph.forward(self, x, batch)
-        for i in self.block_ids:
+        kept, rest = self.split_kept()
+        for i in kept:
+            x = self.layers[str(i)](x)
+        if rest:
+            x = checkpoint(self._run, rest, x, use_reentrant=False)
+        return x
+
+    def split_kept(self) -> tuple[list[int], list[int]]:
+        """The blocks that keep activations, and those recomputed in backward."""
+        k = len(self.block_ids) if self.keep is None else self.keep
+        return self.block_ids[:k], self.block_ids[k:]
+
+    def _run(self, blocks: list[int], x: torch.Tensor) -> torch.Tensor:
+        for i in blocks:
             x = self.layers[str(i)](x)
         return x
 

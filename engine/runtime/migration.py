@@ -120,7 +120,9 @@ class _Reuse(ModelDef):
     """A ModelDef that hands back the modules a rank keeps instead of building them."""
 
     def __init__(self, mdef: ModelDef, kept: dict[int, nn.Module]):
-        super().__init__(mdef.num_blocks, mdef.build, mdef.ties, mdef.seed, mdef.names)
+        super().__init__(
+            mdef.num_blocks, mdef.build, mdef.ties, mdef.seed, mdef.names, mdef.graph
+        )
         self.kept = kept
 
     def block(self, i: int) -> nn.Module:
@@ -196,7 +198,8 @@ def migrate(
     out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, live_group=live)
     if member:
         kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
-        out.stage = Stage(_Reuse(mdef, kept), mine_new)
+        keep = new.stage_of(rank).keep_blocks
+        out.stage = Stage(_Reuse(mdef, kept), mine_new, keep)
         _fill_arrivals(out.stage, received, device)
         out.named = dict(out.stage.named_parameters())
         out.opt = _optimizer(out.named, opt, received, training)

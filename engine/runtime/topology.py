@@ -50,6 +50,21 @@ def tie_blocks(ties) -> set[int]:
     return {int(n.split(".")[1]) for t in ties for n in (t.canonical, t.alias)}
 
 
+def _tied_group(plan: Plan, rank: int, has_ties: bool | set[int]) -> tuple[list[int], object]:
+    """The ranks holding a tied copy and their group (created collectively).
+
+    The stages holding a copy: first and last for the builtin GPT, any for a traced
+    model (T5's shared embedding is read by encoder and decoder subgraphs).
+    """
+    if not has_ties or plan.P == 1:
+        return [], None
+    blocks = has_ties if isinstance(has_ties, set) else {0, plan.stages[-1].blocks[-1]}
+    tied = [st for st in plan.stages if blocks & set(st.blocks)]
+    tied_ranks = sorted(r for st in tied for r in st.ranks)
+    group = dist.new_group(tied_ranks)
+    return tied_ranks, (group if rank in tied_ranks else None)
+
+
 def build_topology(plan: Plan, rank: int, has_ties: bool | set[int]) -> Topology | None:
     """Create all process groups (collectively) and return this rank's view.
 
@@ -62,17 +77,7 @@ def build_topology(plan: Plan, rank: int, has_ties: bool | set[int]) -> Topology
         group = dist.new_group(st.ranks) if len(st.ranks) > 1 else None
         if member and st.index == plan.rank(rank).stage:
             dp_group = group
-    tied_ranks: list[int] = []
-    tied_group = None
-    if has_ties and plan.P > 1:
-        # The stages holding a tied copy: first and last for the builtin GPT, any for a
-        # traced model (T5's shared embedding is read by encoder and decoder subgraphs).
-        blocks = has_ties if isinstance(has_ties, set) else {0, plan.stages[-1].blocks[-1]}
-        tied = [st for st in plan.stages if blocks & set(st.blocks)]
-        tied_ranks = sorted(r for st in tied for r in st.ranks)
-        group = dist.new_group(tied_ranks)
-        if rank in tied_ranks:
-            tied_group = group
+    tied_ranks, tied_group = _tied_group(plan, rank, has_ties)
     if not member:
         return None
     me = plan.rank(rank)

@@ -56,7 +56,7 @@ def build_state(
     (creates the process groups: collective, every rank in the same order)."""
     topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
-    stage = Stage(mdef, me.blocks).to(device)
+    stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
     named = dict(stage.named_parameters())
     opt = build_optimizer(list(named.values()), training)
     return StageState(plan, stage, named, opt, topo, me.action_list())

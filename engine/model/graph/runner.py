@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from jobctl.engine.model.graph import boundary
 from jobctl.engine.model.graph.batch import model_inputs
@@ -44,12 +45,21 @@ class StageRunner:
             if self.in_boundary is None:
                 raise RuntimeError("stage input layout unknown: probe_channels did not run")
             carry = tuple(boundary.unpack(self.in_boundary, x))
-        for i in self.block_ids:
+        kept, rest = stage.split_kept()
+        for i in kept:
             carry = stage.layers[str(i)].run(carry, batch or {})
+        if rest:  # stage-aware recomputation: inputs kept, the rest recomputed in backward
+            carry = checkpoint(self._run, stage, rest, batch or {}, *carry, use_reentrant=False)
         if self.last:
             return carry[0]  # the loss (labels given) or the logits (model.loss named)
         self.out_boundary = boundary.describe(list(carry))
         return boundary.pack(self.out_boundary, list(carry))
+
+    @staticmethod
+    def _run(stage: nn.Module, blocks: list[int], batch: dict, *carry) -> tuple:
+        for i in blocks:
+            carry = stage.layers[str(i)].run(carry, batch)
+        return carry
 
     def batch(self, x: torch.Tensor, y: torch.Tensor, first: int) -> dict:
         """The model's keyword arguments for one micro-batch of tokens."""
