@@ -239,7 +239,8 @@ def test_a_fleet_over_its_budget_is_refused_naming_the_dearest(tmp_path):
     r = runner.invoke(app, ["fleet", "plan", str(path)], env={"COLUMNS": "220"})
     assert r.exit_code == 2
     out = " ".join(r.output.split())
-    assert f"fleet.yaml:9:1: max_total_usd: the members are predicted to cost ${total:.4g}" in out, out
+    where = "fleet.yaml:9:1: max_total_usd:"
+    assert f"{where} the members are predicted to cost ${total:.4g}" in out, out
     assert "(dearest: sweep-0.01-4" in out and "fix: raise max_total_usd" in out
     ok = _sweep(tmp_path, extra=f"max_total_usd: {total * 2:.8f}")
     r = runner.invoke(app, ["fleet", "plan", str(ok)], env={"COLUMNS": "220"})
