@@ -6,7 +6,9 @@ schedule and where the ranks run) and ranks them by simulated step time;
 ``stage_costs`` prices one layout from the calibration and ``contention`` stretches it
 by core sharing; ``partition`` splits blocks into stages; ``replicas`` says which D to
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
-of a schedule.
+of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
+start-up, checkpoints, expected preemptions; on-demand and spot); ``objective`` chooses
+among the priced candidates by ``planner.objective`` within ``budget``.
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """

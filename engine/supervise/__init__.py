@@ -8,7 +8,8 @@ DB, ``activity`` turns them into phases. ``crash`` tells a bug from a lost proce
 ``recovery`` times recoveries and counts the steps they lost, ``handover`` lets the
 survivors of a lost node write the step they hold before the rest is torn down,
 ``stragglers`` flags slow devices, ``scaling`` reads
-scale requests and plans the next attempt, ``adoption`` re-attaches a run whose
+scale requests and plans the next attempt, ``budget`` holds a run to ``spec.budget``
+(stop at the total cap, morph down at the hourly cap), ``adoption`` re-attaches a run whose
 supervisor died. ``service`` and ``run_requests`` are the decisions the command line
 asks for (apply, resume, stop, scale), ``run_logs`` finds a run's log files;
 ``figures`` and ``report_data`` compute what ``jobctl status`` and ``jobctl report`` show.

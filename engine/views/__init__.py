@@ -2,9 +2,10 @@
 
 Views never import torch and take from the rest of jobctl only types and constants
 (tests/unit/test_layers.py checks it): the command line computes, then hands the data
-over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning`` and ``rebalance``
-print to the terminal; ``gantt`` draws a simulated step; ``svg`` and ``png`` draw
-charts; ``report`` writes the HTML page of ``jobctl report``.
+over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning``, ``rebalance`` and
+``cost`` (dollars to finish, the time-vs-dollars frontier) print to the terminal;
+``gantt`` draws a simulated step; ``svg`` and ``png`` draw charts; ``report`` writes
+the HTML page of ``jobctl report``.
 
 In layer 9 of ``engine.LAYERS``: it may import the layers below (core to fleet and
 scheduler).
