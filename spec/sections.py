@@ -377,8 +377,9 @@ class ParallelismSpec(SpecModel):
     schedule: Literal[
         "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "zb_h1", "auto"
     ] = Field("1f1b", description="Pipeline schedule generator (zb_h1: zero-bubble ZB-H1).")
-    recompute: Literal["none", "all", "auto"] = Field(
-        "none", description="Activation recomputation policy."
+    recompute: Literal["none", "all", "auto", "stage_aware"] = Field(
+        "none", description="Activation recomputation policy; stage_aware: Merak's per-stage "
+        "non-recompute ratios alpha_i, filled up to hardware.memory_gb (1f1b, gpipe)."
     )
     advance_num: int | None = Field(
         None, ge=0, description="Forwards run in advance (schedule 'advance_forward' only)."

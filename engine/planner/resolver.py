@@ -18,6 +18,7 @@ from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
+from jobctl.engine.planner import stage_aware
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
@@ -68,8 +69,8 @@ def plan_priced(
         raise PlanError("no devices available: the pool is empty")
     cal = calibration or calibration_for(spec, home)
     choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
-    found = choice.found
-    return build_plan(spec, cal, found, G, home), found.ranked[0].sim, choice
+    found, aware = stage_aware.apply(spec, cal, choice.found)
+    return build_plan(spec, cal, found, G, home, aware), found.ranked[0].sim, choice
 
 
 def describe(cal: Calibration, spec: JobSpec | None = None) -> str:
@@ -97,7 +98,12 @@ def machine_key(spec: JobSpec) -> str:
 
 
 def build_plan(
-    spec: JobSpec, cal: Calibration, found: Search, G: int, home: Path | None = None
+    spec: JobSpec,
+    cal: Calibration,
+    found: Search,
+    G: int,
+    home: Path | None = None,
+    aware: stage_aware.StageAware | None = None,
 ) -> Plan:
     """The winning candidate as a Plan, with its prediction and the alternatives."""
     win = found.ranked[0]
@@ -106,16 +112,7 @@ def build_plan(
     by_stage: list[list[int]] = [[] for _ in range(lay.P)]
     for r in sorted(ranks, key=lambda r: r.replica):
         by_stage[r.stage].append(r.rank)
-    stage_plans = [
-        StagePlan(
-            index=s,
-            blocks=blocks,
-            ranks=by_stage[s],
-            recompute=any(a.op.value == "R" for a in win.actions[s]),
-            actions=" ".join(str(a) for a in win.actions[s]),
-        )
-        for s, blocks in enumerate(win.stages)
-    ]
+    stage_plans = _stage_plans(win, by_stage, aware)
     return Plan(
         P=lay.P,
         D=lay.D,
@@ -133,6 +130,24 @@ def build_plan(
         alternatives=alternatives(spec, found, G),
         explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
     )
+
+
+def _stage_plans(
+    win: Candidate, by_stage: list[list[int]], aware: stage_aware.StageAware | None
+) -> list[StagePlan]:
+    """Each stage's blocks, ranks, recomputation and action list."""
+    return [
+        StagePlan(
+            index=s,
+            blocks=blocks,
+            ranks=by_stage[s],
+            recompute=any(a.op.value == "R" for a in win.actions[s]),
+            keep_blocks=aware.keep[s] if aware else None,
+            alpha=aware.alphas[s] if aware else None,
+            actions=" ".join(str(a) for a in win.actions[s]),
+        )
+        for s, blocks in enumerate(win.stages)
+    ]
 
 
 def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:

@@ -99,7 +99,7 @@ def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | Non
         names: tuple[str, ...] = (par.schedule,)
     else:  # one stage has no pipeline: every schedule is its F B F B ... there
         names = AUTO_SCHEDULES if P > 1 else ("1f1b",)
-    flag = {"none": False, "all": True, "auto": None}[par.recompute]
+    flag = {"none": False, "all": True, "auto": None, "stage_aware": True}[par.recompute]
     return [(n, flag if n in OPTIONAL_RECOMPUTE else False) for n in names]
 
 

@@ -20,6 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.planner.search import GB, Search, priced, simulate_candidate
+from jobctl.engine.planner.stage_costs import Tables, activation_peaks
+from jobctl.spec import JobSpec
 
 STEP = 0.05  # how finely alpha_1 is raised (Merak tunes it "at intervals")
 
@@ -63,3 +69,74 @@ def tune(
             break
         best = (alpha1, alphas, keep)
     return best
+
+
+@dataclass(frozen=True)
+class StageAware:
+    """The chosen ratios: alpha_1, every stage's alpha_i and kept blocks."""
+
+    alpha1: float
+    alphas: list[float]
+    keep: list[int]
+
+
+def apply(spec: JobSpec, cal: Calibration, found: Search) -> tuple[Search, StageAware | None]:
+    """The winner of ``found`` with stage-aware recomputation in place of its full
+    recomputation (``parallelism.recompute: stage_aware``), re-priced; unchanged where
+    it does not recompute, or its schedule recomputes by design (Varuna, SCP)."""
+    win = found.ranked[0]
+    lay = win.layout
+    if spec.parallelism.recompute != "stage_aware" or not lay.recompute:
+        return found, None
+    if lay.schedule not in ("1f1b", "gpipe"):
+        return found, None
+    bare = replace(lay, recompute=False)
+    peaks = activation_peaks(bare, None)
+    cap = spec.hardware.memory_gb * GB
+
+    def memory(keep: list[int]) -> list[float]:
+        return _memory(cal, win.stages, peaks, lay.m, keep)
+
+    tuned = tune(win.stages, memory, cap)
+    if tuned is None:
+        return found, None
+    alpha1, alphas, keep = tuned
+    cand = _priced(spec, cal, win, bare, keep)
+    cand.memory = memory(keep)
+    note = (
+        f"stage-aware recomputation (Merak 5.2): alpha_1 = {alpha1:.2f}, per stage "
+        + ", ".join(f"{a:.2f}" for a in alphas)
+        + f"; {cand.step:.4g} s/step vs {win.step:.4g} s/step with full recomputation"
+    )
+    ranked = [cand, *found.ranked[1:]]
+    chosen = StageAware(alpha1, alphas, keep)
+    return replace(found, ranked=ranked, explanation=[*found.explanation, note]), chosen
+
+
+def _priced(spec: JobSpec, cal: Calibration, win, bare, keep: list[int]):
+    """The winner without R actions, its recomputed blocks' forwards in the backward."""
+    tables = Tables(cal)
+    times = tables.times(bare.m)
+    costs = priced(tables, win)
+    pairs = zip(win.stages, keep, strict=True)
+    extra = [sum(times.fwd[i] for i in blocks[k:]) for blocks, k in pairs]
+    b = [x + e for x, e in zip(costs.b, extra, strict=True)]  # the recompute, in backward
+    cand = replace(win, layout=bare, costs=replace(costs, b=b), sim=None, actions=[])
+    simulate_candidate(spec, tables, cand)
+    return cand
+
+
+def _memory(
+    cal: Calibration, stages: list[list[int]], peaks: list, m: int, keep: list[int]
+) -> list[float]:
+    """Bytes per stage keeping ``keep[s]`` blocks' activations per in-flight micro-batch
+    and, for the rest, only the input of the first recomputed block."""
+    out = []
+    for blocks, k, peak in zip(stages, keep, peaks, strict=True):
+        state = sum(cal.blocks[i].state_bytes for i in blocks)
+        acts = sum(cal.blocks[i].act_bytes for i in blocks[:k]) * m
+        rest = blocks[k:]
+        inp = cal.blocks[rest[0] - 1].boundary_bytes * m if rest and rest[0] > 0 else 0.0
+        work = max(cal.blocks[i].peak_bytes.get(m, 0.0) - cal.blocks[i].state_bytes for i in blocks)
+        out.append(state + peak.full * (acts + inp) + max(work, 0.0))
+    return out

@@ -15,6 +15,13 @@ if TYPE_CHECKING:  # `jobctl status` formats with this module without plans or r
     from jobctl.engine.core.plan import Plan
 
 
+def _recompute_cell(st) -> str:
+    """'yes'/'no', or stage-aware recomputation's alpha_i and kept blocks."""
+    if st.alpha is not None:
+        return f"a={st.alpha:.2f} keep {st.keep_blocks}/{len(st.blocks)}"
+    return "yes" if st.recompute else "no"
+
+
 def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
     """The plan as a summary line, a stage table and a rank table; with ``steps``, the
     end-to-end prediction (start-up included)."""
@@ -33,7 +40,7 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
             str(st.index),
             f"{st.blocks[0]}-{st.blocks[-1]}: {', '.join(shown)}",
             " ".join(map(str, st.ranks)),
-            "yes" if st.recompute else "no",
+            _recompute_cell(st),
         )
     console.print(stages)
     console.print(f"[bold]schedule[/bold] {plan.schedule} (per-stage action lists):")
