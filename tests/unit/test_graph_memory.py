@@ -70,9 +70,10 @@ def test_stage_parameters_are_its_subgraphs_only(tied):
 
 
 # Builds one stage in a fresh process and reports its resident growth (statm) and
-# peak (ru_maxrss) while building; the model is traced and built (meta) before.
+# peak while building (VmHWM, reset just before: tracing, or the trace cache, and the
+# meta model come first and must not count).
 PROBE = """
-import json, os, resource, sys
+import json, os, re, sys
 import torch
 torch.set_num_threads(1)
 from jobctl.engine.model.blocks import Stage, model_def
@@ -81,33 +82,39 @@ from tests.unit.test_graph_memory import gpt2_spec, split
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+def high_water():
+    status = open("/proc/self/status").read()
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1)) * 1024
+
 mdef = model_def(gpt2_spec(False).model, 0, 2)
 blocks = split(mdef.graph)[int(sys.argv[1])]
 mdef.graph.model  # the meta model (and transformers' modules): built before reading
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the high-water mark starts again from the resident size
 before = resident()
 stage = Stage(mdef, blocks)
 after = resident()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({
     "own": sum(p.numel() * p.element_size() for p in stage.parameters()),
     "model": sum(p.numel() * 4 for p in mdef.graph.model.parameters()),
-    "resident": after - before, "peak": peak - before}))
+    "resident": after - before, "peak": high_water() - before}))
 """
 
 
-def measure(stage: int) -> dict:
+def measure(stage: int, home) -> dict:
     # A fixed mmap threshold: every large tensor is its own mapping, returned to the
     # system when freed, so the resident growth is what stays allocated (glibc's
     # dynamic threshold would keep freed temporaries on the heap and hide it).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT),
+           "JOBCTL_HOME": str(home)}  # its own trace cache: cold for stage 0, warm for 1
     out = subprocess.run([sys.executable, "-c", PROBE, str(stage)], capture_output=True,
                          text=True, timeout=300, env=env, cwd=ROOT)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_building_a_stage_allocates_its_own_bytes_not_the_models():
-    first, rest = measure(0), measure(1)
+def test_building_a_stage_allocates_its_own_bytes_not_the_models(tmp_path):
+    first, rest = measure(0, tmp_path), measure(1, tmp_path)
     assert first["model"] == rest["model"] == first["own"] + rest["own"]  # untied
     for mine, other in ((first, rest), (rest, first)):
         # what stays: its own parameters plus the subgraphs' code (a few MiB, not
