@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import heapq
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, compress, repeat
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -66,6 +66,32 @@ class StageFacts(NamedTuple):
     peak: ActivationPeak
 
 
+def _by_op(recomputed: bool, split: bool) -> tuple[dict, dict, dict]:
+    """Per op, ``StageFacts``' full, stashed and movable where every forward of the list
+    is recomputed (``recomputed``) or none is."""
+    free = 0 if split else -1  # what a B frees: everything, unless its W does
+    full = {FWD: 0 if recomputed else 1, REC: 1, BWD: free, WGT: -1}
+    stashed = {FWD: 1 if recomputed else 0, REC: -1, BWD: 0, WGT: 0}
+    movable = {FWD: False, REC: True, BWD: not recomputed, WGT: False}
+    return full, stashed, movable
+
+
+_BY_OP = {(r, w): _by_op(r, w) for r in (False, True) for w in (False, True)}
+
+
+def _mixed(acts: list[Action], rec: frozenset[int], split: bool) -> tuple[tuple, ...]:
+    """``StageFacts``' full, stashed and movable where some forwards are recomputed."""
+    pairs = [(a.op, a.micro_batch) for a in acts]
+    free = 0 if split else -1
+    full = tuple(
+        (m not in rec) if o is FWD else 1 if o is REC else -1 if o is WGT else free
+        for o, m in pairs
+    )
+    stashed = tuple((o is FWD and m in rec) - (o is REC) for o, m in pairs)
+    movable = tuple(o is REC or (o is BWD and m not in rec) for o, m in pairs)
+    return full, stashed, movable
+
+
 def stage_facts(acts: list[Action]) -> StageFacts:
     """``StageFacts`` of one stage's list, counted once per list object (the planner's
     lists come from cached generators and are never edited)."""
@@ -73,19 +99,13 @@ def stage_facts(acts: list[Action]) -> StageFacts:
     if hit is not None and hit[0] is acts and len(hit[1].full) == len(acts):
         return hit[1]
     ops = list(map(_op, acts))
-    pairs = list(zip(ops, map(_micro_batch, acts), strict=True))
-    rec = frozenset(m for o, m in pairs if o is REC) if REC in ops else frozenset()
+    recs = map(is_, ops, repeat(REC))
+    rec = frozenset(compress(map(_micro_batch, acts), recs)) if REC in ops else frozenset()
     split = WGT in ops
-    unsplit = 0 if split else -1  # what a B frees: everything, unless its W does
-    full = tuple(
-        (m not in rec) if o is FWD else 1 if o is REC else -1 if o is WGT else unsplit
-        for o, m in pairs
-    )
-    if rec:
-        stashed = tuple((o is FWD and m in rec) - (o is REC) for o, m in pairs)
-        movable = tuple(o is REC or (o is BWD and m not in rec) for o, m in pairs)
-    else:  # nothing recomputed: no stashed inputs, and every backward may deviate
-        stashed, movable = (0,) * len(ops), tuple(o is BWD for o in ops)
+    if not rec or len(rec) == ops.count(FWD):  # none or all recomputed: by op alone (in C)
+        full, stashed, movable = (tuple(map(t.__getitem__, ops)) for t in _BY_OP[bool(rec), split])
+    else:
+        full, stashed, movable = _mixed(acts, rec, split)
     peak = ActivationPeak(max(0, 0, *accumulate(full)), max(0, 0, *accumulate(stashed)))
     facts = StageFacts(rec, split, full, stashed, movable, peak)
     if len(_facts) >= FACTS_CACHED:
@@ -168,6 +188,7 @@ class Engine:
         self.counted = [0] * P
         self.next_forward = [0] * P
         self.decided = [-1] * P  # position where the stage chose to keep order
+        self.wants: list[tuple[int, int]] = [(-1, -1)] * P  # inbox keys a parked stage needs
 
     def run(self) -> None:
         """Advance stages along data flow; decide parked stages in time order."""
@@ -222,7 +243,7 @@ class Engine:
                 if w == key:
                     waiting[dst] = BLOCKED
                     self.todo.append(dst)
-                elif w == PARKED:
+                elif w == PARKED and key in self.wants[dst]:  # what its decision needs
                     heapq.heappush(self.heap, (arrival, dst))
         self.pos[s], self.free[s] = k, t
 
@@ -249,18 +270,18 @@ class Engine:
         that needs an arrival not computed yet parks the stage until t comes.
         """
         acts, inbox = self.lists[s], self.inbox[s]
-        a = acts[k]
-        grad = inbox[self.M + a.micro_batch]
-        keep = k == self.decided[s] or (a.op is BWD and a.micro_batch in self.rec[s])
-        j = -1 if keep or grad <= t else self._fitting_forward(s, k)
+        a = acts[k]  # movable: an R, or a B without one (``_advance`` and parked stages)
+        mb = a.micro_batch
+        grad = inbox[self.M + mb]
+        j = -1 if grad <= t or k == self.decided[s] else self._fitting_forward(s, k)
         if j < 0:
             return False
-        fwd, mb = inbox[acts[j].micro_batch], a.micro_batch
+        fwd = inbox[acts[j].micro_batch]
         if not settled and (
             (grad == INF and self._earliest(s + 1, self.M + mb) <= t)
             or (fwd == INF and self._earliest(s - 1, acts[j].micro_batch) <= t)
         ):  # an arrival not computed yet may come by t: decide when t comes
-            self.waiting[s] = PARKED
+            self.waiting[s], self.wants[s] = PARKED, (self.M + mb, acts[j].micro_batch)
             heapq.heappush(self.heap, (t, s))
             return True
         if fwd <= t:
@@ -271,7 +292,9 @@ class Engine:
         if a.op is REC:
             self.decided[s] = k
             return False
-        self.waiting[s] = PARKED
+        # Parked until the gradient or that forward's input arrives (the only arrivals
+        # that can change this decision: nothing else on the stage moves meanwhile).
+        self.waiting[s], self.wants[s] = PARKED, (self.M + mb, acts[j].micro_batch)
         for wake in (grad, fwd):
             if wake < INF:
                 heapq.heappush(self.heap, (wake, s))
