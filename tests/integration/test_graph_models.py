@@ -64,7 +64,12 @@ def run_and_compare(tmp_path, spec, atol: float = 1e-5, falls: bool = True):
 
 
 @pytest.mark.multiproc
-def test_tied_gpt2_two_stages_equals_one_process(tmp_path):
+@pytest.mark.parametrize("p2p", ["shm", "gloo"])
+def test_tied_gpt2_two_stages_equals_one_process(tmp_path, monkeypatch, p2p):
+    # The cut carries the hidden state and the attention mask (bool) in one message,
+    # through shared memory (same machine) or gloo (JOBCTL_P2P=gloo).
+    if p2p == "gloo":
+        monkeypatch.setenv("JOBCTL_P2P", "gloo")  # inherited by the spawned ranks
     run = run_and_compare(tmp_path, hf_spec(GPT2, 2, 1))
     assert run.plan.P == 2
 
@@ -72,8 +77,8 @@ def test_tied_gpt2_two_stages_equals_one_process(tmp_path):
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("model", "P", "D"),
-    [(LLAMA, 3, 1), (BERT, 2, 1), (T5, 2, 1), (LLAMA, 2, 2), (GPT2, 3, 1)],
-    ids=["llama-3x1", "bert-2x1", "t5-2x1", "llama-2x2", "gpt2-3x1"],
+    [(LLAMA, 3, 1), (BERT, 3, 1), (T5, 2, 2), (LLAMA, 2, 2), (GPT2, 3, 1)],
+    ids=["llama-3x1", "bert-3x1", "t5-2x2", "llama-2x2", "gpt2-3x1"],
 )
 def test_families_equal_one_process(tmp_path, model, P, D):
     run = run_and_compare(tmp_path, hf_spec(model, P, D), falls=model is not BERT)

@@ -162,3 +162,14 @@ def test_eval_mode_turns_the_traced_dropout_off():
     with torch.no_grad():
         want = float(ref(**batch, use_cache=False).loss)
     assert loss() == pytest.approx(want, abs=1e-6) and loss() == loss()
+
+
+def test_untraceable_model_names_the_module_and_line():
+    from jobctl.engine.model.graph.trace import TraceError
+
+    cfg = GraphModelConfig(import_="tests.unit.graph_models.untraceable:build", seq_len=8)
+    with pytest.raises(TraceError) as info:
+        GraphModel(cfg, 2)
+    text = str(info.value)
+    assert "in module blocks.0 (Gate)" in text and "untraceable.py:" in text
+    assert "if h.sum() > 0" in text and "list of blocks" in info.value.fix

@@ -11,6 +11,8 @@ Shapes are specialised to the plan's micro-batch size and sequence length.
 
 from __future__ import annotations
 
+import linecache
+
 import torch
 from torch import fx, nn
 
@@ -50,13 +52,33 @@ def trace(model: nn.Module, inputs: dict) -> fx.GraphModule:
         program = torch.export.export(wrapped, (), inputs, strict=False)
     except Exception as exc:  # noqa: BLE001 -- export raises many kinds
         raise TraceError(
-            f"torch.export could not trace {type(model).__name__}: {_where(exc)}",
-            "make the failing module a leaf of its own stage, or simplify its "
-            "data-dependent control flow; see torch.export's message above",
+            f"torch.export could not trace {type(model).__name__}: {_where(exc)}"
+            f"{_located(model, exc)}",
+            "make that code independent of tensor values (shapes and Python values are "
+            "fine: they are fixed at trace time), or pass a model.import factory that "
+            "returns a list of blocks, each one tensor in and out, to cut it by hand",
         ) from exc
     gm = program.module()
     _drop_checks(gm)
     return gm
+
+
+def _located(model: nn.Module, exc: BaseException) -> str:
+    """Where tracing stopped: the innermost module of the model on the traceback, its
+    name in the model, and the line (the op) it was running."""
+    names = {id(m): n for n, m in model.named_modules()}
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names:
+            found = (names[id(owner)] or "<model>", type(owner).__name__, tb)
+        tb = tb.tb_next
+    if found is None:
+        return ""
+    name, cls, tb = found
+    code = tb.tb_frame.f_code
+    line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+    return f"\n  in module {name} ({cls}), {code.co_filename}:{tb.tb_lineno}: {line}"
 
 
 def _call_options(model: nn.Module) -> dict:
