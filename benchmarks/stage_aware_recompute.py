@@ -1,9 +1,9 @@
 """Stage-aware recomputation vs full recomputation at the same memory budget (Merak 5.2).
 
 A 3-stage 1F1B pipeline of a 7-layer GPT (9 blocks) on this machine, with
-``hardware.memory_gb`` half-way between what full recomputation needs and what keeping
-every activation needs, so the planner must recompute: ``parallelism.recompute: all`` (every stage recomputes
-every micro-batch) against ``stage_aware`` (Merak's alpha_i: stage 0 raised until the
+``hardware.memory_gb`` half-way between what full recomputation needs and what
+keeping every activation needs, so the planner must recompute:
+``parallelism.recompute: all`` (every stage recomputes every micro-batch) against ``stage_aware`` (Merak's alpha_i: stage 0 raised until the
 memory model is full, the last stage keeps everything). Both plans are run for real,
 interleaved, ``--rounds`` times each; the table gives the median step time after
 warm-up, samples/s, the planner's prediction and the memory it planned per stage.
