@@ -3,11 +3,12 @@
 A 3-stage 1F1B pipeline of a 7-layer GPT (9 blocks) on this machine, with
 ``hardware.memory_gb`` half-way between what full recomputation needs and what
 keeping every activation needs, so the planner must recompute:
-``parallelism.recompute: all`` (every stage recomputes every micro-batch) against ``stage_aware`` (Merak's alpha_i: stage 0 raised until the
-memory model is full, the last stage keeps everything). Both plans are run for real,
-interleaved, ``--rounds`` times each; the table gives the median step time after
-warm-up, samples/s, the planner's prediction and the memory it planned per stage.
-Merak reports 1.02-1.21x (GPT-2.5B on 8 RTX3090s).
+``parallelism.recompute: all`` (every stage recomputes every micro-batch) against
+``stage_aware`` (Merak's alpha_i: stage 0 raised until the memory model is full, the
+last stage keeps everything). Both plans are run for real, interleaved, ``--rounds``
+times each; the table gives the median step time after warm-up, samples/s, the
+planner's prediction and the memory it planned per stage. Merak reports 1.02-1.21x
+(GPT-2.5B on 8 RTX3090s).
 
     python -m benchmarks.stage_aware_recompute [--rounds 3] [--steps 20]
 """
