@@ -258,30 +258,29 @@ class Engine:
         return arrival
 
     def _choose(self, s: int, k: int, t: float, settled: bool) -> bool:
-        """Stage s, free at t, is at a backward task at position k; True if it must
-        stop and wait.
+        """Stage s, free at t, is at a backward task at position k: True if it waits.
 
         The task is R(i) before its B(i), or a B(i) without recompute (never a B after
         its R: rule 2). If the gradient has not arrived by t and the next forward in
         the list has its input and fits the schedule's activation peaks, that forward
         moves ahead and runs now. Otherwise a recompute runs now, as in strict order,
         and a backward waits for its gradient or that forward's input. ``settled``:
-        every arrival up to t is computed (decisions in time order); if not, a decision
-        that needs an arrival not computed yet parks the stage until t comes.
+        every arrival up to t is computed; if not, a decision that needs one not
+        computed yet parks the stage until t comes (decisions in time order).
         """
         acts, inbox = self.lists[s], self.inbox[s]
-        a = acts[k]  # movable: an R, or a B without one (``_advance`` and parked stages)
-        mb = a.micro_batch
-        grad = inbox[self.M + mb]
+        a = acts[k]  # movable: an R, or a B without one
+        grad = inbox[self.M + a.micro_batch]
         j = -1 if grad <= t or k == self.decided[s] else self._fitting_forward(s, k)
         if j < 0:
             return False
-        fwd = inbox[acts[j].micro_batch]
+        need = (self.M + a.micro_batch, acts[j].micro_batch)  # inbox keys: grad, fwd
+        fwd = inbox[need[1]]
         if not settled and (
-            (grad == INF and self._earliest(s + 1, self.M + mb) <= t)
-            or (fwd == INF and self._earliest(s - 1, acts[j].micro_batch) <= t)
+            (grad == INF and self._earliest(s + 1, need[0]) <= t)
+            or (fwd == INF and self._earliest(s - 1, need[1]) <= t)
         ):  # an arrival not computed yet may come by t: decide when t comes
-            self.waiting[s], self.wants[s] = PARKED, (self.M + mb, acts[j].micro_batch)
+            self.waiting[s], self.wants[s] = PARKED, need
             heapq.heappush(self.heap, (t, s))
             return True
         if fwd <= t:
@@ -292,9 +291,8 @@ class Engine:
         if a.op is REC:
             self.decided[s] = k
             return False
-        # Parked until the gradient or that forward's input arrives (the only arrivals
-        # that can change this decision: nothing else on the stage moves meanwhile).
-        self.waiting[s], self.wants[s] = PARKED, (self.M + mb, acts[j].micro_batch)
+        # Parked until the gradient or that forward's input (nothing else moves it).
+        self.waiting[s], self.wants[s] = PARKED, need
         for wake in (grad, fwd):
             if wake < INF:
                 heapq.heappush(self.heap, (wake, s))
