@@ -119,7 +119,8 @@ def test_building_a_stage_allocates_its_own_bytes_not_the_models(tmp_path):
     for mine, other in ((first, rest), (rest, first)):
         # what stays: its own parameters plus the subgraphs' code (a few MiB, not
         # weights; measured 5.7 MiB for 9 layers' nodes), none of the other's
-        assert mine["own"] <= mine["resident"] <= mine["own"] + SLACK, (mine, other)
+        # (RSS is counted in pages, and the interpreter's own heap moves a little)
+        assert mine["own"] - SLACK <= mine["resident"] <= mine["own"] + SLACK, (mine, other)
         assert mine["resident"] < mine["own"] + other["own"] / 2
-        # while building, each fresh tensor is copied once (GraphModel._values)
-        assert mine["peak"] <= 2 * mine["own"] + SLACK, mine
+        # while building too: each fresh tensor becomes the parameter, never copied
+        assert mine["peak"] <= mine["own"] + SLACK, mine

@@ -143,15 +143,17 @@ class GraphModel:
                 if n in self.groups:
                     raw[n] = self._tied_value(self.groups[n], seed)
         else:
-            raw = self._whole_model(seed)
+            whole = self._whole_model(seed)  # shared by every block: copy out of it
+            raw = {n: whole[n].detach().clone() for n in params}
         # Master weights are fp32 whatever the file's dtype; training.precision casts.
-        return {n: torch.nn.Parameter(raw[n].detach().clone().float()) for n in params}
+        # Each tensor here is fresh (nothing else holds it), so it becomes the
+        # parameter without a copy: a stage's peak stays at its own weights.
+        return {n: torch.nn.Parameter(raw[n].detach().float()) for n in params}
 
     def _aliases(self, name: str) -> list[str]:
         key = self.groups.get(name)
         return [n for n, k in self.groups.items() if k == key and n != name] if key else []
 
-    @functools.cache  # noqa: B019 -- one model per process; the cache lives with it
     def _tied_value(self, canonical: str, seed: int) -> torch.Tensor:
         tie_seed = _block_seed(seed, 1_000_000 + zlib.crc32(canonical.encode()))
         return init_block(self.model, [canonical], tie_seed)[canonical]
