@@ -172,7 +172,7 @@ def import_def(target: str, args: dict, seed: int = 0, micro_batch: int = 1, **g
     from jobctl.engine.model.graph.source import GraphModelConfig, build_model
 
     cfg = GraphModelConfig(import_=target, args=dict(args), seed=seed, **graph)
-    probe = build_model(cfg) if not _returns_list(target, args) else None
+    probe = build_model(cfg) if not returns_list(target, args) else None
     if probe is not None:
         return graph_model_def(cfg, micro_batch)
     module_name, _, attr = target.partition(":")
@@ -186,7 +186,7 @@ def import_def(target: str, args: dict, seed: int = 0, micro_batch: int = 1, **g
     return ModelDef(len(blocks), lambda i: blocks[i], [], seed, names)
 
 
-def _returns_list(target: str, args: dict) -> bool:
+def returns_list(target: str, args: dict) -> bool:
     """Whether the factory returns the hand-cut form (a list or tuple of blocks)."""
     from jobctl.engine.model.graph.source import GraphModelConfig, factory_model, meta_parameters
 
