@@ -41,7 +41,6 @@ from jobctl.engine.planner.stage_costs import (
     activation_peaks,
     generated,
     generated_peaks,
-    lower_bound,
     recompute_counts,
     stage_costs,
     stage_memory,
@@ -159,7 +158,7 @@ def candidates_for(
                 cand = Candidate(layout, stages, host, costs, note)
                 recs = _recompute_counts(layout)
                 split = name in SPLIT_BACKWARD
-                cand.bound = lower_bound(costs.model(layout, None), recs, M, split=split)
+                cand.bound = costs.bound(layout, recs, split=split)
                 out.append(cand)
     return out
 

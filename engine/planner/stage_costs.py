@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
+from typing import NamedTuple
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action, Op
@@ -85,8 +86,7 @@ class Tables:
         self.cal = cal
         self._times: dict[int, BlockTimes] = {}
         self._stages: dict[tuple[int, int, str], list[list[int]]] = {}
-        # Simulated pipelines by schedule and every cost before the allreduce: the D
-        # variants of one (P, M) share one (``SimResult.recosted``).
+        # Simulated pipelines, shared by the D variants of one (P, M) (``recosted``).
         self.pipelines: dict[tuple, object] = {}
 
     def times(self, m: int) -> BlockTimes:
@@ -183,6 +183,20 @@ def stage_memory(
     return out
 
 
+class _BoundTimes(NamedTuple):
+    """The CostModel fields ``lower_bound`` reads, for ``StageCosts.bound``."""
+
+    f: list[float]
+    b: list[float]
+    r: list[float]
+    ar: list[float]
+    opt: list[float]
+
+    @property
+    def P(self) -> int:  # noqa: N802 - names from the papers
+        return len(self.f)
+
+
 @dataclass(frozen=True)
 class StageCosts:
     """Per-stage seconds of one (P, D, m) layout, before a schedule says which
@@ -197,6 +211,13 @@ class StageCosts:
     sends: list[float]  # per boundary, activation and gradient alike
     jitter: float
     bound_only: bool = False  # sends not priced (``lower_bound`` reads none)
+
+    def bound(self, layout: Layout, recomputes: Sequence[int], split: bool = False) -> float:
+        """``lower_bound`` of ``model(layout, None)`` without building (and checking) a
+        CostModel: the search bounds every candidate, and simulates few."""
+        f = [x + min(g, n) for x, g, n in zip(self.fetch, self.graph, self.nograd, strict=True)]
+        times = _BoundTimes(f, self.b, self.graph, self.ar, self.opt)
+        return lower_bound(times, recomputes, layout.M, split=split)  # type: ignore[arg-type]
 
     def model(self, layout: Layout, recomputes: Sequence[int] | None) -> CostModel:
         """The CostModel for ``recomputes[s]`` recomputed micro-batches per stage
@@ -245,7 +266,7 @@ def stage_costs(
         fetch=[times.data if s in (0, P - 1) else 0.0 for s in range(P)],
         b=[a + sum(map(bwd, blocks)) for blocks in stages],
         opt=[sum(map(opt, blocks)) + (rt.step_s if rt else 0.0) for blocks in stages],
-        ar=[_allreduce(cal, layout, s, blocks, hosting, times) for s, blocks in enumerate(stages)],
+        ar=_allreduces(cal, layout, stages, hosting, times),
         sends=[0.0] * (P - 1) if bound_only else _sends(cal, layout, stages, hosting),
         jitter=cal.jitter,
         bound_only=bound_only,
@@ -293,26 +314,30 @@ def cost_model(
     return costs.model(layout, recompute_counts(actions))
 
 
-def _allreduce(
+def _allreduces(
     cal: Calibration,
     layout: Layout,
-    s: int,
-    blocks: list[int],
+    stages: list[list[int]],
     hosting: Hosting,
     times: BlockTimes,
-) -> float:
-    """Stage s's gradient sum over its D replicas, the tied embedding's over the first
-    and last stage, and the last stage's loss sum, one after the other."""
+) -> list[float]:
+    """Per stage, its gradient sum over its D replicas, the tied embedding's over the
+    first and last stage, and the last stage's loss sum, one after the other."""
     P, D = layout.P, layout.D
-    tied = sum(map(times.tied.__getitem__, blocks)) if P > 1 else 0.0
-    grads = sum(map(times.params.__getitem__, blocks)) - tied
-    ends = ((s, 0), (s, D - 1))
-    t = cal.allreduce(hosting.same_node(*ends)).time(D, grads, hosting.rings_sharing(s))
-    if tied:
-        t += cal.allreduce(hosting.same_node((0, 0), (P - 1, D - 1))).time(2 * D, tied)
-    if s == P - 1:
-        t += cal.allreduce(hosting.same_node(*ends)).time(D, LOSS_BYTES)
-    return t
+    whole = cal.allreduce(hosting.same_node((0, 0), (P - 1, D - 1)))  # the tied ring
+    tied_of, params_of = times.tied.__getitem__, times.params.__getitem__
+    out = []
+    for s, blocks in enumerate(stages):
+        tied = sum(map(tied_of, blocks)) if P > 1 else 0.0
+        grads = sum(map(params_of, blocks)) - tied
+        ring = cal.allreduce(hosting.same_node((s, 0), (s, D - 1)))
+        t = ring.time(D, grads, hosting.rings_sharing(s))
+        if tied:
+            t += whole.time(2 * D, tied)
+        if s == P - 1:
+            t += ring.time(D, LOSS_BYTES)
+        out.append(t)
+    return out
 
 
 def lower_bound(
@@ -348,9 +373,8 @@ def step_floor(
     stages 0..s-1 (its first action is a forward), ends no earlier than that plus its
     own work (``busy``), and then (unsplit: its last action is a backward) the
     gradient crosses each stage u < s (send, then u's backward) before u reduces and
-    steps. Sends count only where they are fixed (no jitter: a jittered send may take
-    0). The search prunes with it (``shortlist``); ``test_planner_search`` checks it
-    never exceeds the simulation.
+    steps. Sends count only where fixed (a jittered send may take 0). The search
+    prunes with it (``shortlist``; ``test_planner_search``: never above a simulation).
     """
     P, fixed = costs.P, costs.jitter == 0
     act = costs.act if fixed else (0.0,) * (P - 1)
