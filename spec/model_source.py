@@ -20,7 +20,7 @@ from .base import SpecModel, Violation
 
 CLASS_PATTERN = r"^[A-Z][A-Za-z0-9_]*$"
 #: What a traced model is trained to do; ``auto`` infers it from the class name.
-Task = Literal["causal_lm", "masked_lm", "seq2seq"]
+Task = Literal["causal_lm", "masked_lm", "seq2seq", "image_classification"]
 LOSS_PATTERN = r"^(auto|next_token|cross_entropy|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 #: A traced model's loss: its own, a named one, or ``pkg.module:fn(logits, batch)``.
 LossName = Annotated[str, StringConstraints(pattern=LOSS_PATTERN)]

@@ -110,3 +110,17 @@ def test_named_loss_trains_the_logits_like_one_process(tmp_path):
     # its logits and computes the builtin GPT's loss against the next tokens.
     run = run_and_compare(tmp_path, hf_spec(LLAMA, 2, 1, **{"model.loss": "next_token"}))
     assert run.plan.P == 2
+
+
+VIT = {"class": "ViTForImageClassification", "config": {
+    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+    "intermediate_size": 64, "image_size": 16, "patch_size": 4, "num_labels": 4,
+    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
+
+
+@pytest.mark.multiproc
+def test_vit_on_synthetic_images_equals_one_process(tmp_path):
+    # Seeded images whose label is their brightest band: the model's own loss, 2 stages
+    # (3 steps of fresh images move its loss within noise: equality is what counts).
+    run = run_and_compare(tmp_path, hf_spec(VIT, 2, 1), falls=False)
+    assert run.plan.P == 2

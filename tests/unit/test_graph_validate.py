@@ -161,3 +161,14 @@ def test_calibrate_refuses_a_traced_model_with_a_fix(tmp_path):
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
     assert "this model is traced" in text and "fix:" in text and "Traceback" not in text
+
+
+def test_image_model_needs_the_synthetic_image_source(tmp_path):
+    pytest.importorskip("transformers")
+    config = json.dumps({"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+                         "intermediate_size": 32, "image_size": 8, "patch_size": 4})
+    model = f"  huggingface:\n    class: ViTForImageClassification\n    config: {config}"
+    path = _spec(tmp_path, model)
+    path.write_text(path.read_text().replace("source: synthetic", "source: text\n  path: x.txt"))
+    (tmp_path / "x.txt").write_text("hello " * 2000)
+    _validate_fails(path, "source: text", "trains on images", "data.source")

@@ -39,6 +39,7 @@ def model_inputs(
     first: int = 0,
     seed: int = 0,
     mask_id: int = 0,
+    config: dict | None = None,
 ) -> dict[str, torch.Tensor]:
     """Keyword arguments of one micro-batch; ``first`` is its first global sample."""
     if task == "causal_lm":  # Hugging Face shifts the labels itself
@@ -48,10 +49,7 @@ def model_inputs(
     if task == "masked_lm":
         return _masked(x, first, seed, mask_id)
     if task == "image_classification":
-        raise ValueError(
-            "image_classification needs image batches; jobctl's data sources give tokens "
-            "(images are traced and sharded, but there is no image data source yet)"
-        )
+        return synthetic_images(x.shape[0], first, seed, config or {}, x.device)
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
@@ -64,6 +62,22 @@ def _masked(x: torch.Tensor, first: int, seed: int, mask_id: int) -> dict[str, t
     chosen = chosen.to(x.device)
     labels = torch.where(chosen, x, torch.full_like(x, IGNORE))
     return {"input_ids": torch.where(chosen, torch.full_like(x, mask_id), x), "labels": labels}
+
+
+def synthetic_images(m: int, first: int, seed: int, config: dict, device) -> dict:
+    """``data.source: synthetic`` for an image model: sample ``i``'s pixels are drawn
+    from (seed, i) and its label is the horizontal band (of ``num_labels``) with the
+    brightest mean, so the task is learnable and any layout sees the same samples."""
+    c, size = config.get("num_channels", 3), config.get("image_size", 224)
+    classes = max(1, config.get("num_labels", 2))
+    pixels = torch.empty(m, c, size, size)
+    labels = torch.empty(m, dtype=torch.long)
+    for j in range(m):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + first + j)
+        pixels[j] = torch.randn(c, size, size, generator=gen)
+        bands = pixels[j].mean(0).chunk(classes, dim=0)
+        labels[j] = int(torch.stack([b.mean() for b in bands]).argmax())
+    return {"pixel_values": pixels.to(device), "labels": labels.to(device)}
 
 
 def example_inputs(

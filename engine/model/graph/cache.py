@@ -26,7 +26,7 @@ from torch import fx
 from jobctl.engine.core.home import default_home
 from jobctl.engine.model.graph.shard import Shard
 
-VERSION = 2  # bump when the record, the tracer or the sharding changes
+VERSION = 3  # bump when the record, the tracer or the sharding changes
 
 
 @dataclass

@@ -27,10 +27,25 @@ def model_violations(spec: Any) -> list[Violation]:
     """Every problem of ``spec.model``'s unmodified model (none for the builtin family)."""
     m = spec.model
     if m.huggingface is not None:
-        return _first_problem(_hf_steps(m))
+        return _image_data(spec) or _first_problem(_hf_steps(m))
     if m.import_ is not None:
         return _first_problem([("model.import", lambda: _check_factory(m))])
     return []
+
+
+def _image_data(spec: Any) -> list[Violation]:
+    """An image model needs images: only the synthetic source makes them so far."""
+    from jobctl.engine.model.graph.batch import infer_task
+
+    task = spec.model.task or infer_task(spec.model.huggingface.class_)
+    if task != "image_classification" or spec.data.source == "synthetic":
+        return []
+    return [Violation(
+        "data.source",
+        f"{spec.model.huggingface.class_} trains on images; data.source "
+        f"{spec.data.source!r} gives token ids",
+        "use data.source: synthetic (seeded images) -- jobctl has no image file source yet",
+    )]
 
 
 def _first_problem(steps: list[tuple[str, Callable[[], None]]]) -> list[Violation]:

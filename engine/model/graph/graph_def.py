@@ -190,7 +190,7 @@ def describe(cfg: GraphModelConfig, micro_batch: int) -> dict:
 def config_fields(model: torch.nn.Module) -> dict:
     """The model config's fields the batches need (image shape, vocabulary, mask id)."""
     config = getattr(model, "config", None)
-    names = ("num_channels", "image_size", "vocab_size", "mask_token_id")
+    names = ("num_channels", "image_size", "vocab_size", "mask_token_id", "num_labels")
     return {n: getattr(config, n) for n in names if getattr(config, n, None) is not None}
 
 

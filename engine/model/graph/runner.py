@@ -64,7 +64,8 @@ class StageRunner:
     def batch(self, x: torch.Tensor, y: torch.Tensor, first: int) -> dict:
         """The model's keyword arguments for one micro-batch of tokens."""
         g = self.graph
-        return split_labels(model_inputs(g.task, x, y, first, g.cfg.seed, g.mask_id), g.cfg.loss)
+        batch = model_inputs(g.task, x, y, first, g.cfg.seed, g.mask_id, g.config)
+        return split_labels(batch, g.cfg.loss)
 
     def loss(self, out: torch.Tensor, y: torch.Tensor, batch: dict | None) -> torch.Tensor:
         """The model's own loss (``out``), or ``model.loss`` of its logits."""
