@@ -45,7 +45,7 @@ FWD, REC, BWD, WGT = Op.FORWARD, Op.RECOMPUTE, Op.BACKWARD, Op.WEIGHT
 TimelineEntry = tuple[int, Action | None, float, float, str]
 _micro_batch = attrgetter("micro_batch")
 _op = attrgetter("op")
-FACTS_CACHED = 4096  # per-stage facts of this many action lists (the search's schedules)
+FACTS_CACHED = 1024  # per-stage facts of this many action lists (a dozen schedules)
 _facts: dict[int, tuple[list[Action], StageFacts]] = {}
 
 
