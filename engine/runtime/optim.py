@@ -74,8 +74,10 @@ def sync_gradients(
         if not (tied_here and name in ties):
             dp.append(p)
     allreduce_grads(dp, topo.dp_group)
-    if tied_here:
+    if tied_here and groups:
         _sync_ties(named, topo, groups, shapes or {})
+    elif tied_here:  # names only: one copy per rank, summed as one bucket
+        allreduce_grads([p for n, p in named.items() if n in ties], topo.tied_group)
 
 
 def _sync_ties(named: dict, topo: Topology, groups: list[Tie], shapes: dict) -> None:
