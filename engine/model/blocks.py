@@ -213,11 +213,13 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
     m = spec_model
     hf = getattr(m, "huggingface", None)
     if hf is not None:
+        from jobctl.engine.model.graph.remote import localized
         from jobctl.engine.model.graph.source import GraphModelConfig
 
         cfg = GraphModelConfig(
             hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
-            hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task, loss=m.loss,
+            hf_config_path=hf.config_path, pretrained=localized(hf.pretrained), task=m.task,
+            loss=m.loss,
             seq_len=m.seq_len, subgraphs=m.subgraphs, seed=seed,
         )
         return graph_model_def(cfg, micro_batch)

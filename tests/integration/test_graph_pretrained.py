@@ -58,3 +58,23 @@ def test_pretrained_llama_trains_from_its_weights(tmp_path, shard_size):
     assert losses[-1] < losses[0]
     ref_losses, _ = reference_train(spec)
     assert losses == pytest.approx(ref_losses, abs=1e-5)
+
+
+@pytest.mark.multiproc
+@pytest.mark.s3
+def test_pretrained_from_an_s3_url(tmp_path, s3_url):
+    # The same sharded directory uploaded to a real S3 server (moto): every process
+    # copies it once into its state home and reads only its own tensors.
+    import s3fs
+
+    directory = save_llama(tmp_path / "llama", "20KB")
+    url = f"{s3_url}/llama"
+    s3fs.S3FileSystem(skip_instance_cache=True).put(str(directory), url, recursive=True)
+    spec = hf_spec({"class": "LlamaForCausalLM", "pretrained": url}, 2, 1)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    tokens, _ = make_data(spec).batch(0, spec.training.global_batch_size)
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        own = float(hf_model(input_ids=tokens, labels=tokens).loss)
+    assert step_losses(run.dir)[0] == pytest.approx(own, abs=1e-5)

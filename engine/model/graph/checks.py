@@ -15,6 +15,7 @@ this module imports torch only when a spec names such a model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,22 @@ def _first_problem(steps: list[tuple[str, Callable[[], None]]]) -> list[Violatio
 
 
 def _hf_steps(m: Any) -> list[tuple[str, Callable[[], None]]]:
+    from jobctl.engine.model.graph.remote import localized
     from jobctl.engine.model.graph.source import hf_class
 
     hf = m.huggingface
     cfg = graph_config(m)
     given = next(k for k in ("config", "config_path", "pretrained") if getattr(hf, k))
     steps: list[tuple[str, Callable[[], None]]] = [(f"{HF}.class", lambda: hf_class(hf.class_))]
+    local = {"cfg": cfg}
+
+    def directory() -> None:  # a URL is copied to the state home first (remote.local_copy)
+        local["cfg"] = replace(cfg, pretrained=localized(hf.pretrained))
+        _check_directory(local["cfg"].pretrained)
+
     if hf.pretrained:
-        steps.append((f"{HF}.pretrained", lambda: _check_directory(hf.pretrained)))
-    steps.append((f"{HF}.{given}", lambda: _check_shapes(cfg)))
+        steps.append((f"{HF}.pretrained", directory))
+    steps.append((f"{HF}.{given}", lambda: _check_shapes(local["cfg"])))
     return steps
 
 
