@@ -77,8 +77,8 @@ def test_tied_gpt2_two_stages_equals_one_process(tmp_path, monkeypatch, p2p):
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("model", "P", "D"),
-    [(LLAMA, 3, 1), (BERT, 3, 1), (T5, 2, 2), (LLAMA, 2, 2), (GPT2, 3, 1)],
-    ids=["llama-3x1", "bert-3x1", "t5-2x2", "llama-2x2", "gpt2-3x1"],
+    [(BERT, 3, 1), (T5, 2, 2), (LLAMA, 2, 2), (GPT2, 3, 1)],
+    ids=["bert-3x1", "t5-2x2", "llama-2x2", "gpt2-3x1"],
 )
 def test_families_equal_one_process(tmp_path, model, P, D):
     run = run_and_compare(tmp_path, hf_spec(model, P, D), falls=model is not BERT)
