@@ -8,6 +8,7 @@ import torch
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from .test_parity import _run_and_compare
 
 pytest.importorskip("transformers")
 
@@ -47,20 +48,10 @@ def hf_spec(model: dict, P: int, D: int, **extra):
 
 
 def run_and_compare(tmp_path, spec, atol: float = 1e-5, falls: bool = True):
-    """Run ``spec`` and check its losses and final weights equal one process's (and,
-    with ``falls``, that 3 steps lower the loss: masked-LM's fresh masks each step on
-    random tokens leave its loss flat within noise, so there only equality counts)."""
-    ref_losses, ref_weights = reference_train(spec)
-    run, outcome = run_job(spec, tmp_path)
-    assert outcome.ok, outcome.message
-    losses = step_losses(run.dir)
-    assert losses == pytest.approx(ref_losses, abs=1e-5)
-    assert losses[-1] < losses[0] or not falls
-    weights = final_weights(run.dir, STEPS)
-    assert set(weights) == set(ref_weights)
-    for name, w in ref_weights.items():
-        torch.testing.assert_close(weights[name], w, atol=atol, rtol=0, msg=name)
-    return run
+    """``test_parity``'s check: losses and final weights equal one process's (with
+    ``falls``, 3 steps lower the loss; masked-LM's fresh masks each step on random
+    tokens leave its loss flat within noise, so there only equality counts)."""
+    return _run_and_compare(tmp_path, spec, atol, falls)
 
 
 @pytest.mark.multiproc

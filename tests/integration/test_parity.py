@@ -26,14 +26,16 @@ def _spec(P: int, D: int, schedule: str = "1f1b", **extra):
     )
 
 
-def _run_and_compare(tmp_path, spec, atol: float):
+def _run_and_compare(tmp_path, spec, atol: float, falls: bool = True):
+    """Run ``spec`` and check its losses and final weights equal one process's (and,
+    with ``falls``, that its loss went down)."""
     ref_losses, ref_weights = reference_train(spec)
     run, outcome = run_job(spec, tmp_path)
     assert outcome.ok, outcome.message
     losses = step_losses(run.dir)
     assert losses == pytest.approx(ref_losses, abs=1e-5)
-    assert losses[-1] < losses[0]
-    weights = final_weights(run.dir, STEPS)
+    assert losses[-1] < losses[0] or not falls
+    weights = final_weights(run.dir, spec.training.steps)
     assert set(weights) == set(ref_weights)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=atol, rtol=0, msg=name)
