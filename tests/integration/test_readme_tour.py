@@ -26,6 +26,8 @@ EXPECT = {
     "jobctl status": "quickstart-",
     "jobctl resume quickstart --devices 2": "already complete",
     "jobctl apply jobs/quickstart.yaml": "completed",
+    "jobctl apply jobs/hf-llama.yaml": "completed",
+    "jobctl export hf-llama --format hf --out hf/": "from step 20",
 }
 
 
