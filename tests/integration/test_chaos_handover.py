@@ -115,7 +115,11 @@ def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch
     assert handed["step"] is None and "no live replica of stage(s) [1]" in handed["why"]
     resumed = _data(db, run_id, "resume")
     recovery = _data(db, run_id, "recovery")
-    assert recovery["source"] == "checkpoint" and recovery["resumed"] == resumed["step"] == 6
+    # The newest complete checkpoint: step 6's, or step 3's when the killed node had not
+    # yet written its part of step 6 (its writer runs in the background; on a loaded
+    # machine it can be two steps behind). The losses below show it resumed right.
+    start = resumed["step"]
+    assert recovery["source"] == "checkpoint" and recovery["resumed"] == start in (3, 6)
     # completed steps of the first attempt: its records (the reporter's step records
     # died with node 1, the other rank's heartbeats say which steps completed)
     relaunched = next(e["ts"] for e in db.events(run_id) if e["kind"] == "resume")
@@ -123,8 +127,8 @@ def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch
                   if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched)  # fmt: skip
     # The steps after the checkpoint that some record says completed (step 7 may or may
     # not have been reported before rank 1 took its node down: both counts agree).
-    assert recovery["steps_lost"] == trained - 6 >= 0
-    assert f"({trained - 6} steps lost)" in _status(tmp_path, run_id)
+    assert recovery["steps_lost"] == trained - start >= 0
+    assert f"({trained - start} steps lost)" in _status(tmp_path, run_id)
     ref, _ = reference_train(spec)
     for e in events(run_dir):
         if e["kind"] == "step":
