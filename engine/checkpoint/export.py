@@ -20,14 +20,11 @@ import torch
 
 from jobctl.engine.checkpoint.blocks import load_full_state
 from jobctl.engine.checkpoint.resume import find_resume_point, local_root
+from jobctl.engine.model.graph.source import FixableError
 
 
-class ExportError(ValueError):
+class ExportError(FixableError):
     """A run that cannot be exported; ``fix`` says what to do."""
-
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.fix = fix
 
 
 @dataclass(frozen=True)

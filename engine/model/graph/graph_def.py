@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from jobctl.engine.model.graph import boundary, cache
+from jobctl.engine.model.blocks import block_seed
+from jobctl.engine.model.graph import cache
 from jobctl.engine.model.graph.batch import example_inputs, infer_task
 from jobctl.engine.model.graph.shard import shards
 from jobctl.engine.model.graph.source import (
@@ -138,7 +139,7 @@ class GraphModel:
             shapes = {n: self.shapes[n][0] for n in params}
             raw = read_pretrained(self.cfg.pretrained, wanted, shapes)
         elif can_init(self.model, params):
-            raw = init_block(self.model, params, _block_seed(seed, i))
+            raw = init_block(self.model, params, block_seed(seed, i))
             for n in params:
                 if n in self.groups:
                     raw[n] = self._tied_value(self.groups[n], seed)
@@ -155,20 +156,16 @@ class GraphModel:
         return [n for n, k in self.groups.items() if k == key and n != name] if key else []
 
     def _tied_value(self, canonical: str, seed: int) -> torch.Tensor:
-        tie_seed = _block_seed(seed, 1_000_000 + zlib.crc32(canonical.encode()))
+        tie_seed = block_seed(seed, 1_000_000 + zlib.crc32(canonical.encode()))
         return init_block(self.model, [canonical], tie_seed)[canonical]
 
     @functools.cache  # noqa: B019 -- one model per process
     def _whole_model(self, seed: int) -> dict[str, torch.Tensor]:
         """Parameters that cannot be initialised alone: build the model whole, once."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_block_seed(seed, 0))
+            torch.manual_seed(block_seed(seed, 0))
             model = factory_model(self.cfg)
         return {n: p for n, p in model.named_parameters(remove_duplicate=False)}
-
-    def boundary_of(self, values: list[torch.Tensor]) -> boundary.Boundary:
-        """The carrier layout of the values one subgraph hands the next."""
-        return boundary.describe(values)
 
 
 def cacheable(cfg: GraphModelConfig) -> bool:
@@ -200,7 +197,3 @@ def _tie_groups(model: torch.nn.Module) -> dict[str, str]:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     return {n: names[0] for names in by_id.values() if len(names) > 1 for n in names}
-
-
-def _block_seed(seed: int, i: int) -> int:
-    return (seed * 1_000_003 + i * 7919 + 17) % (2**62)

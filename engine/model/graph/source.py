@@ -19,12 +19,16 @@ import torch
 from torch import nn
 
 
-class ModelSourceError(ValueError):
-    """A model that cannot be built; ``fix`` says what to do."""
+class FixableError(ValueError):
+    """Bad input of an unmodified model, with ``fix``: what the user should do."""
 
     def __init__(self, message: str, fix: str) -> None:
         super().__init__(message)
         self.fix = fix
+
+
+class ModelSourceError(FixableError):
+    """A model that cannot be built."""
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,14 @@ import linecache
 import torch
 from torch import fx, nn
 
+from jobctl.engine.model.graph.source import FixableError
+
 #: Nodes the exported graph adds for its own checks on the traced (meta) inputs.
 DROPPED = {"_guards_fn"}
 
 
-class TraceError(ValueError):
+class TraceError(FixableError):
     """A model that cannot be traced; names the module and op where tracing stopped."""
-
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.fix = fix
 
 
 class _CallsOnly(nn.Module):
