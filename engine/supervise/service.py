@@ -13,8 +13,10 @@ scale requests are in engine/supervise/run_requests.py.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,21 +140,38 @@ class CtrlC:
         self.db, self.ref, self.console = db, ref, console
         self.interrupted = False
         self._previous = None
+        self._request: threading.Thread | None = None
+        self._nothing_to_stop = False
 
     def __enter__(self) -> CtrlC:
         self._previous = signal.signal(signal.SIGINT, self._on_sigint)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._request is not None:
+            self._request.join()  # the stop request is on record before apply returns
         signal.signal(signal.SIGINT, self._previous)
 
     def _on_sigint(self, signum, frame) -> None:
-        row = self.db.get_run(self.ref)
-        if self.interrupted or row is None or row["phase"] in ("completed", "failed", "stopped"):
-            # the second Ctrl-C, or no run of this apply to stop yet
+        # No database I/O here: the signal lands between two bytecodes of the main
+        # thread, which may hold the SQLite write lock mid-transaction, and a write from
+        # the handler would wait on its own thread until the busy timeout (a CI run
+        # failed so). A thread of its own waits for that lock like any other writer.
+        if self.interrupted or self._nothing_to_stop:  # a second Ctrl-C: detach
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         self.interrupted = True
+        self._request = threading.Thread(target=self._ask_stop, name="ctrl-c", daemon=False)
+        self._request.start()
+
+    def _ask_stop(self) -> None:
+        """Record the stop request (the first Ctrl-C), or, with no live run of this apply
+        to stop, interrupt the main thread as a plain Ctrl-C would."""
+        row = self.db.get_run(self.ref)
+        if row is None or row["phase"] in ("completed", "failed", "stopped"):
+            self._nothing_to_stop = True
+            _thread.interrupt_main(signal.SIGINT)  # runs _on_sigint on the main thread
+            return
         note = f"Ctrl-C on jobctl apply (pid {os.getpid()}): every rank checkpoints and stops"
         self.db.request_stop(row["id"], note)
         self.db.add_event(row["id"], "stop", note)
