@@ -36,16 +36,20 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point; a state DB that cannot be read is one line, exit 2."""
+    """Console-script entry point; a state DB that cannot be read or written (locked) is
+    one line, exit 2."""
     try:
         sys.exit(app())
     except Exception as e:
         # StateDBError, without importing the state DB before it is needed: a command
         # that never imported it cannot have raised it.
         db = sys.modules.get("jobctl.engine.state.reader")
-        if db is None or not isinstance(e, db.StateDBError):
+        if db is None:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        locked = db.write_error(e)  # a write that gave up on another process's lock
+        if locked is None and not isinstance(e, db.StateDBError):
+            raise
+        print(f"error: {locked or e}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -59,6 +59,20 @@ def db_error(url: str, err: Exception) -> StateDBError:
     return StateDBError(f"state DB {url}: {text}; {fix}")
 
 
+def write_error(err: Exception) -> StateDBError | None:
+    """One line for a write that gave up on another process's lock (SQLAlchemy's
+    OperationalError after the writers' 10 s busy wait); None for any other error."""
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+    if type(err).__name__ != "OperationalError" or not ("locked" in text or "busy" in text):
+        return None
+    where = os.environ.get(DB_URL) or f"state DB {default_home() / 'state.db'}"
+    return StateDBError(
+        f"{where}: {text} (a write waited 10 s); another process holds a write lock on it "
+        "(a long `jobctl` command or a program reading it in a transaction): retry when it "
+        "is done, or stop that process; nothing was changed"
+    )
+
+
 def _read_error(url: str, err: sqlite3.Error) -> StateDBError:
     """``db_error`` of a failed read, saying how long it waited for a lock."""
     text = str(err)
