@@ -15,12 +15,43 @@ import signal
 
 def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
     """Signal a process group; torchrun workers start their own sessions, so also
-    signal every descendant found through /proc."""
+    signal every descendant found through /proc.
+
+    Only a session leader outside this process's own ancestry is signalled: every tree
+    jobctl kills was started in a session of its own, and a recorded pid whose process
+    ended may since name another (pid 1 or an unrelated shell: never kill those)."""
+    if not _own_session_leader(pgid):
+        return
     for pid in [pgid, *descendants(pgid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+
+
+def _own_session_leader(pid: int) -> bool:
+    """Whether ``pid`` leads its own session and is neither this process nor one of its
+    ancestors."""
+    if pid <= 1:
+        return False
+    try:
+        if os.getsid(pid) != pid:
+            return False
+    except (ProcessLookupError, PermissionError):
+        return False
+    return pid not in _ancestors()
+
+
+def _ancestors() -> set[int]:
+    """This process and its ancestors (Linux /proc; just this process without it)."""
+    out, pid = {os.getpid()}, os.getppid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(_stat_fields(pid)[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
 
 
 def descendants(root: int) -> list[int]:
