@@ -16,6 +16,7 @@ leaving); inputs and outputs are computed from the final assignment by liveness.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from torch import fx
@@ -73,6 +74,7 @@ def search_dependency(n: fx.Node, s: int, st: _State) -> tuple[int, fx.Node | No
 
 def param_counts(gm: fx.GraphModule) -> dict[fx.Node, int]:
     """D: parameter elements per node, each parameter counted at its first user."""
+    numel = {name: p.numel() for name, p in gm.named_parameters(remove_duplicate=False)}
     seen: set[str] = set()
     out: dict[fx.Node, int] = {}
     for n in gm.graph.nodes:
@@ -80,13 +82,9 @@ def param_counts(gm: fx.GraphModule) -> dict[fx.Node, int]:
         for arg in n.all_input_nodes:
             if arg.op == "get_attr" and arg.target not in seen:
                 seen.add(arg.target)
-                total += gm.get_parameter(arg.target).numel() if _is_param(gm, arg) else 0
+                total += numel.get(arg.target, 0)  # a buffer counts nothing
         out[n] = total
     return out
-
-
-def _is_param(gm: fx.GraphModule, node: fx.Node) -> bool:
-    return node.target in dict(gm.named_parameters(remove_duplicate=False))
 
 
 def assign(gm: fx.GraphModule, k: int, layers: int) -> dict[fx.Node, int]:
@@ -95,6 +93,7 @@ def assign(gm: fx.GraphModule, k: int, layers: int) -> dict[fx.Node, int]:
     p = sum(D.values()) / max(1, k)
     st = _State(C=common_nodes(gm, layers))
     s = 0
+    load: dict[int, int] = defaultdict(int)  # parameters per subgraph, kept as nodes move
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "get_attr", "output"):
             continue
@@ -102,13 +101,16 @@ def assign(gm: fx.GraphModule, k: int, layers: int) -> dict[fx.Node, int]:
         if s_min < s:  # nodes since n_min rejoin its subgraph
             s = s_min
             for prev in reversed(st.N):
+                load[st.M[prev]] -= D[prev]
+                load[s_min] += D[prev]
                 st.M[prev] = s_min
                 if prev is n_min:
                     break
             st.outs = {i: o for i, o in st.outs.items() if i < s_min}
         st.M[n] = s
         st.N.append(n)
-        if sum(D[x] for x, i in st.M.items() if i == s) > p:
+        load[s] += D[n]
+        if load[s] > p:
             st.outs[s] = {n}
             s += 1
     return st.M
