@@ -67,10 +67,13 @@ def _graph(gm: fx.GraphModule, shard: Shard, rename: Callable[[str], str]) -> fx
     env: dict[fx.Node, fx.Node] = {}
     for name in shard.carry_in + shard.batch_in:
         env[by_name[name]] = graph.placeholder(name)
+    readers: dict[str, list[fx.Node]] = {}  # a parameter may have several get_attr nodes
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            readers.setdefault(node.target, []).append(node)
     for name in shard.params:
-        for node in gm.graph.nodes:
-            if node.op == "get_attr" and node.target == name:
-                env[node] = graph.get_attr(rename(name))
+        for node in readers.get(name, ()):
+            env[node] = graph.get_attr(rename(name))
     for name in shard.nodes:
         node = by_name[name]
         env[node] = graph.node_copy(node, lambda a: env[a])
