@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from jobctl.engine.core.actions import B, F, W
+from jobctl.engine.planner.search import schedule_options
 from jobctl.engine.planner.simulator.devices import simulate_devices
 from jobctl.engine.planner.simulator.simulation import CostModel, simulate
 from jobctl.engine.schedule.checks import peak_activations
-from jobctl.engine.schedule.generators import one_f_one_b
+from jobctl.engine.schedule.generators import generate, one_f_one_b
 from jobctl.engine.schedule.placement import (
     Placed,
     device_peaks,
@@ -19,6 +20,9 @@ from jobctl.engine.schedule.placement import (
     validate_devices,
 )
 from jobctl.engine.schedule.zero_bubble import zb_h1, zb_v
+from jobctl.spec.errors import SpecError
+
+from ..jobrun import tiny_spec
 
 SIZES = [(P, M) for P in (1, 2, 3, 4, 8) for M in (1, P, 2 * P - 1, 2 * P, 3 * P + 1)]
 
@@ -114,3 +118,13 @@ def test_validate_devices_checks_the_placement() -> None:
         validate_devices(zb_v(2, 2), [(0, 3), (1, 3)], 2)
     with pytest.raises(ValueError, match="3 devices"):
         validate_devices(zb_v(2, 2) + [[]], v_placement(2), 2)
+
+
+def test_zb_v_is_gated_from_real_runs() -> None:
+    """The runtime runs one stage per rank: no spec asks for zb_v, no search offers it."""
+    with pytest.raises(SpecError, match=r"parallelism\.schedule.*did you mean 'zb_h1'"):
+        tiny_spec(**{"parallelism.schedule": "zb_v"})
+    auto = tiny_spec(**{"parallelism.schedule": "auto"}).parallelism
+    assert "zb_v" not in {name for name, _ in schedule_options(auto, 4)}
+    with pytest.raises(ValueError, match="unknown schedule 'zb_v'"):
+        generate("zb_v", 2, 4)
