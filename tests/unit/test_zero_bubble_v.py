@@ -3,6 +3,8 @@ format and its checks, memory per device, and the bubble from the device simulat
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from jobctl.engine.core.actions import B, F, W
@@ -128,3 +130,19 @@ def test_zb_v_is_gated_from_real_runs() -> None:
     assert "zb_v" not in {name for name, _ in schedule_options(auto, 4)}
     with pytest.raises(ValueError, match="unknown schedule 'zb_v'"):
         generate("zb_v", 2, 4)
+
+
+@pytest.mark.parametrize(("P", "M"), [(1, 1), (2, 4), (3, 2), (3, 7), (4, 13)])
+def test_zb_v_runs_pytorch_zbv_order(P: int, M: int) -> None:
+    """The same per-rank order as PyTorch's ScheduleZBVZeroBubble (its order builder,
+    which reads only the sizes, called on them)."""
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    ops = {"FORWARD": "F", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+    sizes = SimpleNamespace(pp_group_size=P, _n_microbatches=M, num_stages=2 * P)
+    for d, mine in enumerate(zb_v(P, M)):
+        theirs = ScheduleZBVZeroBubble._calculate_single_rank_operations(sizes, d)
+        got = [
+            (a.stage_index, ops[a.computation_type.name], a.microbatch_index) for a in theirs if a
+        ]
+        assert got == [(p.stage, p.action.op.value, p.action.micro_batch) for p in mine]
