@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("calibration",),
     ("planner",),
     ("runtime", "checkpoint", "channel", "state"),
-    ("pruning", "rebalance"),
+    ("pruning", "rebalance", "averaging"),
     ("worker", "calibration.measure"),
     ("supervise",),
     ("fleet", "scheduler"),

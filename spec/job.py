@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from .averaging import averaging_violations
 from .base import SpecModel, Violation, require_match
 from .cost import BudgetSpec, PlannerSpec, cost_violations
 from .data import UINT16_VOCAB, DataSpec
@@ -83,6 +84,7 @@ class JobSpec(SpecModel):
         yield from self._data_violations()
         yield from self._device_violations()
         yield from cost_violations(self.hardware, self.budget)
+        yield from averaging_violations(self)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision

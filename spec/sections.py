@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
+from .averaging import AveragingFields
 from .base import SpecModel, Violation, int_or_auto, require_match
 from .data import DataSpec as DataSpec  # re-exported: it lived here
 from .devices import DEVICES
@@ -365,8 +366,8 @@ class HardwareSpec(SpecModel):
             )
 
 
-class ParallelismSpec(SpecModel):
-    """Pipeline (P) and data (D) parallelism and the pipeline schedule."""
+class ParallelismSpec(AveragingFields):
+    """Pipeline (P) and data (D) parallelism, the schedule and averaging (N, alpha)."""
 
     pipeline_stages: PositiveIntOrAuto = Field(
         "auto", description="P: pipeline stages per pipeline, or 'auto'."
@@ -389,6 +390,7 @@ class ParallelismSpec(SpecModel):
     )
 
     def _violations(self) -> Iterator[Violation]:
+        yield from self._averaging_violations()
         if self.advance_num is not None and self.schedule not in ("advance_forward", "auto"):
             yield Violation(
                 "advance_num",

@@ -43,20 +43,22 @@ Snapshot = dict[int, dict]  # block -> {"params": {name: tensor}, "optim": {name
 
 def snapshot_blocks(
     stage: Stage,
-    opt: torch.optim.Optimizer,
+    opt: torch.optim.Optimizer | None,
     blocks: list[int],
     ties: list[Tie],
     masks: dict[str, torch.Tensor] | None = None,
 ) -> Snapshot:
     """Copies of the parameters, optimizer state and pruning masks (if any) of ``blocks``
-    (the only part of a checkpoint that must happen while training waits)."""
+    (the only part of a checkpoint that must happen while training waits). A stage
+    without an optimizer (AvgPipe's reference model) saves no optimizer state."""
     aliases = {t.alias for t in ties}
     snap: Snapshot = {}
+    states = {} if opt is None else opt.state
     for b in blocks:
         params = {n: p for n, p in _block_params(stage, b).items() if n not in aliases}
         snap[b] = {
             "params": {n: p.detach().cpu().clone() for n, p in params.items()},
-            "optim": {n: _cpu_state(opt.state.get(p, {})) for n, p in params.items()},
+            "optim": {n: _cpu_state(states.get(p, {})) for n, p in params.items()},
         }
         if masks:
             snap[b]["masks"] = {n: masks[n].cpu().clone() for n in params if n in masks}
@@ -74,8 +76,16 @@ def _cpu_state(state: dict) -> dict:
     return {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
-def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: list[Tie]) -> None:
-    """Load this stage's parameters and optimizer state from a checkpoint folder."""
+def load_blocks(
+    stage: Stage,
+    opt: torch.optim.Optimizer | None,
+    ckpt_dir: Path,
+    ties: list[Tie],
+    part: int | None = None,
+) -> None:
+    """Load this stage's parameters and optimizer state (if ``opt``) from a checkpoint
+    folder; with ``part``, those of AvgPipe's parallel model ``part`` instead (a block
+    file's ``parallel`` list, ``engine/averaging/checkpoint.py``)."""
     alias_of = {t.alias: t.canonical for t in ties}
     named = dict(stage.named_parameters())
     cache: dict[int, dict] = {}
@@ -86,13 +96,13 @@ def load_blocks(stage: Stage, opt: torch.optim.Optimizer, ckpt_dir: Path, ties: 
             cache[block] = torch.load(
                 ckpt_dir / block_file(block), map_location="cpu", weights_only=True
             )
-        payload = cache[block]
+        payload = cache[block] if part is None else cache[block]["parallel"][part]
         if source not in payload["params"]:
             raise KeyError(f"checkpoint {ckpt_dir} has no parameter {source!r}")
         with torch.no_grad():
             p.copy_(payload["params"][source])
         state = payload["optim"].get(source)
-        if state:
+        if state and opt is not None:
             opt.state[p] = {
                 k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
                 for k, v in state.items()

@@ -10,6 +10,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobctl.engine.averaging.checkpoint import ElasticCheckpointing, resume_elastic
+from jobctl.engine.averaging.parts import elastic_parts
+from jobctl.engine.averaging.trainer import ElasticTrainer
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
@@ -46,21 +49,27 @@ def build_trainer(
     events = event_sink(run_dir, rank, plan.rank(rank).node)
     mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)
     state = build_state(mdef, spec.training, plan, rank, device)
+    parts = elastic_parts(spec, mdef, state, device)  # AvgPipe's N models, or None
     pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
     if spec.rebalancing.enabled:
         hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
     masks = None if pruner is None else (lambda: pruner.masks)
-    checkpoints = Checkpointing(spec, plan, rank, run_dir, events, mdef.ties, masks)
+    args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
+    checkpoints = Checkpointing(*args) if not parts else ElasticCheckpointing(*args, parts=parts)
     hooks.append(checkpoints)
     aim = parse(os.environ[CHAOS], rank) if os.environ.get(CHAOS) else None
     if aim is not None and resume is None:  # chaos tests: kill the node, first attempt only
         hooks.append(ChaosKill(*aim))
     start = 0
-    if resume is not None:
+    if resume is not None and parts:
+        start = resume_elastic(parts, plan.global_batch_size, mdef.ties, resume)
+    elif resume is not None:
         start = resume_stage(state, mdef.ties, resume)
         if pruner is not None:
             pruner.load(resume, start)
     checkpoints.clear_stale_staging()
     dist.barrier()  # nobody stages before stale staging folders are gone
+    if parts:
+        return ElasticTrainer(spec, mdef, state, device, events, hooks, start, parts=parts)
     return Trainer(spec, mdef, state, device, events, hooks, start)

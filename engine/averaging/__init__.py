@@ -1,0 +1,15 @@
+"""AvgPipe's elastic averaging framework (AvgPipe sec. 3.2): N parallel pipelines on
+the same devices, each training its own parallel model, pulled towards a reference
+model that a thread per rank keeps.
+
+* ``config``: :class:`ElasticConfig` (N, alpha), the component's typed config.
+* ``rule``: the update rule, steps 1-5, as tensor operations (equations E1-E5).
+* ``reference``: the reference model's thread, fed through a queue that never blocks
+  the pipeline.
+* ``models``: the N parallel models of a rank's stage, their optimizers and their
+  shares of the batch.
+* ``parts``: :class:`ElasticParts`, all of the above for one rank, from the spec.
+* ``trainer``: the training loop step that runs the N pipelines (a ``Trainer``).
+* ``checkpoint``: checkpoints holding the reference and every parallel model; resume
+  with the same or another N.
+"""

@@ -1,0 +1,73 @@
+"""Checkpoints of an elastically averaged run: the reference model and every parallel
+model, still one file per block (layout-independent, any P x D).
+
+A block file's ``params`` hold the reference's weights (what ``export`` and
+``load_full_state`` read: the reference is the run's model) with empty ``optim``; its
+``parallel`` list holds each parallel model's ``params`` and ``optim``, and
+``meta.json`` records ``averaging: {N, alpha}``. A checkpoint is taken once the
+reference has applied every batch up to its step (r_step).
+
+Resume (:func:`resume_elastic`): with the checkpoint's N, the reference, every parallel
+model and its optimizer state come back exactly, so the run continues as if never
+stopped. With another N (or from a synchronous run's checkpoint), the reference is the
+checkpoint's model and every parallel model restarts from it, with the optimizer state
+the checkpoint's ``optim`` holds (a synchronous run's; none after elastic averaging).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobctl.engine.averaging.parts import ElasticParts
+from jobctl.engine.checkpoint.blocks import (
+    blocks_written_by,
+    load_blocks,
+    read_meta,
+    snapshot_blocks,
+)
+from jobctl.engine.checkpoint.hook import Checkpointing
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.model.blocks import Tie
+from jobctl.engine.runtime.hook import StageState
+
+
+def snapshot_elastic(parts: ElasticParts, blocks: list[int], ties: list[Tie]) -> dict:
+    """The reference's blocks, each with the parallel models' under ``parallel``."""
+    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties)
+    shots = [snapshot_blocks(m.stage, m.opt, blocks, ties) for m in parts.models]
+    for b in blocks:
+        snap[b]["parallel"] = [shot[b] for shot in shots]
+    return snap
+
+
+def resume_elastic(parts: ElasticParts, batch: int, ties: list[Tie], ckpt_dir: Path) -> int:
+    """Load ``ckpt_dir`` into ``parts`` (see the module docstring) for a run of global
+    batch ``batch``; returns the step to continue at."""
+    meta = read_meta(ckpt_dir)
+    if meta["global_batch_size"] != batch:
+        raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
+    same_n = meta.get("averaging", {}).get("N") == parts.config.N
+    load_blocks(parts.reference.stage, None, ckpt_dir, ties)
+    for i, m in enumerate(parts.models):
+        load_blocks(m.stage, m.opt, ckpt_dir, ties, part=i if same_n else None)
+    step = int(meta["step"])
+    parts.reference.version = step  # the checkpoint holds r_step
+    return step
+
+
+class ElasticCheckpointing(Checkpointing):
+    """:class:`Checkpointing` that saves the reference and the N parallel models."""
+
+    def __init__(self, *args, parts: ElasticParts, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.parts = parts
+
+    def save(self, state: StageState, step: int, final: bool = False) -> None:
+        self.parts.reference.wait_for(step)  # r_step: every batch before it applied
+        mine = blocks_written_by(state.plan, self.rank)
+        snap = snapshot_elastic(self.parts, mine, self.ties)
+        self.manager.save(step, snap, self.meta(state.plan, step), final=final)
+
+    def meta(self, plan: Plan, step: int) -> dict:
+        cfg = self.parts.config
+        return {**super().meta(plan, step), "averaging": {"N": cfg.N, "alpha": cfg.alpha}}

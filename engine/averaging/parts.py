@@ -1,0 +1,43 @@
+"""What elastic averaging adds to one rank, built from the spec and the rank's stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from jobctl.engine.averaging.config import ElasticConfig
+from jobctl.engine.averaging.models import ParallelModel, parallel_models, reference_stage
+from jobctl.engine.averaging.reference import ReferenceModel
+from jobctl.engine.data.dataset import Sharding
+from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.runtime.hook import StageState
+from jobctl.spec.job import JobSpec
+
+
+@dataclass
+class ElasticParts:
+    """Its config, the N parallel models (model 0 is the trainer's stage) and the
+    reference with its thread."""
+
+    config: ElasticConfig
+    models: list[ParallelModel]
+    reference: ReferenceModel
+
+
+def elastic_parts(
+    spec: JobSpec, mdef: ModelDef, state: StageState, device: torch.device
+) -> ElasticParts | None:
+    """The parallel models and reference of ``state``'s stage; None without averaging."""
+    config = ElasticConfig.from_spec(spec.parallelism)
+    if config is None:
+        return None
+    me, plan = state.plan.stage_of(state.topo.rank), state.plan
+    shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
+
+    def make_stage() -> Stage:
+        return Stage(mdef, me.blocks, me.keep_blocks).to(device)
+
+    models = parallel_models(state.stage, state.opt, make_stage, spec.training, shard, config.N)
+    reference = ReferenceModel(reference_stage(state.stage, make_stage), config.N)
+    return ElasticParts(config, models, reference)

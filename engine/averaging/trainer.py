@@ -1,0 +1,116 @@
+"""The training loop with elastic averaging: each loop step trains one batch on the N
+parallel pipelines, one after another through the plan's schedule on the same ranks.
+
+Pipeline i runs its share of the batch's micro-batches (``models.PipelineShare``)
+through the stage's action list, sums model i's gradients over the D replicas and the
+tied stages (as a synchronous step does), steps model i's own optimizer (E1-E2),
+waits for r_t if the reference thread is a batch behind, dilutes (E3) and queues its
+local update for the reference (steps 3-5, ``reference``). The reported loss is the
+mean over the N models of each model's loss on its share. Evaluation and checkpoints
+read the reference once it has applied the batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import torch
+
+from jobctl.engine.averaging.parts import ElasticParts
+from jobctl.engine.averaging.rule import dilute, local_update
+from jobctl.engine.core.events import Kind
+from jobctl.engine.runtime.evaluation import eval_loss
+from jobctl.engine.runtime.executor import StepExecutor, StepStats
+from jobctl.engine.runtime.optim import lr_at, set_lr, sync_gradients
+from jobctl.engine.runtime.step import StepTimes, step_seed
+from jobctl.engine.runtime.trainer import Trainer
+
+
+def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
+    """``ex`` running ``stage`` on ``share``: a shallow copy, so every parallel model
+    uses the same links to the neighbours (the pipelines run one after another)."""
+    view = copy.copy(ex)
+    view.stage, view.shard = stage, share
+    return view
+
+
+class ElasticTrainer(Trainer):
+    """A :class:`Trainer` whose step trains the N parallel models of ``parts``."""
+
+    def __init__(self, *args, parts: ElasticParts, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.parts = parts
+        self.views: list[StepExecutor] = []
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.parts.reference.close()
+
+    def make_executor(self) -> StepExecutor:
+        ex = super().make_executor()
+        first = self.state.stage
+        others = [m.stage for m in self.parts.models[1:]] + [self.parts.reference.stage]
+        if first.graph is not None:  # probed on model 0 only: the same layout
+            for stage in others:
+                stage.graph.in_boundary = first.graph.in_boundary
+        self.views = [executor_for(ex, m.stage, m.share) for m in self.parts.models]
+        return ex
+
+    def train_step(self, step: int) -> tuple[StepStats, StepTimes]:
+        """Batch ``step`` on every parallel pipeline (E1-E3), its updates queued (E4)."""
+        self.ledger.begin()
+        start = time.perf_counter()
+        total = StepStats()
+        for i in range(self.parts.config.N):
+            stats = self._pipeline_step(i, step)
+            total.loss_sum += stats.loss_sum / self.parts.config.N
+            total.fwd_s += stats.fwd_s
+            total.bwd_s += stats.bwd_s
+            total.order += stats.order
+            total.deviations += stats.deviations
+        self.ledger.stats = total
+        end = time.perf_counter()
+        return total, StepTimes(start, start, end, end)
+
+    def _pipeline_step(self, i: int, step: int) -> StepStats:
+        model, cfg = self.parts.models[i], self.parts.config
+        training = self.spec.training
+        # Dropout differs across the N pipelines and stays a function of (seed, step, rank).
+        torch.manual_seed(step_seed(training.seed, step * cfg.N + i, self.rank))
+        model.opt.zero_grad(set_to_none=True)
+        with self._compute():
+            stats = self.views[i].run(self.state.actions, step)
+        st = self.state
+        sync_gradients(model.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
+        before = [t.clone() for t in model.tensors]
+        for hook in self.hooks:
+            hook.before_update()
+        set_lr(model.opt, lr_at(step, training))
+        model.opt.step()  # E1
+        for hook in self.hooks:
+            hook.after_update()
+        update = local_update(model.tensors, before)  # E2
+        self.parts.reference.wait_for(step)  # r_t: batches 0 .. step-1 applied
+        dilute(model.tensors, self.parts.reference.tensors, cfg.alpha)  # E3
+        self.parts.reference.submit(step, update)  # step 3, never blocks
+        return stats
+
+    def settled_reference(self, done: int) -> None:
+        """Wait until the reference has applied batches ``0 .. done-1``."""
+        self.parts.reference.wait_for(done)
+
+    def evaluate(self, done: int) -> None:
+        """The eval loss of the reference model (settled at ``done``)."""
+        every, steps = self.spec.training.eval_every, self.spec.training.steps
+        if self.eval_data is None or (done % every and done != steps):
+            return
+        self.settled_reference(done)
+        ref = self.parts.reference.stage
+        view = executor_for(self.executor, ref, self.shard)
+        loss = eval_loss(view, dataclasses.replace(self.state, stage=ref), self.eval_data)
+        if self.state.topo.is_reporter:
+            self.events.write(Kind.EVAL, step=done, eval_loss=loss)

@@ -1,0 +1,77 @@
+"""A single-process reference of AvgPipe's elastic averaging rule, in plain torch.
+
+Written from AvgPipe sec. 3.2 independently of ``jobctl.engine.averaging``: for batch
+t, parallel model i computes its gradient on its share of the batch, steps its own
+optimizer (local update u_i = w_i' - w_i), dilutes w_i <- (1 - alpha) w_i' + alpha r_t
+with the reference r_t of the batches before t, and the reference takes
+r_{t+1} = r_t + (u_0 + ... + u_{N-1}) / N. The parity and convergence tests check the
+distributed runtime and the statistical efficiency against this.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+# loss_of(model, t, i) -> model i's mean loss over its share of batch t (a tensor;
+# its backward leaves the share's mean gradient).
+LossOf = Callable[[nn.Module, int, int], torch.Tensor]
+
+
+def elastic_train(
+    model: nn.Module,
+    make_opt: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    loss_of: LossOf,
+    n: int,
+    alpha: float,
+    steps: int,
+) -> tuple[list[float], nn.Module, list[nn.Module]]:
+    """Train N copies of ``model`` elastically; returns the per-step loss (the mean
+    over the N models), the reference and the parallel models."""
+    reference = copy.deepcopy(model)
+    models = [copy.deepcopy(model) for _ in range(n)]
+    opts = [make_opt(list(m.parameters())) for m in models]
+    losses = []
+    for t in range(steps):
+        total, updates = 0.0, []
+        for i, (m, opt) in enumerate(zip(models, opts, strict=True)):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(m, t, i)
+            loss.backward()
+            total += float(loss.detach()) / n
+            before = [p.detach().clone() for p in m.parameters()]
+            opt.step()
+            with torch.no_grad():
+                updates.append([p - b for p, b in zip(m.parameters(), before, strict=True)])
+                for p, r in zip(m.parameters(), reference.parameters(), strict=True):
+                    p.copy_((1 - alpha) * p + alpha * r)
+        with torch.no_grad():
+            for k, r in enumerate(reference.parameters()):
+                acc = updates[0][k].clone()
+                for u in updates[1:]:
+                    acc += u[k]
+                r += acc / n
+        losses.append(total)
+    return losses, reference, models
+
+
+def sync_train(
+    model: nn.Module,
+    make_opt: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    loss_of: Callable[[nn.Module, int], torch.Tensor],
+    steps: int,
+) -> tuple[list[float], nn.Module]:
+    """Synchronous training of ``model`` on the whole batch of each step."""
+    model = copy.deepcopy(model)
+    opt = make_opt(list(model.parameters()))
+    losses = []
+    for t in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, t)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, model
