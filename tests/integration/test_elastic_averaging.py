@@ -1,0 +1,91 @@
+"""AvgPipe's elastic averaging, distributed: 2 worker processes (P = 2) training N = 2
+parallel models train exactly like the plain-torch reference of the rule
+(``tests/unit/elastic_reference.py``): the step losses, the reference model and every
+parallel model in the final checkpoint, to 1e-5 in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jobctl.engine.data.dataset import make_data
+from jobctl.engine.model.blocks import Stage, model_def
+
+from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from ..unit.elastic_reference import elastic_train
+
+N, STEPS = 2, 4
+
+
+def _spec():
+    return tiny_spec(
+        **{
+            "training.steps": STEPS,
+            "checkpoint.interval": STEPS,
+            "training.optimizer": "sgd",
+            "training.lr": 0.3,
+            "training.momentum": 0.9,
+            "hardware.nodes": 1,
+            "hardware.processes_per_node": 2,
+            "parallelism.pipeline_stages": 2,
+            "parallelism.data_parallel": 1,
+            "parallelism.schedule": "advance_forward",
+            "parallelism.averaging": "elastic",
+            "parallelism.parallel_pipelines": N,
+        }
+    )
+
+
+def _reference(spec):
+    """The rule in one process on the whole model: model i's share of batch t is
+    samples [tB + iB/N, tB + (i+1)B/N), in micro-batches of m, mean loss."""
+    B, m = spec.training.global_batch_size, spec.training.micro_batch_size
+    mdef = model_def(spec.model, spec.training.seed, m)
+    data = make_data(spec)
+
+    def loss_of(model, t, i):
+        total = 0.0
+        for first in range(t * B + i * B // N, t * B + (i + 1) * B // N, m):
+            x, y = data.batch(first, m)
+            batch = model.batch(x, y, first)
+            total = total + model.loss(model(x, batch), y, batch) * (m * N / B)
+        return total
+
+    def make_opt(params):
+        t = spec.training
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
+
+    model = Stage(mdef, range(mdef.num_blocks))
+    return elastic_train(model, make_opt, loss_of, N, 1 / N, STEPS)
+
+
+def _parallel_weights(ckpt) -> list[dict[str, torch.Tensor]]:
+    out: list[dict] = [{} for _ in range(N)]
+    for f in sorted(ckpt.glob("block-*.pt")):
+        for i, part in enumerate(torch.load(f, weights_only=True)["parallel"]):
+            out[i].update(part["params"])
+    return out
+
+
+@pytest.mark.multiproc
+def test_elastic_averaging_matches_the_reference_rule(tmp_path):
+    torch.set_num_threads(1)
+    spec = _spec()
+    losses, reference, models = _reference(spec)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    assert losses[-1] < losses[0]
+    got = final_weights(run.dir, STEPS)  # the checkpoint's model is the reference
+    want = dict(reference.named_parameters())
+    assert set(got) == set(want)
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        mine = dict(model.named_parameters())
+        assert saved.keys() == got.keys()
+        for name, w in saved.items():
+            torch.testing.assert_close(w, mine[name].detach(), atol=1e-5, rtol=0, msg=name)
+    first = sorted(got)[0]  # the parallel models are not the reference
+    assert not torch.allclose(_parallel_weights(ckpt)[0][first], got[first])
