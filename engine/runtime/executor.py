@@ -86,6 +86,17 @@ class StepExecutor:
 
     def run(self, actions: list[Action], step: int) -> StepStats:
         """Execute ``actions`` for training step ``step``; returns measurements."""
+        actions = self.begin(actions, step)
+        stats = StepStats()
+        for action in self._ordered(actions, stats):
+            self._do(action, stats)
+            stats.order.append(action)
+        self.finish()
+        return stats
+
+    def begin(self, actions: list[Action], step: int) -> list[Action]:
+        """Open step ``step``'s message boxes; returns the actions this replica runs
+        (``run``, or a rank hosting two stages, ``two_stage``, runs them with ``_do``)."""
         self.step = step
         # Any D: this replica may run fewer micro-batches than the schedule's M. Every
         # stage of a replica drops the same ones, so the pipeline stays consistent.
@@ -115,14 +126,13 @@ class StepExecutor:
             )
             self.acts_out = Outbox(t.next, 0)
         self.saved: dict[int, dict] = {}
-        stats = StepStats()
-        for action in self._ordered(actions, stats):
-            self._do(action, stats)
-            stats.order.append(action)
+        return actions
+
+    def finish(self) -> None:
+        """Wait until this step's sends have left."""
         for box in (self.acts_out, self.grads_out):
             if box is not None:
                 box.drain()
-        return stats
 
     def _ordered(self, actions: list[Action], stats: StepStats):
         """Yield actions in schedule order, deviating opportunistically if enabled.
