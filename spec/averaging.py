@@ -93,12 +93,29 @@ def averaging_violations(spec: Any) -> Iterator[Violation]:
                 f"{section} does not work with parallelism.averaging: elastic yet",
                 f"set {path}: false or parallelism.averaging: none",
             )
+    yield from _share_violations(spec)
+
+
+def _share_violations(spec: Any) -> Iterator[Violation]:
+    """Each parallel model trains on B / N samples: whole micro-batches, at least one
+    per data-parallel replica."""
+    par = spec.parallelism
     batch, micro = spec.training.global_batch_size, spec.training.micro_batch_size
     n = par.parallel_pipelines
-    if not isinstance(micro, int):
+    # The planner's m and D know nothing of N yet: they must be fixed to split B in N.
+    for path, value in (
+        ("training.micro_batch_size", micro),
+        ("parallelism.data_parallel", par.data_parallel),
+    ):
+        if not isinstance(value, int):
+            yield Violation(
+                path,
+                f"averaging: elastic needs a fixed {path.split('.')[1]}, not 'auto'",
+                f"set {path} to an integer (B / N shares of whole micro-batches per replica)",
+            )
+    if not isinstance(micro, int) or not isinstance(par.data_parallel, int):
         return
-    d = par.data_parallel if isinstance(par.data_parallel, int) else 1
-    # Each parallel model trains on an equal share of the batch, split over D replicas.
+    d = par.data_parallel
     if batch % (n * micro) or batch // (n * micro) < d:
         yield Violation(
             "parallelism.parallel_pipelines",

@@ -262,3 +262,15 @@ def test_checkpoint_resumes_reference_and_every_parallel_model(tmp_path) -> None
         for k, v in _state(saved.reference.stage).items():
             assert torch.equal(_state(m.stage)[k], v), k
         assert not m.opt.state  # the reference has no optimizer state to start from
+
+
+def test_planner_chosen_micro_batch_or_d_is_refused() -> None:
+    text = SPEC.replace("micro_batch_size: 2", "micro_batch_size: auto")
+    assert (
+        "jobs/avg.yaml:6:3: training.micro_batch_size: averaging: elastic needs a fixed "
+        "micro_batch_size, not 'auto'\n  fix: set training.micro_batch_size to an integer"
+    ) in _error(text)
+    text = SPEC.replace("data_parallel: 1", "data_parallel: auto")
+    assert "parallelism.data_parallel: averaging: elastic needs a fixed data_parallel" in (
+        _error(text)
+    )
