@@ -1,0 +1,309 @@
+"""Mobius's MIP partition (Mobius sec. 3.2, constraints 4-11), solved with HiGHS.
+
+Layers are assigned to up to L logical stages (L = layers after ``merge_identical``);
+a stage with no layer does not exist. Instead of the paper's B_{i,j} we use the
+cumulative y_{i,j} = [layer i is in stage <= j] (so B_{i,j} = y_{i,j} - y_{i,j-1}):
+monotone in i and j, and y_{i+1,j+1} >= y_{i,j}, which makes every stage a run of
+consecutive layers, the non-empty stages the first S, and the LP relaxation tighter.
+Times are in seconds (a prefetch is counted as the seconds of upload it saves),
+memory in bytes over B so that the rows are alike in scale. Stage j runs on device
+``j % N``. A stage whose device has no later stage (one of the last N) is resident when
+the backward starts and uploads nothing; the upload row of a stage is switched off by a
+big-M term when the stage N places later is empty. The objective is the paper's: the
+end of the first stage's backward on the last micro-batch, t^b_{0,M} + T^b_0.
+
+``mobius_partition`` returns the stages, their layers and the predicted step time;
+``mobius_costs.step_time`` prices any partition by the same rules, so the two agree
+(the unit tests check the MIP against enumerating every partition). A library, not
+part of the planner's search yet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from jobctl.engine.planner.mobius_costs import (
+    LayerCost,
+    MobiusConfig,
+    even_sizes,
+    merge_identical,
+    step_time,
+    unit_layers,
+)
+
+
+@dataclass(frozen=True)
+class MobiusPartition:
+    """The MIP's answer: stage s holds ``stages[s]`` (layer indices) on ``device[s]``."""
+
+    stages: tuple[range, ...]
+    devices: tuple[int, ...]
+    step_time_s: float  # the MIP's objective
+    group: int  # identical layers merged per unit (1: none)
+    solve_s: float
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(r) for r in self.stages]
+
+
+class _Program:
+    """A mixed-integer program under construction: variables, rows, then HiGHS."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+
+    def var(self, lb: float = 0.0, ub: float = math.inf, integer: bool = False) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(int(integer))
+        return len(self.lb) - 1
+
+    def geq(self, terms: dict[int, float], rhs: float = 0.0) -> None:
+        """sum(terms) >= rhs."""
+        self.rows.append((terms, rhs, math.inf))
+
+    def leq(self, terms: dict[int, float], rhs: float = 0.0) -> None:
+        """sum(terms) <= rhs."""
+        self.rows.append((terms, -math.inf, rhs))
+
+    def solve(self, objective: dict[int, float], time_limit: float) -> np.ndarray | None:
+        c = np.zeros(len(self.lb))
+        for k, v in objective.items():
+            c[k] += v
+        entries = [(i, k, v) for i, (t, _, _) in enumerate(self.rows) for k, v in t.items()]
+        r, k, v = zip(*entries, strict=True)
+        a = coo_matrix((v, (r, k)), shape=(len(self.rows), len(self.lb))).tocsr()
+        lo = np.array([row[1] for row in self.rows])
+        hi = np.array([row[2] for row in self.rows])
+        res = milp(
+            c,
+            constraints=LinearConstraint(a, lo, hi),
+            integrality=np.array(self.integer),
+            bounds=Bounds(np.array(self.lb), np.array(self.ub)),
+            options={"time_limit": time_limit, "mip_rel_gap": 1e-7},
+        )
+        if res.status not in (0, 1, 2):  # optimal, time limit, infeasible
+            raise RuntimeError(f"HiGHS failed on the Mobius partition: {res.message}")
+        return res.x
+
+
+def _add(*parts: dict[int, float], scale: tuple[float, ...] = ()) -> dict[int, float]:
+    """The linear combination of ``parts`` with weights ``scale`` (default 1 each)."""
+    out: dict[int, float] = {}
+    for n, part in enumerate(parts):
+        w = scale[n] if n < len(scale) else 1.0
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + w * v
+    return out
+
+
+class _Partition:
+    """The variables of sec. 3.2 for ``units`` in exactly ``stages`` stages on ``cfg``,
+    and the rows over them."""
+
+    def __init__(
+        self, units: list[LayerCost], cfg: MobiusConfig, stages: int, relaxed: bool = False
+    ) -> None:
+        self.u, self.cfg, self.p = units, cfg, _Program()
+        L, K, M = len(units), stages, cfg.micro_batches
+        self.L, self.K = L, K
+        # stage(i) lies in [i - (L - K), i]: every stage holds a layer, each step of i
+        # moves at most one stage on, and the last layer is in the last stage.
+        self.y = [[self._y(i, j, relaxed) for j in range(K)] for i in range(L)]
+        self.tf = [[self.p.var() for _ in range(M)] for _ in range(K)]
+        self.tb = [[self.p.var() for _ in range(M)] for _ in range(K)]
+        self.link: list[list[dict[int, float]]] = [[] for _ in range(cfg.devices)]
+        self.idle: list[list[dict[int, float]]] = [[] for _ in range(cfg.devices)]
+
+    def _y(self, i: int, j: int, relaxed: bool) -> int:
+        lo = float(j >= min(i, self.K - 1))
+        hi = float(j >= i - (self.L - self.K))
+        return self.p.var(lo, hi, not relaxed)
+
+    def stage(self, j: int, per_unit: list[float]) -> dict[int, float]:
+        """sum_i per_unit[i] * B_{i,j}."""
+        out: dict[int, float] = {}
+        for i, x in enumerate(per_unit):
+            out[self.y[i][j]] = out.get(self.y[i][j], 0.0) + x
+            if j:
+                out[self.y[i][j - 1]] = out.get(self.y[i][j - 1], 0.0) - x
+        return out
+
+    def sent(self, j: int) -> dict[int, float]:
+        """Seconds to send stage j's output: its last layer's boundary (y_ij - y_i+1,j)."""
+        out: dict[int, float] = {}
+        for i, x in enumerate(self.u):
+            w = x.boundary / self.cfg.link
+            out[self.y[i][j]] = out.get(self.y[i][j], 0.0) + w
+            if i + 1 < self.L:
+                out[self.y[i + 1][j]] = out.get(self.y[i + 1][j], 0.0) - w
+        return out
+
+    def col(self, name: str) -> list[float]:
+        """A LayerCost field per unit; bytes in seconds at B, memory over B too."""
+        vals = [getattr(x, name) for x in self.u]
+        return vals if name.endswith("_s") else [v / self.cfg.tier_Bps for v in vals]
+
+    def structure(self) -> None:
+        y, L, K = self.y, self.L, self.K
+        for i in range(L):
+            for j in range(K - 1):
+                self.p.leq({y[i][j]: 1, y[i][j + 1]: -1})  # stage(i) <= j -> <= j + 1
+                if i + 1 < L:
+                    self.p.leq({y[i + 1][j]: 1, y[i][j]: -1})  # stages never go back
+                    self.p.leq({y[i][j]: 1, y[i + 1][j + 1]: -1})  # at most one step on
+        g = self.cfg.memory_bytes / self.cfg.tier_Bps
+        for j in range(K):  # constraint 4
+            self.p.leq(self.stage(j, self.col("memory_f")), g)
+            self.p.leq(self.stage(j, self.col("memory_b")), g)
+
+    def chain(self, t: list[list[int]], dur: str, j: int, frm: int, wire: int) -> None:
+        """Constraints 8 and 10: t[j][m] after the previous micro-batch on stage j and
+        after micro-batch m on stage ``frm`` plus its send (stage ``wire``'s output)."""
+        T = self.stage(j, self.col(dur))
+        Tf = self.stage(frm, self.col(dur))
+        for m in range(self.cfg.micro_batches):
+            if m:
+                self.p.geq(_add({t[j][m]: 1, t[j][m - 1]: -1}, T, scale=(1, -1)))
+            self.p.geq(_add({t[j][m]: 1, t[frm][m]: -1}, Tf, self.sent(wire), scale=(1, -1, -1)))
+
+    def sequence(self, t: list[list[int]], dur: str, j: int) -> None:
+        """Constraint 10 alone (the stage that waits for no other stage's output)."""
+        T = self.stage(j, self.col(dur))
+        for m in range(1, self.cfg.micro_batches):
+            self.p.geq(_add({t[j][m]: 1, t[j][m - 1]: -1}, T, scale=(1, -1)))
+
+    def upload(self, t: list[list[int]], e: str, j: int, prev: int) -> None:
+        """Constraints 5, 6 and 9: stage j starts after stage ``prev`` on its device ends
+        plus the part of its upload not prefetched (seconds ``pre`` while ``prev`` runs,
+        into the memory it leaves free, at most the stage's data)."""
+        up, mem, dur = (f"upload_{e}", f"memory_{e}", "forward_s" if e == "f" else "backward_s")
+        pre, left = self.p.var(), self.p.var()
+        g = self.cfg.memory_bytes / self.cfg.tier_Bps
+        self.p.leq(_add({pre: 1}, self.stage(prev, self.col(mem))), g)
+        span = _add(self.stage(prev, self.col(dur)), {t[prev][-1]: 1}, {t[prev][0]: -1})
+        self.p.leq(_add({pre: 1}, span, scale=(1, -1)))
+        data = self.stage(j, self.col(up))
+        self.p.leq(_add({pre: 1}, data, scale=(1, -1)))
+        self.p.geq(_add({left: 1, pre: 1}, data, scale=(1, -1)))
+        end = _add({t[prev][-1]: 1}, self.stage(prev, self.col(dur)), {left: 1})
+        self.p.geq(_add({t[j][0]: 1}, end, scale=(1, -1)))
+        self.link[j % self.cfg.devices].append({pre: 1, left: 1})
+        self.idle[j % self.cfg.devices].append({left: 1})
+
+    def forward(self) -> None:
+        N, tf = self.cfg.devices, self.tf
+        for j in range(self.K):
+            if j < N:  # the first stage on each device: uploaded at the step's start
+                first = self.stage(j, self.col("upload_f"))
+                self.p.geq(_add({tf[j][0]: 1}, first, scale=(1, -1)))
+                self.link[j].append(first)
+                self.idle[j].append({tf[j][0]: 1})  # idle until its first forward
+            else:
+                self.upload(tf, "f", j, j - N)
+            if j:
+                self.chain(tf, "forward_s", j, j - 1, j - 1)
+            else:
+                self.sequence(tf, "forward_s", j)
+
+    def backward(self) -> None:
+        N, K, tb, tf = self.cfg.devices, self.K, self.tb, self.tf
+        for j in range(K):
+            done = _add({tf[j][-1]: 1}, self.stage(j, self.col("forward_s")))
+            self.p.geq(_add({tb[j][0]: 1}, done, scale=(1, -1)))  # constraint 11
+            if j + N < K:  # the last stage on each device is still resident
+                self.upload(tb, "b", j, j + N)
+            if j + 1 < K:
+                self.chain(tb, "backward_s", j, j + 1, j)
+            else:
+                self.sequence(tb, "backward_s", j)
+
+    def bounds(self, objective: dict[int, float]) -> None:
+        """Valid inequalities implied by constraints 8-11 that tighten the LP relaxation:
+        a device computes its stages one after another (M (T^f + T^b) each), its link
+        carries its uploads one after another (each in the time between the start of
+        the stage before it on the device and its own start), and every stage's M
+        micro-batches lie on a path with one micro-batch through the rest."""
+        M, N = self.cfg.micro_batches, self.cfg.devices
+        work = [f + b for f, b in zip(self.col("forward_s"), self.col("backward_s"), strict=True)]
+        for d in range(N):
+            load = [self.stage(j, work) for j in range(d, self.K, N)]
+            tail = [self.stage(j, self.col("backward_s")) for j in range(min(d, self.K))]
+            busy = [*load, *self.idle[d], *tail]
+            scale = (1, *([-M] * len(load)), *([-1] * (len(self.idle[d]) + len(tail))))
+            self.p.geq(_add(objective, *busy, scale=scale))
+            self.p.geq(_add(objective, *self.link[d], scale=(1, *([-1] * len(self.link[d])))))
+        for j in range(self.K):
+            self.p.geq(_add(objective, self.stage(j, work), scale=(1, 1 - M)), sum(work))
+
+    def solve(self, cutoff: float) -> np.ndarray | None:
+        """The best solution with a step time below ``cutoff``; None if there is none."""
+        self.structure()
+        self.forward()
+        self.backward()
+        objective = _add({self.tb[0][-1]: 1}, self.stage(0, self.col("backward_s")))
+        self.bounds(objective)
+        if math.isfinite(cutoff):
+            self.p.leq(objective, cutoff)
+        self.objective = objective
+        return self.p.solve(objective, self.cfg.time_limit_s)
+
+    def sizes_of(self, x: np.ndarray) -> list[int]:
+        """Units per stage in a solution: stage(i) = K - sum_j y_{i,j}."""
+        stage = [self.K - round(sum(x[v] for v in row)) for row in self.y]
+        return [stage.count(j) for j in range(self.K)]
+
+    def value(self, x: np.ndarray) -> float:
+        return float(sum(c * x[k] for k, c in self.objective.items()))
+
+
+def mobius_partition(layers: list[LayerCost], cfg: MobiusConfig) -> MobiusPartition:
+    """The step-time-optimal Mobius partition of ``layers`` (identical consecutive
+    layers merged first, ``merge_identical``), the fewest stages among equals.
+
+    One MIP per stage count S: the LP relaxation of each bounds it from below, the
+    best even split gives the first incumbent, and the stage counts are solved in
+    order of their bound, each cut off at the incumbent, until the next bound is no
+    better. Raises ``ValueError`` when no partition fits the devices' memory."""
+    t0 = time.perf_counter()
+    units, g = merge_identical(layers, cfg.max_units)
+    counts = range(1, len(units) + 1)
+    best = min((step_time(units, even_sizes(len(units), S), cfg), S) for S in counts)
+    value, sizes = best[0], even_sizes(len(units), best[1])
+    for bound, S in sorted((_relaxation(units, cfg, S), S) for S in counts):
+        if bound >= value * (1 - 1e-9):
+            break
+        problem = _Partition(units, cfg, S)
+        x = problem.solve(value)
+        if x is not None and problem.value(x) < value * (1 - 1e-9):
+            value, sizes = problem.value(x), problem.sizes_of(x)
+    if not math.isfinite(value):
+        raise ValueError("no Mobius partition fits the devices' memory (hardware.memory_gb)")
+    spans = unit_layers(layers, g)
+    ends = [sum(sizes[: k + 1]) for k in range(len(sizes))]
+    pairs = zip(ends, sizes, strict=True)
+    stages = [range(spans[e - n].start, spans[e - 1].stop) for e, n in pairs]
+    return MobiusPartition(
+        stages=tuple(stages),
+        devices=tuple(s % cfg.devices for s in range(len(stages))),
+        step_time_s=value,
+        group=g,
+        solve_s=time.perf_counter() - t0,
+    )
+
+
+def _relaxation(units: list[LayerCost], cfg: MobiusConfig, stages: int) -> float:
+    """The LP relaxation's step time with ``stages`` stages (inf: none fits)."""
+    problem = _Partition(units, cfg, stages, relaxed=True)
+    x = problem.solve(math.inf)
+    return math.inf if x is None else problem.value(x)
