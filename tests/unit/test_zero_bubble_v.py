@@ -11,6 +11,7 @@ from jobctl.engine.core.actions import B, F, W
 from jobctl.engine.planner.search import schedule_options
 from jobctl.engine.planner.simulator.devices import simulate_devices
 from jobctl.engine.planner.simulator.simulation import CostModel, simulate
+from jobctl.engine.runtime.two_stage import v_topology
 from jobctl.engine.schedule.checks import peak_activations
 from jobctl.engine.schedule.generators import generate, one_f_one_b
 from jobctl.engine.schedule.placement import (
@@ -123,7 +124,8 @@ def test_validate_devices_checks_the_placement() -> None:
 
 
 def test_zb_v_is_gated_from_real_runs() -> None:
-    """The runtime runs one stage per rank: no spec asks for zb_v, no search offers it."""
+    """Plans and the trainer host one stage per rank: no spec asks for zb_v, no search
+    offers it (runtime.two_stage runs a V rank, but no job assembles it)."""
     with pytest.raises(SpecError, match=r"parallelism\.schedule.*did you mean 'zb_h1'"):
         tiny_spec(**{"parallelism.schedule": "zb_v"})
     auto = tiny_spec(**{"parallelism.schedule": "auto"}).parallelism
@@ -146,3 +148,21 @@ def test_zb_v_runs_pytorch_zbv_order(P: int, M: int) -> None:
             (a.stage_index, ops[a.computation_type.name], a.microbatch_index) for a in theirs if a
         ]
         assert got == [(p.stage, p.action.op.value, p.action.micro_batch) for p in mine]
+
+
+def test_v_topology_links_each_stage_to_its_neighbours_ranks() -> None:
+    """P=3 on ranks 10, 11, 12: stage s talks to the ranks of s-1 and s+1; the two
+    stages of the last rank (2 and 3) and the ends (0 and 5 on rank 10) have none."""
+    got = {
+        t.stage: (t.rank, t.prev, t.next, t.is_first, t.is_last)
+        for d in range(3)
+        for t in v_topology(3, d, lambda d: 10 + d)
+    }
+    assert got == {
+        0: (10, None, 11, True, False),
+        5: (10, 11, None, False, True),
+        1: (11, 10, 12, False, False),
+        4: (11, 12, 10, False, False),
+        2: (12, 11, None, False, False),
+        3: (12, None, 11, False, False),
+    }
