@@ -55,3 +55,10 @@ def apply_mean(reference: list[torch.Tensor], total: list[torch.Tensor], n: int)
     """E5: ``r <- r + total / N`` in place."""
     for r, s in zip(reference, total, strict=True):
         r.add_(s.div_(n))
+
+
+@torch.no_grad()
+def squared_distance(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """sum ||w - r||^2 over ``(w, r)`` pairs: how far a model is from the reference
+    (the supervisor shows the square root of its sum over the stages)."""
+    return float(sum(float(torch.sub(w, r).pow_(2).sum()) for w, r in pairs))

@@ -7,7 +7,9 @@ tied stages (as a synchronous step does), steps model i's own optimizer (E1-E2),
 waits for r_t if the reference thread is a batch behind, dilutes (E3) and queues its
 local update for the reference (steps 3-5, ``reference``). The reported loss is the
 mean over the N models of each model's loss on its share. Evaluation and checkpoints
-read the reference once it has applied the batch.
+read the reference once it has applied the batch. Every heartbeat carries each model's
+squared distance from r_t on this stage (``avg_dist2``); ``jobctl status`` shows the
+whole model's (``supervise.figures.avg_distance``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import torch
 
 from jobctl.engine.averaging.parts import ElasticParts
-from jobctl.engine.averaging.rule import dilute, local_update
+from jobctl.engine.averaging.rule import dilute, local_update, squared_distance
 from jobctl.engine.core.events import Kind
 from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
@@ -43,6 +45,15 @@ class ElasticTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.parts = parts
         self.views: list[StepExecutor] = []
+        # Each model's squared distance from r_t on this stage (tied aliases once), in
+        # every heartbeat; the supervisor's figures sum the stages.
+        self.dist2 = [0.0] * parts.config.N
+        aliases = {t.alias for t in self.tie_groups}
+        ref = dict(parts.reference.stage.named_parameters())
+        self.pairs = [
+            [(p.detach(), ref[k].detach()) for k, p in m.named.items() if k not in aliases]
+            for m in parts.models
+        ]
 
     def run(self) -> None:
         try:
@@ -95,9 +106,15 @@ class ElasticTrainer(Trainer):
             hook.after_update()
         update = local_update(model.tensors, before)  # E2
         self.parts.reference.wait_for(step)  # r_t: batches 0 .. step-1 applied
+        self.dist2[i] = squared_distance(self.pairs[i])
         dilute(model.tensors, self.parts.reference.tensors, cfg.alpha)  # E3
         self.parts.reference.submit(step, update)  # step 3, never blocks
         return stats
+
+    def heartbeat_extras(self) -> dict:
+        """``avg_dist2``: model i's squared distance from r_t on this stage, after its
+        local update and before the pull (E3) of the step just reported."""
+        return {"avg_dist2": list(self.dist2)}
 
     def settled_reference(self, done: int) -> None:
         """Wait until the reference has applied batches ``0 .. done-1``."""

@@ -281,6 +281,10 @@ class Trainer:
             dist.all_reduce(total, group=topo.dp_group)
         return float(total)
 
+    def heartbeat_extras(self) -> dict:
+        """Fields a trainer variant adds to each heartbeat (AvgPipe's distances)."""
+        return {}
+
     def report(self, step: int, loss: float | None, seconds: float, stats: StepStats) -> None:
         """Heartbeat (every rank), step record (the reporter) and a log line every
         ``training.log_every`` steps (this rank's stdout, ``jobctl logs --rank``)."""
@@ -289,6 +293,7 @@ class Trainer:
         self.events.write(
             Kind.HEARTBEAT, step=step, rank=self.rank, stage=me.stage, node=me.node,
             **compute_fields(stats, plan.micro_batches), **memory_fields(self.device),
+            **self.heartbeat_extras(),
         )  # fmt: skip
         samples_per_s = plan.global_batch_size / seconds
         if step % self.spec.training.log_every == 0:

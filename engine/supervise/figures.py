@@ -26,6 +26,7 @@ run's events; the run folder's ``metrics.jsonl`` holds every worker record. From
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ class RunFigures:
     straggler_nodes: list[int] = field(default_factory=list)  # of the newest flagging
     epoch: int | None = None  # of the newest step (file data sources)
     eval_loss: tuple[int, float] | None = None  # (step, loss) of the newest eval
+    # AvgPipe: (step, each parallel model's distance from the reference) at the newest
+    # step every stage reported
+    avg_distance: tuple[int, list[float]] | None = None
 
 
 def tail_records(run_dir: Path | str, nbytes: int = TAIL_BYTES) -> list[dict]:
@@ -263,7 +267,24 @@ def data_figures(records: list[dict]) -> dict:
     step = next((r for r in reversed(records) if r["kind"] == Kind.STEP), {})
     ev = next((r for r in reversed(records) if r["kind"] == Kind.EVAL), None)
     got = None if ev is None else (ev["step"], ev["eval_loss"])
-    return {"epoch": step.get("epoch"), "eval_loss": got}
+    return {"epoch": step.get("epoch"), "eval_loss": got, "avg_distance": avg_distance(records)}
+
+
+def avg_distance(records: list[dict]) -> tuple[int, list[float]] | None:
+    """AvgPipe: each parallel model's distance from the reference, the square root of
+    its stages' ``avg_dist2`` (heartbeats; a stage's replicas hold the same value), at
+    the newest step for which every stage seen reported."""
+    by_step: dict[int, dict[int, list[float]]] = {}
+    for r in records:
+        if r["kind"] == Kind.HEARTBEAT and isinstance(r.get("avg_dist2"), list):
+            by_step.setdefault(r["step"], {})[r["stage"]] = r["avg_dist2"]
+    stages = {s for parts in by_step.values() for s in parts}
+    full = [step for step, parts in by_step.items() if set(parts) == stages]
+    if not full:
+        return None
+    step = max(full)
+    sums = [sum(d) for d in zip(*by_step[step].values(), strict=True)]
+    return step, [math.sqrt(x) for x in sums]
 
 
 def rank_compute(records: list[dict]) -> list[dict]:

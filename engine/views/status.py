@@ -179,6 +179,14 @@ RUN_FIELDS = (
 )
 
 
+def _distance_row(t: Table, f: RunFigures) -> None:
+    """AvgPipe: each parallel model's distance from the reference (before its pull)."""
+    if f.avg_distance is not None:
+        step, dists = f.avg_distance
+        shown = " ".join(f"{d:.3g}" for d in dists)
+        t.add_row("dist. to reference", f"{shown} (step {step})")
+
+
 def print_run(
     console: Console,
     row: dict,
@@ -208,6 +216,7 @@ def print_run(
     t.add_row("epoch", "-" if f.epoch is None else str(f.epoch))
     ev_loss = f.eval_loss
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
+    _distance_row(t, f)
     console.print(t)
     if ranks:
         print_ranks(console, ranks)

@@ -6,9 +6,11 @@ training."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
+from rich.console import Console
 from torch import nn
 
 from jobctl.engine.averaging.checkpoint import resume_elastic, snapshot_elastic
@@ -21,6 +23,8 @@ from jobctl.engine.checkpoint.blocks import write_meta, write_snapshot
 from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.supervise.figures import RunFigures, avg_distance
+from jobctl.engine.views.status import print_run
 from jobctl.spec import SpecError, load_spec_text
 
 from .elastic_reference import elastic_train, sync_train
@@ -274,3 +278,21 @@ def test_planner_chosen_micro_batch_or_d_is_refused() -> None:
     assert "parallelism.data_parallel: averaging: elastic needs a fixed data_parallel" in (
         _error(text)
     )
+
+
+def test_distance_to_reference_sums_the_stages_of_the_newest_full_step() -> None:
+    def beat(step, stage, rank, d2):
+        return {"kind": "heartbeat", "step": step, "stage": stage, "rank": rank, "avg_dist2": d2}
+
+    records = [
+        beat(1, 0, 0, [1.0, 4.0]),
+        beat(1, 1, 1, [3.0, 5.0]),
+        beat(1, 1, 3, [3.0, 5.0]),  # a replica of stage 1: the same value, counted once
+        beat(2, 0, 0, [9.0, 9.0]),  # stage 1 has not reported step 2 yet
+        {"kind": "heartbeat", "step": 2, "stage": 1, "rank": 1},  # no averaging
+    ]
+    assert avg_distance(records) == (1, [2.0, 3.0])
+    assert avg_distance(records[-1:]) is None
+    console = Console(record=True, width=80)
+    print_run(console, {"id": "r"}, [], RunFigures(avg_distance=(1, [2.0, 3.0])), now=0.0)
+    assert re.search(r"dist\. to reference\W+2 3 \(step 1\)", console.export_text())
