@@ -13,7 +13,24 @@
    improving) is printed beside it. Within a VM ranks are placed pipeline-major
    (consecutive stages share a VM and its PCIe links; the paper does not say). PCIe
    3.0 x16 carries 126 Gbit/s (15.75 GB/s, PCI-SIG); the latency (50 us) is jobctl's
-   default, the paper gives none. Nothing is fitted to the table.
+   default, the paper gives none.
+
+   The device model prices kernels in isolation (cuBLAS's large-GEMM share of the
+   peak, the measured copy bandwidth); alone it is 13-27 % fast on every row. Row by
+   row (the busy / idle / tail columns): compute is 96-99 % of each step; the bubble
+   (M >= 820 micro-batches) is under 1.5 %; the allreduce and optimizer tail 0.2-7 %,
+   so neither the NIC share (10 Gbps per VM over its 4 GPUs) nor the bubble explains
+   the gap. A whole step sustains a share of the isolated rates (clocks under a
+   sustained power cap, host stalls between kernels); no public figure gives it for
+   Varuna's stack, so it is calibrated, never on the row it predicts: each row's
+   share is the one at which the median predicted / measured ratio of the 11 other
+   rows is 1 (leave-one-out), and a stricter split takes it from one model's rows
+   and reports the other's. The residual is structural: at P = 36 (8.3B) the
+   planner's bottleneck is the last stage (two layers and the 50257-wide head,
+   without recompute) and it predicts 3-8 % slow, at P = 18 a middle stage and
+   8-10 % fast, so the real head costs less relative to a layer than modelled
+   (Varuna's Megatron fork runs unfused attention, which makes layers dearer; the
+   spec cannot say so yet).
 2. Simulator speed at m = 1 in sec. 7.2's setting (128 GPUs, batch 8192, P = 18, 24,
    36, D = G // P, M = ceil(8192 / D)): the steady-state simulation and the full one,
    interleaved, strict and opportunistic.
@@ -34,11 +51,15 @@ import time
 from pathlib import Path
 
 from benchmarks.decision_quality import SUMMARY, read_summary
-from jobctl.engine.planner.resolver import make_plan
-from jobctl.engine.planner.simulator.simulation import CostModel, simulate
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint, derate
+from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.planner.resolver import plan_priced
+from jobctl.engine.planner.simulator.simulation import CostModel, SimResult, simulate
 from jobctl.engine.planner.simulator.steady import steady_simulate
 from jobctl.engine.schedule.generators import generate
-from jobctl.spec import load_spec
+from jobctl.spec import JobSpec, load_spec
 
 MODELS = {"8.3B": (72, 3072, 32), "2.5B": (54, 1920, 20)}  # layers, hidden, heads
 TABLE7 = [  # model, P, D, Varuna's estimate, measured (s per mini-batch)
@@ -55,6 +76,7 @@ TABLE7 = [  # model, P, D, Varuna's estimate, measured (s per mini-batch)
     ("2.5B", 9, 7, 68.9, 70.1),
     ("2.5B", 6, 10, 77.5, 75.2),
 ]
+PROBE = 0.5  # each row is also planned at this sustained share (``curves``)
 VARUNA_SIM_MS = {18: 391.0, 24: 376.0, 36: 660.0}  # sec. 7.2
 TARGETS = "targets: median |error| <= 5 %, max <= 10 %"
 
@@ -86,26 +108,99 @@ def write_spec(folder: Path, name: str, P: int, D: int, m: int | str) -> Path:
     return path
 
 
-def table7(folder: Path) -> None:
-    """Print Table 7 with jobctl's analytic predictions at m = 1 and at its own m."""
-    print(f"Varuna Table 7, analytic source ({folder}):")
-    print(f"{'model':<5} {'PxD':>5} {'Varuna':>7} {'measured':>8} {'m=1':>7} {'err':>6} "
-          f"{'own m':>5} {'pred':>7} {'err':>6}")  # fmt: skip
-    errors: dict[str, list[float]] = {"1": [], "own": []}
-    for name, P, D, varuna, real in TABLE7:
-        one = make_plan(load_spec(write_spec(folder, name, P, D, 1)))
-        own = make_plan(load_spec(write_spec(folder, name, P, D, "auto")))
-        e1, e2 = (p.prediction.step_time_s / real - 1 for p in (one, own))
-        errors["1"].append(abs(e1))
-        errors["own"].append(abs(e2))
-        print(f"{name:<5} {P:>2}x{D:<2} {varuna:>7.1f} {real:>8.1f} "
-              f"{one.prediction.step_time_s:>7.1f} {100 * e1:>+5.1f}% "
-              f"{own.micro_batch_size:>5} {own.prediction.step_time_s:>7.1f} {100 * e2:>+5.1f}%",
+def analytic(spec: JobSpec, share: float = 1.0) -> Calibration:
+    """The analytic calibration of ``spec`` with its kernels at ``share`` of the device
+    model's rates (``calibration.analytic.derate``; 1: the device model as is)."""
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    return cal if share == 1.0 else derate(cal, share)
+
+
+def predict(folder: Path, row: tuple, share: float, m: int | str = 1) -> tuple[Plan, SimResult]:
+    """The planner's plan and simulated step of one Table 7 row at ``share``."""
+    name, P, D = row[:3]
+    spec = load_spec(write_spec(folder, name, P, D, m))
+    plan, sim, _ = plan_priced(spec, calibration=analytic(spec, share))
+    return plan, sim
+
+
+def curves(folder: Path) -> list[tuple[float, float]]:
+    """Per row, (a, b) with step(k) ~ a + b / k: compute scales with 1 / share, links
+    and allreduces do not. From two plans, at share 1 and at ``PROBE``."""
+    out = []
+    for row in TABLE7:
+        one = predict(folder, row, 1.0)[1].step_time
+        probe = predict(folder, row, PROBE)[1].step_time
+        b = (probe - one) / (1 / PROBE - 1)
+        out.append((one - b, b))
+    return out
+
+
+def calibrate(lines: list[tuple[float, float]], rows: list[int]) -> float:
+    """The share at which the median predicted / measured ratio over ``rows`` (only
+    those: the rows it is tested on are left out) is 1, by bisection (every ratio
+    falls as the share grows); 1 where the device model is already slow enough."""
+
+    def ratio(k: float) -> float:
+        return statistics.median((lines[i][0] + lines[i][1] / k) / TABLE7[i][4] for i in rows)
+
+    lo, hi = 0.05, 1.0
+    if ratio(hi) >= 1.0:
+        return hi
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ratio(mid) > 1.0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def table7(folder: Path) -> dict[str, list[float]]:
+    """Table 7 from the analytic source: the device model alone, then with the sustained
+    share calibrated on the 11 other rows (leave-one-out: every error printed is on a
+    row the share never saw), and where the time goes; then by model (share from one
+    model's rows, errors on the other's). Returns the |errors| by kind."""
+    print(f"Varuna Table 7, analytic source, m = 1 ({folder}):")
+    print(f"{'model':<5} {'PxD':>5} {'real':>6} {'k=1':>6} {'err':>6} {'share':>5} "
+          f"{'pred':>6} {'err':>6} {'busy':>6} {'idle':>5} {'tail':>5}")  # fmt: skip
+    lines = curves(folder)
+    errors: dict[str, list[float]] = {"device": [], "loo": [], "own": [], "model": []}
+    everyone = range(len(TABLE7))
+    for i, row in enumerate(TABLE7):
+        name, P, D, _, real = row
+        k = calibrate(lines, [j for j in everyone if j != i])
+        _, sim = predict(folder, row, k)
+        device = lines[i][0] + lines[i][1]
+        e0, e1 = device / real - 1, sim.step_time / real - 1
+        errors["device"].append(abs(e0))
+        errors["loo"].append(abs(e1))
+        own = predict(folder, row, k, "auto")[0].prediction.step_time_s
+        errors["own"].append(abs(own / real - 1))
+        busy = max(sim.busy)
+        print(f"{name:<5} {P:>2}x{D:<2} {real:>6.1f} {device:>6.1f} {100 * e0:>+5.1f}% "
+              f"{k:>5.3f} {sim.step_time:>6.1f} {100 * e1:>+5.1f}% {busy:>6.1f} "
+              f"{sim.pipeline_time - busy:>5.1f} {sim.step_time - sim.pipeline_time:>5.1f}",
               flush=True)  # fmt: skip
-    for key, label in (("1", "m = 1"), ("own", "planner's m")):
+    print("busy: the busiest stage's compute; idle: its bubble; tail: allreduce + optimizer")
+    by_model(folder, lines, errors["model"])
+    for key, label in (
+        ("device", "device model alone (share 1)"),
+        ("loo", "share left-one-out, m = 1"),
+        ("own", "share left-one-out, planner's m"),
+        ("model", "share from the other model's rows"),
+    ):
         med, worst = statistics.median(errors[key]), max(errors[key])
-        print(f"analytic vs measured, {label}: median |error| {100 * med:.1f} %, max "
-              f"{100 * worst:.1f} % ({TARGETS}; Varuna's own simulator: 5.6 % max)")  # fmt: skip
+        print(f"{label:<34}: median |error| {100 * med:4.1f} %, max {100 * worst:4.1f} %")
+    print(f"({TARGETS}; Varuna's own simulator: 5.6 % max)")
+    return errors
+
+
+def by_model(folder: Path, lines: list[tuple[float, float]], errors: list[float]) -> None:
+    """The share calibrated on one model's rows, the errors on the other model's."""
+    for source, target in (("2.5B", "8.3B"), ("8.3B", "2.5B")):
+        k = calibrate(lines, [i for i, r in enumerate(TABLE7) if r[0] == source])
+        rows = [r for r in TABLE7 if r[0] == target]
+        errs = [abs(predict(folder, r, k)[1].step_time / r[4] - 1) for r in rows]
+        errors += errs
+        print(f"share from the {source} rows {k:.3f}: {target} rows median |error| "
+              f"{100 * statistics.median(errs):.1f} %, max {100 * max(errs):.1f} %")
 
 
 def best_ms(run, repeat: int) -> float:
