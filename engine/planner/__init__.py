@@ -8,7 +8,11 @@ by core sharing; ``partition`` splits blocks into stages; ``replicas`` says whic
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
 start-up, checkpoints, expected preemptions; on-demand and spot); ``objective`` chooses
-among the priced candidates by ``planner.objective`` within ``budget``.
+among the priced candidates by ``planner.objective`` within ``budget``. Mobius (more
+stages than devices, swapped through a slower tier), as a library the search does not
+call yet: ``mobius_costs`` (per-layer costs, a partition's step time),
+``mobius_partition`` (the MIP, HiGHS) and ``cross_mapping`` (stages to devices by root
+complex).
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """
