@@ -12,6 +12,7 @@ model and its optimizer state come back exactly, so the run continues as if neve
 stopped. With another N (or from a synchronous run's checkpoint), the reference is the
 checkpoint's model and every parallel model restarts from it, with the optimizer state
 the checkpoint's ``optim`` holds (a synchronous run's; none after elastic averaging).
+A run without averaging resumes from the reference, with a fresh optimizer.
 """
 
 from __future__ import annotations
