@@ -10,14 +10,15 @@
    paper states no micro-batch size for Table 7; sec. 7.2's 128-GPU simulations run
    1170-2731 micro-batches of a batch of 8192, i.e. m = 1, so m = 1 is the main column
    and the planner's own m (Varuna's rule: the smallest m at which F(m)/m stops
-   improving) is printed beside it. Within a VM ranks are placed pipeline-major
+   improving) gets a summary line (it picks m > 1, faster than the m = 1 measured).
+   Within a VM ranks are placed pipeline-major
    (consecutive stages share a VM and its PCIe links; the paper does not say). PCIe
    3.0 x16 carries 126 Gbit/s (15.75 GB/s, PCI-SIG); the latency (50 us) is jobctl's
    default, the paper gives none.
 
    The device model prices kernels in isolation (cuBLAS's large-GEMM share of the
    peak, the measured copy bandwidth); alone it is 13-27 % fast on every row. Row by
-   row (the busy / idle / tail columns): compute is 96-99 % of each step; the bubble
+   row (the busy / idle / tail columns): compute is 93-99.6 % of each step; the bubble
    (M >= 820 micro-batches) is under 1.5 %; the allreduce and optimizer tail 0.2-7 %,
    so neither the NIC share (10 Gbps per VM over its 4 GPUs) nor the bubble explains
    the gap. A whole step sustains a share of the isolated rates (clocks under a
