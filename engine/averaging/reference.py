@@ -47,11 +47,12 @@ class ReferenceModel:
             self._applied.wait_for(lambda: self.version >= version or self._error is not None)
         self._raise()
 
-    def close(self) -> None:
-        """Apply what was sent, then stop the thread."""
+    def close(self, check: bool = True) -> None:
+        """Apply what was sent, then stop the thread (raising its error if ``check``)."""
         self._inbox.put(_STOP)
         self._thread.join()
-        self._raise()
+        if check:
+            self._raise()
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -58,8 +58,10 @@ class ElasticTrainer(Trainer):
     def run(self) -> None:
         try:
             super().run()
-        finally:
-            self.parts.reference.close()
+        except BaseException:
+            self.parts.reference.close(check=False)  # the loop's own error goes on
+            raise
+        self.parts.reference.close()
 
     def make_executor(self) -> StepExecutor:
         ex = super().make_executor()
