@@ -46,7 +46,7 @@ class MobiusConfig(BaseModel):
     max_units: int = Field(
         24, ge=1, description="merge identical layers until at most this many units remain"
     )
-    time_limit_s: float = Field(60.0, gt=0, description="HiGHS time limit, s")
+    time_limit_s: float = Field(60.0, gt=0, description="HiGHS time limit per MIP, s")
 
     @property
     def link(self) -> float:

@@ -1,21 +1,22 @@
 """Mobius's MIP partition (Mobius sec. 3.2, constraints 4-11), solved with HiGHS.
 
-Layers are assigned to up to L logical stages (L = layers after ``merge_identical``);
-a stage with no layer does not exist. Instead of the paper's B_{i,j} we use the
-cumulative y_{i,j} = [layer i is in stage <= j] (so B_{i,j} = y_{i,j} - y_{i,j-1}):
-monotone in i and j, and y_{i+1,j+1} >= y_{i,j}, which makes every stage a run of
-consecutive layers, the non-empty stages the first S, and the LP relaxation tighter.
-Times are in seconds (a prefetch is counted as the seconds of upload it saves),
-memory in bytes over B so that the rows are alike in scale. Stage j runs on device
-``j % N``. A stage whose device has no later stage (one of the last N) is resident when
-the backward starts and uploads nothing; the upload row of a stage is switched off by a
-big-M term when the stage N places later is empty. The objective is the paper's: the
-end of the first stage's backward on the last micro-batch, t^b_{0,M} + T^b_0.
+The paper's MIP assigns L layers (after ``merge_identical``) to up to L logical
+stages with booleans B_{i,j}. Here the stage count S is fixed per MIP, one MIP per S,
+and the boolean is per run: x_{a,b,j} = [stage j is units a..b], created only for
+runs that fit the device memory (constraint 4), one run per stage, stage j + 1
+starting where stage j ends; B_{i,j} is the sum of x_{a,b,j} over a <= i <= b, so
+every linear term of the paper keeps its meaning, and with S fixed no stage is
+empty and the last N stages (the ones still resident when the backward starts) are
+known. Times are in seconds (a prefetch counts as the seconds of upload it saves),
+bytes over B. Stage j runs on device ``j % N``. The objective is the paper's: the end
+of the first stage's backward on the last micro-batch, t^b_{0,M} + T^b_0. Valid
+inequalities implied by the constraints (a device's compute and upload gaps are
+sequential) tighten the LP relaxation, whose value also bounds each S from below.
 
-``mobius_partition`` returns the stages, their layers and the predicted step time;
-``mobius_costs.step_time`` prices any partition by the same rules, so the two agree
-(the unit tests check the MIP against enumerating every partition). A library, not
-part of the planner's search yet.
+``mobius_partition`` returns the stages, their layers, their devices and the
+predicted step time; ``mobius_costs.step_time`` prices any partition by the same
+rules, and the unit tests check the MIP against enumerating every partition. A
+library, not part of the planner's search yet.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class MobiusPartition:
     step_time_s: float  # the MIP's objective
     group: int  # identical layers merged per unit (1: none)
     solve_s: float
+    optimal: bool  # False: a MIP stopped at MobiusConfig.time_limit_s
 
     @property
     def sizes(self) -> list[int]:
@@ -61,6 +63,7 @@ class _Program:
         self.ub: list[float] = []
         self.integer: list[int] = []
         self.rows: list[tuple[dict[int, float], float, float]] = []
+        self.timed_out = False
 
     def var(self, lb: float = 0.0, ub: float = math.inf, integer: bool = False) -> int:
         self.lb.append(lb)
@@ -77,6 +80,7 @@ class _Program:
         self.rows.append((terms, -math.inf, rhs))
 
     def solve(self, objective: dict[int, float], time_limit: float) -> np.ndarray | None:
+        """HiGHS's optimum; None when the rows cannot all hold."""
         c = np.zeros(len(self.lb))
         for k, v in objective.items():
             c[k] += v
@@ -85,16 +89,24 @@ class _Program:
         a = coo_matrix((v, (r, k)), shape=(len(self.rows), len(self.lb))).tocsr()
         lo = np.array([row[1] for row in self.rows])
         hi = np.array([row[2] for row in self.rows])
-        res = milp(
+        res = milp(  # status 0 optimal, 1 time limit, 2 infeasible
             c,
             constraints=LinearConstraint(a, lo, hi),
             integrality=np.array(self.integer),
             bounds=Bounds(np.array(self.lb), np.array(self.ub)),
             options={"time_limit": time_limit, "mip_rel_gap": 1e-7},
         )
-        if res.status not in (0, 1, 2):  # optimal, time limit, infeasible
+        self.timed_out = self.timed_out or res.status == 1
+        if res.status not in (0, 1, 2):
             raise RuntimeError(f"HiGHS failed on the Mobius partition: {res.message}")
         return res.x
+
+
+def _prefix(values: list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def _add(*parts: dict[int, float], scale: tuple[float, ...] = ()) -> dict[int, float]:
@@ -117,37 +129,36 @@ class _Partition:
         self.u, self.cfg, self.p = units, cfg, _Program()
         L, K, M = len(units), stages, cfg.micro_batches
         self.L, self.K = L, K
-        # stage(i) lies in [i - (L - K), i]: every stage holds a layer, each step of i
-        # moves at most one stage on, and the last layer is in the last stage.
-        self.y = [[self._y(i, j, relaxed) for j in range(K)] for i in range(L)]
+        self.runs = self._runs(relaxed)
         self.tf = [[self.p.var() for _ in range(M)] for _ in range(K)]
         self.tb = [[self.p.var() for _ in range(M)] for _ in range(K)]
         self.link: list[list[dict[int, float]]] = [[] for _ in range(cfg.devices)]
         self.idle: list[list[dict[int, float]]] = [[] for _ in range(cfg.devices)]
 
-    def _y(self, i: int, j: int, relaxed: bool) -> int:
-        lo = float(j >= min(i, self.K - 1))
-        hi = float(j >= i - (self.L - self.K))
-        return self.p.var(lo, hi, not relaxed)
+    def _runs(self, relaxed: bool) -> list[dict[tuple[int, int], int]]:
+        """x_{a,b,j}: stage j is units a..b, for the runs that fit the memory
+        (constraint 4) and leave every other stage at least one unit."""
+        L, K, G = self.L, self.K, self.cfg.memory_bytes
+        mem_f, mem_b = _prefix([u.memory_f for u in self.u]), _prefix([u.memory_b for u in self.u])
+        runs: list[dict[tuple[int, int], int]] = []
+        for j in range(K):
+            firsts = range(j, L - K + j + 1) if j else range(1)
+            runs.append({})
+            for a in firsts:
+                lasts = range(a, L - K + j + 1) if j < K - 1 else range(L - 1, L)
+                for b in lasts:
+                    if max(mem_f[b + 1] - mem_f[a], mem_b[b + 1] - mem_b[a]) <= G:
+                        runs[j][a, b] = self.p.var(0.0, 1.0, not relaxed)
+        return runs
 
     def stage(self, j: int, per_unit: list[float]) -> dict[int, float]:
-        """sum_i per_unit[i] * B_{i,j}."""
-        out: dict[int, float] = {}
-        for i, x in enumerate(per_unit):
-            out[self.y[i][j]] = out.get(self.y[i][j], 0.0) + x
-            if j:
-                out[self.y[i][j - 1]] = out.get(self.y[i][j - 1], 0.0) - x
-        return out
+        """sum_i per_unit[i] * B_{i,j}, B_{i,j} = sum of x_{a,b,j} over a <= i <= b."""
+        pre = _prefix(per_unit)
+        return {v: pre[b + 1] - pre[a] for (a, b), v in self.runs[j].items()}
 
     def sent(self, j: int) -> dict[int, float]:
-        """Seconds to send stage j's output: its last layer's boundary (y_ij - y_i+1,j)."""
-        out: dict[int, float] = {}
-        for i, x in enumerate(self.u):
-            w = x.boundary / self.cfg.link
-            out[self.y[i][j]] = out.get(self.y[i][j], 0.0) + w
-            if i + 1 < self.L:
-                out[self.y[i + 1][j]] = out.get(self.y[i + 1][j], 0.0) - w
-        return out
+        """Seconds to send stage j's output: its last unit's boundary."""
+        return {v: self.u[b].boundary / self.cfg.link for (_, b), v in self.runs[j].items()}
 
     def col(self, name: str) -> list[float]:
         """A LayerCost field per unit; bytes in seconds at B, memory over B too."""
@@ -155,17 +166,18 @@ class _Partition:
         return vals if name.endswith("_s") else [v / self.cfg.tier_Bps for v in vals]
 
     def structure(self) -> None:
-        y, L, K = self.y, self.L, self.K
-        for i in range(L):
-            for j in range(K - 1):
-                self.p.leq({y[i][j]: 1, y[i][j + 1]: -1})  # stage(i) <= j -> <= j + 1
-                if i + 1 < L:
-                    self.p.leq({y[i + 1][j]: 1, y[i][j]: -1})  # stages never go back
-                    self.p.leq({y[i][j]: 1, y[i + 1][j + 1]: -1})  # at most one step on
-        g = self.cfg.memory_bytes / self.cfg.tier_Bps
-        for j in range(K):  # constraint 4
-            self.p.leq(self.stage(j, self.col("memory_f")), g)
-            self.p.leq(self.stage(j, self.col("memory_b")), g)
+        """One run per stage, and stage j + 1 starts right after stage j ends."""
+        for j, runs in enumerate(self.runs):
+            self.p.geq(dict.fromkeys(runs.values(), 1.0), 1.0)
+            self.p.leq(dict.fromkeys(runs.values(), 1.0), 1.0)
+            if j + 1 == self.K:
+                continue
+            for e in range(self.L - 1):
+                ends = {v: 1.0 for (_, b), v in runs.items() if b == e}
+                starts = {v: -1.0 for (a, _), v in self.runs[j + 1].items() if a == e + 1}
+                if ends or starts:
+                    self.p.geq(_add(ends, starts), 0.0)
+                    self.p.leq(_add(ends, starts), 0.0)
 
     def chain(self, t: list[list[int]], dur: str, j: int, frm: int, wire: int) -> None:
         """Constraints 8 and 10: t[j][m] after the previous micro-batch on stage j and
@@ -259,9 +271,8 @@ class _Partition:
         return self.p.solve(objective, self.cfg.time_limit_s)
 
     def sizes_of(self, x: np.ndarray) -> list[int]:
-        """Units per stage in a solution: stage(i) = K - sum_j y_{i,j}."""
-        stage = [self.K - round(sum(x[v] for v in row)) for row in self.y]
-        return [stage.count(j) for j in range(self.K)]
+        """Units per stage in a solution."""
+        return [next(b - a + 1 for (a, b), v in runs.items() if x[v] > 0.5) for runs in self.runs]
 
     def value(self, x: np.ndarray) -> float:
         return float(sum(c * x[k] for k, c in self.objective.items()))
@@ -269,37 +280,49 @@ class _Partition:
 
 def mobius_partition(layers: list[LayerCost], cfg: MobiusConfig) -> MobiusPartition:
     """The step-time-optimal Mobius partition of ``layers`` (identical consecutive
-    layers merged first, ``merge_identical``), the fewest stages among equals.
-
-    One MIP per stage count S: the LP relaxation of each bounds it from below, the
-    best even split gives the first incumbent, and the stage counts are solved in
-    order of their bound, each cut off at the incumbent, until the next bound is no
-    better. Raises ``ValueError`` when no partition fits the devices' memory."""
+    layers merged first, ``merge_identical``). Raises ``ValueError`` when no partition fits the devices' memory."""
     t0 = time.perf_counter()
     units, g = merge_identical(layers, cfg.max_units)
-    counts = range(1, len(units) + 1)
-    best = min((step_time(units, even_sizes(len(units), S), cfg), S) for S in counts)
-    value, sizes = best[0], even_sizes(len(units), best[1])
-    for bound, S in sorted((_relaxation(units, cfg, S), S) for S in counts):
-        if bound >= value * (1 - 1e-9):
-            break
-        problem = _Partition(units, cfg, S)
-        x = problem.solve(value)
-        if x is not None and problem.value(x) < value * (1 - 1e-9):
-            value, sizes = problem.value(x), problem.sizes_of(x)
+    value, sizes, optimal = _optimum(units, cfg)
     if not math.isfinite(value):
         raise ValueError("no Mobius partition fits the devices' memory (hardware.memory_gb)")
-    spans = unit_layers(layers, g)
-    ends = [sum(sizes[: k + 1]) for k in range(len(sizes))]
-    pairs = zip(ends, sizes, strict=True)
-    stages = [range(spans[e - n].start, spans[e - 1].stop) for e, n in pairs]
+    stages = _spans(unit_layers(layers, g), sizes)
     return MobiusPartition(
         stages=tuple(stages),
         devices=tuple(s % cfg.devices for s in range(len(stages))),
         step_time_s=value,
         group=g,
         solve_s=time.perf_counter() - t0,
+        optimal=optimal,
     )
+
+
+def _spans(spans: list[range], sizes: list[int]) -> list[range]:
+    """Stages of ``sizes`` consecutive spans each, as one range each."""
+    ends = [sum(sizes[: k + 1]) for k in range(len(sizes))]
+    return [range(spans[e - n].start, spans[e - 1].stop) for e, n in zip(ends, sizes, strict=True)]
+
+
+def _optimum(units: list[LayerCost], cfg: MobiusConfig) -> tuple[float, list[int], bool]:
+    """The least step time over partitions of ``units``, the stage sizes giving it and
+    whether every MIP was solved to the end (not stopped by the time limit).
+
+    One MIP per stage count S. The first incumbent is the best even split; the LP
+    relaxation of each S bounds it from below, and the stage counts are solved in
+    order of their bound, each cut off at the incumbent, until the next bound is no
+    better."""
+    counts = range(1, len(units) + 1)
+    value, S = min((step_time(units, even_sizes(len(units), S), cfg), S) for S in counts)
+    sizes, optimal = even_sizes(len(units), S), True
+    for bound, S in sorted((_relaxation(units, cfg, S), S) for S in counts):
+        if bound >= value * (1 - 1e-9):
+            break
+        problem = _Partition(units, cfg, S)
+        x = problem.solve(value)
+        optimal = optimal and not problem.p.timed_out
+        if x is not None and problem.value(x) < value * (1 - 1e-9):
+            value, sizes = problem.value(x), problem.sizes_of(x)
+    return value, sizes, optimal
 
 
 def _relaxation(units: list[LayerCost], cfg: MobiusConfig, stages: int) -> float:

@@ -77,6 +77,7 @@ def test_mip_equals_brute_force_on_random_instances() -> None:
         layers, cfg = instance(rng)
         best, sizes = brute_force(layers, cfg)
         part = mobius_partition(layers, cfg)
+        assert part.optimal
         assert part.step_time_s == pytest.approx(best, rel=1e-6)
         assert step_time(layers, part.sizes, cfg) == pytest.approx(best, rel=1e-6)
         assert [i for r in part.stages for i in r] == list(range(len(layers)))
