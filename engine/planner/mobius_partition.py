@@ -280,7 +280,8 @@ class _Partition:
 
 def mobius_partition(layers: list[LayerCost], cfg: MobiusConfig) -> MobiusPartition:
     """The step-time-optimal Mobius partition of ``layers`` (identical consecutive
-    layers merged first, ``merge_identical``). Raises ``ValueError`` when no partition fits the devices' memory."""
+    layers merged first, ``merge_identical``). Raises ``ValueError`` when no
+    partition fits the devices' memory."""
     t0 = time.perf_counter()
     units, g = merge_identical(layers, cfg.max_units)
     value, sizes, optimal = _optimum(units, cfg)
