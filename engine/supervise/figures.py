@@ -271,20 +271,26 @@ def data_figures(records: list[dict]) -> dict:
 
 
 def avg_distance(records: list[dict]) -> tuple[int, list[float]] | None:
-    """AvgPipe: each parallel model's distance from the reference, the square root of
-    its stages' ``avg_dist2`` (heartbeats; a stage's replicas hold the same value), at
-    the newest step for which every stage seen reported."""
+    """AvgPipe: each parallel model's distance from the reference at the newest step
+    for which every stage reported (see :func:`distance_series`)."""
+    series = distance_series(records)
+    return series[-1] if series else None
+
+
+def distance_series(records: list[dict]) -> list[tuple[int, list[float]]]:
+    """AvgPipe: (step, each parallel model's distance from the reference), the square
+    root of its stages' ``avg_dist2`` (heartbeats; a stage's replicas hold the same
+    value), for every step that every stage seen reported, in step order."""
     by_step: dict[int, dict[int, list[float]]] = {}
     for r in records:
         if r["kind"] == Kind.HEARTBEAT and isinstance(r.get("avg_dist2"), list):
             by_step.setdefault(r["step"], {})[r["stage"]] = r["avg_dist2"]
     stages = {s for parts in by_step.values() for s in parts}
-    full = [step for step, parts in by_step.items() if set(parts) == stages]
-    if not full:
-        return None
-    step = max(full)
-    sums = [sum(d) for d in zip(*by_step[step].values(), strict=True)]
-    return step, [math.sqrt(x) for x in sums]
+    out = []
+    for step in sorted(k for k, parts in by_step.items() if set(parts) == stages):
+        sums = [sum(d) for d in zip(*by_step[step].values(), strict=True)]
+        out.append((step, [math.sqrt(x) for x in sums]))
+    return out
 
 
 def rank_compute(records: list[dict]) -> list[dict]:

@@ -19,6 +19,7 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
+from jobctl.engine.supervise.figures import distance_series
 from jobctl.spec import JobSpec, load_spec
 
 # State-DB event kinds drawn as markers, by the marker family they belong to.
@@ -58,6 +59,8 @@ class RunSeries:
     steps: list[dict] = field(default_factory=list)  # ts, step, loss, sps, devices
     markers: list[Marker] = field(default_factory=list)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
+    # AvgPipe: (step, each parallel model's distance from the reference)
+    distances: list[tuple[int, list[float]]] = field(default_factory=list)
 
 
 def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> RunSeries:
@@ -82,6 +85,7 @@ def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> Ru
         )
     out.t0 = min([s["ts"] for s in out.steps] + [r["ts"] for r in recs[:1]], default=time.time())
     out.evals = [(r["step"], r["eval_loss"]) for r in recs if r["kind"] == Kind.EVAL]
+    out.distances = distance_series(recs)
     _mark(out, recs, db_events)
     return out
 

@@ -54,7 +54,27 @@ def charts(s: RunSeries) -> list[Chart]:
             [Series("loss", [float(p["step"]) for p in s.steps], loss, "#E45756", "loss")]
             + _eval_series(s),
         ),
-    ]
+    ] + _distance_charts(s)
+
+
+#: One colour per AvgPipe parallel model (cycled past ten).
+MODEL_COLOURS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2",
+                 "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#EECA3B")  # fmt: skip
+
+
+def _distance_charts(s: RunSeries) -> list[Chart]:
+    """AvgPipe: each parallel model's distance from the reference, by step."""
+    if not s.distances:
+        return []
+    n = len(s.distances[-1][1])  # a resume with another N: the newest N's steps
+    points = [(float(k), d) for k, d in s.distances if len(d) == n]
+    steps = [k for k, _ in points]
+    lines = [
+        Series(f"model {i}", steps, [d[i] for _, d in points],
+               MODEL_COLOURS[i % len(MODEL_COLOURS)], f"dist-{i}")
+        for i in range(n)
+    ]  # fmt: skip
+    return [Chart("Distance to reference", "step", "L2 distance", lines)]
 
 
 def _eval_series(s: RunSeries) -> list[Series]:

@@ -11,6 +11,7 @@ import torch
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.supervise.figures import avg_distance, tail_records
+from jobctl.engine.supervise.report_data import collect
 
 from ..jobrun import final_weights, run_job, step_losses, tiny_spec
 from ..unit.elastic_reference import elastic_train
@@ -90,5 +91,6 @@ def test_elastic_averaging_matches_the_reference_rule(tmp_path):
             torch.testing.assert_close(w, mine[name].detach(), atol=1e-5, rtol=0, msg=name)
     step, dists = avg_distance(tail_records(run.dir))  # both stages' heartbeats, summed
     assert step == STEPS and len(dists) == N and min(dists) > 0
+    assert collect(run.dir, [], 2).distances[-1] == (step, dists)  # the report's chart
     first = sorted(got)[0]  # the parallel models are not the reference
     assert not torch.allclose(_parallel_weights(ckpt)[0][first], got[first])

@@ -23,7 +23,9 @@ from jobctl.engine.checkpoint.blocks import write_meta, write_snapshot
 from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.runtime.optim import build_optimizer
-from jobctl.engine.supervise.figures import RunFigures, avg_distance
+from jobctl.engine.supervise.figures import RunFigures, avg_distance, distance_series
+from jobctl.engine.supervise.report_data import RunSeries
+from jobctl.engine.views.report import charts
 from jobctl.engine.views.status import print_run
 from jobctl.spec import SpecError, load_spec_text
 
@@ -296,3 +298,18 @@ def test_distance_to_reference_sums_the_stages_of_the_newest_full_step() -> None
     console = Console(record=True, width=80)
     print_run(console, {"id": "r"}, [], RunFigures(avg_distance=(1, [2.0, 3.0])), now=0.0)
     assert re.search(r"dist\. to reference\W+2 3 \(step 1\)", console.export_text())
+
+
+def test_report_charts_each_models_distance_by_step() -> None:
+    def beat(step, stage, d2):
+        return {"kind": "heartbeat", "step": step, "stage": stage, "rank": stage, "avg_dist2": d2}
+
+    recs = [beat(1, 0, [1.0]), beat(1, 1, [3.0]), beat(2, 0, [4.0, 1.0]), beat(2, 1, [5.0, 3.0])]
+    series = distance_series(recs)
+    assert series == [(1, [2.0]), (2, [3.0, 2.0])]  # resumed with N = 2 at step 2
+    [chart] = [c for c in charts(RunSeries(distances=series)) if c.title.startswith("Dist")]
+    assert [(line.name, line.xs, line.ys) for line in chart.series] == [
+        ("model 0", [2.0], [3.0]),
+        ("model 1", [2.0], [2.0]),
+    ]
+    assert all(not c.title.startswith("Dist") for c in charts(RunSeries()))
