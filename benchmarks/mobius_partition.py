@@ -36,6 +36,7 @@ from jobctl.engine.planner.mobius_costs import (  # noqa: E402
     even_sizes,
     fits,
     layer_costs,
+    merge_identical,
     stage_sums,
     step_time,
 )
@@ -75,7 +76,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--memory-gb", type=float, default=16.0)
     ap.add_argument("--tier-gbps", type=float, default=12.0, help="host tier, GB/s")
-    ap.add_argument("--max-units", type=int, default=24)
+    ap.add_argument("--max-units", type=int, default=16, help="MobiusConfig.max_units")
     ap.add_argument("--unmerged", action="store_true", help="also solve every block a unit")
     args = ap.parse_args()
     spec = load_spec(ROOT / "jobs" / "quickstart.yaml", overrides=MODEL)
@@ -119,8 +120,13 @@ def _compare(layers, cfg: MobiusConfig, mip: float) -> None:
         if math.isfinite(t):
             rows.append((f"even S={S}", t))
     best = min(rows, key=lambda r: r[1])
+    units, g = merge_identical(layers, cfg.max_units)
+    merged = min(
+        (step_time(units, even_sizes(len(units), S), cfg), S) for S in range(1, len(units) + 1)
+    )
     rows = [r for r in rows if r[0] in {f"even S={k * cfg.devices}" for k in (2, 4, 8)}]
     rows += [("even, best S: " + best[0].split()[-1], best[1])]
+    rows += [(f"even {g}-block units, best S={merged[1]}", merged[0])]
     rows += [("min-stage (1 block each)", step_time(layers, [1] * len(layers), cfg))]
     rows += [("max-stage (greedy fill)", step_time(layers, max_stage_sizes(layers, cfg), cfg))]
     print(f"{'partition':<28}{'step s':>10}{'vs MIP':>10}")
