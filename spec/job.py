@@ -17,6 +17,7 @@ from .devices import DEVICES
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
+from .topology import topology_violations
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 NAME_FIX = (
@@ -85,6 +86,7 @@ class JobSpec(SpecModel):
         yield from self._device_violations()
         yield from cost_violations(self.hardware, self.budget)
         yield from averaging_violations(self)
+        yield from topology_violations(self.hardware)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision

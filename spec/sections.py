@@ -27,6 +27,7 @@ from .limits import (
     MAX_WIDTH,
 )
 from .model_source import HuggingFaceSpec, LossName, Task, hf_defaults, hf_violations
+from .topology import TopologyFields
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 SLURM_NAME = r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$"
@@ -270,7 +271,7 @@ class KubernetesSpec(SpecModel):
     )
 
 
-class HardwareSpec(SpecModel):
+class HardwareSpec(TopologyFields):
     """The device pool and how processes are launched on it."""
 
     backend: Literal["local", "slurm", "kubernetes", "ssh"] = Field(

@@ -16,7 +16,8 @@ least-cost one, under each complex its devices in index order; ties go to the
 lexicographically smallest order. Stage 0 runs first, so it keeps device 0.
 
 A library: the planner and the runtime do not use it yet (there is no swapping
-runtime to map); ``Topology`` is its typed configuration.
+runtime to map); ``Topology`` is its typed configuration, ``topology_of`` reads it from
+``hardware.topology`` (validated by ``spec.topology``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from jobctl.spec import HardwareSpec
 
 
 class Topology(BaseModel):
@@ -55,6 +58,13 @@ class Topology(BaseModel):
 
     def complex_of(self, device: int) -> int:
         return next(k for k, rc in enumerate(self.root_complexes) if device in rc)
+
+
+def topology_of(hardware: HardwareSpec) -> Topology | None:
+    """A node's root complexes from ``hardware.topology`` (None where it is not given)."""
+    if hardware.topology is None:
+        return None
+    return Topology(root_complexes=hardware.topology.root_complexes)
 
 
 @dataclass(frozen=True)

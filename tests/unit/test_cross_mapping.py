@@ -10,7 +10,13 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
-from jobctl.engine.planner.cross_mapping import Topology, contention, cross_mapping
+from jobctl.engine.planner.cross_mapping import (
+    Topology,
+    contention,
+    cross_mapping,
+    topology_of,
+)
+from jobctl.spec import SpecError, load_spec_text
 
 
 def test_figure_4_cross_maps_stage_5_and_6_to_p1_and_p3() -> None:
@@ -87,3 +93,43 @@ def test_topology_rejects_bad_lists(complexes, message) -> None:
 def test_no_stages_is_an_error() -> None:
     with pytest.raises(ValueError, match="stages"):
         cross_mapping(0, Topology(root_complexes=[[0]]))
+
+
+SPEC = """\
+name: mobius
+model:
+  layers: 2
+training:
+  global_batch_size: 8
+  steps: 5
+hardware:
+  processes_per_node: 4
+  topology:
+    root_complexes: {complexes}
+"""
+
+
+def test_hardware_topology_feeds_the_cross_mapping() -> None:
+    spec = load_spec_text(SPEC.format(complexes="[[0, 1], [2, 3]]"))
+    topo = topology_of(spec.hardware)
+    assert topo == Topology(root_complexes=[[0, 1], [2, 3]])
+    assert cross_mapping(8, topo).order == (0, 2, 1, 3)
+    assert topology_of(load_spec_text(SPEC.split("  topology:")[0]).hardware) is None
+
+
+@pytest.mark.parametrize(
+    "complexes, message, fix",
+    [
+        ("[[0, 1], [2, 4]]", "device 4 is not on a node of 4", "indices 0 .. 3"),
+        ("[[0, 1], [1, 2, 3]]", "device 1 is under more than one", "exactly one"),
+        ("[[0, 1], [2]]", "devices [3] are under no root complex", "a list of its own"),
+        ("[[0, 1, 2, 3], []]", "lists no device", "drop the empty list"),
+    ],
+)
+def test_hardware_topology_errors_name_the_field_line_and_fix(complexes, message, fix) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(complexes=complexes), "jobs/mobius.yaml")
+    (issue,) = info.value.errors
+    assert issue.path == "hardware.topology.root_complexes"
+    assert (issue.file, issue.line) == ("jobs/mobius.yaml", 10)
+    assert message in issue.message and fix in issue.fix
