@@ -55,7 +55,9 @@ class StageFacts(NamedTuple):
     ``full[k]`` / ``stashed[k]``: how action k changes the full activations and stashed
     inputs the stage holds (``peak_activations``' counting; a split stage's B frees
     nothing, its W does); ``movable[k]``: action k may be preceded by a forward (a
-    recompute, or a backward without one); ``peak``: the list's own activation peaks.
+    recompute, or a backward without one); ``peak``: the list's own activation peaks;
+    ``held``: the prefix sums of ``full`` and ``stashed``, what the stage holds before
+    each position (length ``len(list) + 1``).
     """
 
     recomputed: frozenset[int]
@@ -64,6 +66,7 @@ class StageFacts(NamedTuple):
     stashed: tuple[int, ...]
     movable: tuple[bool, ...]
     peak: ActivationPeak
+    held: tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def _by_op(recomputed: bool, split: bool) -> tuple[dict, dict, dict]:
@@ -106,12 +109,26 @@ def stage_facts(acts: list[Action]) -> StageFacts:
         full, stashed, movable = (tuple(map(t.__getitem__, ops)) for t in _BY_OP[bool(rec), split])
     else:
         full, stashed, movable = _mixed(acts, rec, split)
-    peak = ActivationPeak(max(0, 0, *accumulate(full)), max(0, 0, *accumulate(stashed)))
-    facts = StageFacts(rec, split, full, stashed, movable, peak)
+    held = tuple(accumulate(full, initial=0)), tuple(accumulate(stashed, initial=0))
+    peak = ActivationPeak(max(0, *held[0]), max(0, *held[1]))
+    facts = StageFacts(rec, split, full, stashed, movable, peak, held)
     if len(_facts) >= FACTS_CACHED:
         _facts.clear()
     _facts[id(acts)] = acts, facts
     return facts
+
+
+def _gate(facts: StageFacts, held: tuple[list, list], M: int) -> tuple[list | None, int]:
+    """What a stage holds before each position, and the most it may hold, of the one
+    kind its M forwards add (stashed inputs where every forward is recomputed, full
+    activations where none is): at or above that bound no forward may move ahead
+    (``_fitting_forward``), so the engine skips the decision. (None, 0) where the
+    kinds are mixed."""
+    if not facts.recomputed:
+        return held[0], facts.peak.full
+    if len(facts.recomputed) == M:
+        return held[1], facts.peak.stashed
+    return None, 0
 
 
 def send_times(costs: CostModel, M: int, seed: int) -> tuple[list[list[float]], list[list[float]]]:
@@ -163,10 +180,14 @@ class Engine:
         self.b = [costs.b[s] - costs.w[s] if self.split[s] else costs.b[s] for s in range(P)]
         # Per position: may a forward move ahead of it (copied: deviations reorder it).
         self.movable = [list(f.movable) for f in facts] or [None] * P
+        # Per position, what the stage holds before it (copied: deviations shift it).
+        self.held = [(list(f.held[0]), list(f.held[1])) for f in facts]
+        gates = [_gate(f, held, M) for f, held in zip(facts, self.held, strict=True)]
         self.context = [
             (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
             + (costs.f[s], costs.r[s], self.b[s], s + 1 if s + 1 < P else -1, s - 1)
             + (costs.w[s], self.movable[s])
+            + (gates[s] if gates else (None, 0))
             for s in range(P)
         ]
         self.pos = [0] * P
@@ -183,9 +204,6 @@ class Engine:
         P = self.P
         self.rec = [f.recomputed for f in facts]
         self.bounds = [f.peak for f in facts]
-        self.deltas = [(list(f.full), list(f.stashed)) for f in facts]
-        self.held = [[0, 0] for _ in range(P)]  # full, stashed; up to position counted
-        self.counted = [0] * P
         self.next_forward = [0] * P
         self.decided = [-1] * P  # position where the stage chose to keep order
         self.wants: list[tuple[int, int]] = [(-1, -1)] * P  # inbox keys a parked stage needs
@@ -211,14 +229,15 @@ class Engine:
     def _advance(self, s: int) -> None:
         """Run stage s's list from where it stopped until an input is missing (the hot
         loop: one function, locals only, nothing allocated per action but its start)."""
-        acts, starts, inbox, dur, f, r, b, nxt, prv, wc, movable = self.context[s]
+        acts, starts, inbox, dur, f, r, b, nxt, prv, wc, movable, gate, cap = self.context[s]
         k, t, n, M = self.pos[s], self.free[s], len(acts), self.M
         inboxes, waiting, capped = self.inbox, self.waiting, self.capped
         while k < n:  # the caller set waiting[s] to BLOCKED
             a = acts[k]
             if movable is not None and movable[k] and inbox[M + a.micro_batch] > t:
-                # A backward task without its gradient: Varuna's deviation.
-                if self._choose(s, k, t, settled=False):
+                # A backward task without its gradient: Varuna's deviation, unless the
+                # stage already holds as many as its next forward may add (``_gate``).
+                if (gate is None or gate[k] < cap) and self._choose(s, k, t, settled=False):
                     break
                 a = acts[k]
             op = a.op
@@ -284,8 +303,11 @@ class Engine:
             heapq.heappush(self.heap, (t, s))
             return True
         if fwd <= t:
-            for order in (acts, self.movable[s], *self.deltas[s]):
+            for order in (acts, self.movable[s]):
                 order.insert(k, order.pop(j))
+            for held in self.held[s]:  # before k + 1 .. j: one position on, plus the F
+                add = held[j + 1] - held[j]
+                held[k + 1 : j + 1] = [x + add for x in held[k:j]]
             self.deviations += 1
             return False
         if a.op is REC:
@@ -307,12 +329,8 @@ class Engine:
 
     def _fitting_forward(self, s: int, k: int) -> int:
         """Position of the next forward after k if it fits the activation peaks, else -1."""
-        held, bound, c = self.held[s], self.bounds[s], self.counted[s]
-        if c < k:  # what the stage holds before k: the running sums carried forward
-            full, stashed = self.deltas[s]
-            held[0] += sum(full[c:k])
-            held[1] += sum(stashed[c:k])
-            self.counted[s] = k
+        full, stashed = self.held[s]
+        held, bound = (full[k], stashed[k]), self.bounds[s]
         if held[0] >= bound.full and held[1] >= bound.stashed:
             return -1
         acts = self.lists[s]
@@ -320,7 +338,8 @@ class Engine:
         while j < len(acts) and acts[j].op is not FWD:
             j += 1
         self.next_forward[s] = j
-        if j == len(acts):
+        if j == len(acts):  # and none ever after k (forwards only move earlier): no
+            self.movable[s][k:] = repeat(False, j - k)  # decision from here on
             return -1
         kind = acts[j].micro_batch in self.rec[s]  # 0: full activations, 1: stashed input
         return j if held[kind] < bound[kind] else -1
