@@ -9,6 +9,8 @@ model that a thread per rank keeps.
 * ``models``: the N parallel models of a rank's stage, their optimizers and their
   shares of the batch.
 * ``parts``: :class:`ElasticParts`, all of the above for one rank, from the spec.
+* ``interleave``: the N pipelines' micro-batches in one action list, each run on its
+  owner's parallel model (one fill and drain per step for all N).
 * ``trainer``: the training loop step that runs the N pipelines (a ``Trainer``).
 * ``checkpoint``: checkpoints holding the reference and every parallel model; resume
   with the same or another N.

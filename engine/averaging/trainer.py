@@ -1,9 +1,10 @@
 """The training loop with elastic averaging: each loop step trains one batch on the N
-parallel pipelines, one after another through the plan's schedule on the same ranks.
+parallel pipelines, interleaved in one run of the plan's action list on the same
+ranks (``interleave``: micro-batch j runs on its owner's parallel model, so the N
+pipelines fill each other's bubbles).
 
-Pipeline i runs its share of the batch's micro-batches (``models.PipelineShare``)
-through the stage's action list, sums model i's gradients over the D replicas and the
-tied stages (as a synchronous step does), steps model i's own optimizer (E1-E2),
+Then, for each pipeline i: model i's gradients are summed over the D replicas and the
+tied stages (as a synchronous step does), model i's own optimizer steps (E1-E2), it
 waits for r_t if the reference thread is a batch behind, dilutes (E3) and queues its
 local update for the reference (steps 3-5, ``reference``). The reported loss is the
 mean over the N models of each model's loss on its share. Evaluation and checkpoints
@@ -20,6 +21,7 @@ import time
 
 import torch
 
+from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
 from jobctl.engine.averaging.parts import ElasticParts
 from jobctl.engine.averaging.rule import dilute, local_update, squared_distance
 from jobctl.engine.core.events import Kind
@@ -31,8 +33,8 @@ from jobctl.engine.runtime.trainer import Trainer
 
 
 def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
-    """``ex`` running ``stage`` on ``share``: a shallow copy, so every parallel model
-    uses the same links to the neighbours (the pipelines run one after another)."""
+    """``ex`` running ``stage`` on ``share``: a shallow copy with the same links to the
+    neighbours (the evaluation of the reference)."""
     view = copy.copy(ex)
     view.stage, view.shard = stage, share
     return view
@@ -44,7 +46,7 @@ class ElasticTrainer(Trainer):
     def __init__(self, *args, parts: ElasticParts, **kwargs):
         super().__init__(*args, **kwargs)
         self.parts = parts
-        self.views: list[StepExecutor] = []
+        self.interleaved: InterleavedExecutor | None = None
         # Each model's squared distance from r_t on this stage (tied aliases once), in
         # every heartbeat; the supervisor's figures sum the stages.
         self.dist2 = [0.0] * parts.config.N
@@ -70,33 +72,35 @@ class ElasticTrainer(Trainer):
         if first.graph is not None:  # probed on model 0 only: the same layout
             for stage in others:
                 stage.graph.in_boundary = first.graph.in_boundary
-        self.views = [executor_for(ex, m.stage, m.share) for m in self.parts.models]
+        sh, n = self.shard, self.parts.config.N
+        share = InterleavedShare(sh.global_batch, sh.replicas, sh.micro_batch, N=n)
+        stages = [m.stage for m in self.parts.models]
+        self.interleaved = InterleavedExecutor(ex, stages, share)
         return ex
 
     def train_step(self, step: int) -> tuple[StepStats, StepTimes]:
-        """Batch ``step`` on every parallel pipeline (E1-E3), its updates queued (E4)."""
+        """Batch ``step`` on the N interleaved pipelines, then each model's E1-E3, its
+        update queued (E4)."""
         self.ledger.begin()
         start = time.perf_counter()
-        total = StepStats()
-        for i in range(self.parts.config.N):
-            stats = self._pipeline_step(i, step)
-            total.loss_sum += stats.loss_sum / self.parts.config.N
-            total.fwd_s += stats.fwd_s
-            total.bwd_s += stats.bwd_s
-            total.order += stats.order
-            total.deviations += stats.deviations
-        self.ledger.stats = total
+        cfg = self.parts.config
+        # Dropout stays a function of (seed, step, rank); the N pipelines draw in turn.
+        torch.manual_seed(step_seed(self.spec.training.seed, step * cfg.N, self.rank))
+        for model in self.parts.models:
+            model.opt.zero_grad(set_to_none=True)
+        with self._compute():
+            stats = self.interleaved.run(self.state.actions, step)
+        stats.loss_sum /= cfg.N  # the mean over the N models of each one's share loss
+        for i in range(cfg.N):
+            self._update(i, step)
+        self.ledger.stats = stats
         end = time.perf_counter()
-        return total, StepTimes(start, start, end, end)
+        return stats, StepTimes(start, start, end, end)
 
-    def _pipeline_step(self, i: int, step: int) -> StepStats:
+    def _update(self, i: int, step: int) -> None:
+        """Model ``i``'s gradient summed, its optimizer step (E1-E2) and pull (E3)."""
         model, cfg = self.parts.models[i], self.parts.config
         training = self.spec.training
-        # Dropout differs across the N pipelines and stays a function of (seed, step, rank).
-        torch.manual_seed(step_seed(training.seed, step * cfg.N + i, self.rank))
-        model.opt.zero_grad(set_to_none=True)
-        with self._compute():
-            stats = self.views[i].run(self.state.actions, step)
         st = self.state
         sync_gradients(model.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
         before = [t.clone() for t in model.tensors]
@@ -111,7 +115,6 @@ class ElasticTrainer(Trainer):
         self.dist2[i] = squared_distance(self.pairs[i])
         dilute(model.tensors, self.parts.reference.tensors, cfg.alpha)  # E3
         self.parts.reference.submit(step, update)  # step 3, never blocks
-        return stats
 
     def heartbeat_extras(self) -> dict:
         """``avg_dist2``: model i's squared distance from r_t on this stage, after its

@@ -1,0 +1,78 @@
+"""The N parallel pipelines of a rank interleaved in one action list (AvgPipe sec. 3.2,
+Fig. 4: the pipelines share the devices at the same time, so one's bubbles hold the
+others' work).
+
+A step runs the plan's action list once, over all of the batch's micro-batches: the
+plan's M is already B / (m D), that is N times a parallel pipeline's share. Replica d's
+micro-batch j is the batch's micro-batch g = (its first micro-batch) + j, exactly as in
+a synchronous step, and belongs to parallel pipeline i = g // (B / (N m)): pipeline
+i's share is the contiguous samples [tB + iB/N, tB + (i+1)B/N), as before. Each
+forward and backward runs on parallel model i's stage, so its gradients accumulate in
+model i only; every loss is weighted m / (B / N), the mean over model i's share.
+
+Why g // (B / (N m)) and not g mod N: the bubble is the same, (P-1)/(NM+P-1) for 1F1B-
+like lists, either way, and so is the number of micro-batches in flight (the list
+decides it, not the owner). Contiguous owners switch weights N - 1 times per step
+instead of at every micro-batch (better cache reuse on CPUs), keep each pipeline's
+samples those of the sequential run, and finish model i's backwards before model
+i+1's in 1F1B order.
+
+Only the order of independent work changes (model i's gradient is the same sum over
+the same micro-batches), so a step equals the one-after-another run of the pipelines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobctl.engine.core.actions import Action
+from jobctl.engine.data.dataset import Sharding
+from jobctl.engine.model.blocks import Stage
+from jobctl.engine.runtime.backward import defer_linear_weights
+from jobctl.engine.runtime.executor import StepExecutor, StepStats
+
+
+@dataclass(frozen=True)
+class InterleavedShare(Sharding):
+    """The whole batch's micro-batches (a synchronous step's), each owned by one of the
+    ``N`` parallel pipelines and weighted as part of that pipeline's share."""
+
+    N: int = 1
+
+    @property
+    def loss_scale(self) -> float:
+        """m / (B / N): model i's loss and gradient are the mean over its share."""
+        return self.micro_batch * self.N / self.global_batch
+
+    def pipeline(self, replica: int, micro: int) -> int:
+        """The parallel pipeline that owns ``replica``'s micro-batch ``micro``."""
+        g = self.first_sample(0, replica, micro) // self.micro_batch
+        return g // (self.global_batch // self.N // self.micro_batch)
+
+
+class InterleavedExecutor(StepExecutor):
+    """A :class:`StepExecutor` that runs each micro-batch on its owner's stage."""
+
+    def __init__(self, ex: StepExecutor, stages: list[Stage], share: InterleavedShare):
+        self.__dict__.update(vars(ex))  # the same channels, links and data as ``ex``
+        self.stages, self.shard = stages, share
+        self.in_bs: list = []
+
+    def begin(self, actions: list[Action], step: int) -> list[Action]:
+        """Open the step; on a split-backward list every model's linear layers leave
+        their weight gradients to W in the one store (it is keyed by layer)."""
+        self.stage = self.stages[0]
+        actions = super().begin(actions, step)
+        if self.split:
+            self.in_bs = [self.in_b]
+            for stage in self.stages[1:]:
+                deferred = defer_linear_weights(stage, self.weights)
+                self.in_bs.append([p for p in stage.parameters() if p not in deferred])
+        return actions
+
+    def _do(self, a: Action, stats: StepStats) -> None:
+        i = self.shard.pipeline(self.topo.replica, a.micro_batch)
+        self.stage = self.stages[i]
+        if self.split:
+            self.in_b = self.in_bs[i]
+        super()._do(a, stats)

@@ -1,0 +1,105 @@
+"""AvgPipe's N parallel pipelines interleaved in one action list
+(``engine/averaging/interleave.py``): every micro-batch of every pipeline runs forward
+and backward exactly once, on its owner's model, and each model's gradient equals the
+one of its pipeline run alone (the sequential order)."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+
+from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
+from jobctl.engine.averaging.models import PipelineShare
+from jobctl.engine.core.actions import Op
+from jobctl.engine.data.dataset import Sharding, make_data
+from jobctl.engine.model.blocks import Stage, model_def
+from jobctl.engine.runtime.executor import Channels, StepExecutor
+from jobctl.engine.runtime.topology import Topology
+from jobctl.engine.schedule.generators import generate
+
+from ..jobrun import tiny_spec
+
+B, m = 16, 2
+
+
+def test_owners_are_contiguous_shares_of_the_batch() -> None:
+    share = InterleavedShare(B, 1, m, N=4)  # 8 micro-batches, 2 per pipeline
+    assert [share.pipeline(0, j) for j in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert share.loss_scale == pytest.approx(m * 4 / B)  # mean over a share of B / 4
+    two = InterleavedShare(B, 2, m, N=2)  # replica 0: micro 0-3, replica 1: micro 4-7
+    assert [two.pipeline(d, j) for d in (0, 1) for j in range(4)] == [0] * 4 + [1] * 4
+
+
+@pytest.mark.parametrize(("N", "D"), [(2, 1), (4, 1), (2, 2), (2, 3), (4, 2)])
+def test_each_pipeline_trains_exactly_its_share_of_samples(N: int, D: int) -> None:
+    batch = N * m * 3  # three micro-batches per share: uneven over D = 2
+    inter = InterleavedShare(batch, D, m, N=N)
+    got: dict[int, list[int]] = {i: [] for i in range(N)}
+    for d in range(D):
+        for j in range(inter.count(d)):
+            got[inter.pipeline(d, j)].append(inter.first_sample(5, d, j))
+    for i in range(N):  # the sequential run's samples of pipeline i at step 5
+        alone = PipelineShare.of(Sharding(batch, D, m), i, N)
+        want = [alone.first_sample(5, d, j) for d in range(D) for j in range(alone.count(d))]
+        assert sorted(got[i]) == sorted(want)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "advance_forward", "gpipe", "zb_h1"])
+def test_every_micro_batch_of_every_pipeline_runs_once_on_every_stage(schedule: str) -> None:
+    N, P = 4, 4
+    share = InterleavedShare(B, 1, m, N=N)
+    per = B // N // m
+    for stage in generate(schedule, P, share.micro_batches):
+        done = Counter((a.op, share.pipeline(0, a.micro_batch), a.micro_batch % per)
+                       for a in stage)  # fmt: skip
+        ops = {a.op for a in stage}
+        want = Counter({(op, i, k): 1 for op in ops for i in range(N) for k in range(per)})
+        assert done == want
+        assert {Op.FORWARD, Op.BACKWARD} <= ops
+
+
+def _executor(stage: Stage, shard, data) -> StepExecutor:
+    topo = Topology(0, 0, 0, 1, 1, None, None, [0], None, [], None)
+    chans = Channels(None, None, None, None)
+    return StepExecutor(stage, topo, data, shard, chans, torch.device("cpu"))
+
+
+def _grads(stage: Stage) -> dict[str, torch.Tensor]:
+    return {k: p.grad.clone() for k, p in stage.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "options"),
+    [("advance_forward", {}), ("1f1b", {"recompute": True}), ("zb_h1", {}), ("gpipe", {})],
+)
+def test_each_models_gradient_equals_its_pipeline_run_alone(schedule, options) -> None:
+    """A 4-stage schedule's first-stage list (the most interleaved order) run by one
+    process holding the whole model: forwards of later pipelines run before the
+    backwards of earlier ones."""
+    torch.set_num_threads(1)
+    N = 2
+    spec = tiny_spec(**{"training.global_batch_size": B, "training.micro_batch_size": m})
+    mdef = model_def(spec.model, spec.training.seed, m)
+    data = make_data(spec)
+    first = Stage(mdef, range(mdef.num_blocks))
+    models = [copy.deepcopy(first) for _ in range(N)]
+    share = InterleavedShare(B, 1, m, N=N)
+    actions = generate(schedule, 4, share.micro_batches, **options)[0]
+    ex = InterleavedExecutor(_executor(models[0], share, data), models, share)
+    stats = ex.run(actions, 3)
+    assert len(stats.order) == len(actions)
+    losses = 0.0
+    for i, model in enumerate(models):
+        alone = copy.deepcopy(first)
+        own = PipelineShare.of(Sharding(B, 1, m), i, N)
+        want = _executor(alone, own, data).run(generate("1f1b", 1, own.micro_batches)[0], 3)
+        got, ref = _grads(model), _grads(alone)
+        assert got.keys() == ref.keys() and len(got) > 4
+        for k, g in got.items():
+            torch.testing.assert_close(g, ref[k], atol=1e-6, rtol=0, msg=k)
+        losses += want.loss_sum
+    assert stats.loss_sum == pytest.approx(losses, abs=1e-6) and losses > 0
+    assert not torch.allclose(_grads(models[0])[k], _grads(models[1])[k])
