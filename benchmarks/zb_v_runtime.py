@@ -193,10 +193,8 @@ def _report(results: dict[str, list[float]], P: int, M: int, m: int, chunks) -> 
     step = {k: statistics.median(v) for k, v in results.items()}
     print(f"P={P} ranks, 2P={2 * P} stages {chunks}, M={M}, m={m}, gloo:")
     for k, v in results.items():
-        rounds = " ".join(f"{1e3 * x:.1f}" for x in v)
-        print(
-            f"  {k:<24} {1e3 * step[k]:7.1f} ms/step {M * m / step[k]:7.1f} samples/s  [{rounds}]"
-        )
+        rounds = " ".join(f"{1e3 * x:.0f}" for x in v)
+        print(f"  {k:<22} {1e3 * step[k]:6.1f} ms {M * m / step[k]:6.1f} samples/s [{rounds}]")
     best = min((v, k) for k, v in step.items() if k.startswith("torch"))
     print(
         f"jobctl zb_v vs torch zbv (same schedule): "
