@@ -56,6 +56,32 @@ def test_equals_the_full_simulation_over_many_shapes(seed):
     assert extrapolated >= 3  # the shortcut was taken, not only the fallback
 
 
+def test_deep_pipelines_equal_the_full_simulation():
+    """The planner's depths (P up to 36, Varuna sec. 7.2) with balanced stages (the
+    partition's goal) and uneven links, strict and opportunistic: the shortcut is
+    taken and every stage's end equals the full simulation."""
+    rng, extrapolated = random.Random(36), 0
+    for case in range(10):
+        P = rng.randint(12, 36)
+        M = rng.randint(15 * P, 30 * P)
+        f = rng.uniform(0.5, 2.0)
+        costs = CostModel(
+            f=(f,) * P,
+            b=(f * rng.uniform(1.5, 2.5),) * P,
+            act=[rng.uniform(0, 0.3) for _ in range(P - 1)],
+            grad=[rng.uniform(0, 0.3) for _ in range(P - 1)],
+            ar=(5.0,) * P,
+            opportunistic=case % 3 != 0,
+        )
+        make = lambda n, P=P: generate("varuna", P, n)  # noqa: E731
+        full, fast = simulate(make(M), costs), steady_simulate(make, M, costs)
+        tol = 1e-9 * full.step_time
+        assert fast.stage_end == pytest.approx(full.stage_end, abs=tol), (P, M, case)
+        assert fast.busy == pytest.approx(full.busy, abs=tol)
+        extrapolated += len(fast.executed[0]) < len(full.executed[0])
+    assert extrapolated >= 7, extrapolated
+
+
 @pytest.mark.parametrize(("P", "M"), [(4, 400), (8, 600), (18, 1171)])
 def test_jittered_opportunistic_within_one_percent(P, M):
     costs = CostModel.uniform(P, comm=0.2, jitter=0.3, ar=(5.0,) * P, opt=(1.0,) * P)

@@ -19,12 +19,16 @@ the list, a copy, then is the executed order. Events are built only when asked f
 
 The decision is incremental: per stage, what each position holds (+1/-1 full
 activations and stashed inputs, ``StageFacts``) is counted once per action list and
-cached with it, so the held micro-batches at a position are a running sum carried
-forward, and only a recompute, or a backward without one, can deviate at all.
+cached with it as prefix sums, which a deviation shifts between the two positions it
+swaps; only a recompute, or a backward without one, can deviate at all, and the hot
+loop skips the decision where the stage holds its peak of what its forwards add, or
+no forward is left. Stages advance first in, first out, so neighbours move side by
+side and a decision rarely finds an arrival it needs not computed yet (a park).
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import heapq
 from itertools import accumulate, compress, repeat
@@ -118,16 +122,22 @@ def stage_facts(acts: list[Action]) -> StageFacts:
     return facts
 
 
-def _gate(facts: StageFacts, held: tuple[list, list], M: int) -> tuple[list | None, int]:
-    """What a stage holds before each position, and the most it may hold, of the one
-    kind its M forwards add (stashed inputs where every forward is recomputed, full
-    activations where none is): at or above that bound no forward may move ahead
-    (``_fitting_forward``), so the engine skips the decision. (None, 0) where the
-    kinds are mixed."""
-    if not facts.recomputed:
-        return held[0], facts.peak.full
-    if len(facts.recomputed) == M:
-        return held[1], facts.peak.stashed
+def _held(facts: StageFacts, M: int) -> list[list[int] | None]:
+    """Per kind (full, stashed), what the stage holds before each position (a copy:
+    deviations shift it), None for a kind none of its M forwards adds (never read)."""
+    full = None if len(facts.recomputed) == M else list(facts.held[0])
+    stashed = list(facts.held[1]) if facts.recomputed else None
+    return [full, stashed]
+
+
+def _gate(held: list[list[int] | None], peak: ActivationPeak) -> tuple[list[int] | None, int]:
+    """The one kind a stage's forwards add, held before each position, and its peak (at
+    or above it no forward may move ahead); (None, 0) where the kinds are mixed."""
+    full, stashed = held
+    if stashed is None:
+        return full, peak.full
+    if full is None:
+        return stashed, peak.stashed
     return None, 0
 
 
@@ -178,30 +188,31 @@ class Engine:
             [f.split for f in facts] if facts else [WGT in set(map(_op, a)) for a in stages]
         )
         self.b = [costs.b[s] - costs.w[s] if self.split[s] else costs.b[s] for s in range(P)]
-        # Per position: may a forward move ahead of it (copied: deviations reorder it).
-        self.movable = [list(f.movable) for f in facts] or [None] * P
-        # Per position, what the stage holds before it (copied: deviations shift it).
-        self.held = [(list(f.held[0]), list(f.held[1])) for f in facts]
-        gates = [_gate(f, held, M) for f, held in zip(facts, self.held, strict=True)]
+        self.movable: list[list[bool] | None] = [None] * P
+        self.gates: list[tuple[list[int] | None, int]] = [(None, 0)] * P
+        if facts:
+            self._prepare_decisions(facts)
         self.context = [
             (self.lists[s], self.starts[s], self.inbox[s], self.out_dur[s])
             + (costs.f[s], costs.r[s], self.b[s], s + 1 if s + 1 < P else -1, s - 1)
-            + (costs.w[s], self.movable[s])
-            + (gates[s] if gates else (None, 0))
+            + (costs.w[s], self.movable[s], *self.gates[s])
             for s in range(P)
         ]
         self.pos = [0] * P
         self.free = [0.0] * P
         self.waiting = [BLOCKED] * P
-        self.todo = list(range(P))
+        self.todo = collections.deque(range(P))  # first in, first out (module doc)
         self.heap: list[tuple[float, int]] = []
         self.deviations = 0
-        if facts:
-            self._prepare_decisions(facts)
 
     def _prepare_decisions(self, facts: list[StageFacts]) -> None:
         """State of the opportunistic decisions (``_choose``), per stage."""
         P = self.P
+        # Per position: may a forward move ahead of it (copied: deviations reorder it).
+        self.movable = [list(f.movable) for f in facts]
+        self.held = [_held(f, self.M) for f in facts]
+        # A stage whose forwards add one kind holds its peak of it: no forward may move.
+        self.gates = [_gate(held, f.peak) for f, held in zip(facts, self.held, strict=True)]
         self.rec = [f.recomputed for f in facts]
         self.bounds = [f.peak for f in facts]
         self.next_forward = [0] * P
@@ -213,7 +224,7 @@ class Engine:
         todo, heap, waiting, free = self.todo, self.heap, self.waiting, self.free
         while True:
             while todo:
-                self._advance(todo.pop())
+                self._advance(todo.popleft())
             if not heap:
                 break
             t, s = heapq.heappop(heap)
@@ -303,12 +314,7 @@ class Engine:
             heapq.heappush(self.heap, (t, s))
             return True
         if fwd <= t:
-            for order in (acts, self.movable[s]):
-                order.insert(k, order.pop(j))
-            for held in self.held[s]:  # before k + 1 .. j: one position on, plus the F
-                add = held[j + 1] - held[j]
-                held[k + 1 : j + 1] = [x + add for x in held[k:j]]
-            self.deviations += 1
+            self._move_ahead(s, j, k)
             return False
         if a.op is REC:
             self.decided[s] = k
@@ -320,6 +326,20 @@ class Engine:
                 heapq.heappush(self.heap, (wake, s))
         return True
 
+    def _move_ahead(self, s: int, j: int, k: int) -> None:
+        """Move the forward at position j to position k (a deviation). Only k .. j
+        change (slices of one length: nothing after j is shifted)."""
+        for order in (self.lists[s], self.movable[s]):
+            order[k : j + 1] = order[j : j + 1] + order[k:j]
+        for held in self.held[s]:  # before k + 1 .. j: one position on, plus the F
+            if held is None:
+                continue
+            if held[j + 1] - held[j]:
+                held[k + 1 : j + 1] = [x + 1 for x in held[k:j]]
+            else:  # the F adds none of this kind
+                held[k + 1 : j + 1] = held[k:j]
+        self.deviations += 1
+
     def _earliest(self, src: int, key: int) -> float:
         """No earlier than this can the output ``key`` of stage ``src``, not computed
         yet, arrive: the stage runs in order from ``free[src]`` (a bound that settles a
@@ -329,10 +349,6 @@ class Engine:
 
     def _fitting_forward(self, s: int, k: int) -> int:
         """Position of the next forward after k if it fits the activation peaks, else -1."""
-        full, stashed = self.held[s]
-        held, bound = (full[k], stashed[k]), self.bounds[s]
-        if held[0] >= bound.full and held[1] >= bound.stashed:
-            return -1
         acts = self.lists[s]
         j = max(self.next_forward[s], k + 1)
         while j < len(acts) and acts[j].op is not FWD:
@@ -342,7 +358,7 @@ class Engine:
             self.movable[s][k:] = repeat(False, j - k)  # decision from here on
             return -1
         kind = acts[j].micro_batch in self.rec[s]  # 0: full activations, 1: stashed input
-        return j if held[kind] < bound[kind] else -1
+        return j if self.held[s][kind][k] < self.bounds[s][kind] else -1
 
     def busy(self) -> list[float]:
         """Compute time per stage (one F and one B per micro-batch, a W per micro-batch

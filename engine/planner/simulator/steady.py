@@ -5,17 +5,19 @@ micro-batches, and a cool-down; a generator for M + k micro-batches writes the s
 lists as for M with whole periods more in the middle. With deterministic costs the
 simulated step is then, from some M on, periodic in M: T(M + k) - T(M) is one constant
 for every k-multiple of the period (the max-plus cycle time of the repeated middle).
-``steady_simulate`` simulates the schedule at M0, M0 + k and M0 + 2k micro-batches
-(M0 about P + k and congruent to M modulo k, a multiple of every period seen:
-``PERIOD``). Where every stage's end grew by one and the same amount both times, and
-no slower than the busiest stage's own work (slower means slack from the warm-up is
-still being used up: a Varuna list at P=10 turns from 5.13 to 5.42 s per micro-batch
-at M ~ 60), it simulates about twice M0 to confirm, then extrapolates each stage's end
-and busy time linearly to M; otherwise it retries from that larger size, and simulates
-M itself once the runs would cost as much. Nothing here looks at action kinds: any
-schedule whose generator repeats (F, R, B, W, ...) is covered, and one that does not
-falls back to the full simulation. ``tests/unit/test_steady.py`` checks the result
-equals the full simulation (to 1e-9) over many shapes, schedules and costs.
+``steady_simulate`` simulates the schedule at M0 and M0 + k micro-batches (M0 about
+P + k and congruent to M modulo k, a multiple of every period seen: ``PERIOD``).
+Where every stage's end grew by one and the same amount, and no slower than the
+busiest stage's own work (slower means slack from the warm-up is still being used
+up: a Varuna list at P=10 turns from 5.13 to 5.42 s per micro-batch at M ~ 60), it
+simulates about twice M0 and requires every stage's end there to lie on the same
+line (which a second period of the same increment would only repeat), then
+extrapolates each stage's end and busy time linearly to M; otherwise it retries from
+that larger size, and simulates M itself once the runs would cost as much. Nothing
+here looks at action kinds: any schedule whose generator repeats (F, R, B, W, ...) is
+covered, and one that does not falls back to the full simulation.
+``tests/unit/test_steady.py`` checks the result equals the full simulation (to 1e-9)
+over many shapes, schedules and costs.
 
 With jittered sends the increments are noisy: the slope is taken between two
 simulations at M0 (``JITTER_SPAN`` x P) and about twice that, which keeps the step
@@ -61,17 +63,15 @@ def steady_simulate(make: Generator, M: int, costs: CostModel, seed: int = 0) ->
         far = M0 + (M0 // k + 1) * k
         runs = [simulate(make(n), costs, seed) for n in (M0, far)]
         return _extrapolated(runs, M0, M, make, costs, seed)
-    # The runs below cost about 5 (M0 + k) micro-batches: below that, simulate M itself.
-    while 5 * (M0 + k) < M and not jittered:
-        runs = [simulate(make(M0 + j * k), costs, seed) for j in range(3)]
-        check = min(M, M0 + (M0 // k + 2) * k)  # about twice M0, congruent to M too
+    # The runs below cost about 4 (M0 + k) micro-batches: below that, simulate M itself.
+    while 4 * (M0 + k) < M and not jittered:
+        runs = [simulate(make(M0 + j * k), costs, seed) for j in range(2)]
+        check = M0 + (M0 // k + 2) * k  # about twice M0 (below M), congruent to M too
         if _periodic(runs):
-            if check == M:
-                return _extrapolated(runs, M0, M, make, costs, seed)
             seen = simulate(make(check), costs, seed)
             guess = _extrapolated(runs, M0, check, make, costs, seed)
-            if _same(seen, guess):  # no slower regime set in by twice the size
-                return _extrapolated([runs[0], runs[2], seen], M0, M, make, costs, seed)
+            if _same(seen, guess):  # the same increment, and no slower regime by 2 M0
+                return _extrapolated([runs[0], seen], M0, M, make, costs, seed)
         M0 = check
     return simulate(make(M), costs, seed)
 
@@ -82,15 +82,14 @@ def _same(a: SimResult, b: SimResult) -> bool:
 
 
 def _periodic(runs: list[SimResult]) -> bool:
-    """Did every stage's end grow by one and the same amount from run 0 to 1 and from
-    1 to 2? (In the steady state every stage runs at the pipeline's one cycle rate; a
-    transient moves stages by different amounts.)"""
-    tol = TOLERANCE * max(runs[2].step_time, 1e-300)
-    a, b, c = (r.stage_end for r in runs)
-    grown = [y - x for x, y in zip(a, b, strict=True)] + [z - y for y, z in zip(b, c, strict=True)]
+    """Did every stage's end grow by one and the same amount from run 0 to 1? (In the
+    steady state every stage runs at the pipeline's one cycle rate; a transient moves
+    stages by different amounts.)"""
+    tol = TOLERANCE * max(runs[1].step_time, 1e-300)
+    grown = [y - x for x, y in zip(runs[0].stage_end, runs[1].stage_end, strict=True)]
     # No stage runs faster than its own work: while the ends grow slower than the
     # busiest stage's compute, slack from the warm-up is still being used up.
-    work = max(z - x for x, z in zip(runs[0].busy, runs[2].busy, strict=True)) / 2
+    work = max(y - x for x, y in zip(runs[0].busy, runs[1].busy, strict=True))
     return max(grown) - min(grown) <= tol and min(grown) >= work - tol
 
 
@@ -98,7 +97,7 @@ def _extrapolated(
     runs: list[SimResult], M0: int, M: int, make: Generator, costs: CostModel, seed: int
 ) -> SimResult:
     """A SimResult at M, linear per stage through the first and last of ``runs`` (at
-    M0 and at M0 + 2k, or at the size that verified the steady state: ``_size``)."""
+    M0 and at M0 + k, or at the size that verified the steady state: ``_size``)."""
     first, last = runs[0], runs[-1]
     at = _size(last)
     per = (M - at) / (at - M0)  # how far beyond the last run, in its distance from M0
