@@ -3,8 +3,9 @@
 ``resolver`` turns a JobSpec into a Plan (fixed or searched P, D, micro-batching,
 placement, schedule); ``search`` sweeps the candidate layouts (``layout``: P, D, m, M,
 schedule and where the ranks run) and ranks them by simulated step time;
-``stage_costs`` prices one layout from the calibration and ``contention`` stretches it
-by core sharing; ``partition`` splits blocks into stages; ``replicas`` says which D to
+``stage_costs`` prices one layout from the calibration (``elastic``: with AvgPipe's N
+parallel models and reference) and ``contention`` stretches it by core sharing;
+``partition`` splits blocks into stages; ``replicas`` says which D to
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
 start-up, checkpoints, expected preemptions; on-demand and spot); ``objective`` chooses

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
 from jobctl.engine.planner.contention import contend, demand, replica_skew
+from jobctl.engine.planner.elastic import elastic_stage_memory, parallel_models_note
 from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.replicas import (
     compute_floor,
@@ -43,7 +44,6 @@ from jobctl.engine.planner.stage_costs import (
     generated_peaks,
     recompute_counts,
     stage_costs,
-    stage_memory,
     step_floor,
 )
 from jobctl.spec import JobSpec, ParallelismSpec, TrainingSpec
@@ -219,13 +219,13 @@ def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> b
         peaks = activation_peaks(lay, None)
     else:
         peaks = generated_peaks(lay.schedule, lay.P, lay.M, _options_key(spec.parallelism, lay))
-    cand.memory = stage_memory(tables.cal, cand.stages, peaks, lay.m)
+    cand.memory = elastic_stage_memory(spec, tables.cal, cand.stages, peaks, lay.m)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
     if cand.memory[worst] <= cap:
         return True
     cand.why_not = (
         f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
-        f"> {spec.hardware.memory_gb} GB"
+        f"> {spec.hardware.memory_gb} GB{parallel_models_note(spec)}"
     )
     return False
 

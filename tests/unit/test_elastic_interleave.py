@@ -13,9 +13,14 @@ import torch
 
 from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
 from jobctl.engine.averaging.models import PipelineShare
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
+from jobctl.engine.calibration.cache import model_hash
 from jobctl.engine.core.actions import Op
 from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, model_def
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.search import PlanError
+from jobctl.engine.planner.sizing import GB
 from jobctl.engine.runtime.executor import Channels, StepExecutor
 from jobctl.engine.runtime.topology import Topology
 from jobctl.engine.schedule.generators import generate
@@ -103,3 +108,45 @@ def test_each_models_gradient_equals_its_pipeline_run_alone(schedule, options) -
         losses += want.loss_sum
     assert stats.loss_sum == pytest.approx(losses, abs=1e-6) and losses > 0
     assert not torch.allclose(_grads(models[0])[k], _grads(models[1])[k])
+
+
+def _plan(n: int, **extra):
+    over = {
+        "training.global_batch_size": B,
+        "training.micro_batch_size": m,
+        "parallelism.pipeline_stages": 2,
+        "parallelism.data_parallel": 1,
+        "parallelism.schedule": "advance_forward",
+        "hardware.nodes": 1,
+        "hardware.processes_per_node": 2,
+        **extra,
+    }
+    if n > 1:
+        over |= {"parallelism.averaging": "elastic", "parallelism.parallel_pipelines": n}
+    spec = tiny_spec(**over)
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    return make_plan(spec, calibration=cal), cal
+
+
+def test_plan_memory_holds_every_parallel_model_the_reference_and_the_updates() -> None:
+    sync, cal = _plan(1)
+    for n in (2, 4):
+        plan, _ = _plan(n)
+        assert plan.micro_batches == sync.micro_batches == B // m  # one list, N x M
+        for s, (one, got) in enumerate(
+            zip(sync.prediction.memory_per_stage_gb, plan.prediction.memory_per_stage_gb,
+                strict=True)
+        ):  # fmt: skip
+            blocks = plan.stages[s].blocks
+            state = sum(cal.blocks[b].state_bytes for b in blocks)
+            weights = sum(cal.blocks[b].param_bytes for b in blocks)
+            assert (got - one) * GB == pytest.approx((n - 1) * state + (n + 1) * weights)
+
+
+def test_plan_refuses_parallel_models_that_do_not_fit() -> None:
+    sync, _ = _plan(1)
+    plan, _ = _plan(4)
+    cap = (max(sync.prediction.memory_per_stage_gb) + max(plan.prediction.memory_per_stage_gb)) / 2
+    assert _plan(1, **{"hardware.memory_gb": cap})[0].P == 2
+    with pytest.raises(PlanError, match="N=4 parallel models.*lower parallelism.parallel_pip"):
+        _plan(4, **{"hardware.memory_gb": cap})

@@ -1,0 +1,48 @@
+"""What AvgPipe's elastic averaging adds to a stage's memory (AvgPipe sec. 5.2.3, F_mod).
+
+A rank holds N parallel models of its stage, each with gradients and its own
+optimizer state (N x the synchronous training state), the reference's weights, and
+at most one batch's N local updates (the last one is still ``before``'s copy while
+its optimizer steps; a pipeline waits for r_t before it sends, so batch t's updates
+never meet batch t-1's in the queue). The activations need nothing more: the N
+pipelines run interleaved in the plan's one action list over the batch's B / (m D)
+micro-batches (``averaging.interleave``), so the schedule's peaks, which the memory
+check already counts, are the step's.
+"""
+
+from __future__ import annotations
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.planner.stage_costs import stage_memory
+from jobctl.engine.schedule.checks import ActivationPeak
+from jobctl.spec import JobSpec
+
+
+def elastic_stage_memory(
+    spec: JobSpec, cal: Calibration, stages: list[list[int]], peaks: list[ActivationPeak], m: int
+) -> list[float]:
+    """Bytes per stage (``stage_costs.stage_memory``) with, under
+    ``parallelism.averaging: elastic``, the other N - 1 parallel models, the reference
+    and the N local updates."""
+    memory = stage_memory(cal, stages, peaks, m)
+    par = spec.parallelism
+    if par.averaging != "elastic":
+        return memory
+    n = par.parallel_pipelines
+    out = []
+    for blocks, mem in zip(stages, memory, strict=True):
+        state = sum(cal.blocks[b].state_bytes for b in blocks)
+        weights = sum(cal.blocks[b].param_bytes for b in blocks)
+        out.append(mem + (n - 1) * state + (1 + n) * weights)
+    return out
+
+
+def parallel_models_note(spec: JobSpec) -> str:
+    """What a memory refusal adds when the N parallel models take part in it."""
+    par = spec.parallelism
+    if par.averaging != "elastic":
+        return ""
+    return (
+        f" with N={par.parallel_pipelines} parallel models and the reference (lower "
+        "parallelism.parallel_pipelines)"
+    )
