@@ -8,36 +8,41 @@ never meet batch t-1's in the queue). The activations need nothing more: the N
 pipelines run interleaved in the plan's one action list over the batch's B / (m D)
 micro-batches (``averaging.interleave``), so the schedule's peaks, which the memory
 check already counts, are the step's.
+
+Its step (``calibration``) is the synchronous step's action list with every
+stage's optimizer step N times (E1, one per parallel model). The rule's few passes
+over the weights (E2-E3, and E4-E5 on the reference's thread) are not priced: the
+prediction is a lower bound by that much.
 """
 
 from __future__ import annotations
 
-from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.calibration.record import Calibration, Stat
 from jobctl.engine.planner.stage_costs import stage_memory
 from jobctl.engine.schedule.checks import ActivationPeak
 from jobctl.spec import JobSpec
 
 
-def elastic_stage_memory(
+def memory(
     spec: JobSpec, cal: Calibration, stages: list[list[int]], peaks: list[ActivationPeak], m: int
 ) -> list[float]:
     """Bytes per stage (``stage_costs.stage_memory``) with, under
     ``parallelism.averaging: elastic``, the other N - 1 parallel models, the reference
     and the N local updates."""
-    memory = stage_memory(cal, stages, peaks, m)
+    one = stage_memory(cal, stages, peaks, m)
     par = spec.parallelism
     if par.averaging != "elastic":
-        return memory
+        return one
     n = par.parallel_pipelines
     out = []
-    for blocks, mem in zip(stages, memory, strict=True):
+    for blocks, mem in zip(stages, one, strict=True):
         state = sum(cal.blocks[b].state_bytes for b in blocks)
         weights = sum(cal.blocks[b].param_bytes for b in blocks)
         out.append(mem + (n - 1) * state + (1 + n) * weights)
     return out
 
 
-def parallel_models_note(spec: JobSpec) -> str:
+def refusal_note(spec: JobSpec) -> str:
     """What a memory refusal adds when the N parallel models take part in it."""
     par = spec.parallelism
     if par.averaging != "elastic":
@@ -46,3 +51,16 @@ def parallel_models_note(spec: JobSpec) -> str:
         f" with N={par.parallel_pipelines} parallel models and the reference (lower "
         "parallelism.parallel_pipelines)"
     )
+
+
+def calibration(spec: JobSpec, cal: Calibration) -> Calibration:
+    """``cal`` with each block's optimizer step N times under ``averaging: elastic``."""
+    par = spec.parallelism
+    if par.averaging != "elastic" or par.parallel_pipelines == 1:
+        return cal
+    n = par.parallel_pipelines
+    blocks = [
+        b.model_copy(update={"optimizer": Stat(median=b.optimizer.median * n, n=b.optimizer.n)})
+        for b in cal.blocks
+    ]
+    return cal.model_copy(update={"blocks": blocks})

@@ -150,3 +150,16 @@ def test_plan_refuses_parallel_models_that_do_not_fit() -> None:
     assert _plan(1, **{"hardware.memory_gb": cap})[0].P == 2
     with pytest.raises(PlanError, match="N=4 parallel models.*lower parallelism.parallel_pip"):
         _plan(4, **{"hardware.memory_gb": cap})
+
+
+def test_plan_predicts_an_optimizer_step_per_parallel_model() -> None:
+    """The step's action list is the synchronous one (same bubble); every stage adds
+    N - 1 optimizer steps of its blocks."""
+    sync, cal = _plan(1)
+    opt = [sum(cal.blocks[b].optimizer.median for b in st.blocks) for st in sync.stages]
+    for n in (2, 4):
+        plan, _ = _plan(n)
+        assert plan.prediction.bubble_ratio == pytest.approx(sync.prediction.bubble_ratio)
+        more = plan.prediction.step_time_s - sync.prediction.step_time_s
+        assert (n - 1) * min(opt) - 1e-12 <= more <= (n - 1) * max(opt) + 1e-12
+        assert more > 0
