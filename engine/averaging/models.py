@@ -4,8 +4,11 @@ the share of each batch each one trains on.
 Parallel model 0 is the stage the trainer was built with; models 1 .. N-1 are copies
 of it (the same initial weights), each with its own optimizer of the spec's kind, so
 any optimizer works (step 1). Batch t's B samples are dealt in N contiguous shares of
-B / N; model i's share is split over the D replicas as a synchronous batch of B / N
-would be (``Sharding``), so model i's gradient is the mean over its own share.
+B / N; ``PipelineShare`` deals model i's share over the D replicas as a synchronous
+batch of B / N would be (``Sharding``), so model i's gradient is the mean over its own
+share. A step runs the N shares interleaved (``interleave.InterleavedShare``), which
+deals the same samples over the replicas as a synchronous batch of B; the sum over the
+replicas, and so each gradient, is the same.
 """
 
 from __future__ import annotations
