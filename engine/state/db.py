@@ -27,7 +27,7 @@ from jobctl.engine.core.env import DB_URL
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
 from jobctl.engine.state.reader import StateDBError as StateDBError  # re-exported
-from jobctl.engine.state.reader import db_error
+from jobctl.engine.state.reader import db_error, note_opened
 
 metadata = sa.MetaData()
 
@@ -150,6 +150,7 @@ class StateDB:
         self.home.mkdir(parents=True, exist_ok=True)
         self.url = url or os.environ.get(DB_URL) or f"sqlite:///{self.home / 'state.db'}"
         self.clock = clock
+        note_opened(self.url)
         self.engine = sa.create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)

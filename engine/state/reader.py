@@ -41,14 +41,38 @@ class StateDBError(RuntimeError):
     """The state DB cannot be opened or read: the message names it and what to do."""
 
 
-def db_error(url: str, err: Exception) -> StateDBError:
+_opened: list[str] = []  # URLs of the state DBs this process opened, newest last
+
+
+def note_opened(url: str) -> None:
+    """Remember that this process opened the state DB at ``url``: a write that gives up
+    on a lock later (``write_error``) names that DB, not a guess from the environment."""
+    _opened.append(url)
+
+
+def _first_line(err: Exception) -> str:
+    """The driver's own message of ``err`` (SQLAlchemy wraps it), first line only."""
+    return str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+
+
+def _is_locked(text: str) -> bool:
+    return "locked" in text or "busy" in text
+
+
+def db_error(url: str, err: Exception, *, writing: bool = False) -> StateDBError:
     """What went wrong with the DB at ``url``, in one line, with what to do about it."""
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    if "locked" in text or "busy" in text:
+    text = _first_line(err)
+    if _is_locked(text):
+        # A reader in WAL mode never waits for a writer, so a locked read means the DB
+        # is in rollback-journal mode; a writer always waits for the other writer.
+        why = " (a write waited 10 s)" if writing else ""
+        mode = "" if writing else " (it is not in WAL mode, so readers wait for writers)"
         fix = (
-            "another process holds a write lock on it: retry when it is done (it is "
-            "not in WAL mode, so readers wait for writers), or stop that process"
+            f"another process holds a write lock on it{mode}: retry when it is done, or "
+            "stop that process (a long `jobctl` command or a program holding a "
+            "transaction open)" + ("; nothing was changed" if writing else "")
         )
+        text += why
     elif "not a database" in text or "malformed" in text or "no such" in text:
         fix = (
             "it is damaged or not jobctl's: move it aside (jobctl starts an empty one) or "
@@ -62,21 +86,16 @@ def db_error(url: str, err: Exception) -> StateDBError:
 def write_error(err: Exception) -> StateDBError | None:
     """One line for a write that gave up on another process's lock (SQLAlchemy's
     OperationalError after the writers' 10 s busy wait); None for any other error."""
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    if type(err).__name__ != "OperationalError" or not ("locked" in text or "busy" in text):
+    if type(err).__name__ != "OperationalError" or not _is_locked(_first_line(err)):
         return None
-    where = os.environ.get(DB_URL) or f"state DB {default_home() / 'state.db'}"
-    return StateDBError(
-        f"{where}: {text} (a write waited 10 s); another process holds a write lock on it "
-        "(a long `jobctl` command or a program reading it in a transaction): retry when it "
-        "is done, or stop that process; nothing was changed"
-    )
+    url = _opened[-1] if _opened else os.environ.get(DB_URL) or str(default_home() / "state.db")
+    return db_error(url, err, writing=True)
 
 
 def _read_error(url: str, err: sqlite3.Error) -> StateDBError:
     """``db_error`` of a failed read, saying how long it waited for a lock."""
     text = str(err)
-    if "locked" in text or "busy" in text:
+    if _is_locked(text):
         text = f"{text} (waited {READ_WAIT_S:g} s)"
     return db_error(url, RuntimeError(text))
 

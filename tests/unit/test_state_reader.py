@@ -121,20 +121,21 @@ def test_a_reader_waits_a_bounded_time_for_an_exclusive_lock(tmp_path, monkeypat
 def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(
     tmp_path, monkeypatch
 ):
-    """`jobctl stop` against a DB another process keeps write-locked for longer than
-    the writers' 10 s busy wait: one line naming the DB and the fix, exit 2, no
-    traceback, and the run untouched."""
+    """`jobctl stop --home H` against a DB another process keeps write-locked for
+    longer than the writers' 10 s busy wait: one line naming H's DB (not the default
+    home's) and the fix, exit 2, no traceback, and the run untouched."""
     db = _seeded(tmp_path, monkeypatch)
     db.update_run("b-1", pids=None)  # no node recorded: stop marks it stopped (a write)
     holder = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a writer in WAL mode: readers go on, writers wait
     try:
-        env = {**os.environ, "JOBCTL_HOME": str(tmp_path)}
-        done = subprocess.run(["jobctl", "stop", "b-1"], env=env, capture_output=True,
-                              text=True, timeout=90)  # fmt: skip
+        env = {**os.environ, "JOBCTL_HOME": str(tmp_path / "elsewhere")}
+        done = subprocess.run(["jobctl", "stop", "b-1", "--home", str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=90)  # fmt: skip
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "locked" in done.stderr and "retry when it is done" in done.stderr
-        assert str(tmp_path / "state.db") in done.stderr
+        assert "nothing was changed" in done.stderr and "waited 10 s" in done.stderr
+        assert str(tmp_path / "state.db") in done.stderr and "elsewhere" not in done.stderr
     finally:
         holder.execute("ROLLBACK")
         holder.close()
