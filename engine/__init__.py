@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model", "schedule", "data"),
     ("calibration",),
     ("planner",),
-    ("runtime", "checkpoint", "channel", "state"),
+    ("runtime", "checkpoint", "channel", "state", "mobius"),
     ("pruning", "rebalance", "averaging"),
     ("worker", "calibration.measure"),
     ("supervise",),
