@@ -18,6 +18,7 @@ from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
 from .topology import topology_violations
+from .two_stage import two_stage_violations
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 NAME_FIX = (
@@ -87,6 +88,7 @@ class JobSpec(SpecModel):
         yield from cost_violations(self.hardware, self.budget)
         yield from averaging_violations(self)
         yield from topology_violations(self.hardware)
+        yield from two_stage_violations(self)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision

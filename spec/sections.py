@@ -377,8 +377,8 @@ class ParallelismSpec(AveragingFields):
         "auto", description="D: data-parallel pipeline replicas, or 'auto'."
     )
     schedule: Literal[
-        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "zb_h1", "auto"
-    ] = Field("1f1b", description="Pipeline schedule generator (zb_h1: zero-bubble ZB-H1).")
+        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "zb_h1",
+        "zb_v", "auto"] = Field("1f1b", description="Pipeline schedule (zb_*: zero bubble).")
     recompute: Literal["none", "all", "auto", "stage_aware"] = Field(
         "none", description="Activation recomputation policy; stage_aware: Merak's per-stage "
         "non-recompute ratios alpha_i, filled up to hardware.memory_gb (1f1b, gpipe)."

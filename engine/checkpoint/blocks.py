@@ -27,9 +27,9 @@ def block_file(block: int) -> str:
 
 
 def blocks_written_by(plan: Plan, rank: int) -> list[int]:
-    """Blocks whose file this rank writes (its stage's blocks, dealt over replicas)."""
+    """Blocks whose file this rank writes (its stages' blocks, dealt over replicas)."""
     me = plan.rank(rank)
-    blocks = plan.stages[me.stage].blocks
+    blocks = [b for st in plan.hosted(rank) for b in st.blocks]
     return [b for k, b in enumerate(blocks) if k % plan.D == me.replica]
 
 

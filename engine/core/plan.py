@@ -114,6 +114,17 @@ class Plan(_Frozen):
     explanation: list[str] = Field(
         default_factory=list, description="the planner's reasoning: m choice, P sweep"
     )
+    placement: list[list[int]] | None = Field(
+        None,
+        description="the stages each device of a replica hosts, where it hosts several "
+        "(ZB-V's V: device d hosts stages d and 2P-1-d of 2P); None: stage d on device d. "
+        "A rank's ``RankPlan.stage`` is then its device",
+    )
+    device_actions: list[str] = Field(
+        default_factory=list,
+        description="with a placement: per device, its actions on its stages in run order "
+        "('F0@0 F0@3 B0@3 ...', schedule.placement); each StagePlan keeps its own list",
+    )
 
     @property
     def world_size(self) -> int:
@@ -124,6 +135,12 @@ class Plan(_Frozen):
 
     def stage_of(self, rank: int) -> StagePlan:
         return self.stages[self.ranks[rank].stage]
+
+    def hosted(self, rank: int) -> list[StagePlan]:
+        """The stages ``rank`` runs: its device's under a placement, else its one stage."""
+        if self.placement is None:
+            return [self.stage_of(rank)]
+        return [self.stages[s] for s in self.placement[self.ranks[rank].stage]]
 
     def node_sizes(self) -> list[int]:
         """Worker processes on each node."""

@@ -19,7 +19,7 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
-from jobctl.engine.planner import stage_aware
+from jobctl.engine.planner import stage_aware, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
@@ -71,6 +71,7 @@ def plan_priced(
     cal = calibration or calibration_for(spec, home)
     choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
     found, aware = stage_aware.apply(spec, cal, choice.found)
+    found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
     return build_plan(spec, cal, found, G, home, aware), found.ranked[0].sim, choice
 
 
@@ -113,7 +114,10 @@ def build_plan(
     by_stage: list[list[int]] = [[] for _ in range(lay.P)]
     for r in sorted(ranks, key=lambda r: r.replica):
         by_stage[r.stage].append(r.rank)
-    stage_plans = _stage_plans(win, by_stage, aware)
+    if isinstance(win, v_shape.VCandidate):  # two stages per rank (by_stage: by device)
+        stage_plans, v_fields = v_shape.v_stage_plans(win, by_stage)
+    else:
+        stage_plans, v_fields = _stage_plans(win, by_stage, aware), {}
     return Plan(
         P=lay.P,
         D=lay.D,
@@ -130,6 +134,7 @@ def build_plan(
         prediction=predict(spec, cal, win, measured(home, spec)),
         alternatives=alternatives(spec, found, G),
         explanation=[*found.explanation, f"winner: {lay.label()} ({win.step:.4g} s/step)"],
+        **v_fields,
     )
 
 

@@ -94,8 +94,8 @@ class Search:
 
 def schedule_options(par: ParallelismSpec, P: int) -> list[tuple[str, bool | None]]:
     """(schedule, recompute) pairs to try; recompute None: decide by memory."""
-    if par.schedule != "auto":
-        names: tuple[str, ...] = (par.schedule,)
+    if par.schedule != "auto":  # zb_v: its V variant is made of zb_h1's (v_shape)
+        names: tuple[str, ...] = ("zb_h1" if par.schedule == "zb_v" else par.schedule,)
     else:  # one stage has no pipeline: every schedule is its F B F B ... there
         names = AUTO_SCHEDULES if P > 1 else ("1f1b",)
     flag = {"none": False, "all": True, "auto": None, "stage_aware": True}[par.recompute]

@@ -30,6 +30,7 @@ from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
 from jobctl.engine.runtime.topology import build_topology, tie_blocks
+from jobctl.engine.runtime.two_stage import RankStages, v_executor, v_state
 from jobctl.engine.runtime.vitals import compute_fields, memory_fields
 from jobctl.spec.job import JobSpec
 from jobctl.spec.sections import HardwareSpec, TrainingSpec
@@ -53,7 +54,10 @@ def build_state(
     mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
 ) -> StageState:
     """The stage state ``rank`` starts under: its stage of ``plan`` and a fresh optimizer
-    (creates the process groups: collective, every rank in the same order)."""
+    (creates the process groups: collective, every rank in the same order); a rank
+    hosting two stages (a plan's ``placement``: ZB-V) gets ``two_stage.v_state``."""
+    if plan.placement is not None:
+        return v_state(mdef, training, plan, rank, device)
     topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
@@ -216,6 +220,13 @@ class Trainer:
         shared-memory links to the neighbours on this machine (replacing any earlier)."""
         st = self.state
         seq_len = self.spec.model.seq_len
+        if isinstance(st.stage, RankStages):  # two stages on this rank (ZB-V): gloo only
+            if self.executor is not None:
+                self.executor.close()
+            self.executor = v_executor(
+                st.stage, self.data, self.shard, seq_len, self.device, self._compute
+            )  # type: ignore[assignment]
+            return self.executor
         chans = probe_channels(
             st.stage, st.topo, self.shard.micro_batch, seq_len, self.device, self._compute
         )

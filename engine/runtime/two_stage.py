@@ -10,19 +10,46 @@ gradient between them are handed over in memory (``Handover``), not sent.
 Across ranks the gloo channels stay as they are: between ranks d and d+1 the
 activations of the stages going down and the gradients of those coming up travel in
 the same direction, told apart by their tags (even: activation, odd: gradient).
-Backends that ignore tags (NCCL) would mix them up, so this runs on gloo only.
+Backends that ignore tags (NCCL) would mix them up, so this runs on gloo only (no
+shared-memory links either).
+
+In a job (a plan with a ``placement``), ``v_state`` builds the rank's ``StageState``:
+its two stages as one ``RankStages`` module (every block under the unsplit model's
+name, so the optimizer, the gradient sum and the per-block checkpoints see one stage
+and a checkpoint loads under any other layout), the topology of its second stage (on
+rank 0 the last stage: the rank that reports the loss) and its placed list;
+``v_executor`` probes the two stages' channels and builds the ``TwoStageExecutor``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
-from jobctl.engine.model.blocks import Stage, Tie
-from jobctl.engine.runtime.executor import StepExecutor, StepStats
-from jobctl.engine.runtime.topology import Topology
-from jobctl.engine.schedule.placement import Placed
+import torch
+from torch import nn
 
-__all__ = ["Handover", "TwoStageExecutor", "share_ties", "v_topology"]
+from jobctl.engine.core.plan import Plan
+from jobctl.engine.data.dataset import Sharding, TokenData
+from jobctl.engine.model.blocks import ModelDef, Stage, Tie
+from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
+from jobctl.engine.runtime.hook import StageState
+from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.p2p.gloo import send_meta
+from jobctl.engine.runtime.step import probe_channels
+from jobctl.engine.runtime.topology import Topology, build_topology
+from jobctl.engine.schedule.placement import Placed, parse_placed
+from jobctl.spec.sections import TrainingSpec
+
+__all__ = [
+    "Handover",
+    "RankStages",
+    "TwoStageExecutor",
+    "share_ties",
+    "v_executor",
+    "v_state",
+    "v_topology",
+]
 
 
 class Handover:
@@ -44,11 +71,17 @@ class Handover:
         """Nothing in flight: a hand-over is done when ``send`` returns."""
 
 
-def v_topology(P: int, d: int, rank_of: Callable[[int], int]) -> list[Topology]:
-    """The topologies of device d's two stages (d, 2P-1-d) of 2P, one replica.
+def v_topology(
+    P: int, d: int, rank_of: Callable[[int], int], base: Topology | None = None
+) -> list[Topology]:
+    """The topologies of device d's two stages (d, 2P-1-d) of 2P.
 
-    ``rank_of(device)`` is the rank of a device. A neighbour on this same rank is left
-    None (the executor opens no channel to it; ``TwoStageExecutor`` hands over).
+    ``rank_of(device)`` is the rank of a device in this replica. A neighbour on this
+    same rank is left None (the executor opens no channel to it; ``TwoStageExecutor``
+    hands over). ``base`` (``build_topology``'s for this rank) gives the replica and
+    the data-parallel group, which both stages share (the replicas of a device host
+    the same two stages); without it, one replica. No tied group: the tied embedding
+    and head both live on device 0 (``share_ties``).
     """
     S = 2 * P
 
@@ -59,8 +92,10 @@ def v_topology(P: int, d: int, rank_of: Callable[[int], int]) -> list[Topology]:
         return None if not 0 <= s < S or device(s) == d else rank_of(device(s))
 
     me = rank_of(d)
+    replica, D = (0, 1) if base is None else (base.replica, base.D)
+    dp_ranks, dp_group = ([me], None) if base is None else (base.dp_ranks, base.dp_group)
     return [
-        Topology(me, s, 0, S, 1, peer(s - 1), peer(s + 1), [me], None, [], None)
+        Topology(me, s, replica, S, D, peer(s - 1), peer(s + 1), dp_ranks, dp_group, [], None)
         for s in (d, S - 1 - d)
     ]
 
@@ -83,6 +118,11 @@ class TwoStageExecutor:
         if len(executors) != 2:
             raise ValueError(f"a V rank hosts two stages, got {len(executors)}")
         self.by_stage = {ex.topo.stage: ex for ex in executors}
+
+    def close(self) -> None:
+        """No shared-memory links to give up (a V rank talks gloo only)."""
+        for ex in self.by_stage.values():
+            ex.close()
 
     def run(self, placed: list[Placed], step: int) -> StepStats:
         """Execute ``placed`` (this rank's list) for step ``step``; both stages'
@@ -108,3 +148,63 @@ class TwoStageExecutor:
         down, up = self.by_stage[low], self.by_stage[high]
         down.acts_out = up.acts_in = Handover()
         up.grads_out = down.grads_in = Handover()
+
+
+class RankStages(nn.Module):
+    """A V rank's two stages as one module: ``layers`` holds both stages' blocks under
+    their global index (the tied head, sharing the embedding's Parameter, is listed
+    once), so ``named_parameters`` names every weight as one process does."""
+
+    def __init__(self, stages: list[Stage], topos: list[Topology]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({k: m for st in stages for k, m in st.layers.items()})
+        self.block_ids = [b for st in stages for b in st.block_ids]
+        self.graph = None
+        # plain attributes, not submodules: the blocks are registered once, above
+        self.__dict__["parts"], self.__dict__["topos"] = stages, topos
+
+
+def v_state(
+    mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
+) -> StageState:
+    """The state of ``rank`` under a V plan (collective: creates every process group
+    as ``build_topology`` does for any plan)."""
+    # No tied group: both tied copies live on device 0 (``share_ties``).
+    base = build_topology(plan, rank, False)
+    me = plan.rank(rank)
+    hosted = plan.hosted(rank)
+    stages = [Stage(mdef, sp.blocks, sp.keep_blocks).to(device) for sp in hosted]
+    share_ties(stages, mdef.ties)
+    topos = v_topology(plan.P, me.stage, lambda d: plan.stages[d].ranks[me.replica], base)
+    whole = RankStages(stages, topos)
+    named = dict(whole.named_parameters())
+    opt = build_optimizer(list(named.values()), training)
+    placed = parse_placed(plan.device_actions[me.stage])
+    return StageState(plan, whole, named, opt, topos[1], placed)  # type: ignore[arg-type]
+
+
+def v_executor(
+    whole: RankStages,
+    data: TokenData,
+    shard: Sharding,
+    seq_len: int,
+    device: torch.device,
+    compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> TwoStageExecutor:
+    """Probe both stages' message shapes down the V, then the rank's executor."""
+    (down, up), (t_down, t_up) = whole.parts, whole.topos
+    c_down = probe_channels(down, t_down, shard.micro_batch, seq_len, device, compute)
+    if t_up.prev is not None:
+        c_up = probe_channels(up, t_up, shard.micro_batch, seq_len, device, compute)
+    else:  # stages P-1 and P: the second stage's input is the first one's output
+        x = torch.zeros(c_down.out_shape, dtype=c_down.out_dtype, device=device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), compute():
+            out = up(x)
+        if t_up.next is not None:
+            send_meta(out, t_up.next)
+        c_up = Channels(c_down.out_shape, c_down.out_dtype, tuple(out.shape), out.dtype)
+    executors = [
+        StepExecutor(st, t, data, shard, c, device)
+        for st, t, c in ((down, t_down, c_down), (up, t_up, c_up))
+    ]
+    return TwoStageExecutor(executors)

@@ -28,7 +28,9 @@ from jobctl.engine.schedule.checks import ActivationPeak, _check_stage
 __all__ = [
     "Placed",
     "device_peaks",
+    "device_text",
     "format_devices",
+    "parse_placed",
     "stage_lists",
     "v_placement",
     "validate_devices",
@@ -55,6 +57,23 @@ def v_placement(P: int) -> list[tuple[int, int]]:
 def format_devices(devices: list[list[Placed]]) -> str:
     """One line per device: ``D0: F0@0 F1@0 F0@3 B0@3``."""
     return "\n".join(f"D{d}: {' '.join(map(str, acts))}" for d, acts in enumerate(devices))
+
+
+def device_text(acts: list[Placed]) -> str:
+    """One device's list in compact form, ``F0@0 F0@3 B0@3`` (a plan's
+    ``device_actions``); ``parse_placed`` reads it back."""
+    return " ".join(map(str, acts))
+
+
+def parse_placed(text: str) -> list[Placed]:
+    """Inverse of ``device_text``."""
+    out = []
+    for tok in text.split():
+        action, _, stage = tok.partition("@")
+        if not stage.isdigit():
+            raise ValueError(f"{tok!r} is not a placed action such as 'F3@5'")
+        out.append(Placed(int(stage), Action.parse(action)))
+    return out
 
 
 def stage_lists(devices: list[list[Placed]], S: int) -> list[list[Action]]:

@@ -1,0 +1,118 @@
+"""ZB-V in the planner: a searched layout's V variant, priced and turned into a plan.
+
+The search ranks one-stage-per-device layouts; ZB-V (two stages per device, the zero-
+bubble paper's sec. 6) is the V variant of one of them: the same P devices, D, m and
+M, with the model cut into 2P stages (``Tables.stages``, balanced as ZB-H1's) and
+device d hosting stages d and 2P-1-d (``schedule.placement.v_placement``). ``consider``
+takes the chosen layout (``objective.choose``): under ``parallelism.schedule: zb_v``
+(searched as ``zb_h1``: the same B/W split and, per device, the same peak of P whole
+stages' activations) it becomes the V variant; under ``auto`` the V variant wins when
+its simulated step is shorter and it fits memory, and is listed as an alternative
+otherwise. The step is ``simulator.devices``' (sends between the two stages of one
+device are free), without send jitter or the core-sharing model of ``contention``;
+a device's memory is its two stages' each at its own peak (an upper bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.plan import StagePlan
+from jobctl.engine.planner.search import Candidate, PlanError, Search, rank_key
+from jobctl.engine.planner.simulator.devices import simulate_devices
+from jobctl.engine.planner.sizing import GB
+from jobctl.engine.planner.stage_costs import Tables, recompute_counts, stage_costs, stage_memory
+from jobctl.engine.schedule.checks import peak_activations
+from jobctl.engine.schedule.placement import Placed, device_text, stage_lists, v_placement
+from jobctl.engine.schedule.zero_bubble import zb_v
+from jobctl.spec import JobSpec
+from jobctl.spec.two_stage import two_stage_violations
+
+__all__ = ["VCandidate", "consider", "v_candidate", "v_stage_plans"]
+
+SEARCHED_AS = {"zb_v": "zb_h1"}  # what the one-stage-per-device search tries instead
+
+
+@dataclass
+class VCandidate(Candidate):
+    """A V layout: ``stages`` and ``actions`` hold the 2P stages, ``memory`` the P
+    devices, ``sim`` is a ``simulator.devices.DeviceSimResult``."""
+
+    placed: list[list[Placed]] = field(default_factory=list)
+
+
+def v_candidate(spec: JobSpec, cal: Calibration, base: Candidate) -> VCandidate:
+    """The V variant of ``base`` (same P, D, m, M and recompute), simulated."""
+    lay, tables = base.layout, Tables(cal)
+    P, S = lay.P, 2 * lay.P
+    stages = tables.stages(S, lay.m, "all" if lay.recompute else "none")
+    stage_lay = replace(lay, P=S, schedule="zb_v")  # the cost tables' view: S stages
+    costs = stage_costs(cal, stage_lay, stages, replace(base.hosting, P=S), tables.times(lay.m))
+    placed = zb_v(P, lay.M, recompute=lay.recompute)
+    actions = stage_lists(placed, S)
+    model = replace(costs.model(stage_lay, recompute_counts(actions)), jitter=0.0)
+    per_stage = stage_memory(cal, stages, [peak_activations(a) for a in actions], lay.m)
+    memory = [per_stage[a] + per_stage[b] for a, b in v_placement(P)]
+    cand = VCandidate(
+        replace(lay, schedule="zb_v"), stages, base.hosting, costs, base.note,
+        memory=memory, actions=actions, sim=simulate_devices(placed, model),  # type: ignore[arg-type]
+        placed=placed,
+    )  # fmt: skip
+    worst = max(range(P), key=lambda d: memory[d])
+    if memory[worst] > spec.hardware.memory_gb * GB:
+        cand.why_not = (
+            f"does not fit memory: device {worst} (stages {worst}, {S - 1 - worst}) needs "
+            f"{memory[worst] / GB:.2f} GB > {spec.hardware.memory_gb} GB"
+        )
+    return cand
+
+
+def consider(spec: JobSpec, cal: Calibration, found: Search) -> Search:
+    """``found`` with the chosen layout's V variant: the winner under ``zb_v`` (or an
+    error saying why it cannot be), under ``auto`` where faster (module doc)."""
+    win, par = found.ranked[0], spec.parallelism
+    explicit = par.schedule == "zb_v"
+    blocks, S = cal.num_blocks, 2 * win.layout.P
+    if explicit and blocks < S:
+        raise PlanError(f"zb_v needs 2P = {S} stages; the model has {blocks} blocks")
+    usable = win.layout.P > 1 and blocks >= S
+    if not explicit and (par.schedule != "auto" or not usable or _refused(spec)):
+        return found
+    v = v_candidate(spec, cal, win)
+    rest = found.ranked[1:]
+    if explicit and v.why_not:
+        raise PlanError(f"zb_v at {win.layout.label()}: {v.why_not}")
+    if explicit or (not v.why_not and v.step < win.step):
+        line = f"zb_v: the V variant of {win.layout.label()}, {v.step:.4g} s/step "
+        line += f"vs {win.step:.4g} s/step (simulator.devices, no jitter or core sharing)"
+        return Search([v, win, *rest], found.rejected, [*found.explanation, line], found.pruned)
+    if v.why_not:
+        return Search(found.ranked, [*found.rejected, v], found.explanation, found.pruned)
+    ranked = [win, *sorted([v, *rest], key=rank_key)]
+    return Search(ranked, found.rejected, found.explanation, found.pruned)
+
+
+def _refused(spec: JobSpec) -> bool:
+    """Would ``schedule: zb_v`` be refused with this spec (``spec.two_stage``)?"""
+    as_v = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(
+        update={"schedule": "zb_v"})})  # fmt: skip
+    return any(True for _ in two_stage_violations(as_v))
+
+
+def v_stage_plans(win: VCandidate, by_device: list[list[int]]) -> tuple[list[StagePlan], dict]:
+    """The 2P stage plans (each on its device's ranks) and the plan's V fields."""
+    P = win.layout.P
+    host = {s: d for d, pair in enumerate(v_placement(P)) for s in pair}
+    stages = [
+        StagePlan(
+            index=s, blocks=blocks, ranks=by_device[host[s]], recompute=win.layout.recompute,
+            actions=" ".join(map(str, win.actions[s])),
+        )  # fmt: skip
+        for s, blocks in enumerate(win.stages)
+    ]
+    fields = {
+        "placement": [list(pair) for pair in v_placement(P)],
+        "device_actions": [device_text(acts) for acts in win.placed],
+    }
+    return stages, fields
