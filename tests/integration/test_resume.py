@@ -106,3 +106,24 @@ def test_remote_checkpoints_resume_and_skip_corruption(
     run2, outcome2 = run_job(spec4, tmp_path / "home2", resume_dir=point.path)
     assert outcome2.ok, outcome2.message
     assert step_losses(run2.dir) == pytest.approx(reference[0][point.step :], abs=1e-5)
+
+
+@pytest.mark.multiproc
+def test_resume_into_zb_v_and_back(tmp_path, first_half, reference):
+    # 1F1B 2x2's step-2 checkpoint resumes as ZB-V (2 ranks, 4 stages in V shape, each
+    # rank's blocks from two stages), whose step-3 checkpoint resumes as 1F1B 2x1.
+    ckpt, _ = first_half
+    ref_losses, ref_weights = reference
+    v_spec = _spec(3, 2, 1, **{"parallelism.schedule": "zb_v"})
+    run, outcome = run_job(v_spec, tmp_path / "v", resume_dir=ckpt)
+    assert outcome.ok, outcome.message
+    assert run.plan.placement == [[0, 3], [1, 2]]
+    assert step_losses(run.dir) == pytest.approx(ref_losses[2:3], abs=1e-5)
+    back = run.dir / "checkpoints" / "step-00000003"
+    run2, outcome2 = run_job(_spec(4, 2, 1), tmp_path / "back", resume_dir=back)
+    assert outcome2.ok, outcome2.message
+    assert run2.plan.placement is None
+    assert step_losses(run2.dir) == pytest.approx(ref_losses[3:], abs=1e-5)
+    weights = final_weights(run2.dir, 4)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
