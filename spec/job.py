@@ -17,6 +17,7 @@ from .devices import DEVICES
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
+from .tensor_parallel import tensor_parallel_violations
 from .topology import topology_violations
 from .two_stage import two_stage_violations
 
@@ -89,6 +90,7 @@ class JobSpec(SpecModel):
         yield from averaging_violations(self)
         yield from topology_violations(self.hardware)
         yield from two_stage_violations(self)
+        yield from tensor_parallel_violations(self)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision

@@ -27,6 +27,7 @@ from .limits import (
     MAX_WIDTH,
 )
 from .model_source import HuggingFaceSpec, LossName, Task, hf_defaults, hf_violations
+from .tensor_parallel import TensorParallelFields
 from .topology import TopologyFields
 
 IMPORT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -367,12 +368,10 @@ class HardwareSpec(TopologyFields):
             )
 
 
-class ParallelismSpec(AveragingFields):
-    """Pipeline (P) and data (D) parallelism, the schedule and averaging (N, alpha)."""
+class ParallelismSpec(AveragingFields, TensorParallelFields):
+    """Pipeline (P), data (D) and tensor (T) parallelism, the schedule and averaging."""
 
-    pipeline_stages: PositiveIntOrAuto = Field(
-        "auto", description="P: pipeline stages per pipeline, or 'auto'."
-    )
+    pipeline_stages: PositiveIntOrAuto = Field("auto", description="P: stages, or 'auto'.")
     data_parallel: PositiveIntOrAuto = Field(
         "auto", description="D: data-parallel pipeline replicas, or 'auto'."
     )

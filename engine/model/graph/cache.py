@@ -5,7 +5,9 @@ micro-batch shape and the library versions, never on the layout, so the result i
 kept under the state home's ``cache/graphs/`` keyed by all of those. The graph is
 stored as plain node records (op, name, target, arguments), not a pickled
 ``GraphModule`` (whose loading re-traces its code and takes longer than it saves),
-with each parameter's and buffer's shape and dtype; buffers' values are not kept.
+with each parameter's and buffer's shape and dtype and each node's value shape
+(``meta["val"]`` as meta tensors: tensor parallelism's walk reads it); buffers'
+values are not kept.
 A cache entry that cannot be read is ignored and traced anew.
 """
 
@@ -26,7 +28,7 @@ from torch import fx
 from jobctl.engine.core.home import default_home
 from jobctl.engine.model.graph.shard import Shard
 
-VERSION = 3  # bump when the record, the tracer or the sharding changes
+VERSION = 4  # bump when the record, the tracer or the sharding changes
 
 
 @dataclass
@@ -89,7 +91,22 @@ def save(k: str, t: Traced) -> None:
 
 
 def _record(node: fx.Node) -> tuple:
-    return (node.op, node.name, _target(node.target), _encode(node.args), _encode(node.kwargs))
+    target, args, kwargs = _target(node.target), _encode(node.args), _encode(node.kwargs)
+    return (node.op, node.name, target, args, kwargs, _shape_of(node.meta.get("val")))
+
+
+def _shape_of(val):
+    if isinstance(val, torch.Tensor):
+        return (tuple(val.shape), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return [_shape_of(v) for v in val]
+    return None
+
+
+def _meta_of(shape):
+    if isinstance(shape, tuple):
+        return torch.empty(shape[0], dtype=shape[1], device="meta")
+    return None if shape is None else [_meta_of(s) for s in shape]
 
 
 def _target(target):
@@ -137,10 +154,12 @@ def _resolve(target):
 def _rebuild(nodes: list, shapes: dict) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
-    for op, name, target, args, kwargs in nodes:
+    for op, name, target, args, kwargs, shape in nodes:
         node = graph.create_node(
             op, _resolve(target), _decode(args, env), _decode(kwargs, env), name=name
         )
+        if shape is not None:
+            node.meta["val"] = _meta_of(shape)
         env[name] = node
     root = {
         n.target: torch.empty(shapes[_plain(n.target)][0], dtype=shapes[_plain(n.target)][1],

@@ -1,0 +1,189 @@
+"""A stage's subgraphs made tensor parallel: local weight shards and the collectives.
+
+Why not ``torch.distributed.tensor.parallel.parallelize_module``: a stage here is a
+``torch.export`` graph of aten ops (``subgraph``), with no ``nn.Linear`` submodules
+for ``ColwiseParallel``/``RowwiseParallel`` to act on (they raise for anything
+else), and the head counts are literal sizes in its ``view``/``expand``/``split``
+arguments, which DTensor's local outputs would not change; running the graph on
+DTensors instead would all-gather at GPT-2's fused q/k/v ``split`` (its column
+shards mix q, k and v). So the minimal own part is Megatron's two operators as
+graph modules, on the tensor-parallel process group: ``Copy`` (``f``: identity
+forward, gradient all-reduced backward) before a column linear, ``Reduce`` (``g``:
+partial sums all-reduced forward, identity backward) after a row linear, with the
+row linear's bias added once after it. PyTorch's API is used where it fits: the
+``DeviceMesh`` over (D, P, T) that gives every group, and DTensor's ``full_tensor``
+that gathers the shards into whole tensors for checkpoints (``full_state``), so a
+run saved at T = 2 resumes at T = 1. All of it runs on gloo (CPU) and NCCL alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+
+from jobctl.engine.model.graph.tp_plan import LINEARS, Split, TPPlan
+
+aten = torch.ops.aten
+
+
+class _CopyFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class Copy(nn.Module):
+    """Megatron's ``f``: the value as is; its gradient summed over the T group."""
+
+    def __init__(self, group) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _CopyFn.apply(x, self.group)
+
+
+class Reduce(nn.Module):
+    """Megatron's ``g``: partial sums all-reduced over the T group; gradient as is."""
+
+    def __init__(self, group) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ReduceFn.apply(x, self.group)
+
+
+class Narrow(nn.Module):
+    """This rank's 1/T of a whole value along ``dim`` (a bias over all heads)."""
+
+    def __init__(self, dim: int, rank: int, T: int) -> None:
+        super().__init__()
+        self.dim, self.rank, self.T = dim, rank, T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.shape[self.dim] // self.T
+        return x.narrow(self.dim, self.rank * size, size)
+
+
+def tp_mesh(P: int, D: int, T: int, device: str = "cpu") -> DeviceMesh:
+    """The (D, P, T) mesh: rank = (d P + p) T + t, so a T group is T consecutive
+    ranks, inside one node when T divides the processes per node."""
+    return init_device_mesh(device, (D, P, T), mesh_dim_names=("dp", "pp", "tp"))
+
+
+def shard_of(full: torch.Tensor, split: Split, rank: int, T: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of a whole tensor: 1/T of each fused part along ``dim``."""
+    parts = full.chunk(split.parts, dim=split.dim)
+    return torch.cat([p.chunk(T, dim=split.dim)[rank] for p in parts], dim=split.dim)
+
+
+def whole_of(gathered: torch.Tensor, split: Split, T: int) -> torch.Tensor:
+    """The whole tensor from the ranks' shards laid end to end (``shard_of``'s inverse)."""
+    per_rank = [c.chunk(split.parts, dim=split.dim) for c in gathered.chunk(T, split.dim)]
+    return torch.cat([r[p] for p in range(split.parts) for r in per_rank], dim=split.dim)
+
+
+def parallelize(module: fx.GraphModule, plan: TPPlan, mesh: DeviceMesh) -> None:
+    """Make one subgraph tensor parallel in place on the 1-D T mesh (``tp_mesh(...)
+    ["tp"]``): its split parameters become this rank's shards and its graph gets the
+    collectives and the per-rank sizes."""
+    plan = plan.for_subgraph(module)
+    group, rank = mesh.get_group(), mesh.get_local_rank()
+    for name, split in plan.params.items():
+        owner, leaf = _owner(module, name)
+        whole = getattr(owner, leaf)
+        local = shard_of(whole.detach(), split, rank, plan.T).clone()
+        setattr(owner, leaf, nn.Parameter(local, requires_grad=whole.requires_grad))
+    module.add_module("tp_copy", Copy(group))
+    module.add_module("tp_reduce", Reduce(group))
+    _rewrite(module, plan, rank)
+    module.graph.lint()
+    module.recompile()
+
+
+def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return (module.get_submodule(path) if path else module), leaf
+
+
+def _rewrite(module: fx.GraphModule, plan: TPPlan, rank: int) -> None:
+    graph = module.graph
+    copies: dict[fx.Node, fx.Node] = {}  # one f per value and subgraph: one all-reduce
+    for node in list(graph.nodes):
+        if node.name in plan.args:
+            node.args = plan.args[node.name]
+        for i in plan.copy.get(node.name, []):
+            _wrap_input(module, node, i, copies)
+        for i, dim in plan.narrow.get(node.name, {}).items():  # after f: its grad summed
+            _narrow_input(module, node, i, Narrow(dim, rank, plan.T))
+        if node.name in plan.row:
+            _reduce_after(graph, node)
+
+
+def _wrap_input(module: fx.GraphModule, node: fx.Node, i: int, copies: dict) -> None:
+    source = node.args[i]
+    if source not in copies:  # before its first reader: every later reader follows
+        with module.graph.inserting_before(node):
+            copies[source] = module.graph.call_module("tp_copy", (source,))
+    node.update_arg(i, copies[source])
+
+
+def _narrow_input(module: fx.GraphModule, node: fx.Node, i: int, narrow: Narrow) -> None:
+    name = f"tp_narrow_{narrow.dim}"
+    if not hasattr(module, name):
+        module.add_module(name, narrow)
+    with module.graph.inserting_before(node):
+        node.update_arg(i, module.graph.call_module(name, (node.args[i],)))
+
+
+def _reduce_after(graph: fx.Graph, node: fx.Node) -> None:
+    """``x W (+ b)`` -> ``reduce(x W) (+ b)``: the bias added once, after the sum."""
+    x, w, b = LINEARS[node.target]
+    bias = node.args[b] if b is not None and len(node.args) > b else None
+    if node.target == aten.addmm.default:
+        node.target, node.args = aten.mm.default, (node.args[x], node.args[w])
+    elif bias is not None:
+        node.args = (node.args[x], node.args[w])
+    with graph.inserting_after(node):
+        summed = graph.call_module("tp_reduce", (node,))
+    last = summed
+    if bias is not None:
+        with graph.inserting_after(summed):
+            last = graph.call_function(aten.add.Tensor, (summed, bias))
+    node.replace_all_uses_with(last, delete_user_cb=lambda user: user is not summed)
+
+
+def full_state(module: nn.Module, plan: TPPlan, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """``module``'s state with every split parameter gathered whole (DTensor's
+    ``full_tensor`` over the T group, then the fused parts put back in order)."""
+    state = {}
+    for name, value in module.state_dict().items():
+        split = plan.params.get(name)
+        if split is not None:
+            gathered = DTensor.from_local(value, mesh, [Shard(split.dim)]).full_tensor()
+            value = whole_of(gathered, split, plan.T)
+        state[name] = value
+    return state

@@ -1,0 +1,77 @@
+"""The spec side of tensor parallelism inside pipeline stages (Merak sec. 4.1).
+
+``parallelism.tensor_parallel: T`` splits each stage's attention and MLP linears
+over T processes, Megatron-style (column- then row-parallel), found on the traced
+graph of an unmodified model (``engine.model.graph.tp_plan``). The fields live on
+``ParallelismSpec`` (which inherits :class:`TensorParallelFields`); the rules that tie
+T to the pool and the model section are :func:`tensor_parallel_violations`, called
+by ``JobSpec``. That T divides the model's heads and hidden sizes needs the built
+model, so ``engine.model.graph.checks`` checks it at ``validate`` too. The planner's
+search over T is not built, so ``tensor_parallel: auto`` is refused with a fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from .base import SpecModel, Violation, friendly_error
+
+MAX_TENSOR_PARALLEL = 64
+FIELD = "parallelism.tensor_parallel"
+
+
+class TensorParallelFields(SpecModel):
+    """``parallelism.tensor_parallel`` (T)."""
+
+    tensor_parallel: int = Field(
+        1, ge=1, le=MAX_TENSOR_PARALLEL,
+        description="T: processes that split each stage's linears (Megatron TMP); 1: off.",
+    )  # fmt: skip
+
+    @field_validator("tensor_parallel", mode="before")
+    @classmethod
+    def _no_search(cls, value: Any) -> Any:
+        if value == "auto":
+            raise friendly_error(
+                "no_tp_search",
+                "tensor_parallel 'auto' needs the planner's search over T x P x D, "
+                "which jobctl does not have yet",
+                fix="set parallelism.tensor_parallel to an integer, e.g. 2 (or 1: off)",
+            )
+        return value
+
+
+def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
+    """The rules between ``parallelism.tensor_parallel`` and the rest of ``spec``."""
+    T = spec.parallelism.tensor_parallel
+    if T == 1:
+        return
+    if spec.model.huggingface is None and spec.model.import_ is None:
+        yield Violation(
+            FIELD,
+            f"tensor_parallel {T} splits the linears of a traced model, but model.family "
+            "builds hand-cut blocks",
+            "use model.huggingface (or model.import) for the model, or set "
+            "parallelism.tensor_parallel: 1",
+        )
+    hw = spec.hardware
+    if hw.processes_per_node % T:
+        yield Violation(
+            FIELD,
+            f"a tensor-parallel group of {T} must sit inside one node, but a node runs "
+            f"{hw.processes_per_node} processes",
+            f"set hardware.processes_per_node to a multiple of {T} or lower "
+            "parallelism.tensor_parallel",
+        )
+    P, D = spec.parallelism.pipeline_stages, spec.parallelism.data_parallel
+    if isinstance(P, int) and isinstance(D, int) and hw.devices < T * P * D:
+        yield Violation(
+            FIELD,
+            f"T x P x D = {T} x {P} x {D} = {T * P * D} processes but the pool has "
+            f"{hw.devices} ({hw.nodes} nodes x {hw.processes_per_node} processes)",
+            "lower parallelism.tensor_parallel/pipeline_stages/data_parallel or raise "
+            "hardware.nodes",
+        )
