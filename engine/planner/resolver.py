@@ -248,6 +248,8 @@ def why_slower(c: Candidate, win: Candidate, G: int) -> str:
             f"{100 * (1 - c.step / win.step):.1f} % faster on {c.layout.devices} devices, "
             "but over the budget or dearer (planner.objective)"
         )
+    if c.step < win.step and win.layout.schedule == "zb_v":  # asked for by the spec
+        return f"{100 * (1 - c.step / win.step):.1f} % faster, but the spec asks for zb_v"
     if c.step <= win.step:
         if c.layout.devices != win.layout.devices:
             return f"as fast, but on {c.layout.devices} devices, not {win.layout.devices}"

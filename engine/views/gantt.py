@@ -4,7 +4,8 @@ One row per stage, stage 0 on top; forward, recompute, backward and (zero-bubble
 schedules) weight-gradient bars in their own colours, each labelled with its
 micro-batch when there is room, then the stage's gradient allreduce and optimizer
 step. Activation and gradient sends are thin lines under each row, so waiting on the
-network is visible too.
+network is visible too. A schedule with two stages per device (ZB-V,
+``simulator.devices``) gets one row per device; its second stage's bars are hatched.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from jobctl.engine.planner.simulator.devices import DeviceSimResult  # noqa: E402
 from jobctl.engine.planner.simulator.simulation import SimEvent, SimResult  # noqa: E402
 
 COLOURS = {
@@ -44,15 +46,18 @@ LABELS = {
 }
 
 
-def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") -> Path:
+def draw_gantt(
+    result: SimResult | DeviceSimResult, path: Path, title: str = "", unit: str = "s"
+) -> Path:
     """Write the timeline of ``result`` to ``path`` (PNG, SVG or PDF by suffix)."""
     P = len(result.busy)
-    width = min(24.0, max(8.0, 0.12 * sum(len(x) for x in result.executed) / max(P, 1) + 6))
+    events, row, second = _rows(result)
+    width = min(24.0, max(8.0, 0.12 * len(events) / max(P, 1) + 6))
     fig, ax = plt.subplots(figsize=(width, 1.2 + 0.55 * P), dpi=120)
     span = result.step_time or 1.0
-    for e in result.events:
-        _draw_event(ax, e, P - 1 - e.stage, span)
-    ax.set_yticks(range(P), [f"stage {P - 1 - y}" for y in range(P)])
+    for e, up in zip(events, second, strict=True):
+        _draw_event(ax, e, P - 1 - e.stage, span, hatch="//" if up else None)
+    ax.set_yticks(range(P), [f"{row} {P - 1 - y}" for y in range(P)])
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(-0.7, P - 0.3)
     ax.set_xlabel(f"time ({unit})")
@@ -75,13 +80,23 @@ def draw_gantt(result: SimResult, path: Path, title: str = "", unit: str = "s") 
     return path
 
 
-def _shown(result: SimResult) -> dict[str, str]:
+def _rows(result: SimResult | DeviceSimResult) -> tuple[list[SimEvent], str, list[bool]]:
+    """The bars (``stage``: the row), the rows' name, and which bars are a device's
+    second stage (ZB-V's way back up: stage >= the number of devices)."""
+    if not isinstance(result, DeviceSimResult):
+        return result.events, "stage", [False] * len(result.events)
+    P = len(result.busy)
+    events = [SimEvent(e.device, e.placed.action, e.start, e.end) for e in result.events]
+    return events, "device", [e.placed.stage >= P for e in result.events]
+
+
+def _shown(result: SimResult | DeviceSimResult) -> dict[str, str]:
     """The legend: W only where a stage splits its backward."""
-    split = any(a.op.value == "W" for acts in result.executed for a in acts)
+    split = any(e.action is not None and e.action.op.value == "W" for e in _rows(result)[0])
     return {k: v for k, v in LABELS.items() if k != "W" or split}
 
 
-def _draw_event(ax: Axes, e: SimEvent, y: float, span: float) -> None:
+def _draw_event(ax: Axes, e: SimEvent, y: float, span: float, hatch: str | None = None) -> None:
     """One compute/allreduce/optimizer bar, or one send line under its row."""
     if e.end <= e.start:
         return
@@ -89,7 +104,10 @@ def _draw_event(ax: Axes, e: SimEvent, y: float, span: float) -> None:
         ax.plot([e.start, e.end], [y - ROW / 2 - 0.05] * 2, color=COLOURS["send"], lw=0.8)
         return
     key = e.action.op.value if e.kind == "compute" else e.kind
-    ax.barh(y, e.end - e.start, left=e.start, height=ROW, color=COLOURS[key], edgecolor="white")
+    ax.barh(
+        y, e.end - e.start, left=e.start, height=ROW, color=COLOURS[key], edgecolor="white",
+        hatch=hatch,
+    )  # fmt: skip
     if e.kind == "compute" and (e.end - e.start) / span > 0.012:
         label = f"{key}{e.action.micro_batch}"
         mid = (e.start + e.end) / 2

@@ -23,7 +23,6 @@ from jobctl.engine.schedule.placement import (
     validate_devices,
 )
 from jobctl.engine.schedule.zero_bubble import zb_h1, zb_v
-from jobctl.spec.errors import SpecError
 
 from ..jobrun import tiny_spec
 
@@ -123,13 +122,11 @@ def test_validate_devices_checks_the_placement() -> None:
         validate_devices(zb_v(2, 2) + [[]], v_placement(2), 2)
 
 
-def test_zb_v_is_gated_from_real_runs() -> None:
-    """Plans and the trainer host one stage per rank: no spec asks for zb_v, no search
-    offers it (runtime.two_stage runs a V rank, but no job assembles it)."""
-    with pytest.raises(SpecError, match=r"parallelism\.schedule.*did you mean 'zb_h1'"):
-        tiny_spec(**{"parallelism.schedule": "zb_v"})
-    auto = tiny_spec(**{"parallelism.schedule": "auto"}).parallelism
-    assert "zb_v" not in {name for name, _ in schedule_options(auto, 4)}
+def test_zb_v_is_searched_as_zb_h1_and_not_a_per_stage_generator() -> None:
+    """The one-stage-per-device search tries zb_h1's layouts for zb_v (planner.v_shape
+    makes the V variant); ``generate`` knows only per-stage schedules."""
+    par = tiny_spec(**{"parallelism.schedule": "zb_v", "parallelism.data_parallel": 1})
+    assert schedule_options(par.parallelism, 2) == [("zb_h1", False)]
     with pytest.raises(ValueError, match="unknown schedule 'zb_v'"):
         generate("zb_v", 2, 4)
 
