@@ -32,13 +32,18 @@ class _Event:
 class PinnedTier:
     """Stage records and offloaded activations in pinned host memory."""
 
-    def __init__(self, layouts: list[StageLayout], device: torch.device):
+    def __init__(self, device: torch.device):
         self.device = device
         self.traffic = Traffic()
         low, high = torch.cuda.Stream.priority_range()
         self.stream = torch.cuda.Stream(device=device, priority=high if high < low else low)
-        self.records = [torch.zeros(lay.nbytes // 4, pin_memory=True) for lay in layouts]
+        self.records: list[torch.Tensor] = []
         self.acts: dict[tuple[int, int], torch.Tensor] = {}
+
+    def add(self, lay: StageLayout) -> int:
+        """A zeroed record for the next stage; returns its index."""
+        self.records.append(torch.zeros(lay.nbytes // 4, pin_memory=True))
+        return len(self.records) - 1
 
     def close(self) -> None:
         self.stream.synchronize()

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from jobctl.engine.data.dataset import Sharding, TokenData
-from jobctl.engine.mobius import resident
+from jobctl.engine.mobius import memory, resident
 from jobctl.engine.mobius.layout import layout_of, slots_of
 from jobctl.engine.mobius.tier import FileTier
 from jobctl.engine.model.blocks import ModelDef, Stage
@@ -75,30 +75,32 @@ class MobiusRunner:
         self.device = device or torch.device("cpu")
         self.shard = Sharding(training.global_batch_size, 1, cfg.micro_batch)
         self.mods, self.opts, self.layouts = [], [], []
-        first = [self._build(mdef, blocks) for blocks in cfg.stages]
-        self.reserved = resident.Reserved(self._reserve(), self.device)
         self.tier = self._tier()
-        for j, params in enumerate(first):  # initial weights down; nothing stays up
-            sec = self.layouts[j].section(0)
-            self._wait(self.tier.store(j, params, [sec], ["params"]))
-            resident.release(self.mods[j], self.layouts[j], self.opts[j], self.reserved.placeholder)
+        memory.hold_heap()
+        for blocks in cfg.stages:  # built one at a time and written down at once
+            self._build(mdef, blocks)
+        memory.hold_heap()  # the freed build tensors leave; transient ones will too
+        self.reserved = resident.Reserved(self._reserve(), self.device)
         self.ties = self._cross_ties(mdef)
         self.pending: int | None = None  # the step whose update is not applied yet
         self.rng: dict[tuple[int, int], torch.Tensor] = {}
         self.traffic = self.tier.traffic
         self.traffic.reset()
 
-    def _build(self, mdef: ModelDef, blocks: tuple[int, ...]) -> torch.Tensor:
-        """Stage module, layout and optimizer; returns its initial parameter section."""
+    def _build(self, mdef: ModelDef, blocks: tuple[int, ...]) -> None:
+        """Stage module, layout and optimizer; its initial weights go down to the tier
+        and the module keeps none of them."""
         mod = Stage(mdef, blocks)
         lay = layout_of(mod, slots_of(self.training))
         opt = build_optimizer(list(mod.parameters()), self.training)
         resident.start_counters(mod, opt)
-        params = resident.pack(mod, lay)
+        j = self.tier.add(lay)
+        self._wait(self.tier.store(j, resident.pack(mod, lay), [lay.section(0)], ["params"]))
+        self.tier.drain()
+        resident.release(mod, lay, opt, torch.empty(0, device=self.device))
         self.mods.append(mod.to(self.device))
         self.layouts.append(lay)
         self.opts.append(opt)
-        return params
 
     def _reserve(self) -> int:
         """Elements of each reserved buffer; refuses a budget two records overflow."""
@@ -115,8 +117,8 @@ class MobiusRunner:
         if self.device.type == "cuda":
             from jobctl.engine.mobius.pinned import PinnedTier
 
-            return PinnedTier(self.layouts, self.device)
-        return FileTier(self.cfg.folder, self.layouts)
+            return PinnedTier(self.device)
+        return FileTier(self.cfg.folder)
 
     def _cross_ties(self, mdef: ModelDef) -> list[tuple[int, int, int, int, int]]:
         """(stage a, start a, stage b, start b, numel) of each tie across two stages."""

@@ -63,16 +63,12 @@ class _Done:
 class FileTier:
     """Stage records and offloaded activations in files under ``folder``."""
 
-    def __init__(self, folder: Path, layouts: list[StageLayout]):
+    def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.traffic = Traffic()
         self.io = ThreadPoolExecutor(1, thread_name_prefix="mobius-io")
-        self.fds = []
-        for j, lay in enumerate(layouts):
-            fd = os.open(self.folder / f"stage-{j:04d}.bin", os.O_RDWR | os.O_CREAT, 0o600)
-            os.ftruncate(fd, lay.nbytes)  # zeros: fresh gradients and optimizer slots
-            self.fds.append(fd)
+        self.fds: list[int] = []
         self.act_fd = os.open(self.folder / "activations.bin", os.O_RDWR | os.O_CREAT, 0o600)
         self.acts: dict[tuple[int, int], tuple[int, tuple, torch.dtype]] = {}
         self.act_end = 0
@@ -82,6 +78,16 @@ class FileTier:
         for fd in [*self.fds, self.act_fd]:
             os.close(fd)
         self.fds = []
+
+    def add(self, lay: StageLayout) -> int:
+        """A record for the next stage, zero-filled (fresh gradients and optimizer
+        slots); returns its index."""
+        j = len(self.fds)
+        fd = os.open(self.folder / f"stage-{j:04d}.bin", os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 0)  # a folder reused: nothing of an earlier run survives
+        os.ftruncate(fd, lay.nbytes)
+        self.fds.append(fd)
+        return j
 
     def drain(self) -> None:
         """Wait until every request issued so far has finished."""
