@@ -1,0 +1,150 @@
+"""Mobius's swapping runtime (sec. 3.1) on this CPU: step time with prefetch vs
+without, and the bytes moved between the device and its tier per step against the
+paper's eq. (1) and a ZeRO-offload-style eq. (2).
+
+A GPT of ``--layers`` blocks at ``--hidden``, one block per stage (S = layers + 2) on
+one device (N = 1), AdamW, trained by two ``MobiusRunner`` s in this process, one
+with prefetch (the next stage uploaded on the I/O thread while this one computes)
+and one without (each transfer waited for where it is issued), in interleaved
+rounds (A B, then B A) so both see the same machine; the median step of each and
+the ratio are printed. The tier is a folder of record files; by default their pages
+stay in the kernel's page cache (the tier then costs memory copies); ``--cold``
+writes them out and drops them from the cache before every step, so uploads come
+from the disk.
+
+Traffic is measured on one step after the first (the update runs on each upload),
+in fp32 bytes: eq. (1) prices a step at 2 P (parameters up for the forward and the
+backward) + 2 A (activations down and up) + G (gradients down), with P = G the
+parameter bytes and A the activations the step offloads; eq. (2), ZeRO-offload
+style over N devices, at 2 N P + 2 A + N G. Mobius's optimizer runs in DRAM where
+the state lives, so the paper counts no optimizer traffic; here the tier is a disk,
+so the update on upload moves gradients up and parameters and Adam's slots both
+ways, printed separately.
+
+    python benchmarks/mobius_runtime.py [--layers 10] [--hidden 256] [--rounds 6] [--cold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from jobctl.engine.data.dataset import make_data  # noqa: E402
+from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig  # noqa: E402
+from jobctl.engine.model.blocks import model_def  # noqa: E402
+from jobctl.spec import load_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 2**20
+
+
+def _runner(args, folder: Path, prefetch: bool) -> MobiusRunner:
+    shape = {
+        "model.layers": args.layers, "model.hidden": args.hidden, "model.heads": 4,
+        "model.seq_len": args.seq_len, "model.vocab": 256, "training.optimizer": "adamw",
+        "training.global_batch_size": args.micro_batch * args.micro_batches,
+        "training.micro_batch_size": args.micro_batch,
+    }  # fmt: skip
+    spec = load_spec(ROOT / "jobs" / "quickstart.yaml", overrides=shape)
+    mdef = model_def(spec.model, spec.training.seed, args.micro_batch)
+    stages = tuple((i,) for i in range(mdef.num_blocks))
+    cfg = SwapConfig(folder, stages, args.micro_batch, prefetch=prefetch)
+    return MobiusRunner(mdef, spec.training, make_data(spec), cfg)
+
+
+def _evict(runner: MobiusRunner) -> None:
+    """Write the tier's files out and drop them from the page cache."""
+    runner.tier.drain()
+    for fd in [*runner.tier.fds, runner.tier.act_fd]:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _timed(runner: MobiusRunner, step: int, cold: bool) -> float:
+    if cold:
+        _evict(runner)
+    t0 = time.perf_counter()
+    runner.step(step)
+    runner.tier.drain()  # the step's writes are part of its cost
+    return time.perf_counter() - t0
+
+
+def _times(args, on: MobiusRunner, off: MobiusRunner) -> tuple[list[float], list[float]]:
+    a, b = [], []
+    for r in range(args.rounds):
+        pair = ((on, a), (off, b)) if r % 2 == 0 else ((off, b), (on, a))
+        for runner, out in pair:
+            out.append(_timed(runner, r + 2, args.cold))
+    return a, b
+
+
+def _traffic(runner: MobiusRunner, devices: list[int]) -> None:
+    moved = runner.traffic.moved
+    P = sum(lay.n * 4 for lay in runner.layouts)
+    A = moved[("acts", "down")]
+    measured = moved[("params", "up")] + moved[("acts", "down")] + moved[("acts", "up")]
+    measured += moved[("grads", "down")]
+    optim = (
+        sum(v for (k, d), v in moved.items() if k in ("optim", "ties"))
+        + moved[("grads", "up")]
+        + moved[("params", "down")]
+    )
+    print(f"parameters P = G = {P / MB:.1f} MiB, activations offloaded A = {A / MB:.2f} MiB")
+    print(f"{'per step':<44}{'MiB':>10}{'x P':>8}")
+    print(f"{'measured: params up + acts + grads down':<44}{measured / MB:>10.1f}"
+          f"{measured / P:>8.2f}")  # fmt: skip
+    print(f"{'eq. (1) Mobius: 2P + 2A + G':<44}{(3 * P + 2 * A) / MB:>10.1f}"
+          f"{(3 * P + 2 * A) / P:>8.2f}")  # fmt: skip
+    for N in devices:
+        eq2 = 2 * N * P + 2 * A + N * P
+        print(f"{f'eq. (2) ZeRO-offload, N = {N}: 2NP + 2A + NG':<44}{eq2 / MB:>10.1f}"
+              f"{eq2 / P:>8.2f}")  # fmt: skip
+    print(f"{'measured: the update on upload (not in eq. 1)':<44}{optim / MB:>10.1f}"
+          f"{optim / P:>8.2f}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--cold", action="store_true", help="uploads from disk, not page cache")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        on = _runner(args, Path(tmp) / "on", True)
+        off = _runner(args, Path(tmp) / "off", False)
+        for runner in (on, off):  # warm-up: the first update-on-upload step
+            runner.step(0)
+            runner.step(1)
+        a, b = _times(args, on, off)
+        on.traffic.reset()
+        on.step(args.rounds + 2)
+        on.tier.drain()
+        S = len(on.layouts)
+        tier = "cold (disk)" if args.cold else "page-cached"
+        print(f"S = {S} stages on N = 1 device, M = {args.micro_batches}, AdamW, "
+              f"{tier} tier, {args.rounds} rounds")  # fmt: skip
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"step, prefetch:    median {ma * 1e3:8.1f} ms   best {min(a) * 1e3:8.1f} ms")
+        print(f"step, no prefetch: median {mb * 1e3:8.1f} ms   best {min(b) * 1e3:8.1f} ms")
+        print(f"no prefetch / prefetch: median {mb / ma:.3f}, best {min(b) / min(a):.3f}")
+        _traffic(on, [1, 2, 4])
+        on.close()
+        off.close()
+
+
+if __name__ == "__main__":
+    main()
