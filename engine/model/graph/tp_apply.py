@@ -45,7 +45,7 @@ class _CopyFn(torch.autograd.Function):
 class _ReduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        x = x.contiguous()
+        x = x.contiguous().clone()  # the product's output may be saved: sum a copy
         dist.all_reduce(x, group=group)
         return x
 
@@ -132,9 +132,10 @@ def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
 def _rewrite(module: fx.GraphModule, plan: TPPlan, rank: int) -> None:
     graph = module.graph
     copies: dict[fx.Node, fx.Node] = {}  # one f per value and subgraph: one all-reduce
+    by_name = {n.name: n for n in graph.nodes}
     for node in list(graph.nodes):
-        if node.name in plan.args:
-            node.args = plan.args[node.name]
+        if node.name in plan.args:  # the walk's args name the whole graph's nodes
+            node.args = fx.map_arg(plan.args[node.name], lambda a: by_name[a.name])
         for i in plan.copy.get(node.name, []):
             _wrap_input(module, node, i, copies)
         for i, dim in plan.narrow.get(node.name, {}).items():  # after f: its grad summed

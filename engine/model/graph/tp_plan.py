@@ -64,7 +64,8 @@ class TPPlan:
 
     def for_subgraph(self, module: fx.GraphModule) -> TPPlan:
         """The part of the plan whose nodes and parameters ``module`` holds."""
-        names = {n.name for n in module.graph.nodes}
+        # the computing nodes only: a carried value's placeholder keeps its name
+        names = {n.name for n in module.graph.nodes if n.op == "call_function"}
         attrs = {n.target for n in module.graph.nodes if n.op == "get_attr"}
 
         def keep(d: dict) -> dict:

@@ -1,0 +1,220 @@
+"""Tensor parallelism inside stages (Merak 4.1) on real gloo ranks, against one process.
+
+One launch of 4 ranks runs every case, so the processes start once: tiny GPT-2
+(``Conv1D``, fused q/k/v) and Llama (GQA, RoPE) at T = 2 x D = 2 (each replica is a
+T = 2 x P = 1 pipeline; gradients all-reduced over the (D, P, T) mesh's ``dp``
+groups) and T = 2 x P = 2 (the carrier between the stages holds split values: the
+cut after a column linear). Each rank checks its losses, its split gradients (its
+shard of one process's), and the whole weights that ``full_state`` gathers after
+one SGD step, which a T = 1 model loads and continues from (resume at T = 1).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("transformers")
+
+from jobctl.engine.model.graph import boundary  # noqa: E402
+from jobctl.engine.model.graph.graph_def import GraphModel  # noqa: E402
+from jobctl.engine.model.graph.source import FixableError, GraphModelConfig  # noqa: E402
+from jobctl.engine.model.graph.tp_apply import (  # noqa: E402
+    full_state,
+    parallelize,
+    shard_of,
+    tp_mesh,
+)
+from jobctl.engine.model.graph.tp_plan import discover  # noqa: E402
+
+M, SEQ, LR, WORLD = 2, 8, 0.1, 4
+MODELS = {
+    "gpt2": ("GPT2LMHeadModel", {
+        "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 128, "n_positions": 32,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+    "llama": ("LlamaForCausalLM", {
+        "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 128,
+        "max_position_embeddings": 64}),
+}  # fmt: skip
+CASES = [(name, P, D) for name in MODELS for P, D in ((1, 2), (2, 1))]
+
+
+def _graph(name: str) -> GraphModel:
+    cls, config = MODELS[name]
+    return GraphModel(GraphModelConfig(hf_class=cls, hf_config=config, seq_len=SEQ), M)
+
+
+def _batches() -> list[dict]:
+    g = torch.Generator().manual_seed(7)
+    ids = [torch.randint(0, 128, (M, SEQ), generator=g) for _ in range(2)]
+    return [{"input_ids": x, "labels": x} for x in ids]
+
+
+def _run(blocks, ids, carry, batch) -> tuple:
+    for i in ids:
+        carry = blocks[i].run(carry, batch)
+    return carry
+
+
+def _reference(graph) -> tuple[list, list, dict]:
+    """One process: losses, the gradients and the weights after one SGD step."""
+    blocks = [graph.block(i, seed=0) for i in range(len(graph.shards))]
+    every = range(len(blocks))
+    losses = []
+    for batch in _batches():
+        loss = _run(blocks, every, (), batch)[0] / 2
+        loss.backward()
+        losses.append(2 * loss.item())
+    grads = {  # by block: a tied weight has one name in two blocks
+        (i, n): p.grad.clone() for i, b in enumerate(blocks) for n, p in b.named_parameters()
+    }
+    _sgd(blocks)
+    return losses, blocks, grads
+
+
+def _sgd(blocks) -> None:
+    with torch.no_grad():
+        for b in blocks:
+            for p in b.parameters():
+                p -= LR * p.grad
+                p.grad = None
+
+
+def _stage_blocks(graph, plan, mesh, P: int, p: int) -> tuple[list, list[int]]:
+    n = len(graph.shards)
+    ids = list(range(n))[p * n // P : (p + 1) * n // P]
+    blocks = {}
+    for i in ids:
+        blocks[i] = graph.block(i, seed=0)
+        parallelize(blocks[i], plan, mesh["tp"])
+    return blocks, ids
+
+
+def _pipeline(blocks, ids, batch, mesh, P: int) -> float | None:
+    """One micro-batch forward and backward over P stages (P <= 2); the loss on the last."""
+    d, p, t = mesh.get_coordinate()
+    peer = int(mesh.mesh[d, 1 - p, t]) if P == 2 else None
+    if p == 0:
+        carry = _run(blocks, ids, (), batch)
+        if P == 1:
+            (carry[0] / 2).backward()
+            return carry[0].item()
+        layout = boundary.describe(list(carry))
+        out = boundary.pack(layout, list(carry))
+        dist.send_object_list([boundary.encode(layout)], dst=peer)
+        dist.send(out.detach(), dst=peer)
+        grad = torch.empty_like(out)
+        dist.recv(grad, src=peer)
+        out.backward(grad)
+        return None
+    box = [None]
+    dist.recv_object_list(box, src=peer)
+    layout = boundary.decode(box[0])
+    carrier = torch.empty(sum(layout.sizes()), dtype=layout.dtype)
+    dist.recv(carrier, src=peer)
+    carrier.requires_grad_(True)
+    loss = _run(blocks, ids, tuple(boundary.unpack(layout, carrier)), batch)[0]
+    (loss / 2).backward()
+    dist.send(carrier.grad, dst=peer)
+    return loss.item()
+
+
+def _case(name: str, P: int, D: int) -> dict:
+    """One tensor-parallel layout's errors against one process (this rank's view)."""
+    graph = _graph(name)
+    ref_losses, ref_blocks, ref_grads = _reference(graph)
+    mesh = tp_mesh(P, D, WORLD // (P * D))
+    plan = discover(graph, mesh["tp"].size())
+    d, p, t = mesh.get_coordinate()
+    blocks, ids = _stage_blocks(graph, plan, mesh, P, p)
+    batches = _batches()
+    losses = [_pipeline(blocks, ids, b, mesh, P) for b in batches[d::D]]
+    for b in blocks.values():  # each loss is already / 2 micro-batches: the replicas sum
+        for q in b.parameters():
+            dist.all_reduce(q.grad, group=mesh["dp"].get_group())
+    grad_err = max(
+        (q.grad - _local(n, ref_grads[i, n], plan, t)).abs().max().item()
+        for i, b in blocks.items() for n, q in b.named_parameters()
+    )  # fmt: skip
+    _sgd(blocks.values())
+    return {"losses": losses, "ref_losses": ref_losses[d::D], "grad_err": grad_err,
+            "split": sum(n in plan.params for b in blocks.values() for n, _ in
+                         b.named_parameters()),
+            **_resume(graph, blocks, plan, mesh, ref_blocks)}  # fmt: skip
+
+
+def _local(name, whole, plan, t):
+    split = plan.params.get(name)
+    return whole if split is None else shard_of(whole, split, t, plan.T)
+
+
+def _resume(graph, blocks, plan, mesh, ref_blocks) -> dict:
+    """Whole weights gathered from T = 2 equal one process's; at P = 1 a T = 1 model
+    loads them (fresh blocks, another seed) and its next loss is one process's."""
+    weight_err, loaded = 0.0, {}
+    for i, b in blocks.items():
+        state = full_state(b, plan, mesh["tp"])
+        ref = ref_blocks[i].state_dict()
+        weight_err = max(weight_err, *((state[n] - ref[n]).abs().max().item() for n in ref))
+        loaded[i] = graph.block(i, seed=1)
+        loaded[i].load_state_dict(state)
+    if len(loaded) < len(ref_blocks):
+        return {"weight_err": weight_err, "resumed_err": 0.0}
+    batch = _batches()[0]
+    with torch.no_grad():
+        got = _run(loaded, sorted(loaded), (), batch)[0]
+        want = _run(ref_blocks, range(len(ref_blocks)), (), batch)[0]
+    return {"weight_err": weight_err, "resumed_err": abs(got - want).item()}
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=120))  # fmt: skip
+    results = {f"{n}-{P}x{D}": _case(n, P, D) for n, P, D in CASES}
+    Path(out, f"{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiproc
+def test_tensor_parallel_equals_one_process(tmp_path):
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
+    for case in ranks[0]:
+        for rank, results in enumerate(ranks):
+            r = results[case]
+            assert r["split"] > 0, (case, rank)  # this rank holds split linears
+            assert r["grad_err"] < 1e-5, (case, rank, r)
+            assert r["weight_err"] < 1e-5, (case, rank, r)
+            assert r["resumed_err"] < 1e-5, (case, rank, r)
+            for got, want in zip(r["losses"], r["ref_losses"], strict=True):
+                assert got is None or abs(got - want) < 1e-5, (case, rank, r)
+        last = [r[case]["losses"] for r in ranks if r[case]["losses"][0] is not None]
+        assert len(last) == WORLD // (2 if case.endswith("2x1") else 1)
+
+
+def test_family_without_a_feature_dict_is_refused():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    from jobctl.engine.model.graph.tp_features import features_for
+
+    with pytest.raises(FixableError, match="no feature dict for model family 'Plain'") as e:
+        features_for(Plain())
+    assert "tp_features.register" in e.value.fix
