@@ -3,6 +3,7 @@
 ``resolver`` turns a JobSpec into a Plan (fixed or searched P, D, micro-batching,
 placement, schedule); ``search`` sweeps the candidate layouts (``layout``: P, D, m, M,
 schedule and where the ranks run) and ranks them by simulated step time;
+``v_shape`` makes the chosen layout's ZB-V variant (two stages per device);
 ``stage_costs`` prices one layout from the calibration (``elastic``: with AvgPipe's N
 parallel models and reference) and ``contention`` stretches it by core sharing;
 ``partition`` splits blocks into stages; ``replicas`` says which D to

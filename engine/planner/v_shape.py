@@ -2,20 +2,23 @@
 
 The search ranks one-stage-per-device layouts; ZB-V (two stages per device, the zero-
 bubble paper's sec. 6) is the V variant of one of them: the same P devices, D, m and
-M, with the model cut into 2P stages (``Tables.stages``, balanced as ZB-H1's) and
-device d hosting stages d and 2P-1-d (``schedule.placement.v_placement``). ``consider``
+M, with the model cut into 2P stages (``Tables.stages``, then the cuts moved to
+balance devices, not stages: ``v_partition``) and device d hosting stages d and
+2P-1-d (``schedule.placement.v_placement``). ``consider``
 takes the chosen layout (``objective.choose``): under ``parallelism.schedule: zb_v``
 (searched as ``zb_h1``: the same B/W split and, per device, the same peak of P whole
 stages' activations) it becomes the V variant; under ``auto`` the V variant wins when
 its simulated step is shorter and it fits memory, and is listed as an alternative
-otherwise. The step is ``simulator.devices``' (sends between the two stages of one
-device are free), without send jitter or the core-sharing model of ``contention``;
-a device's memory is its two stages' each at its own peak (an upper bound).
+otherwise (always, never chosen, where CPU workers share one host's cores). The step
+is ``simulator.devices``' (sends between the two stages of one device are free),
+without send jitter or the core-sharing model of ``contention``; a device's memory
+is its two stages' each at its own peak (an upper bound).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, product
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import StagePlan
@@ -29,9 +32,13 @@ from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.spec import JobSpec
 from jobctl.spec.two_stage import two_stage_violations
 
-__all__ = ["VCandidate", "consider", "v_candidate", "v_stage_plans"]
+__all__ = ["VCandidate", "consider", "v_candidate", "v_partition", "v_stage_plans"]
 
-SEARCHED_AS = {"zb_v": "zb_h1"}  # what the one-stage-per-device search tries instead
+SHARED_CORES = (
+    "not chosen by auto where CPU workers share one host's cores: a V rank talks gloo "
+    "only (no shared memory) and its step is priced without core sharing; "
+    "parallelism.schedule: zb_v runs it"
+)
 
 
 @dataclass
@@ -46,7 +53,9 @@ def v_candidate(spec: JobSpec, cal: Calibration, base: Candidate) -> VCandidate:
     """The V variant of ``base`` (same P, D, m, M and recompute), simulated."""
     lay, tables = base.layout, Tables(cal)
     P, S = lay.P, 2 * lay.P
-    stages = tables.stages(S, lay.m, "all" if lay.recompute else "none")
+    mode = "all" if lay.recompute else "none"
+    block_costs = tables.times(lay.m).balance_costs(mode)[0]
+    stages = v_partition(block_costs, P, tables.stages(S, lay.m, mode))
     stage_lay = replace(lay, P=S, schedule="zb_v")  # the cost tables' view: S stages
     costs = stage_costs(cal, stage_lay, stages, replace(base.hosting, P=S), tables.times(lay.m))
     placed = zb_v(P, lay.M, recompute=lay.recompute)
@@ -68,6 +77,29 @@ def v_candidate(spec: JobSpec, cal: Calibration, base: Candidate) -> VCandidate:
     return cand
 
 
+def v_partition(costs: list[float], P: int, start: list[list[int]]) -> list[list[int]]:
+    """2P contiguous stages balanced per device (stage d with stage 2P-1-d), from the
+    per-stage min-max partition ``start``: move one cut by one block at a time while
+    (heaviest device, sum of squared device loads) decreases. A local search: pairing
+    the first stage with the last makes the exact split no longer a contiguous one."""
+    ends = [0, *accumulate(len(st) for st in start)]
+    prefix = [0.0, *accumulate(costs)]
+
+    def score(e: list[int]) -> tuple[float, float]:
+        per = [prefix[e[k + 1]] - prefix[e[k]] for k in range(2 * P)]
+        dev = [per[d] + per[2 * P - 1 - d] for d in range(P)]
+        return max(dev), sum(x * x for x in dev)
+
+    best, improved = score(ends), True
+    while improved:
+        improved = False
+        for k, step in product(range(1, 2 * P), (-1, 1)):
+            moved = [*ends[:k], ends[k] + step, *ends[k + 1 :]]
+            if moved[k - 1] < moved[k] < moved[k + 1] and score(moved) < best:
+                ends, best, improved = moved, score(moved), True
+    return [list(range(ends[k], ends[k + 1])) for k in range(2 * P)]
+
+
 def consider(spec: JobSpec, cal: Calibration, found: Search) -> Search:
     """``found`` with the chosen layout's V variant: the winner under ``zb_v`` (or an
     error saying why it cannot be), under ``auto`` where faster (module doc)."""
@@ -80,6 +112,8 @@ def consider(spec: JobSpec, cal: Calibration, found: Search) -> Search:
     if not explicit and (par.schedule != "auto" or not usable or _refused(spec)):
         return found
     v = v_candidate(spec, cal, win)
+    if not explicit and win.hosting.share_cores and not v.why_not:
+        v.why_not = SHARED_CORES
     rest = found.ranked[1:]
     if explicit and v.why_not:
         raise PlanError(f"zb_v at {win.layout.label()}: {v.why_not}")

@@ -18,10 +18,10 @@ weight gradients) has no one waiting, so it can fill the pipeline's bubbles.
   takes 6M + P - 1: the only idle time is the first micro-batch's way down to the last
   device, bubble ratio (P-1)/(6M), half ZB-H1's on the same model; each device holds
   at most 2P chunk micro-batches, 1F1B's first-stage peak of P whole stages.
-  Not a job's schedule yet: ``runtime.two_stage`` runs a V rank's step, but the plan
-  and the trainer host one stage per rank, so ``zb_v`` is neither a
-  ``parallelism.schedule`` value nor in the planner's ``search.AUTO_SCHEDULES``
-  (``generate`` only knows the one-stage-per-device schedules).
+  A job's ``parallelism.schedule: zb_v``: the planner makes the V variant of a
+  searched layout (``planner.v_shape``), the plan places two stages per rank and
+  ``runtime.two_stage`` runs them; ``generate`` knows only the one-stage-per-device
+  schedules, so ``zb_v`` is called directly.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ device lists, simulated step, Gantt by device) and the auto search's V variant."
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import pytest
 
 from jobctl.engine.calibration.analytic import analytic_calibration
@@ -10,6 +12,7 @@ from jobctl.engine.calibration.cache import analytic_fingerprint
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.resolver import plan_and_simulate
 from jobctl.engine.planner.simulator.devices import DeviceSimResult
+from jobctl.engine.planner.v_shape import v_partition
 from jobctl.engine.schedule.placement import parse_placed, stage_lists
 from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.engine.views.gantt import draw_gantt
@@ -85,10 +88,44 @@ def test_planner_plans_zb_v_and_gantt_draws_devices(tmp_path) -> None:
     assert "device 0" in svg and "device 1" in svg and "stage 0" not in svg
 
 
-def test_auto_planner_considers_zb_v() -> None:
+def test_auto_planner_lists_zb_v_but_never_picks_it_on_shared_cores() -> None:
     spec = tiny_spec(**{"parallelism.schedule": "auto", "parallelism.data_parallel": 1})
     plan, _ = plan_and_simulate(spec, calibration=_cal(spec))
-    seen = {plan.schedule} | {alt.schedule for alt in plan.alternatives}
-    assert "zb_v" in seen, seen
-    v = next(a for a in plan.alternatives if a.schedule == "zb_v")
-    assert v.step_time_s is not None and v.step_time_s > plan.prediction.step_time_s
+    assert plan.schedule != "zb_v" and plan.placement is None
+    (v,) = [a for a in plan.alternatives if a.schedule == "zb_v"]
+    assert "share one host's cores" in v.why_not and v.P == plan.P
+
+
+def test_auto_planner_picks_zb_v_on_gpus_where_faster() -> None:
+    # 8 blocks on P = 2 GPUs, M = 8: the V variant halves ZB-H1's bubble.
+    spec = tiny_spec(**{
+        "parallelism.schedule": "auto", "parallelism.data_parallel": 1,
+        "model.layers": 6, "hardware.device": "cuda", "hardware.accelerator": "h100-sxm-80gb",
+        "hardware.nodes": 1, "hardware.processes_per_node": 2,
+    })  # fmt: skip
+    plan, sim = plan_and_simulate(spec, calibration=_cal(spec))
+    alts = {a.schedule: a for a in plan.alternatives if a.step_time_s is not None}
+    assert plan.schedule == "zb_v", (plan.schedule, alts)
+    assert isinstance(sim, DeviceSimResult) and len(sim.executed) == 2 * plan.P
+    assert alts["zb_h1"].step_time_s > plan.prediction.step_time_s
+
+
+def test_v_partition_balances_devices_not_stages() -> None:
+    # GPT-like: a light embedding, six equal blocks, a light head. Stage-balanced
+    # [[0, 1], [2, 3], [4, 5], [6, 7]] loads device 1 (stages 1, 2) with 244 and
+    # device 0 (stages 0, 3) with 143; the best V split, by every cut, has 204.
+    costs = [1.0, 61.0, 61.0, 61.0, 61.0, 61.0, 61.0, 20.0]
+
+    def heaviest(stages: list[list[int]]) -> float:
+        return max(sum(costs[b] for b in stages[d] + stages[3 - d]) for d in range(2))
+
+    start = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    stages = v_partition(costs, 2, start)
+    assert [b for st in stages for b in st] == list(range(8)) and all(stages)
+    every = [
+        [list(range(e[k], e[k + 1])) for k in range(4)]
+        for e in ([0, *c, 8] for c in combinations(range(1, 8), 3))
+    ]
+    assert heaviest(start) == 244.0
+    assert heaviest(stages) == min(map(heaviest, every)) == 204.0
+    assert v_partition(costs, 1, [[0, 1, 2, 3], [4, 5, 6, 7]]) == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobctl.engine.core.actions import Op
+from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak
 from jobctl.engine.schedule.placement import Placed, device_peaks
@@ -55,6 +55,15 @@ class DeviceSimResult:
     bubble_ratio: float
     peaks: list[ActivationPeak]
     events: list[DeviceEvent]
+
+    @property
+    def executed(self) -> list[list[Action]]:
+        """Per stage, its actions in the order they ran (``SimResult.executed``'s view;
+        a device runs its list in order, so this is each stage's share of it)."""
+        out: list[list[Action]] = [[] for _ in range(1 + max(e.placed.stage for e in self.events))]
+        for e in self.events:
+            out[e.placed.stage].append(e.placed.action)
+        return out
 
 
 def simulate_devices(devices: list[list[Placed]], costs: CostModel) -> DeviceSimResult:
