@@ -14,4 +14,7 @@ model that a thread per rank keeps.
 * ``trainer``: the training loop step that runs the N pipelines (a ``Trainer``).
 * ``checkpoint``: checkpoints holding the reference and every parallel model; resume
   with the same or another N.
+* ``tuning``: the (M, N) tuner of sec. 5.2 for a spec: profile one setting, predict
+  all (``planner.elastic_tuning``), resolve ``auto`` N and M; ``profile_rank``: one
+  rank of the profile, the runtime's own parts for twenty batches.
 """

@@ -25,5 +25,7 @@ class ElasticConfig:
         if parallelism.averaging != "elastic":
             return None
         n = parallelism.parallel_pipelines
+        if n == "auto" or parallelism.micro_batches is not None:  # a run's spec is resolved
+            raise ValueError("parallel_pipelines or micro_batches not resolved by the tuner")
         alpha = 1.0 / n if parallelism.alpha == "auto" else float(parallelism.alpha)
         return cls(N=n, alpha=alpha)

@@ -22,6 +22,7 @@ from jobctl.engine.cli.common import (
     find_run,
     load_or_exit,
     plan_or_exit,
+    tuned_or_exit,
 )
 from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
@@ -74,7 +75,7 @@ def apply(
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    spec = load_or_exit(spec_file)
+    spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home)
     p = plan_or_exit(spec, spec_file, devices)
     views.print_plan(console, p, spec.training.steps)
     if dry_run:

@@ -106,3 +106,25 @@ def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
     except (PlanError, ValueError) as e:
         err.print(f"[red]error:[/red] {escape(f'{path}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
+
+
+def tuned_or_exit(spec: JobSpec, path: Path, home: Path | None, show: bool = True) -> JobSpec:
+    """``spec`` with AvgPipe's ``auto`` (M, N) resolved (``averaging.tuning``: one
+    profile, then every setting predicted), the table printed; exit 2 when none fits."""
+    from jobctl.engine.averaging.tuning import resolve
+    from jobctl.engine.views.elastic_tuning import print_tuning
+
+    par = spec.parallelism
+    if par.averaging != "elastic" or "auto" not in (par.micro_batches, par.parallel_pipelines):
+        return resolve(spec, home)[0]  # a fixed M written out as the micro-batch size
+    err.print("profiling AvgPipe's (M, N) for 20 batches ...", highlight=False)
+    try:
+        spec, tuning = resolve(spec, home)
+    except (ValueError, RuntimeError) as e:
+        err.print(
+            f"[red]error:[/red] {escape(f'{path}: cannot tune (M, N): {e}')}", highlight=False
+        )
+        raise typer.Exit(2) from None
+    if show and tuning is not None:
+        print_tuning(console, tuning)
+    return spec

@@ -19,6 +19,7 @@ from jobctl.engine.cli.common import (
     for_devices,
     load_or_exit,
     plan_or_exit,
+    tuned_or_exit,
 )
 
 if TYPE_CHECKING:  # the planner, the views and the backends load in the commands that use them
@@ -62,7 +63,7 @@ def plan(
     from jobctl.engine.views import tables as views
     from jobctl.engine.views.gantt import draw_gantt
 
-    spec = load_or_exit(spec_file)
+    spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home, show=not as_json)
     try:
         p, sim, choice = plan_priced(for_devices(spec, devices), devices, home=home)
     except ValueError as e:  # PlanError, or a schedule the generators reject

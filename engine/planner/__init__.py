@@ -5,7 +5,8 @@ placement, schedule); ``search`` sweeps the candidate layouts (``layout``: P, D,
 schedule and where the ranks run) and ranks them by simulated step time;
 ``v_shape`` makes the chosen layout's ZB-V variant (two stages per device);
 ``stage_costs`` prices one layout from the calibration (``elastic``: with AvgPipe's N
-parallel models and reference) and ``contention`` stretches it by core sharing;
+parallel models and reference; ``elastic_tuning``: AvgPipe's (M, N) predicted from
+one profile, eqs. 1-8) and ``contention`` stretches it by core sharing;
 ``partition`` splits blocks into stages; ``replicas`` says which D to
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:

@@ -23,6 +23,17 @@ from jobctl.engine.schedule.checks import ActivationPeak
 from jobctl.spec import JobSpec
 
 
+def parallel_pipelines(spec: JobSpec) -> int:
+    """N; ValueError while the tuner has not resolved N or M (``averaging.tuning``)."""
+    par = spec.parallelism
+    if par.parallel_pipelines == "auto" or par.micro_batches is not None:
+        raise ValueError(
+            "parallelism.parallel_pipelines or micro_batches is not resolved: the (M, N) "
+            "tuner writes them out (jobctl plan and jobctl apply run it)"
+        )
+    return par.parallel_pipelines
+
+
 def memory(
     spec: JobSpec, cal: Calibration, stages: list[list[int]], peaks: list[ActivationPeak], m: int
 ) -> list[float]:
@@ -33,7 +44,7 @@ def memory(
     par = spec.parallelism
     if par.averaging != "elastic":
         return one
-    n = par.parallel_pipelines
+    n = parallel_pipelines(spec)
     out = []
     for blocks, mem in zip(stages, one, strict=True):
         state = sum(cal.blocks[b].state_bytes for b in blocks)
@@ -56,9 +67,11 @@ def refusal_note(spec: JobSpec) -> str:
 def calibration(spec: JobSpec, cal: Calibration) -> Calibration:
     """``cal`` with each block's optimizer step N times under ``averaging: elastic``."""
     par = spec.parallelism
-    if par.averaging != "elastic" or par.parallel_pipelines == 1:
+    if par.averaging != "elastic":
         return cal
-    n = par.parallel_pipelines
+    n = parallel_pipelines(spec)
+    if n == 1:
+        return cal
     blocks = [
         b.model_copy(update={"optimizer": Stat(median=b.optimizer.median * n, n=b.optimizer.n)})
         for b in cal.blocks

@@ -71,13 +71,10 @@ def test_spec_config_alpha_auto_is_one_over_n() -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (("parallel_pipelines: 2", "parallel_pipelines: auto"),
-         "jobs/avg.yaml:18:23: parallelism.parallel_pipelines: parallel_pipelines 'auto' "
-         "needs AvgPipe's (M, N) tuner, which jobctl does not have yet\n"
-         "  fix: set parallelism.parallel_pipelines to an integer, e.g. 2"),
         (("parallel_pipelines: 2", "parallel_pipelines: 3"),
-         "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 does not "
-         "split into 3 equal shares"),
+         "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 over 1 "
+         "replicas does not split into N equal shares of M whole micro-batches (N=3, "
+         "micro_batch_size=2)"),
         (("  averaging: elastic\n", ""),
          "jobs/avg.yaml:17:3: parallelism.parallel_pipelines: parallel_pipelines 2 is only "
          "used by averaging 'elastic'\n  fix: set parallelism.averaging: elastic"),
@@ -274,7 +271,8 @@ def test_planner_chosen_micro_batch_or_d_is_refused() -> None:
     text = SPEC.replace("micro_batch_size: 2", "micro_batch_size: auto")
     assert (
         "jobs/avg.yaml:6:3: training.micro_batch_size: averaging: elastic needs a fixed "
-        "micro_batch_size, not 'auto'\n  fix: set training.micro_batch_size to an integer"
+        "micro_batch_size, not 'auto', or parallelism.micro_batches (M)\n"
+        "  fix: set training.micro_batch_size to an integer, or parallelism.micro_batches"
     ) in _error(text)
     text = SPEC.replace("data_parallel: 1", "data_parallel: auto")
     assert "parallelism.data_parallel: averaging: elastic needs a fixed data_parallel" in (
