@@ -1,12 +1,13 @@
 """Tensor parallelism inside stages (Merak 4.1) on real gloo ranks, against one process.
 
 One launch of 4 ranks runs every case, so the processes start once: tiny GPT-2
-(``Conv1D``, fused q/k/v) and Llama (GQA, RoPE) at T = 2 x D = 2 (each replica is a
+(``Conv1D``, fused q/k/v), Llama (GQA, RoPE), T5 and BERT at T = 2 x D = 2 (each is a
 T = 2 x P = 1 pipeline; gradients all-reduced over the (D, P, T) mesh's ``dp``
-groups) and T = 2 x P = 2 (the carrier between the stages holds split values: the
-cut after a column linear). Each rank checks its losses, its split gradients (its
-shard of one process's), and the whole weights that ``full_state`` gathers after
-one SGD step, which a T = 1 model loads and continues from (resume at T = 1).
+groups), GPT-2 and Llama at T = 2 x P = 2 too (the carrier between the stages
+holds split values: the cut after a column linear). Each rank checks its losses,
+its split gradients (its shard of one process's), and the whole weights that
+``full_state`` gathers after one SGD step, which a T = 1 model loads and continues
+from (resume at T = 1).
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ MODELS = {
         "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 128,
         "max_position_embeddings": 64}),
+    "t5": ("T5ForConditionalGeneration", {
+        "num_layers": 2, "num_decoder_layers": 2, "d_model": 32, "d_kv": 8, "num_heads": 4,
+        "d_ff": 64, "vocab_size": 128, "dropout_rate": 0.0, "decoder_start_token_id": 0,
+        "pad_token_id": 0}),
+    "bert": ("BertForMaskedLM", {
+        "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+        "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}),
 }  # fmt: skip
-CASES = [(name, P, D) for name in MODELS for P, D in ((1, 2), (2, 1))]
+#: GPT-2 and Llama at T x D and T x P; T5 (its position bias over all heads is
+#: narrowed to each rank's) and BERT at T x D only, to keep the launch short
+CASES = [(n, P, D) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))] + [
+    ("t5", 1, 2), ("bert", 1, 2)]
 
 
 def _graph(name: str) -> GraphModel:

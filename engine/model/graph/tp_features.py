@@ -70,9 +70,11 @@ FEATURES: dict[str, Features] = {
         row=(r"\.(SelfAttention|EncDecAttention)\.o$", r"\.DenseReluDense\.wo$"),
         heads=_HEADS, widths=_WIDTHS,
     ),
-    "vit": Features(
-        column=(r"\.attention\.attention\.(query|key|value)$", r"\.intermediate\.dense$"),
-        row=(r"\.attention\.output\.dense$", r"\.layer\.\d+\.output\.dense$"),
+    "vit": Features(  # transformers 5 names (q_proj, mlp.fc1) and the 4.x ones
+        column=(r"\.attention\.attention\.(query|key|value)$", r"\.intermediate\.dense$",
+                r"\.attention\.[qkv]_proj$", r"\.mlp\.fc1$"),
+        row=(r"\.attention\.output\.dense$", r"\.layer\.\d+\.output\.dense$",
+             r"\.attention\.o_proj$", r"\.mlp\.fc2$"),
         heads=_HEADS, widths=_WIDTHS,
     ),
 }
