@@ -29,6 +29,11 @@ from jobctl.engine.supervise.launch import free_port
 PACKAGES = ["slurm-wlm", "munge"]
 DAEMONS = ["munged", "slurmctld", "slurmd"]
 START_TIMEOUT_S = 60.0
+# A requeued job may start again only once its step credentials have expired
+# (slurm.conf's AuthInfo cred_expire, 120 s by default): the requeue test waited that
+# long for nothing. Credentials are checked as a step starts, seconds after they are
+# made, so 20 s still leaves a loaded machine room.
+CRED_EXPIRE_S = 20
 
 
 class ClusterUnavailable(RuntimeError):
@@ -151,7 +156,7 @@ SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge/munge.sock
+AuthInfo=socket={root}/munge/munge.sock,cred_expire={CRED_EXPIRE_S}
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
