@@ -165,6 +165,16 @@ def _split_violations(
 ) -> Iterator[Violation]:
     """B splits over D replicas, N shares and M micro-batches of whole samples."""
     path = "parallelism.parallel_pipelines"
+    if M is None and not tuned:  # N and m fixed: replicas deal micro-batches (any D)
+        if batch % (N * micro) or batch // (N * micro) < d:
+            yield Violation(
+                path,
+                f"global_batch_size {batch} does not split into {N} equal shares of whole "
+                f"micro-batches of {micro}, at least one per data-parallel replica ({d})",
+                f"make training.global_batch_size a multiple of {N * micro * d} or lower "
+                "parallelism.parallel_pipelines",
+            )
+        return
     if batch % d:
         yield Violation(
             path,
@@ -172,14 +182,15 @@ def _split_violations(
             "(each replica runs the N parallel pipelines on B / D samples)",
             f"make training.global_batch_size a multiple of {d}",
         )
-        return
-    if elastic_settings(batch // d, TUNED_N_MAX if tuned else 1, M, N, micro):
-        return
-    fixed = ", ".join(f"{k}={v}" for k, v in (("N", N), ("M", M), ("micro_batch_size", micro)) if v)
-    yield Violation(
-        path,
-        f"global_batch_size {batch} over {d} replicas does not split into N equal "
-        f"shares of M whole micro-batches ({fixed or 'N up to ' + str(TUNED_N_MAX)})",
-        f"make training.global_batch_size a multiple of {(N or 1) * (M or 1) * (micro or 1) * d}"
-        " or lower parallelism.parallel_pipelines / parallelism.micro_batches",
-    )
+    elif not elastic_settings(batch // d, TUNED_N_MAX if tuned else 1, M, N, micro):
+        fixed = ", ".join(
+            f"{k}={v}" for k, v in (("N", N), ("M", M), ("micro_batch_size", micro)) if v
+        )
+        yield Violation(
+            "parallelism.micro_batches" if M is not None and N is None else path,
+            f"global_batch_size {batch} over {d} replicas does not split into N equal "
+            f"shares of M whole micro-batches ({fixed or 'N up to ' + str(TUNED_N_MAX)})",
+            "make training.global_batch_size a multiple of "
+            f"{(N or 1) * (M or 1) * (micro or 1) * d} or lower "
+            "parallelism.parallel_pipelines / parallelism.micro_batches",
+        )

@@ -72,9 +72,8 @@ def test_spec_config_alpha_auto_is_one_over_n() -> None:
     ("edit", "expected"),
     [
         (("parallel_pipelines: 2", "parallel_pipelines: 3"),
-         "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 over 1 "
-         "replicas does not split into N equal shares of M whole micro-batches (N=3, "
-         "micro_batch_size=2)"),
+         "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 does not "
+         "split into 3 equal shares"),
         (("  averaging: elastic\n", ""),
          "jobs/avg.yaml:17:3: parallelism.parallel_pipelines: parallel_pipelines 2 is only "
          "used by averaging 'elastic'\n  fix: set parallelism.averaging: elastic"),

@@ -1,0 +1,173 @@
+"""AvgPipe's (M, N) tuning (sec. 5.2): the equations on hand-computed numbers, the
+pick under a memory cap, the profile's assembly, the spec's auto fields and refusals,
+and the plan table's width."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobctl.engine.averaging.tuning import profile_from, resolve
+from jobctl.engine.planner.elastic_tuning import (
+    Profile,
+    StageProfile,
+    bubbles,
+    communication,
+    computation,
+    footprint,
+    predict,
+    tune,
+    utilisation_scale,
+)
+from jobctl.engine.views.elastic_tuning import tuning_lines
+from jobctl.spec import SpecError, load_spec_text
+from jobctl.spec.averaging import elastic_settings
+
+SPEC = """\
+name: avg
+model:
+  layers: 2
+training:
+  global_batch_size: 16
+  micro_batch_size: auto
+  steps: 5
+hardware:
+  nodes: 1
+  processes_per_node: 2
+parallelism:
+  pipeline_stages: 2
+  data_parallel: 1
+  averaging: elastic
+  parallel_pipelines: auto
+  micro_batches: auto
+"""
+
+
+def _stage(T_gpu=1.0, T=0.1, phi=((1.0, 0.5),), T_upd=0.2, F_mod=100.0, F_dat=40.0):
+    return StageProfile(T_gpu, T, phi, T_upd, F_mod, 30.0, F_dat, 2)
+
+
+def test_eq2_computation_scales_volume_and_charges_overuse() -> None:
+    phi = ((0.5, 0.4), (0.5, 0.8))
+    # r = 2: 0.5 * 0 + 0.5 * (1.6 - 1) = 0.3 over 100 %; (1 + 0.3) / 2
+    assert computation(1.0, phi, 2.0) == pytest.approx(0.65)
+    assert computation(1.0, phi, 0.5) == pytest.approx(2.0)  # never over: T / r
+    # interleaved pipelines: micro-batches of B / (D N M); (m, n) = (8, 1) -> (2, 2)
+    assert utilisation_scale(8, 1, 2, 2) == 2.0
+
+
+def test_eq3_4_communication_hidden_behind_computation() -> None:
+    assert communication(0.4, 0.3, 4) == pytest.approx(0.1 + 0.75 * 0.1)
+    assert communication(0.4, 1.0, 4) == pytest.approx(0.1)  # all hidden but the first
+
+
+def test_eq5_7_bubbles_wait_for_every_stage_above_and_below() -> None:
+    got = bubbles([0.1, 0.2, 0.3], [1.0, 2.0, 3.0], 4)
+    # up: 0, 1.1/4, 1.1/4 + 2.2/4; down: 2.2/4 + 3.3/4, 3.3/4, 0
+    assert got == pytest.approx([1.375, 1.1, 0.825])
+
+
+def test_eq8_memory_models_scale_with_n_data_with_micro_batch_and_peak() -> None:
+    s = _stage()
+    assert footprint(s, 1, 2, 0.5, 3) == pytest.approx(200 + 30 + 0.5 * 1.5 * 40)
+
+
+def test_predict_is_the_slowest_stage_of_eq1() -> None:
+    p = Profile(m=4, n=1, B=8, stages=(_stage(), _stage(T_gpu=2.0, phi=((2.0, 0.5),))))
+    row = predict(p, 2, 1, [2, 1])  # r = 2: phi 1.0, nothing over
+    gpu = [0.5, 1.0]
+    com = [0.1 / 2 + 0.5 * max(0.1 - g, 0) for g in gpu]
+    bub = [(0.1 + 1.0) / 2, (0.1 + 0.5) / 2]
+    steps = [g + c + b + 0.2 for g, c, b in zip(gpu, com, bub, strict=True)]
+    assert row.step_s == pytest.approx(max(steps))
+    assert row.T_gpu == pytest.approx(1.0) and row.size == 4
+    assert row.samples_per_s == pytest.approx(8 / max(steps))
+    assert row.memory == pytest.approx(100 + 30 + 2 * 1 * 40)  # stage 0's peak of 2
+
+
+def test_pick_is_the_fastest_that_fits_the_cap() -> None:
+    p = Profile(m=8, n=1, B=8, stages=(_stage(phi=((1.0, 0.1),)), _stage(phi=((1.0, 0.1),))))
+    settings = elastic_settings(8, 4, None, None, None)
+    free = tune(p, settings, 1e9, lambda K: [min(K, 2), 1])
+    assert free.pick is min(free.rows, key=lambda r: r.step_s)
+    assert free.reason.startswith("fastest predicted step")
+    cap = free.pick.memory - 1  # the fastest no longer fits
+    capped = tune(p, settings, cap, lambda K: [min(K, 2), 1])
+    fits = [r for r in capped.rows if r.memory <= cap]
+    assert capped.pick is min(fits, key=lambda r: r.step_s)
+    assert (capped.pick.M, capped.pick.N) != (free.pick.M, free.pick.N)
+    assert f"M={free.pick.M} N={free.pick.N} would be" in capped.reason
+    with pytest.raises(ValueError, match="raise hardware.memory_gb"):
+        tune(p, settings, 10.0, lambda K: [1, 1])
+
+
+def test_settings_hold_whole_samples_under_the_fixed_values() -> None:
+    assert len(elastic_settings(16, 8, None, None, None)) == 14
+    assert elastic_settings(16, 8, None, None, 2) == [(8, 1), (4, 2), (2, 4), (1, 8)]
+    assert elastic_settings(16, 8, 2, None, None) == [(2, 1), (2, 2), (2, 4), (2, 8)]
+    assert elastic_settings(12, 1, None, 5, None) == []
+
+
+def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> None:
+    rank = {
+        "actions": [[("F", 0.02), ("B", 0.04)], [("F", 0.02), ("B", 0.04)]],
+        "sent": [[0.01, 0.0], [0.01, 0.0]], "update": [0.1, 0.3], "v_F": 0.005,
+        "v_B": 0.01, "F_mod": 10, "F_ref": 5, "dat_per_sample": 3.0, "peak": 2, "size": 2,
+    }  # fmt: skip
+    last = {**rank, "sent": [[0.0, 0.03], [0.0, 0.05]]}
+    p = profile_from({"m": 4, "n": 1, "B": 8, "ranks": [rank, last]})
+    first, second = p.stages
+    assert first.T == pytest.approx(0.01 + 0.04)  # its sends and stage 1's gradients
+    assert second.T == pytest.approx(0.04 + 0.01)
+    assert first.T_gpu == pytest.approx(0.06) and first.T_upd == pytest.approx(0.2)
+    assert first.phi[:2] == pytest.approx([(0.01, 0.5), (0.02, 0.5)])  # 2 * 0.005 / 0.02
+    assert first.F_dat == 3.0 * 2 * 2
+
+
+def test_spec_accepts_auto_and_a_fixed_m_resolves_without_profiling() -> None:
+    spec = load_spec_text(SPEC)
+    assert spec.parallelism.parallel_pipelines == "auto"
+    fixed = load_spec_text(SPEC.replace("parallel_pipelines: auto", "parallel_pipelines: 2")
+                           .replace("micro_batches: auto", "micro_batches: 4"))  # fmt: skip
+    out, tuning = resolve(fixed)
+    assert tuning is None and out.training.micro_batch_size == 2  # 16 / (1 * 2 * 4)
+    assert out.parallelism.parallel_pipelines == 2 and out.parallelism.micro_batches is None
+
+
+def _error(text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "jobs/avg.yaml")
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("micro_batch_size: auto", "micro_batch_size: 2"),
+         "jobs/avg.yaml:16:3: parallelism.micro_batches: micro_batches (auto) and "
+         "training.micro_batch_size (2) both set"),
+        (("  averaging: elastic\n  parallel_pipelines: auto\n", ""),
+         "jobs/avg.yaml:14:3: parallelism.micro_batches: micro_batches (AvgPipe's M) is "
+         "only used by averaging 'elastic'"),
+        (("parallel_pipelines: auto", "parallel_pipelines: 3"),
+         "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 over 1 "
+         "replicas does not split into N equal shares of M whole micro-batches (N=3)"),
+        (("data_parallel: 1", "data_parallel: 3"),
+         "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 does "
+         "not split over 3 data-parallel replicas"),
+        (("micro_batches: auto", "micro_batches: 32"),
+         "jobs/avg.yaml:16:3: parallelism.micro_batches: global_batch_size 16 over 1 "
+         "replicas does not split into N equal shares of M whole micro-batches (M=32)"),
+    ],
+)  # fmt: skip
+def test_impossible_combinations_are_refused_at_the_field(edit, expected) -> None:
+    assert expected in _error(SPEC.replace(*edit))
+
+
+def test_plan_table_fits_80_columns_and_marks_the_pick() -> None:
+    p = Profile(m=16, n=1, B=16, stages=(_stage(phi=((1.0, 0.05),)),) * 2)
+    t = tune(p, elastic_settings(16, 8, None, None, None), 2**30, lambda K: [2, 1])
+    lines = tuning_lines(t)
+    assert max(map(len, lines)) <= 80
+    marked = [x for x in lines if x.endswith("<-")]
+    assert len(marked) == 1 and marked[0].split()[:2] == [str(t.pick.M), str(t.pick.N)]
+    assert sum(1 for x in lines if x[:4].strip().isdigit()) == 14
