@@ -68,6 +68,9 @@ def plan_priced(
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
+    if spec.parallelism.tensor_parallel > 1:  # the spec paths that skip validate's check
+        raise PlanError("parallelism.tensor_parallel > 1: runs do not launch T ranks per "
+                        "stage yet; set parallelism.tensor_parallel: 1")
     cal = calibration or calibration_for(spec, home)
     choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
     found, aware = stage_aware.apply(spec, cal, choice.found)

@@ -28,10 +28,42 @@ def model_violations(spec: Any) -> list[Violation]:
     """Every problem of ``spec.model``'s unmodified model (none for the builtin family)."""
     m = spec.model
     if m.huggingface is not None:
-        return _image_data(spec) or _first_problem(_hf_steps(m))
-    if m.import_ is not None:
-        return _first_problem([("model.import", lambda: _check_factory(m))])
-    return []
+        found = _image_data(spec) or _first_problem(_hf_steps(m))
+    elif m.import_ is not None:
+        found = _first_problem([("model.import", lambda: _check_factory(m))])
+    else:
+        return []
+    return found or _tensor_parallel(spec)
+
+
+def _tensor_parallel(spec: Any) -> list[Violation]:
+    """T > 1: the model's family has a feature dict and T divides its heads and widths."""
+    T = spec.parallelism.tensor_parallel
+    if T == 1:
+        return []
+    from jobctl.engine.model.graph.source import FixableError, build_model
+    from jobctl.engine.model.graph.tp_features import divisor_problems, features_for
+
+    field = "parallelism.tensor_parallel"
+    model = build_model(graph_config(spec.model))
+    try:
+        features = features_for(model)
+    except FixableError as e:
+        return [Violation(field, str(e).removeprefix(f"{field}: "), e.fix)]
+    bad, fits = divisor_problems(model, T, features)
+    if bad:
+        return [Violation(
+            field, f"T = {T} must divide the model's heads and widths, but not "
+            f"{', '.join(bad)}", f"set parallelism.tensor_parallel to one of {fits}",
+        )]  # fmt: skip
+    return [Violation(field, NOT_LAUNCHED.format(T=T), "set parallelism.tensor_parallel: 1")]
+
+
+#: Until the plan places T ranks per stage, a valid T > 1 stops here (and at planning).
+NOT_LAUNCHED = (
+    "tensor_parallel {T} is valid for this model, but runs do not launch T ranks per "
+    "stage yet (the split itself, engine.model.graph.tp_*, is built and tested)"
+)
 
 
 def _image_data(spec: Any) -> list[Violation]:

@@ -12,6 +12,7 @@ Llama, BERT, T5 and ViT are shipped; :func:`register` adds a family.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -107,13 +108,14 @@ def features_for(model: nn.Module) -> Features:
     return found
 
 
-def divisor_problems(model: nn.Module, T: int, features: Features) -> list[str]:
-    """The config fields (heads, MLP widths, hidden size) that ``T`` does not divide."""
+def divisor_problems(model: nn.Module, T: int, features: Features) -> tuple[list[str], str]:
+    """The config fields (heads, MLP widths, hidden size) that ``T`` does not divide,
+    and the T that divide them all (``1, 2, 4``)."""
     config = getattr(model, "config", None)
     names = (*features.heads, *features.widths, "hidden_size", "n_embd", "d_model")
-    found = []
-    for name in dict.fromkeys(names):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value % T:
-            found.append(f"{name} = {value}")
-    return found
+    values = {n: getattr(config, n, None) for n in dict.fromkeys(names)}
+    values = {n: v for n, v in values.items() if isinstance(v, int) and v > 0}
+    found = [f"{n} = {v}" for n, v in values.items() if v % T]
+    common = math.gcd(*values.values()) if values else 1
+    fits = ", ".join(str(t) for t in range(1, min(common, 64) + 1) if common % t == 0)
+    return found, fits

@@ -309,6 +309,16 @@ def _cat(node, first, d, T):
 
 def _attention(node, first, d, T):
     return d, None
+
+
+def _matmul(node, first, d, T):
+    """A product of values (attention scores, or a linear the feature dict does not
+    name): fine over split batch dims, refused where it contracts the split one."""
+    a, b = node.args[node.target is aten.addmm.default :][:2]
+    if first is a and d == _ndim(a) - 1 or first is b and d == max(_ndim(b) - 2, 0):
+        raise _stuck(node, "a product contracts the split dimension (a linear missing "
+                     "from the feature dict's row list?)")
+    return _ndim(node) - _ndim(first) + d, None
 RULES = {
     aten.view.default: _view,
     aten.reshape.default: _view,
@@ -322,6 +332,8 @@ RULES = {
     aten.unsqueeze.default: _unsqueeze,
     aten.scaled_dot_product_attention.default: _attention,
     aten.cat.default: _cat,
+    **dict.fromkeys((aten.matmul.default, aten.bmm.default, aten.mm.default,
+                     aten.addmm.default, aten.linear.default), _matmul),
     **dict.fromkeys((
         aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.softmax.int,
         aten._softmax.default, aten.log_softmax.int, aten.cumsum.default, aten.mean.dim,
