@@ -64,7 +64,7 @@ def _runner(args, folder: Path, prefetch: bool) -> MobiusRunner:
 def _evict(runner: MobiusRunner) -> None:
     """Write the tier's files out and drop them from the page cache."""
     runner.tier.drain()
-    for fd in [*runner.tier.fds, runner.tier.act_fd]:
+    for fd in [*runner.tier.fds.values(), runner.tier.act_fd]:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -89,7 +89,7 @@ def _times(args, on: MobiusRunner, off: MobiusRunner) -> tuple[list[float], list
 
 def _traffic(runner: MobiusRunner, devices: list[int]) -> None:
     moved = runner.traffic.moved
-    P = sum(lay.n * 4 for lay in runner.layouts)
+    P = sum(lay.n * 4 for lay in runner.layouts.values())
     A = moved[("acts", "down")]
     measured = moved[("params", "up")] + moved[("acts", "down")] + moved[("acts", "up")]
     measured += moved[("grads", "down")]
@@ -133,7 +133,7 @@ def main() -> None:
         on.traffic.reset()
         on.step(args.rounds + 2)
         on.tier.drain()
-        S = len(on.layouts)
+        S = on.S
         tier = "cold (disk)" if args.cold else "page-cached"
         print(f"S = {S} stages on N = 1 device, M = {args.micro_batches}, AdamW, "
               f"{tier} tier, {args.rounds} rounds")  # fmt: skip

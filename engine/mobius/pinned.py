@@ -37,13 +37,12 @@ class PinnedTier:
         self.traffic = Traffic()
         low, high = torch.cuda.Stream.priority_range()
         self.stream = torch.cuda.Stream(device=device, priority=high if high < low else low)
-        self.records: list[torch.Tensor] = []
+        self.records: dict[int, torch.Tensor] = {}
         self.acts: dict[tuple[int, int], torch.Tensor] = {}
 
-    def add(self, lay: StageLayout) -> int:
-        """A zeroed record for the next stage; returns its index."""
-        self.records.append(torch.zeros(lay.nbytes // 4, pin_memory=True))
-        return len(self.records) - 1
+    def add(self, j: int, lay: StageLayout) -> None:
+        """Stage ``j``'s record, zeroed."""
+        self.records[j] = torch.zeros(lay.nbytes // 4, pin_memory=True)
 
     def close(self) -> None:
         self.stream.synchronize()

@@ -2,12 +2,12 @@
 of one reserved device buffer.
 
 The device holds two reserved buffers, each the size of the largest stage record:
-stage j always runs from buffer ``j % 2``, so the next stage in the step's order is
-uploaded into the other one while this one computes (Mobius sec. 3.1's reserved
-memory for prefetching). Binding points each parameter's ``.data`` (and ``.grad``,
-and the optimizer's per-parameter slots) at its span of the buffer, so backward
-accumulates gradients and the optimizer updates in place, straight in the record
-that goes back down; releasing points them at an empty placeholder, so nothing of
+this rank's k-th stage always runs from buffer ``k % 2``, so the next stage in the
+step's order is uploaded into the other one while this one computes (Mobius sec.
+3.1's reserved memory for prefetching). Binding points each parameter's ``.data``
+(and ``.grad``, and the optimizer's per-parameter slots) at its span of the buffer,
+so backward accumulates gradients and the optimizer updates in place, straight in
+the record that goes back down; releasing points them at an empty placeholder, so nothing of
 the stage stays resident. The stage's module objects and small optimizer counters
 (Adam's ``step``) stay in memory: they are bytes, not the model.
 """
@@ -27,9 +27,9 @@ class Reserved:
         self.buffers = [torch.zeros(elements, device=device) for _ in range(2)]
         self.placeholder = torch.empty(0, device=device)
 
-    def of(self, j: int) -> torch.Tensor:
-        """Stage ``j``'s buffer."""
-        return self.buffers[j % 2]
+    def of(self, k: int) -> torch.Tensor:
+        """The buffer of this rank's ``k``-th stage (consecutive stages alternate)."""
+        return self.buffers[k % 2]
 
 
 def _view(flat: torch.Tensor, section: int, lay: StageLayout, span) -> torch.Tensor:

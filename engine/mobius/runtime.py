@@ -1,20 +1,21 @@
-"""The Mobius pipeline on one device: S stages swapped through the tier below it.
+"""The Mobius pipeline: S stages on N ranks (S > N), swapped through the tier below.
 
-Mobius (Feng et al., ASPLOS '23) sec. 3.1, with N = 1 device hosting all S stages
-(``S > N``). A step runs the stages in the order ``F0 .. F(S-2), FB(S-1), B(S-2)
-.. B0``: each stage's M micro-batches forward, in order; the last stage, still
-resident, runs forward and backward together; then the others backward in reverse.
-Before a stage runs it is uploaded into its reserved buffer (``resident``) while the
-previous one computes (``prefetch=True``; without it every transfer is waited for
-where it is issued, the no-overlap baseline). A stage's inputs go down to the tier
-after its forward and come back for its backward, which recomputes the forward with
-the saved RNG state (the paper's checkpoint-and-recompute case, where the
-activations moved are the stage boundaries'). Gradients go down after the
-backward; the optimizer update of a stage runs on its next upload, before its next
-forward (``flush`` applies the last step's), over parameters, gradients and slots
-read together, and the updated parameters and slots go back down. A weight tied
-across stages (GPT's embedding and head) has its two gradients summed in the tier
-at the end of the backward, so both copies take the same update, as in one process.
+Mobius (Feng et al., ASPLOS '23) sec. 3.1. Stage j runs on rank ``j % N`` (``links``);
+a step runs the stages in one global order, ``F0 .. F(S-2), FB(S-1), B(S-2) .. B0``,
+each rank its own ones: a stage's M micro-batches forward, in order, each as soon as
+its input arrives; the last stage, still resident, forward and backward together;
+then the others backward in reverse. Before a stage runs it is uploaded into its
+reserved buffer (``resident``) while the rank's previous stage computes
+(``prefetch=True``; without it every transfer is waited for where it is issued, the
+no-overlap baseline). A stage's inputs go down to the tier after its forward and
+come back for its backward, which recomputes the forward under the saved RNG state
+(the paper's checkpoint-and-recompute case: the activations moved are the stage
+boundaries'). Gradients go down after the backward; a stage's optimizer update runs
+on its next upload, before its next forward (``flush`` applies the last step's),
+over parameters, gradients and slots read together, and the updated parameters and
+slots go back down. A weight tied across stages (GPT's embedding and head) has its
+two gradients summed at the end of the backward, so both copies take the same
+update, as in one process.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.mobius import memory, resident
 from jobctl.engine.mobius.layout import layout_of, slots_of
+from jobctl.engine.mobius.links import Links, owner
 from jobctl.engine.mobius.tier import FileTier
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
@@ -38,11 +40,13 @@ from jobctl.spec.sections import TrainingSpec
 class SwapConfig:
     """How a Mobius run swaps: its stages, its tier's folder, prefetch, the budget."""
 
-    folder: Path  # the tier (CPU device): record files under the run's folder
-    stages: tuple[tuple[int, ...], ...]  # the blocks of each stage, S >= 2, in order
+    folder: Path  # the tier (CPU device): this rank's record files
+    stages: tuple[tuple[int, ...], ...]  # the blocks of each stage, in order
     micro_batch: int  # m; M = B / m micro-batches per step
     prefetch: bool = True
     budget_bytes: int | None = None  # the device memory the two reserved buffers get
+    rank: int = 0  # this rank, of
+    world: int = 1  # N ranks (a process group joins them when N > 1)
 
 
 @dataclass
@@ -57,7 +61,7 @@ class _Upload:
 
 
 class MobiusRunner:
-    """Trains a model cut into ``cfg.stages`` on one device through a tier."""
+    """Trains this rank's stages of a model cut into ``cfg.stages`` through a tier."""
 
     def __init__(
         self,
@@ -66,45 +70,48 @@ class MobiusRunner:
         data: TokenData,
         cfg: SwapConfig,
         device: torch.device | None = None,
+        group=None,
     ):
-        if len(cfg.stages) < 2:
-            raise ValueError("a Mobius pipeline needs at least 2 stages (S > N = 1)")
+        if len(cfg.stages) <= cfg.world:
+            raise ValueError(f"a Mobius pipeline has more stages than ranks (S > N = {cfg.world})")
         if mdef.graph is not None:
             raise ValueError("the Mobius runtime runs block models (builtin GPT, hand-cut)")
         self.training, self.data, self.cfg = training, data, cfg
         self.device = device or torch.device("cpu")
         self.shard = Sharding(training.global_batch_size, 1, cfg.micro_batch)
-        self.mods, self.opts, self.layouts = [], [], []
+        self.S = len(cfg.stages)
+        self.mine = [j for j in range(self.S) if owner(j, cfg.world) == cfg.rank]
+        self.mods, self.opts, self.layouts = {}, {}, {}
         self.tier = self._tier()
         memory.hold_heap()
-        for blocks in cfg.stages:  # built one at a time and written down at once
-            self._build(mdef, blocks)
+        for j in self.mine:  # built one at a time and written down at once
+            self._build(mdef, j)
         memory.hold_heap()  # the freed build tensors leave; transient ones will too
         self.reserved = resident.Reserved(self._reserve(), self.device)
+        self.links = Links(cfg.rank, cfg.world, self.shard.micro_batches, group)
         self.ties = self._cross_ties(mdef)
         self.pending: int | None = None  # the step whose update is not applied yet
         self.rng: dict[tuple[int, int], torch.Tensor] = {}
+        self.offloaded: set[int] = set()  # stages whose inputs are down, not yet asked up
         self.traffic = self.tier.traffic
         self.traffic.reset()
 
-    def _build(self, mdef: ModelDef, blocks: tuple[int, ...]) -> None:
+    def _build(self, mdef: ModelDef, j: int) -> None:
         """Stage module, layout and optimizer; its initial weights go down to the tier
         and the module keeps none of them."""
-        mod = Stage(mdef, blocks)
+        mod = Stage(mdef, self.cfg.stages[j])
         lay = layout_of(mod, slots_of(self.training))
         opt = build_optimizer(list(mod.parameters()), self.training)
         resident.start_counters(mod, opt)
-        j = self.tier.add(lay)
-        self._wait(self.tier.store(j, resident.pack(mod, lay), [lay.section(0)], ["params"]))
+        self.tier.add(j, lay)
+        self.tier.store(j, resident.pack(mod, lay), [lay.section(0)], ["params"]).result()
         self.tier.drain()
         resident.release(mod, lay, opt, torch.empty(0, device=self.device))
-        self.mods.append(mod.to(self.device))
-        self.layouts.append(lay)
-        self.opts.append(opt)
+        self.mods[j], self.layouts[j], self.opts[j] = mod.to(self.device), lay, opt
 
     def _reserve(self) -> int:
         """Elements of each reserved buffer; refuses a budget two records overflow."""
-        largest = max(lay.nbytes for lay in self.layouts)
+        largest = max(lay.nbytes for lay in self.layouts.values())
         budget = self.cfg.budget_bytes
         if budget is not None and 2 * largest > budget:
             raise ValueError(
@@ -120,24 +127,23 @@ class MobiusRunner:
             return PinnedTier(self.device)
         return FileTier(self.cfg.folder)
 
-    def _cross_ties(self, mdef: ModelDef) -> list[tuple[int, int, int, int, int]]:
-        """(stage a, start a, stage b, start b, numel) of each tie across two stages."""
-        where = {}
-        for j, lay in enumerate(self.layouts):
-            for span in lay.spans:
-                where[span.name] = (j, lay.section(1)[0] + span.offset * 4, span.numel)
+    def _cross_ties(self, mdef: ModelDef) -> list[tuple[int, int, int, int]]:
+        """(my stage, byte start of its gradient, other stage, numel) of each tie
+        across two stages that one of this rank's stages holds."""
+        stage_of = {b: j for j, blocks in enumerate(self.cfg.stages) for b in blocks}
         out = []
         for tie in mdef.ties:
-            a, b = where.get(tie.canonical), where.get(tie.alias)
-            if a is not None and b is not None and a[0] != b[0]:
-                out.append((a[0], a[1], b[0], b[1], a[2]))
+            a, b = (stage_of[int(n.split(".")[1])] for n in (tie.canonical, tie.alias))
+            for mine, name, other in ((a, tie.canonical, b), (b, tie.alias, a)):
+                if a != b and mine in self.layouts:
+                    lay = self.layouts[mine]
+                    span = lay.span(name)
+                    out.append((mine, lay.section(1)[0] + span.offset * 4, other, span.numel))
         return out
 
     def close(self) -> None:
+        self.links.drain()
         self.tier.close()
-
-    def _wait(self, handle):
-        return handle.result()
 
     def _issued(self, handle):
         """A transfer just issued: without prefetch, wait for it here (no overlap)."""
@@ -149,31 +155,40 @@ class MobiusRunner:
         return autocast(self.training.precision, self.device)
 
     def _order(self) -> list[tuple[int, str]]:
-        S = len(self.layouts)
-        return (
-            [(j, "f") for j in range(S - 1)]
-            + [(S - 1, "fb")]
-            + [(j, "b") for j in range(S - 2, -1, -1)]
-        )
+        """This rank's stages in the step's global order."""
+        S = self.S
+        order = [(j, "f") for j in range(S - 1)] + [(S - 1, "fb")]
+        order += [(j, "b") for j in range(S - 2, -1, -1)]
+        return [(j, mode) for j, mode in order if j in self.layouts]
+
+    def _buffer(self, j: int) -> torch.Tensor:
+        return self.reserved.of(self.mine.index(j))
 
     def _upload(self, j: int, mode: str) -> _Upload:
         """Issue stage ``j``'s upload into its buffer (and its inputs, for a backward)."""
         lay = self.layouts[j]
         update = mode != "b" and self.pending is not None
-        secs = list(range(lay.sections)) if update else [0]
-        kinds = ["params", "grads", *["optim"] * len(lay.slots)] if update else ["params"]
+        secs = range(lay.sections) if update else [0]
+        kinds = ["params", "grads", *["optim"] * len(lay.slots)]
         ranges = [lay.section(k) for k in secs]
-        handle = self.tier.load(j, self.reserved.of(j), ranges, kinds[: len(ranges)])
-        acts = []
-        if mode == "b" and j > 0:
-            acts = [self.tier.get_act((j, i)) for i in range(self.shard.micro_batches)]
-        return _Upload(j, mode, update, self._issued(handle), acts)
+        handle = self.tier.load(j, self._buffer(j), ranges, kinds[: len(ranges)])
+        up = _Upload(j, mode, update, self._issued(handle), [])
+        if mode == "b" and j in self.offloaded:  # else issued on arrival, once offloaded
+            up.acts = self._fetch_inputs(j)
+        return up
+
+    def _fetch_inputs(self, j: int) -> list:
+        """Issue the uploads of stage ``j``'s offloaded inputs (after their offload)."""
+        self.offloaded.discard(j)
+        return [self.tier.get_act((j, i)) for i in range(self.shard.micro_batches)]
 
     def _arrive(self, up: _Upload) -> None:
         """Wait for stage ``up.j``, bind it and apply its pending update."""
         j, lay, opt = up.j, self.layouts[up.j], self.opts[up.j]
-        flat = self.reserved.of(j)
-        self._wait(up.handle)
+        flat = self._buffer(j)
+        up.handle.result()
+        if up.mode == "b" and j > 0 and not up.acts:
+            up.acts = self._fetch_inputs(j)
         resident.bind(self.mods[j], lay, opt, flat, grads=up.update, slots=up.update)
         if up.update:
             set_lr(opt, lr_at(self.pending, self.training))
@@ -182,11 +197,12 @@ class MobiusRunner:
             kinds = ["params", *["optim"] * len(lay.slots)]
             self._issued(self.tier.store(j, flat, ranges, kinds))
         if up.mode != "f":  # gradients accumulate in the record's gradient section
-            flat[lay.section(1)[0] // 4 : lay.section(1)[0] // 4 + lay.n].zero_()
+            flat[lay.n : 2 * lay.n].zero_()
             resident.bind(self.mods[j], lay, opt, flat, grads=True, slots=False)
 
-    def step(self, t: int) -> float:
-        """Train step ``t``; returns its global-batch mean loss."""
+    def step(self, t: int) -> float | None:
+        """Train step ``t``; returns its global-batch mean loss on the rank of the last
+        stage (None elsewhere)."""
         torch.manual_seed(step_seed(self.training.seed, t, 0))
         self.tier.new_step()
         m, M = self.shard.micro_batch, self.shard.micro_batches
@@ -195,105 +211,120 @@ class MobiusRunner:
         self.targets = [y.to(self.device) for _, y in batches]
         order = self._order()
         nxt: _Upload | None = self._upload(*order[0])
-        flow, loss = self.tokens, 0.0
+        loss = None
         for k, (j, mode) in enumerate(order):
             cur, nxt, more = nxt, None, k + 1 < len(order)
             self._arrive(cur)
             if more and self.cfg.prefetch:  # the next stage comes up while this one runs
                 nxt = self._upload(*order[k + 1])
-            flow, part = self._run(cur, flow)
-            loss += part
+            part = self._run(cur)
+            loss = part if part is not None else loss
             self._down(j, mode)
             if more and nxt is None:
                 nxt = self._upload(*order[k + 1])
         self._sum_ties()
+        self.links.drain()
         self.pending = t
         return loss
 
-    def _run(self, up: _Upload, flow: list) -> tuple[list, float]:
+    def _run(self, up: _Upload) -> float | None:
         if up.mode == "f":
-            return self._forward(up.j, flow), 0.0
+            self._forward(up.j)
+            return None
         if up.mode == "fb":
-            return self._last(up.j, flow)
-        return self._backward(up.j, flow, up.acts), 0.0
+            return self._last(up.j)
+        self._backward(up.j, up.acts)
+        return None
 
-    def _forward(self, j: int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Stage ``j``'s forward without a graph; its inputs go down (stage 0's are
-        the tokens, kept)."""
-        outs = []
-        for i, x in enumerate(xs):
+    def _input(self, j: int, i: int) -> torch.Tensor:
+        if j == 0:
+            return self.tokens[i]
+        return self.links.recv("a", j, i, j - 1, self.device)
+
+    def _forward(self, j: int) -> None:
+        """Stage ``j``'s forward without a graph, micro-batch by micro-batch; its inputs
+        go down (stage 0's are the tokens, kept) and its outputs on."""
+        for i in range(self.shard.micro_batches):
+            x = self._input(j, i)
             if j > 0:
                 self._issued(self.tier.put_act((j, i), x))
             self.rng[(j, i)] = torch.get_rng_state()
             with torch.no_grad(), self._compute():
-                outs.append(self.mods[j](x))
-        return outs
+                self.links.send("a", j + 1, i, self.mods[j](x))
+        if j > 0:
+            self.offloaded.add(j)
 
-    def _last(self, j: int, xs: list[torch.Tensor]) -> tuple[list, float]:
+    def _last(self, j: int) -> float:
         """The last stage: forward, loss and backward per micro-batch while resident."""
-        grads, loss = [], 0.0
-        for i, x in enumerate(xs):
-            x = x.detach().requires_grad_(True)
+        loss = 0.0
+        for i in range(self.shard.micro_batches):
+            x = self._input(j, i).detach().requires_grad_(True)
             with self._compute():
                 out = self.mods[j](x)
                 part = self.mods[j].loss(out, self.targets[i]) * self.shard.loss_scale
             part.backward()
             loss += float(part.detach())
-            grads.append(x.grad)
-        return grads, loss
+            self.links.send("g", j - 1, i, x.grad)
+        return loss
 
-    def _backward(self, j: int, grads: list, acts: list) -> list:
+    def _backward(self, j: int, acts: list) -> None:
         """Stage ``j``'s backward: each input back up, the forward recomputed under its
-        saved RNG state, the output gradient propagated; returns the input gradients."""
-        out_grads = []
+        saved RNG state, the output's gradient propagated, the input's sent back."""
         devices = [self.device] if self.device.type == "cuda" else []
-        for i, g in enumerate(grads):
-            x = self.tokens[i] if j == 0 else self._wait(acts[i]).requires_grad_(True)
+        for i in range(self.shard.micro_batches):
+            g = self.links.recv("g", j, i, j + 1, self.device)
+            x = self.tokens[i] if j == 0 else acts[i].result().requires_grad_(True)
             with torch.random.fork_rng(devices=devices):
                 torch.set_rng_state(self.rng.pop((j, i)))
                 with self._compute():
                     out = self.mods[j](x)
             torch.autograd.backward(out, g)
-            out_grads.append(x.grad if j > 0 else None)
-        return out_grads
+            if j > 0:
+                self.links.send("g", j - 1, i, x.grad)
+
+    def _down(self, j: int, mode: str) -> None:
+        """Gradients down after a backward; the stage leaves its buffer."""
+        lay = self.layouts[j]
+        if mode != "f":
+            self._issued(self.tier.store(j, self._buffer(j), [lay.section(1)], ["grads"]))
+        resident.release(self.mods[j], lay, self.opts[j], self.reserved.placeholder)
 
     def _sum_ties(self) -> None:
-        """Sum each cross-stage tie's two gradients in the tier (transfers finished)."""
+        """Sum each cross-stage tie's two gradients where they lie (in this rank's
+        tier, or one here and one on the other stage's rank), canonical + alias on
+        both sides, so both copies hold the same bits."""
         self.tier.drain()
-        for a, start_a, b, start_b, numel in self.ties:
-            ga, gb = torch.empty(numel), torch.empty(numel)
-            self.tier.read_span(a, start_a, ga)
-            self.tier.read_span(b, start_b, gb)
-            ga.add_(gb)
-            self.tier.write_span(a, start_a, ga)
-            self.tier.write_span(b, start_b, ga)
+        here = {}
+        for mine, start, _, numel in self.ties:
+            here[mine] = (start, torch.empty(numel))
+            self.tier.read_span(mine, start, here[mine][1])
+        for mine, start, other, _ in self.ties:
+            g = here[mine][1]
+            if other in here:
+                theirs = here[other][1]
+            else:
+                theirs = self.links.exchange(owner(other, self.cfg.world), g)
+            total = g + theirs if mine < other else theirs + g
+            self.tier.write_span(mine, start, total)
 
     def flush(self) -> None:
-        """Apply the last step's pending update to every stage."""
+        """Apply the last step's pending update to every stage of this rank."""
         if self.pending is None:
             return
-        for j in range(len(self.layouts)):
-            up = self._upload(j, "f")
-            self._arrive(up)
+        for j in self.mine:
+            self._arrive(self._upload(j, "f"))
             resident.release(self.mods[j], self.layouts[j], self.opts[j], self.reserved.placeholder)
             self.tier.drain()
         self.pending = None
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Every stage's parameters by the unsplit model's names (read from the tier;
-        a tie's copies under both names)."""
+        """This rank's stages' parameters by the unsplit model's names (read from the
+        tier; a tie's copies under both names)."""
         out = {}
-        for j, lay in enumerate(self.layouts):
+        for j, lay in self.layouts.items():
             flat = torch.empty(lay.n)
             self.tier.load(j, flat, [(0, lay.n * 4)], ["params"])
             self.tier.drain()
             for span in lay.spans:
                 out[span.name] = flat[span.offset : span.offset + span.numel].view(span.shape)
         return out
-
-    def _down(self, j: int, mode: str) -> None:
-        """Gradients down after a backward; the stage leaves its buffer."""
-        lay = self.layouts[j]
-        if mode != "f":
-            self._issued(self.tier.store(j, self.reserved.of(j), [lay.section(1)], ["grads"]))
-        resident.release(self.mods[j], lay, self.opts[j], self.reserved.placeholder)

@@ -68,26 +68,23 @@ class FileTier:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.traffic = Traffic()
         self.io = ThreadPoolExecutor(1, thread_name_prefix="mobius-io")
-        self.fds: list[int] = []
+        self.fds: dict[int, int] = {}
         self.act_fd = os.open(self.folder / "activations.bin", os.O_RDWR | os.O_CREAT, 0o600)
         self.acts: dict[tuple[int, int], tuple[int, tuple, torch.dtype]] = {}
         self.act_end = 0
 
     def close(self) -> None:
         self.io.shutdown(wait=True)
-        for fd in [*self.fds, self.act_fd]:
+        for fd in [*self.fds.values(), self.act_fd]:
             os.close(fd)
-        self.fds = []
+        self.fds = {}
 
-    def add(self, lay: StageLayout) -> int:
-        """A record for the next stage, zero-filled (fresh gradients and optimizer
-        slots); returns its index."""
-        j = len(self.fds)
+    def add(self, j: int, lay: StageLayout) -> None:
+        """Stage ``j``'s record, zero-filled (fresh gradients and optimizer slots)."""
         fd = os.open(self.folder / f"stage-{j:04d}.bin", os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(fd, 0)  # a folder reused: nothing of an earlier run survives
         os.ftruncate(fd, lay.nbytes)
-        self.fds.append(fd)
-        return j
+        self.fds[j] = fd
 
     def drain(self) -> None:
         """Wait until every request issued so far has finished."""

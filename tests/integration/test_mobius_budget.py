@@ -30,9 +30,8 @@ def _run(folder: Path, optimizer: str) -> dict:
 
 
 @pytest.mark.swap
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_state_three_times_the_budget_trains_within_it(tmp_path, optimizer):
-    got = _run(tmp_path, optimizer)
+def test_state_three_times_the_budget_trains_within_it(tmp_path):
+    got = _run(tmp_path, "adamw")  # parameters, gradients and Adam's two slots
     assert got["state_bytes"] >= 3 * got["budget"]
     assert got["peak"] <= got["budget"] + MARGIN, got
     # The two reserved buffers (two block records) are in the peak: it measured them.

@@ -58,7 +58,7 @@ def test_bytes_moved_per_step(tmp_path):
     runner.traffic.reset()
     runner.step(1)  # a step with the previous step's update on each upload
     moved = runner.traffic.moved
-    n = [lay.n * 4 for lay in runner.layouts]
+    n = [lay.n * 4 for lay in runner.layouts.values()]
     P, M = sum(n), runner.shard.micro_batches
     act = 2 * 32 * 64 * 4  # m x seq_len x hidden, fp32
     assert moved[("params", "up")] == 2 * P - n[-1]  # the last stage stays up

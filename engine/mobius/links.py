@@ -1,0 +1,79 @@
+"""The boundaries between Mobius stages: activations forward, their gradients back.
+
+Stage j runs on rank ``j % N`` (the paper's Figure 4a: stages 1 and 5 on P1, 2 and 6
+on P2, ...). A boundary tensor whose two stages share a rank is handed over in
+memory; otherwise it goes over the process group as a small header (dtype, shape)
+and the tensor, tagged by (kind, stage, micro-batch). Every rank runs its stages in
+the step's one global order (forwards ascending, backwards descending), so each
+pair of ranks sends and receives in the same order; sends are asynchronous and
+waited for at the step's end (``drain``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_HEADER = 8  # dtype code, ndim, up to 6 sizes
+
+
+def owner(j: int, world: int) -> int:
+    """The rank that hosts stage ``j`` (round robin over N ranks)."""
+    return j % world
+
+
+class Links:
+    """Boundary tensors of one rank's stages, in memory or over ``group``."""
+
+    def __init__(self, rank: int, world: int, micro_batches: int, group=None):
+        self.rank, self.world, self.M, self.group = rank, world, micro_batches, group
+        self.local: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.sent: list = []  # (work, tensors kept alive until it completes)
+
+    def _tag(self, kind: str, j: int, i: int) -> int:
+        return (2 * (j * self.M + i) + (kind == "g")) % (2**30)
+
+    def send(self, kind: str, j: int, i: int, t: torch.Tensor) -> None:
+        """Hand ``t`` (the input of stage ``j``, or the gradient of its output) to the
+        rank hosting stage ``j``."""
+        dst = owner(j, self.world)
+        if dst == self.rank:
+            self.local[(kind, j, i)] = t
+            return
+        t = t.detach().contiguous()
+        head = torch.zeros(_HEADER, dtype=torch.int64)
+        head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
+        head[2 : 2 + t.dim()] = torch.tensor(t.shape)
+        tag = self._tag(kind, j, i)
+        for part in (head, t.cpu()):
+            self.sent.append((dist.isend(part, self._global(dst), self.group, tag), part))
+
+    def recv(self, kind: str, j: int, i: int, src_stage: int, device) -> torch.Tensor:
+        """The tensor ``send`` gave stage ``j`` from stage ``src_stage``."""
+        src = owner(src_stage, self.world)
+        if src == self.rank:
+            return self.local.pop((kind, j, i))
+        head = torch.empty(_HEADER, dtype=torch.int64)
+        tag = self._tag(kind, j, i)
+        dist.recv(head, self._global(src), self.group, tag)
+        shape = tuple(int(s) for s in head[2 : 2 + int(head[1])])
+        t = torch.empty(shape, dtype=_DTYPES[int(head[0])])
+        dist.recv(t, self._global(src), self.group, tag)
+        return t.to(device)
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def exchange(self, peer: int, t: torch.Tensor) -> torch.Tensor:
+        """Swap ``t`` with rank ``peer``'s tensor of the same shape (a tie's gradient)."""
+        other = torch.empty_like(t)
+        work = dist.isend(t, self._global(peer), self.group, 2**30)
+        dist.recv(other, self._global(peer), self.group, 2**30)
+        work.wait()
+        return other
+
+    def drain(self) -> None:
+        for work, _ in self.sent:
+            work.wait()
+        self.sent = []
