@@ -1,10 +1,13 @@
-"""Shared pieces of the benchmarks: a local S3 bucket and step timings of a run."""
+"""Shared pieces of the benchmarks: a local S3 bucket, step timings of a run, and
+the launcher of hand-built rank processes (``launch_ranks``: PyTorch's pipelining
+baseline, jobctl's runtime parts) with the least-disturbed-of-N rule both sides use."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -13,10 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import s3fs
-
 from jobctl.engine.supervise.launch import free_port
-from tests.s3server import TEST_ENV, start_moto_server
 
 
 @contextlib.contextmanager
@@ -66,6 +66,8 @@ def moto_bucket(separate_process: bool = False) -> Iterator[str]:
         with moto_process(free_port()) as endpoint:
             yield from _bucket_on(endpoint)
         return
+    from tests.s3server import start_moto_server  # S3 pieces load only where used
+
     server, endpoint = start_moto_server()
     try:
         yield from _bucket_on(endpoint)
@@ -74,6 +76,10 @@ def moto_bucket(separate_process: bool = False) -> Iterator[str]:
 
 
 def _bucket_on(endpoint: str) -> Iterator[str]:
+    import s3fs
+
+    from tests.s3server import TEST_ENV
+
     saved = {k: os.environ.get(k) for k in [*TEST_ENV, "AWS_ENDPOINT_URL"]}
     os.environ.update(TEST_ENV, AWS_ENDPOINT_URL=endpoint)
     bucket = f"bench-{uuid.uuid4().hex[:10]}"
@@ -97,3 +103,49 @@ def step_times(run_dir: Path) -> list[float]:
     """Wall seconds between consecutive step events (includes checkpoint writes)."""
     ts = [e["ts"] for e in events(run_dir) if e["kind"] == "step"]
     return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+
+
+def launch_ranks(args: list[str], job: dict, world: int, work: Path, what: str) -> list[float]:
+    """Run ``world`` ranks of ``python ARGS work/job.json`` on 127.0.0.1 and return the
+    step seconds one of them writes to ``job["out"]`` (``work/times.json``).
+
+    Each rank gets torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT and
+    one OpenMP thread (as jobctl's workers); ``what`` names the run in an error.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    job = {**job, "out": str(work / "times.json")}
+    (work / "job.json").write_text(json.dumps(job))
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args, str(work / "job.json")],
+            env={
+                **os.environ,
+                **{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"},
+                **{"MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+            },
+        )
+        for r in range(world)
+    ]
+    codes = [p.wait(timeout=600) for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{what} failed: exit codes {codes}")
+    return json.loads((work / "times.json").read_text())
+
+
+def least_disturbed(run, attempts: int) -> tuple[float, float]:
+    """(other processes' CPU share, median step seconds after warm-up) of the least
+    disturbed of up to ``attempts`` runs of ``run()`` (its step seconds), each started
+    when the CPU was quiet: ``jobbench.measure_best``'s rule, for hand-built runs."""
+    from benchmarks.jobbench import WARMUP_STEPS, Interference, wait_quiet
+
+    best = None
+    for _ in range(attempts):
+        wait_quiet()
+        with Interference() as other:
+            times = run()
+        got = (other.fraction, statistics.median(times[WARMUP_STEPS:]))
+        best = got if best is None or got[0] < best[0] else best
+        if best[0] < 0.05:
+            break
+    return best

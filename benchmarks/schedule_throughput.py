@@ -1,23 +1,29 @@
 """Schedule throughput in real runs, and jobctl's runtime against PyTorch's pipelining.
 
 Same model, same partition, same micro-batching (P stages, D=1, M micro-batches of
-m): jobctl's runtime with GPipe, 1F1B, zero-bubble ZB-H1 (each also with recompute),
-Varuna and Merak's shifted critical path, and ``torch.distributed.pipelining``'s
+m): jobctl's runtime with GPipe, 1F1B, zero-bubble ZB-H1 and ZB-V (two stages per
+rank in V shape, as a real job; each also with recompute), Varuna and Merak's shifted
+critical path, and ``torch.distributed.pipelining``'s
 ScheduleGPipe, Schedule1F1B and ZB-H1 (ScheduleInterleavedZeroBubble, one stage per
 rank) on the same blocks, and its two-stages-per-rank schedules (Interleaved1F1B,
-InterleavedZeroBubble, ZBVZeroBubble) on jobctl's partition of the same blocks into 2P
-stages (``torch_pipeline_worker``). Every configuration runs
-``--rounds`` times in interleaved order (so drifting load on the shared machine hits
-all of them alike), each time as the least disturbed of up to ``--attempts`` runs
-started when the CPU was quiet (one rule for both runtimes); a configuration's figure
-is the median over rounds of its median step time after warm-up. jobctl's CPU stages
+InterleavedZeroBubble, ZBVZeroBubble) on the partition of the same blocks into 2P
+stages that jobctl's ZB-V plan runs (``torch_pipeline_worker``). Every configuration
+runs ``--rounds`` times in interleaved order (so drifting load on the shared machine
+hits all of them alike; odd rounds run PyTorch's side first), each time as the least
+disturbed of up to ``--attempts`` runs started when the CPU was quiet (one rule for
+both runtimes); a configuration's figure is the median over rounds of its median step
+time after warm-up. The ratios are the robust form: per round, PyTorch's step over
+jobctl's (same schedule; and best over best, each side's fastest in that round), then
+the median and the spread (min-max) over rounds. jobctl's CPU stages
 on one machine pass activations through shared memory, PyTorch's through gloo TCP: the
 schedules both runtimes have also run in jobctl with ``JOBCTL_P2P=gloo`` ("jobctl gloo
 ..."), so the gain of the schedule and runtime (gloo against gloo) and the gain of the
-transport (shared memory against gloo, in jobctl) are printed apart. Tied embeddings
+transport (shared memory against gloo, in jobctl) are printed apart; a ZB-V rank runs
+on gloo always (``runtime.two_stage``). Tied embeddings
 are off: PyTorch's schedules do not sum a tied weight's gradient across stages.
 
-    python benchmarks/schedule_throughput.py [--stages 2] [--micro-batches 8] [--rounds 2]
+    python -m benchmarks.schedule_throughput [--stages 2] [--micro-batches 8] [--rounds 2]
+        [--jobctl zb_v,zb_h1,1f1b] [--torch zbv,interleaved_zb,interleaved_1f1b,1f1b]
 
 The machine has 2 cores shared with other work: absolute times are noisy.
 """
@@ -31,14 +37,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import jobbench
-from benchmarks.jobbench import (
-    WARMUP_STEPS,
-    Interference,
-    job_spec,
-    layout,
-    measure_best,
-    wait_quiet,
-)
+from benchmarks.benchlib import least_disturbed
+from benchmarks.jobbench import job_spec, layout, measure_best
 from benchmarks.torch_pipeline_worker import MULTI, run_baseline
 from jobctl.engine.core.env import P2P
 from jobctl.engine.planner.resolver import make_plan
@@ -54,11 +54,14 @@ JOBCTL = [  # (label, schedule, recompute)
     ("shifted_critical_path", "shifted_critical_path", "none"),
     ("zb_h1", "zb_h1", "none"),
     ("zb_h1+R", "zb_h1", "all"),
+    ("zb_v", "zb_v", "none"),
+    ("zb_v+R", "zb_v", "all"),
 ]
 # torch.distributed.pipelining schedules (torch_pipeline_worker.SCHEDULES); the ones in
 # its MULTI with a placement host two stages per rank, on a partition into 2P stages.
 TORCH = ["gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv"]
-SAME = ["gpipe", "1f1b", "zb_h1"]  # the same schedule in both runtimes
+SAME = {"gpipe": "gpipe", "1f1b": "1f1b", "zb_h1": "zb_h1", "zb_v": "zbv"}  # jobctl: torch
+GLOO = ["gpipe", "1f1b", "zb_h1"]  # also run on gloo in jobctl (zb_v always is)
 
 
 def _spec(P: int, M: int, m: int, steps: int, schedule: str, recompute: str):
@@ -88,38 +91,47 @@ def _jobctl_gloo(spec, plan, home: Path, attempts: int):
             os.environ[P2P] = saved
 
 
-def one_round(args, home: Path, results: dict[str, list[float]]) -> None:
+def one_round(args, home: Path, results: dict[str, list[float]], torch_first: bool) -> None:
     """Run every configuration once; append each median step time to ``results``."""
+    sides = [_jobctl_side, _torch_side]
+    for side in reversed(sides) if torch_first else sides:
+        side(args, home, results)
+
+
+def _jobctl_side(args, home: Path, results: dict[str, list[float]]) -> None:
     P, M, m, steps = args.stages, args.micro_batches, args.micro_batch, args.steps
     for label, schedule, recompute in JOBCTL:
+        if label not in args.jobctl:
+            continue
         spec = _spec(P, M, m, steps, schedule, recompute)
         plan = make_plan(spec, home=home)
         run = measure_best(spec, plan, home, attempts=args.attempts)
         results[f"jobctl {label}"].append(run.step_s)
         results["other load"].append(run.interference)
-        stages = [st.blocks for st in plan.stages]
-        if label in SAME:
+        if label in GLOO:
             run = _jobctl_gloo(spec, plan, home, args.attempts)
             results[f"jobctl gloo {label}"].append(run.step_s)
             results["other load"].append(run.interference)
-    # Two stages per rank: jobctl's own partition of the blocks into 2P stages.
-    chunks = [
-        st.blocks for st in make_plan(_spec(2 * P, M, m, steps, "1f1b", "none"), home=home).stages
-    ]
+
+
+def _torch_side(args, home: Path, results: dict[str, list[float]]) -> None:
+    P, M, m, steps = args.stages, args.micro_batches, args.micro_batch, args.steps
+    spec = _spec(P, M, m, steps, "1f1b", "none")
+    stages = [st.blocks for st in make_plan(spec, home=home).stages]
+    # Two stages per rank: the partition into 2P stages jobctl's ZB-V plan runs.
+    v_plan = make_plan(_spec(P, M, m, steps, "zb_v", "none"), home=home)
+    chunks = [st.blocks for st in v_plan.stages]
     for schedule in TORCH:
-        spec = _spec(P, M, m, steps, "1f1b", "none")
+        if schedule not in args.torch:
+            continue
         blocks = chunks if MULTI.get(schedule) else stages
-        best = None  # (interference, step): the least disturbed, as measure_best keeps
-        for _ in range(args.attempts):
-            wait_quiet()
-            with Interference() as other:
-                times = run_baseline(dump_yaml(spec), blocks, schedule, M, steps, home / "torch")
-            run = (other.fraction, statistics.median(times[WARMUP_STEPS:]))
-            best = run if best is None or run[0] < best[0] else best
-            if best[0] < 0.05:
-                break
-        results["other load"].append(best[0])
-        results[f"torch {schedule}"].append(best[1])
+
+        def run(blocks=blocks, schedule=schedule) -> list[float]:
+            return run_baseline(dump_yaml(spec), blocks, schedule, M, steps, home / "torch")
+
+        other, step = least_disturbed(run, args.attempts)
+        results["other load"].append(other)
+        results[f"torch {schedule}"].append(step)
 
 
 def main() -> None:
@@ -133,49 +145,69 @@ def main() -> None:
     parser.add_argument(
         "--patience", type=float, default=180.0, help="seconds to wait for a quiet CPU per run"
     )
+    parser.add_argument("--jobctl", type=_names, default=[x[0] for x in JOBCTL], help="labels")
+    parser.add_argument("--torch", type=_names, default=TORCH, help="PyTorch's schedules")
     args = parser.parse_args()
     jobbench.QUIET_PATIENCE_S = args.patience
-    labels = [f"jobctl {x[0]}" for x in JOBCTL] + [f"jobctl gloo {x}" for x in SAME]
-    labels += [f"torch {x}" for x in TORCH]
+    labels = [f"jobctl {x}" for x in args.jobctl]
+    labels += [f"jobctl gloo {x}" for x in GLOO if x in args.jobctl]
+    labels += [f"torch {x}" for x in args.torch]
     results: dict[str, list[float]] = {k: [] for k in [*labels, "other load"]}
     with tempfile.TemporaryDirectory(prefix="jobctl-sched-") as tmp:
-        for _ in range(args.rounds):
-            one_round(args, Path(tmp), results)
+        for r in range(args.rounds):
+            one_round(args, Path(tmp), results, torch_first=r % 2 == 1)
     step = {k: statistics.median(results[k]) for k in labels}
     B = args.micro_batches * args.micro_batch
     print(f"P={args.stages} D=1 M={args.micro_batches} m={args.micro_batch}, same partition:")
     for k in labels:
         rounds = " ".join(f"{1e3 * x:.1f}" for x in results[k])
-        print(f"  {k:<30} {1e3 * step[k]:7.1f} ms/step {B / step[k]:7.1f} samples/s  [{rounds}]")
+        print(f"  {k:<24} {1e3 * step[k]:6.1f} ms/step {B / step[k]:6.1f} samples/s [{rounds}]")
     load = 100 * statistics.median(results["other load"])
     print(f"  other processes' share of the CPU during the runs: median {load:.0f} %")
-    _ratios(step)
+    _ratios(step, results)
 
 
-def _ratios(step: dict[str, float]) -> None:
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def _spread(ratios: list[float]) -> str:
+    """Median and min-max over rounds of per-round throughput ratios."""
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+def _per_round(results: dict[str, list[float]], ours: str, theirs: str) -> list[float]:
+    """Per round, ``theirs``' step over ``ours``' (> 1: ``ours`` is faster)."""
+    return [t / o for o, t in zip(results[ours], results[theirs], strict=True)]
+
+
+def _ratios(step: dict[str, float], results: dict[str, list[float]]) -> None:
     def speed(a: str, b: str) -> str:
-        return f"{step[b] / step[a]:.2f}x"
+        return _spread(_per_round(results, a, b)) if a in step and b in step else "-"
 
-    print(
-        "schedules (throughput ratio): "
-        f"varuna/gpipe {speed('jobctl varuna', 'jobctl gpipe')}, "
-        f"varuna/1f1b {speed('jobctl varuna', 'jobctl 1f1b')}, "
-        f"varuna/gpipe+R {speed('jobctl varuna', 'jobctl gpipe+R')}, "
-        f"scp/gpipe {speed('jobctl shifted_critical_path', 'jobctl gpipe')}, "
-        f"scp/1f1b {speed('jobctl shifted_critical_path', 'jobctl 1f1b')}, "
-        f"scp/1f1b+R {speed('jobctl shifted_critical_path', 'jobctl 1f1b+R')}, "
-        f"zb_h1/1f1b {speed('jobctl zb_h1', 'jobctl 1f1b')}"
-    )
-    gloo = ", ".join(f"{x} {speed(f'jobctl gloo {x}', f'torch {x}')}" for x in SAME)
-    shm = ", ".join(f"{x} {speed(f'jobctl {x}', f'jobctl gloo {x}')}" for x in SAME)
+    print("schedules (throughput ratio, median [min-max] over rounds): " + ", ".join(
+        f"{a}/{b} {speed(f'jobctl {a}', f'jobctl {b}')}"
+        for a, b in [("varuna", "gpipe"), ("varuna", "1f1b"), ("varuna", "gpipe+R"),
+                     ("shifted_critical_path", "1f1b"), ("zb_h1", "1f1b"),
+                     ("zb_v", "1f1b"), ("zb_v", "zb_h1")]
+    ))  # fmt: skip
+    gloo = ", ".join(f"{x} {speed(f'jobctl gloo {x}', f'torch {x}')}" for x in GLOO)
+    shm = ", ".join(f"{x} {speed(f'jobctl {x}', f'jobctl gloo {x}')}" for x in GLOO)
     print(f"schedule + runtime, both on gloo (jobctl gloo vs torch): {gloo}")
     print(f"transport, in jobctl (shared memory vs gloo): {shm}")
-    ours = min((v, k) for k, v in step.items() if k.startswith("jobctl"))
-    theirs = min((v, k) for k, v in step.items() if k.startswith("torch"))
-    same = ", ".join(f"{x} {speed(f'jobctl {x}', f'torch {x}')}" for x in SAME)
+    same = ", ".join(f"{x} {speed(f'jobctl {x}', f'torch {y}')}" for x, y in SAME.items())
+    print(f"jobctl vs torch, same schedule (target >= 1.0x): {same}")
+    ours = [k for k in step if k.startswith("jobctl")]
+    theirs = [k for k in step if k.startswith("torch")]
+    if not ours or not theirs:
+        return
+    best = [
+        min(results[k][r] for k in theirs) / min(results[k][r] for k in ours)
+        for r in range(len(results[ours[0]]))
+    ]
     print(
-        f"jobctl vs torch.distributed.pipelining (throughput ratio): {same}, "
-        f"best {theirs[0] / ours[0]:.2f}x ({ours[1]} vs {theirs[1]}; target >= 1.15x)"
+        f"jobctl's best vs torch's best, per round: {_spread(best)} (target >= 1.15x; "
+        f"by median: {min(ours, key=step.get)} vs {min(theirs, key=step.get)})"
     )
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -36,6 +34,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
 )
+
+from benchmarks.benchlib import launch_ranks
 
 SCHEDULES = {
     "gpipe": ScheduleGPipe,
@@ -71,37 +71,13 @@ def run_baseline(
     workdir: Path,
 ) -> list[float]:
     """Start one process per stage on 127.0.0.1; returns the last rank's step seconds."""
+    job = {"spec": str(workdir / "spec.yaml"), "stages": stages, "schedule": schedule}
+    job |= {"micro_batches": micro_batches, "steps": steps}
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.yaml").write_text(spec_yaml)
-    job = {
-        "spec": str(workdir / "spec.yaml"),
-        "stages": stages,
-        "schedule": schedule,
-        "micro_batches": micro_batches,
-        "steps": steps,
-        "out": str(workdir / "times.json"),
-    }
-    (workdir / "job.json").write_text(json.dumps(job))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
     world = ranks_for(schedule, len(stages))
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        cmd = [sys.executable, "-m", "benchmarks.torch_pipeline_worker", str(workdir / "job.json")]
-        procs.append(subprocess.Popen(cmd, env=env))
-    codes = [p.wait(timeout=600) for p in procs]
-    if any(codes):
-        raise RuntimeError(f"torch pipelining baseline failed: exit codes {codes}")
-    return json.loads((workdir / "times.json").read_text())
+    args = ["-m", "benchmarks.torch_pipeline_worker"]
+    return launch_ranks(args, job, world, workdir, "torch pipelining baseline")
 
 
 def main(job: dict) -> None:

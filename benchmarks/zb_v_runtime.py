@@ -1,7 +1,7 @@
 """ZB-V on jobctl's runtime parts against PyTorch's two-stages-per-rank schedules.
 
-jobctl's ``zb_v`` cannot run as a job yet (the trainer and the plan host one stage per
-rank), so this measures the runtime parts that do run it: per rank a ``StepExecutor``
+This measures the runtime parts a ZB-V job runs, without the job around them
+(``schedule_throughput`` runs ``zb_v`` as a real job): per rank a ``StepExecutor``
 per stage under ``TwoStageExecutor``, ``train_step`` with the optimizer, gloo between
 ranks (as PyTorch). Against it, on the same 2P-stage partition (jobctl's planner's),
 model, data, micro-batching and optimizer: ``torch.distributed.pipelining``'s
@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import jobbench
-from benchmarks.jobbench import WARMUP_STEPS, Interference, job_spec, layout, wait_quiet
+from benchmarks.benchlib import launch_ranks, least_disturbed
+from benchmarks.jobbench import job_spec, layout
 from benchmarks.torch_pipeline_worker import run_baseline
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.spec import dump_yaml, load_spec
@@ -61,28 +60,9 @@ def run_jobctl(spec_yaml: str, stages: list[list[int]], M: int, steps: int, work
     """Start one process per rank (two stages each); returns the step seconds."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "spec.yaml").write_text(spec_yaml)
-    job = {"spec": str(work / "spec.yaml"), "stages": stages, "micro_batches": M}
-    job |= {"steps": steps, "out": str(work / "times.json")}
-    (work / "job.json").write_text(json.dumps(job))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    world = len(stages) // 2
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.zb_v_runtime", "--worker", str(work / "job.json")],
-            env={
-                **os.environ,
-                **{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"},
-                **{"MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
-            },
-        )
-        for r in range(world)
-    ]
-    codes = [p.wait(timeout=600) for p in procs]
-    if any(codes):
-        raise RuntimeError(f"jobctl zb_v run failed: exit codes {codes}")
-    return json.loads((work / "times.json").read_text())
+    job = {"spec": str(work / "spec.yaml"), "stages": stages, "micro_batches": M, "steps": steps}
+    args = ["-m", "benchmarks.zb_v_runtime", "--worker"]
+    return launch_ranks(args, job, len(stages) // 2, work, "jobctl zb_v run")
 
 
 def worker(job: dict) -> None:
@@ -159,23 +139,8 @@ def main() -> None:
             )
         for _ in range(args.rounds):
             for label, run in runs.items():
-                results[label].append(_least_disturbed(run, args.attempts))
+                results[label].append(least_disturbed(run, args.attempts)[1])
     _report(results, P, M, m, chunks)
-
-
-def _least_disturbed(run, attempts: int) -> float:
-    """Median step time after warm-up of the least disturbed of up to ``attempts`` runs,
-    each started when the CPU was quiet (``schedule_throughput``'s rule, for both)."""
-    best = None  # (other processes' CPU share, step seconds)
-    for _ in range(attempts):
-        wait_quiet()
-        with Interference() as other:
-            times = run()
-        got = (other.fraction, statistics.median(times[WARMUP_STEPS:]))
-        best = got if best is None or got[0] < best[0] else best
-        if best[0] < 0.05:
-            break
-    return best[1]
 
 
 def _overrides(spec) -> dict:
