@@ -17,10 +17,11 @@ SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9
 ADAMW = {"training.optimizer": "adamw", "training.lr": 0.01, "training.weight_decay": 0.1}
 
 
-def _runner(spec, folder, stages=None, **cfg) -> MobiusRunner:
+def _runner(spec, folder, stages=None, device=None, **cfg) -> MobiusRunner:
     mdef = model_def(spec.model, spec.training.seed, 2)
     stages = stages or tuple((i,) for i in range(mdef.num_blocks))
-    return MobiusRunner(mdef, spec.training, make_data(spec), SwapConfig(folder, stages, 2, **cfg))
+    cfg = SwapConfig(folder, stages, 2, **cfg)
+    return MobiusRunner(mdef, spec.training, make_data(spec), cfg, device)
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +93,18 @@ def test_a_budget_two_records_overflow_is_refused(tmp_path):
     spec = tiny_spec(**{"model.layers": 2, **ADAMW})
     with pytest.raises(ValueError, match="more stages"):
         _runner(spec, tmp_path, stages=((0, 1), (2, 3)), budget_bytes=2**20)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_tier_on_cuda_trains_like_one_process(tmp_path):
+    spec = tiny_spec(**{"model.layers": 4, "training.steps": 3, **SGD})
+    ref_losses, ref_weights = reference_train(spec, micro_batch=2)
+    runner = _runner(spec, tmp_path, device=torch.device("cuda"))
+    assert type(runner.tier).__name__ == "PinnedTier"
+    losses = [runner.step(t) for t in range(3)]
+    runner.flush()
+    weights = runner.weights()
+    runner.close()
+    assert losses == pytest.approx(ref_losses, abs=1e-4)  # GPU kernels round otherwise
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name].cpu(), w, atol=1e-4, rtol=0, msg=name)
