@@ -1,0 +1,123 @@
+"""Tensor parallelism (Merak 4.1) at T = 2 against T = 1 on one traced GPT-2 stage.
+
+Two gloo ranks with one thread each. Every round runs, in turn, the whole model as
+one process (rank 0 computes while rank 1 waits at a barrier) and the same model
+split over both ranks by ``tp_apply.parallelize`` (each rank half of every
+attention and MLP linear, Megatron's two all-reduces per layer forward and two
+backward); a step is forward and backward of one micro-batch. The figure is the
+median over rounds of each round's median step, and their ratio; the time the T = 2
+step spends in its all-reduces is timed by the same step with the collectives
+skipped (wrong numbers, same compute), so ``comm`` is the difference.
+
+    python -m benchmarks.tensor_parallel [--width 512] [--layers 2] [--seq 128]
+
+The machine has 2 cores shared with other work: absolute times are noisy; the ratio
+is the figure to read, and 2 ranks here are 2 cores, not 2 accelerators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from benchmarks.benchlib import free_port
+from jobctl.engine.model.graph import tp_apply
+from jobctl.engine.model.graph.graph_def import GraphModel
+from jobctl.engine.model.graph.source import GraphModelConfig
+from jobctl.engine.model.graph.tp_plan import discover
+
+MICRO = 4
+
+
+def _graph(args) -> GraphModel:
+    config = {"n_layer": args.layers, "n_embd": args.width, "n_head": 8, "vocab_size": 512,
+              "n_positions": args.seq, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+              "attn_pdrop": 0.0}  # fmt: skip
+    cfg = GraphModelConfig(hf_class="GPT2LMHeadModel", hf_config=config, seq_len=args.seq)
+    return GraphModel(cfg, MICRO)
+
+
+def _step(blocks, batch) -> float:
+    start = time.perf_counter()
+    carry: tuple = ()
+    for b in blocks:
+        carry = b.run(carry, batch)
+    carry[0].backward()
+    return time.perf_counter() - start
+
+
+def _median_step(blocks, batch, steps: int) -> float:
+    _step(blocks, batch)  # warm-up
+    return statistics.median(_step(blocks, batch) for _ in range(steps))
+
+
+def _no_comm(x, group=None):
+    return x
+
+
+def _worker(rank: int, port: int, args) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=600))  # fmt: skip
+    graph = _graph(args)
+    mesh = tp_apply.tp_mesh(1, 1, 2)
+    plan = discover(graph, 2)
+    whole = [graph.block(i, seed=0) for i in range(len(graph.shards))]
+    split = [graph.block(i, seed=0) for i in range(len(graph.shards))]
+    for b in split:
+        tp_apply.parallelize(b, plan, mesh["tp"])
+    x = torch.randint(0, 512, (MICRO, args.seq), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x}
+    rounds: dict[str, list[float]] = {"T=1": [], "T=2": [], "T=2 no comm": []}
+    for _ in range(args.rounds):
+        dist.barrier()
+        if rank == 0:
+            rounds["T=1"].append(_median_step(whole, batch, args.steps))
+        dist.barrier()
+        rounds["T=2"].append(_median_step(split, batch, args.steps))
+        dist.barrier()
+        rounds["T=2 no comm"].append(_skipping_comm(split, batch, args.steps))
+    if rank == 0:
+        _print({k: statistics.median(v) for k, v in rounds.items()}, args)
+    dist.destroy_process_group()
+
+
+def _skipping_comm(blocks, batch, steps: int) -> float:
+    saved = tp_apply.dist.all_reduce
+    tp_apply.dist.all_reduce = _no_comm  # both ranks skip: no collective to match
+    try:
+        return _median_step(blocks, batch, steps)
+    finally:
+        tp_apply.dist.all_reduce = saved
+
+
+def _print(t: dict, args) -> None:
+    print(f"GPT-2 {args.layers} layers, width {args.width}, seq {args.seq}, micro-batch "
+          f"{MICRO}; median of {args.rounds} rounds x {args.steps} steps (F+B)")  # fmt: skip
+    print(f"{'layout':<14}{'step ms':>10}{'vs T=1':>10}")
+    for k in ("T=1", "T=2", "T=2 no comm"):
+        print(f"{k:<14}{1e3 * t[k]:>10.1f}{t['T=1'] / t[k]:>9.2f}x")
+    print(f"T=2 all-reduces: {1e3 * (t['T=2'] - t['T=2 no comm']):.1f} ms a step")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(free_port(), args), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()
