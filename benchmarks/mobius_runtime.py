@@ -21,7 +21,14 @@ the state lives, so the paper counts no optimizer traffic; here the tier is a di
 so the update on upload moves gradients up and parameters and Adam's slots both
 ways, printed separately.
 
+``--partition`` measures partition quality instead: the sec. 3.2 MIP
+(``planner.mobius_partition``, priced by the analytic calibration of this CPU with
+the device memory ``--memory-mb`` and the tier at ``--tier-gbps``) against the even
+split into the same number of stages, both trained with prefetch in interleaved
+rounds; printed: each one's stages, modelled and measured median step, and the ratio.
+
     python benchmarks/mobius_runtime.py [--layers 10] [--hidden 256] [--rounds 6] [--cold]
+    python benchmarks/mobius_runtime.py --partition [--memory-mb 48] [--tier-gbps 2]
 """
 
 from __future__ import annotations
@@ -38,25 +45,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from jobctl.engine.calibration.analytic import (  # noqa: E402
+    analytic_calibration,
+    analytic_fingerprint,
+)
 from jobctl.engine.data.dataset import make_data  # noqa: E402
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig  # noqa: E402
 from jobctl.engine.model.blocks import model_def  # noqa: E402
+from jobctl.engine.planner.mobius_costs import (  # noqa: E402
+    MobiusConfig,
+    even_sizes,
+    layer_costs,
+    step_time,
+)
+from jobctl.engine.planner.mobius_partition import mobius_partition  # noqa: E402
 from jobctl.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 2**20
 
 
-def _runner(args, folder: Path, prefetch: bool) -> MobiusRunner:
+def _spec(args):
     shape = {
         "model.layers": args.layers, "model.hidden": args.hidden, "model.heads": 4,
         "model.seq_len": args.seq_len, "model.vocab": 256, "training.optimizer": "adamw",
         "training.global_batch_size": args.micro_batch * args.micro_batches,
         "training.micro_batch_size": args.micro_batch,
     }  # fmt: skip
-    spec = load_spec(ROOT / "jobs" / "quickstart.yaml", overrides=shape)
+    return load_spec(ROOT / "jobs" / "quickstart.yaml", overrides=shape)
+
+
+def _runner(args, folder: Path, prefetch: bool, sizes: list[int] | None = None) -> MobiusRunner:
+    """A runner of one block per stage, or of stages of ``sizes`` blocks."""
+    spec = _spec(args)
     mdef = model_def(spec.model, spec.training.seed, args.micro_batch)
-    stages = tuple((i,) for i in range(mdef.num_blocks))
+    sizes = sizes or [1] * mdef.num_blocks
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    stages = tuple(tuple(range(a, a + n)) for a, n in zip(starts, sizes, strict=True))
     cfg = SwapConfig(folder, stages, args.micro_batch, prefetch=prefetch)
     return MobiusRunner(mdef, spec.training, make_data(spec), cfg)
 
@@ -112,6 +137,38 @@ def _traffic(runner: MobiusRunner, devices: list[int]) -> None:
           f"{optim / P:>8.2f}")  # fmt: skip
 
 
+def _partitions(args) -> tuple[list[int], list[int], MobiusConfig, list]:
+    """The MIP's stage sizes and the even split into as many stages."""
+    spec = _spec(args)
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "bench"))
+    layers = layer_costs(cal, args.micro_batch, args.micro_batches)
+    cfg = MobiusConfig(
+        devices=1, memory_bytes=args.memory_mb * MB, tier_Bps=args.tier_gbps * 1e9,
+        micro_batches=args.micro_batches,
+    )  # fmt: skip
+    mip = mobius_partition(layers, cfg).sizes
+    return mip, even_sizes(len(layers), len(mip)), cfg, layers
+
+
+def _partition_quality(args, tmp: Path) -> None:
+    mip, even, cfg, layers = _partitions(args)
+    runners = [
+        _runner(args, tmp / name, True, sizes) for name, sizes in (("mip", mip), ("even", even))
+    ]
+    for runner in runners:
+        runner.step(0)
+        runner.step(1)
+    a, b = _times(args, *runners)
+    print(f"{'partition':<10}{'stage sizes':<36}{'model s':>10}{'median s':>10}")
+    for name, sizes, got in (("MIP", mip, a), ("even", even, b)):
+        shown = ",".join(map(str, sizes))
+        print(f"{name:<10}{shown:<36}{step_time(layers, sizes, cfg):>10.3f}"
+              f"{statistics.median(got):>10.3f}")  # fmt: skip
+    print(f"even / MIP (measured median): {statistics.median(b) / statistics.median(a):.3f}")
+    for runner in runners:
+        runner.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=10)
@@ -121,8 +178,15 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--cold", action="store_true", help="uploads from disk, not page cache")
+    ap.add_argument("--partition", action="store_true", help="MIP vs even split instead")
+    ap.add_argument("--memory-mb", type=float, default=48.0, help="G for the MIP, MiB")
+    ap.add_argument("--tier-gbps", type=float, default=2.0, help="B for the MIP, GB/s")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.partition:
+        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+            _partition_quality(args, Path(tmp))
+        return
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         on = _runner(args, Path(tmp) / "on", True)
         off = _runner(args, Path(tmp) / "off", False)
