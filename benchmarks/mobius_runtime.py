@@ -7,7 +7,8 @@ one device (N = 1), AdamW, trained by two ``MobiusRunner`` s in this process, on
 with prefetch (the next stage uploaded on the I/O thread while this one computes)
 and one without (each transfer waited for where it is issued), in interleaved
 rounds (A B, then B A) so both see the same machine; the median step of each and
-the ratio are printed. The tier is a folder of record files; by default their pages
+the ratio are printed. The tier is a folder of record files under ``$TMPDIR`` (point
+it at a disk where /tmp is a tmpfs); by default their pages
 stay in the kernel's page cache (the tier then costs memory copies); ``--cold``
 writes them out and drops them from the cache before every step, so uploads come
 from the disk.
@@ -184,10 +185,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.partition:
-        with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
             _partition_quality(args, Path(tmp))
         return
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         on = _runner(args, Path(tmp) / "on", True)
         off = _runner(args, Path(tmp) / "off", False)
         for runner in (on, off):  # warm-up: the first update-on-upload step
