@@ -43,11 +43,9 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
             _recompute_cell(st),
         )
     console.print(stages)
-    console.print(f"[bold]schedule[/bold] {plan.schedule} (per-stage action lists):")
-    for st in plan.stages:
-        acts = st.actions if len(st.actions) <= 160 else st.actions[:157] + "..."
-        console.print(f"  S{st.index}: {acts}", soft_wrap=True, highlight=False)
-    ranks = Table("rank", "node", "local rank", "stage", "replica")
+    _print_actions(console, plan)
+    where = "device" if plan.placement else "stage"  # ZB-V: a rank's device hosts two
+    ranks = Table("rank", "node", "local rank", where, "replica")
     for r in plan.ranks:
         ranks.add_row(*(str(v) for v in (r.rank, r.node, r.local_rank, r.stage, r.replica)))
     console.print(ranks)
@@ -60,6 +58,20 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         print_alternatives(console, plan)
 
 
+def _print_actions(console: Console, plan: Plan) -> None:
+    """Per stage, or (two stages per rank: ZB-V) per device in the order it runs them."""
+    if plan.placement is None:
+        rows = [(f"S{st.index}", st.actions) for st in plan.stages]
+        what = "per-stage action lists"
+    else:
+        rows = [(f"D{d}", text) for d, text in enumerate(plan.device_actions)]
+        what = "per-device action lists; F3@5: micro-batch 3 on stage 5"
+    console.print(f"[bold]schedule[/bold] {plan.schedule} ({what}):")
+    for name, text in rows:
+        acts = text if len(text) <= 160 else text[:157] + "..."
+        console.print(f"  {name}: {acts}", soft_wrap=True, highlight=False)
+
+
 def _print_prediction(console: Console, plan: Plan) -> None:
     pr = plan.prediction
     mem = ", ".join(human_bytes(m * 1024**3) for m in pr.memory_per_stage_gb)
@@ -68,7 +80,8 @@ def _print_prediction(console: Console, plan: Plan) -> None:
         f"predicted ({pr.source}): {pr.step_time_s:.4g} s/step, "
         f"{pr.samples_per_s:.1f} samples/s"
         + (f" ({per_device:.1f} per device)" if per_device is not None else "")
-        + f", bubble {100 * pr.bubble_ratio:.1f} %, memory per stage [{mem}], "
+        + f", bubble {100 * pr.bubble_ratio:.1f} %, memory per "
+        f"{'device' if plan.placement else 'stage'} [{mem}], "
         f"${pr.cost_per_1k_samples:.4f} per 1k samples",
         soft_wrap=True,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from itertools import combinations
 
 import pytest
+from rich.console import Console
 
 from jobctl.engine.calibration.analytic import analytic_calibration
 from jobctl.engine.calibration.cache import analytic_fingerprint
@@ -16,6 +17,7 @@ from jobctl.engine.planner.v_shape import v_partition
 from jobctl.engine.schedule.placement import parse_placed, stage_lists
 from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.engine.views.gantt import draw_gantt
+from jobctl.engine.views.tables import print_plan
 from jobctl.spec import SpecError, load_spec_text
 
 from ..jobrun import tiny_spec
@@ -86,6 +88,10 @@ def test_planner_plans_zb_v_and_gantt_draws_devices(tmp_path) -> None:
     assert len(sim.events) == sum(len(acts) for acts in placed)
     svg = draw_gantt(sim, tmp_path / "zbv.svg").read_text()
     assert "device 0" in svg and "device 1" in svg and "stage 0" not in svg
+    console = Console(record=True, width=80)
+    print_plan(console, plan)
+    text = console.export_text()
+    assert f"D0: {plan.device_actions[0][:40]}" in text and "memory per device" in text
 
 
 def test_auto_planner_lists_zb_v_but_never_picks_it_on_shared_cores() -> None:
