@@ -37,7 +37,7 @@ def main(rank: int, world: int, port: int, out: Path, optimizer: str, steps: int
     spec = spec_for(optimizer, steps)
     mdef = model_def(spec.model, spec.training.seed, 2)
     stages = tuple((i,) for i in range(mdef.num_blocks))
-    cfg = SwapConfig(out / f"tier-{rank}", stages, 2, rank=rank, world=world)
+    cfg = SwapConfig(out / "tier", stages, 2, rank=rank, world=world)
     runner = MobiusRunner(mdef, spec.training, make_data(spec), cfg)
     losses = [runner.step(t) for t in range(steps)]
     runner.flush()

@@ -40,7 +40,7 @@ from jobctl.spec.sections import TrainingSpec
 class SwapConfig:
     """How a Mobius run swaps: its stages, its tier's folder, prefetch, the budget."""
 
-    folder: Path  # the tier (CPU device): this rank's record files
+    folder: Path  # the tier (CPU device): record files under rank-<r>/
     stages: tuple[tuple[int, ...], ...]  # the blocks of each stage, in order
     micro_batch: int  # m; M = B / m micro-batches per step
     prefetch: bool = True
@@ -125,7 +125,7 @@ class MobiusRunner:
             from jobctl.engine.mobius.pinned import PinnedTier
 
             return PinnedTier(self.device)
-        return FileTier(self.cfg.folder)
+        return FileTier(self.cfg.folder / f"rank-{self.cfg.rank}")  # ranks may share it
 
     def _cross_ties(self, mdef: ModelDef) -> list[tuple[int, int, int, int]]:
         """(my stage, byte start of its gradient, other stage, numel) of each tie
