@@ -2,7 +2,7 @@
 
 Two gloo ranks with one thread each. Every round runs, in turn, the whole model as
 one process (rank 0 computes while rank 1 waits at a barrier) and the same model
-split over both ranks by ``tp_apply.parallelize`` (each rank half of every
+split over both ranks by ``tp_stage.parallelize`` (each rank half of every
 attention and MLP linear, Megatron's two all-reduces per layer forward and two
 backward); a step is forward and backward of one micro-batch. The figure is the
 median over rounds of each round's median step, and their ratio; the time the T = 2
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.benchlib import free_port
-from jobctl.engine.model.graph import tp_apply
+from jobctl.engine.model.graph import tp_stage
 from jobctl.engine.model.graph.graph_def import GraphModel
 from jobctl.engine.model.graph.source import GraphModelConfig
 from jobctl.engine.model.graph.tp_plan import discover
@@ -67,12 +67,12 @@ def _worker(rank: int, port: int, args) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=600))  # fmt: skip
     graph = _graph(args)
-    mesh = tp_apply.tp_mesh(1, 1, 2)
+    mesh = tp_stage.tp_mesh(1, 1, 2)
     plan = discover(graph, 2)
     whole = [graph.block(i, seed=0) for i in range(len(graph.shards))]
     split = [graph.block(i, seed=0) for i in range(len(graph.shards))]
     for b in split:
-        tp_apply.parallelize(b, plan, mesh["tp"])
+        tp_stage.parallelize(b, plan, mesh["tp"])
     x = torch.randint(0, 512, (MICRO, args.seq), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": x, "labels": x}
     rounds: dict[str, list[float]] = {"T=1": [], "T=2": [], "T=2 no comm": []}
@@ -90,12 +90,12 @@ def _worker(rank: int, port: int, args) -> None:
 
 
 def _skipping_comm(blocks, batch, steps: int) -> float:
-    saved = tp_apply.dist.all_reduce
-    tp_apply.dist.all_reduce = _no_comm  # both ranks skip: no collective to match
+    saved = tp_stage.dist.all_reduce
+    tp_stage.dist.all_reduce = _no_comm  # both ranks skip: no collective to match
     try:
         return _median_step(blocks, batch, steps)
     finally:
-        tp_apply.dist.all_reduce = saved
+        tp_stage.dist.all_reduce = saved
 
 
 def _print(t: dict, args) -> None:

@@ -27,13 +27,13 @@ pytest.importorskip("transformers")
 from jobctl.engine.model.graph import boundary  # noqa: E402
 from jobctl.engine.model.graph.graph_def import GraphModel  # noqa: E402
 from jobctl.engine.model.graph.source import FixableError, GraphModelConfig  # noqa: E402
-from jobctl.engine.model.graph.tp_apply import (  # noqa: E402
+from jobctl.engine.model.graph.tp_plan import discover  # noqa: E402
+from jobctl.engine.model.graph.tp_stage import (  # noqa: E402
     full_state,
     parallelize,
     shard_of,
     tp_mesh,
 )
-from jobctl.engine.model.graph.tp_plan import discover  # noqa: E402
 
 M, SEQ, LR, WORLD = 2, 8, 0.1, 4
 MODELS = {

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
 from jobctl.engine.model.graph.source import FixableError, GraphModelConfig
-from jobctl.engine.model.graph.tp_apply import shard_of, whole_of
 from jobctl.engine.model.graph.tp_features import FEATURES, Features, register
 from jobctl.engine.model.graph.tp_plan import Split, discover
+from jobctl.engine.model.graph.tp_stage import shard_of, whole_of
 
 from ..jobrun import quickstart_with
 
