@@ -37,6 +37,7 @@ from jobctl.spec.loader import load_spec_text
 from jobctl.spec.serialization import dump_yaml
 
 TIMEOUT_S = 600.0
+PROFILE_VERSION = 2  # in the cache key: what a profile holds
 
 
 def settings(spec: JobSpec) -> list[tuple[int, int]]:
@@ -93,7 +94,8 @@ def peaks_for(plan):
 
 def cached_profile(spec: JobSpec, m: int, n: int, home: Path | None) -> Profile:
     """The profile of (m, n), from the state home's cache or measured now."""
-    key = hashlib.sha256(f"{dump_yaml(concrete(spec, m, n))}".encode()).hexdigest()[:16]
+    text = f"v{PROFILE_VERSION}\n{dump_yaml(concrete(spec, m, n))}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = Path(home or default_home()) / "cache" / "avgpipe" / f"{key}.json"
     if path.exists():
         return profile_from(json.loads(path.read_text()))
@@ -116,7 +118,7 @@ def measure_profile(spec: JobSpec, m: int, n: int) -> dict:
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="jobctl-avgpipe-") as tmp:
         ranks = _run_ranks(job, Path(tmp))
-    return {"m": m, "n": n, "B": B, "ranks": ranks}
+    return {"m": m, "n": n, "B": B, "ranks": ranks, "per_message": spec.hardware.one_machine}
 
 
 def _run_ranks(job: dict, tmp: Path) -> list[dict]:
@@ -174,7 +176,7 @@ def profile_from(raw: dict) -> Profile:
                 F_dat=r["dat_per_sample"] * r["size"] * r["peak"], peak=r["peak"],
             )
         )  # fmt: skip
-    return Profile(m=raw["m"], n=raw["n"], B=raw["B"], stages=tuple(stages))
+    return Profile(raw["m"], raw["n"], raw["B"], tuple(stages), raw["per_message"])
 
 
 def _mean(xs: list[float]) -> float:

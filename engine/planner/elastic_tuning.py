@@ -17,7 +17,11 @@ What jobctl's runtime changes in the equations (each says so where it is used):
   (T_gpu)* = (T_gpu + int max(r phi - 1, 0) dt) / r, holds for either r.
 * One fill and one drain per step over K* = n* m* micro-batches: eqs. 3, 6 and 7
   divide by K* where the paper divides by m*.
-* A batch moves the activations of B / D samples at any (M, N): (T)* = T in eq. 4.
+* Eq. 4's (T)*: a batch moves the activations of B / D samples at any (M, N), so
+  over a network, where bytes cost, (T)* = T. Between the processes of one machine
+  (shared memory) a message costs its hand-over and the receiver's wake-up, not its
+  few bytes: (T)* = (K* / K) T, the messages' count (the paper's n* / n for its
+  N pipelines' messages, with jobctl's M too). ``Profile.per_message`` says which.
 * The N optimizer steps and the rule's passes (E1-E3) are computation the paper's
   eq. 2 does not scale with N; they are profiled apart (T_upd) and scaled by n* / n.
 * Memory (eq. 8): the N parallel models' state scales by n* / n, the reference's
@@ -54,6 +58,7 @@ class Profile:
     n: int
     B: int  # samples per replica per batch (B / D)
     stages: tuple[StageProfile, ...]
+    per_message: bool = False  # communication costs per message (one machine)
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,8 @@ def predict(p: Profile, m_star: int, n_star: int, peaks: list[int]) -> Predictio
     list for K* = n* m* holds at once."""
     r, K_star = utilisation_scale(p.m, p.n, m_star, n_star), m_star * n_star
     gpu = [computation(s.T_gpu, s.phi, r) for s in p.stages]
-    T_star = [s.T for s in p.stages]  # a batch moves B / D samples at any (M, N)
+    scale = K_star / (p.m * p.n) if p.per_message else 1.0  # eq. 4's (T)*, see above
+    T_star = [s.T * scale for s in p.stages]
     com = [communication(t, g, K_star) for t, g in zip(T_star, gpu, strict=True)]
     bub = bubbles(T_star, gpu, K_star)
     upd = [s.T_upd * n_star / p.n for s in p.stages]

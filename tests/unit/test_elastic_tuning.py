@@ -84,6 +84,19 @@ def test_predict_is_the_slowest_stage_of_eq1() -> None:
     assert row.memory == pytest.approx(100 + 30 + 2 * 1 * 40)  # stage 0's peak of 2
 
 
+def test_one_machine_messages_cost_per_message_a_network_per_byte() -> None:
+    s = _stage(T=0.4, phi=((1.0, 1.0),))  # never over at r <= 1
+    net = Profile(m=4, n=1, B=8, stages=(s, s))
+    shm = Profile(m=4, n=1, B=8, stages=(s, s), per_message=True)
+    # (M, N) = (2, 4): K* = 8 messages each way, twice the profile's 4; r = 4/8
+    gpu = 2.0
+    for p, T in ((net, 0.4), (shm, 0.8)):
+        row = predict(p, 2, 4, [2, 1])
+        com = T / 8 + 7 / 8 * max(T - gpu, 0.0)
+        assert row.T_com == pytest.approx(com)
+        assert row.T_bub == pytest.approx((T + gpu) / 8)
+
+
 def test_pick_is_the_fastest_that_fits_the_cap() -> None:
     p = Profile(m=8, n=1, B=8, stages=(_stage(phi=((1.0, 0.1),)), _stage(phi=((1.0, 0.1),))))
     settings = elastic_settings(8, 4, None, None, None)
@@ -114,7 +127,7 @@ def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> Non
         "v_B": 0.01, "F_mod": 10, "F_ref": 5, "dat_per_sample": 3.0, "peak": 2, "size": 2,
     }  # fmt: skip
     last = {**rank, "sent": [[0.0, 0.03], [0.0, 0.05]]}
-    p = profile_from({"m": 4, "n": 1, "B": 8, "ranks": [rank, last]})
+    p = profile_from({"m": 4, "n": 1, "B": 8, "ranks": [rank, last], "per_message": True})
     first, second = p.stages
     assert first.T == pytest.approx(0.01 + 0.04)  # its sends and stage 1's gradients
     assert second.T == pytest.approx(0.04 + 0.01)
