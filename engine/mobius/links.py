@@ -1,12 +1,14 @@
 """The boundaries between Mobius stages: activations forward, their gradients back.
 
-Stage j runs on rank ``j % N`` (the paper's Figure 4a: stages 1 and 5 on P1, 2 and 6
-on P2, ...). A boundary tensor whose two stages share a rank is handed over in
-memory; otherwise it goes over the process group as a small header (dtype, shape)
-and the tensor, tagged by (kind, stage, micro-batch). Every rank runs its stages in
-the step's one global order (forwards ascending, backwards descending), so each
-pair of ranks sends and receives in the same order; sends are asynchronous and
-waited for at the step's end (``drain``).
+Stage j runs on rank ``placement[j]``: by default ``j % N`` (the paper's Figure 4a:
+stages 1 and 5 on P1, 2 and 6 on P2, ...), or a cross mapping (sec. 3.3,
+``planner.cross_mapping``) that keeps adjacent stages off one PCIe root complex. A
+boundary tensor whose two stages share a rank is handed over in memory; otherwise it
+goes over the process group as a small header (dtype, shape) and the tensor, tagged
+by (kind, stage, micro-batch). Every rank runs its stages in the step's one global
+order (forwards ascending, backwards descending) and a receive waits only for a
+stage earlier in that order, so any placement is free of deadlock; sends are
+asynchronous and waited for at the step's end (``drain``).
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEADER = 8  # dtype code, ndim, up to 6 sizes
 
 
-def owner(j: int, world: int) -> int:
-    """The rank that hosts stage ``j`` (round robin over N ranks)."""
-    return j % world
+def round_robin(stages: int, world: int) -> tuple[int, ...]:
+    """The rank of each stage when stage j runs on rank ``j % N``."""
+    return tuple(j % world for j in range(stages))
 
 
 class Links:
     """Boundary tensors of one rank's stages, in memory or over ``group``."""
 
-    def __init__(self, rank: int, world: int, micro_batches: int, group=None):
-        self.rank, self.world, self.M, self.group = rank, world, micro_batches, group
+    def __init__(self, rank: int, placement: tuple[int, ...], micro_batches: int, group=None):
+        self.rank, self.placement, self.M, self.group = rank, placement, micro_batches, group
         self.local: dict[tuple[str, int, int], torch.Tensor] = {}
         self.sent: list = []  # (work, tensors kept alive until it completes)
 
@@ -37,7 +39,7 @@ class Links:
     def send(self, kind: str, j: int, i: int, t: torch.Tensor) -> None:
         """Hand ``t`` (the input of stage ``j``, or the gradient of its output) to the
         rank hosting stage ``j``."""
-        dst = owner(j, self.world)
+        dst = self.placement[j]
         if dst == self.rank:
             self.local[(kind, j, i)] = t
             return
@@ -51,7 +53,7 @@ class Links:
 
     def recv(self, kind: str, j: int, i: int, src_stage: int, device) -> torch.Tensor:
         """The tensor ``send`` gave stage ``j`` from stage ``src_stage``."""
-        src = owner(src_stage, self.world)
+        src = self.placement[src_stage]
         if src == self.rank:
             return self.local.pop((kind, j, i))
         head = torch.empty(_HEADER, dtype=torch.int64)

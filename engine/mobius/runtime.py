@@ -1,6 +1,7 @@
 """The Mobius pipeline: S stages on N ranks (S > N), swapped through the tier below.
 
-Mobius (Feng et al., ASPLOS '23) sec. 3.1. Stage j runs on rank ``j % N`` (``links``);
+Mobius (Feng et al., ASPLOS '23) sec. 3.1. Stage j runs on rank ``j % N`` or where
+``SwapConfig.placement`` (a sec. 3.3 cross mapping) puts it (``links``);
 a step runs the stages in one global order, ``F0 .. F(S-2), FB(S-1), B(S-2) .. B0``,
 each rank its own ones: a stage's M micro-batches forward, in order, each as soon as
 its input arrives; the last stage, still resident, forward and backward together;
@@ -28,7 +29,7 @@ import torch
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.mobius import memory, resident
 from jobctl.engine.mobius.layout import layout_of, slots_of
-from jobctl.engine.mobius.links import Links, owner
+from jobctl.engine.mobius.links import Links, round_robin
 from jobctl.engine.mobius.tier import FileTier
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
@@ -47,6 +48,17 @@ class SwapConfig:
     budget_bytes: int | None = None  # the device memory the two reserved buffers get
     rank: int = 0  # this rank, of
     world: int = 1  # N ranks (a process group joins them when N > 1)
+    placement: tuple[int, ...] | None = None  # the rank of each stage (None: j % N)
+
+    def ranks(self) -> tuple[int, ...]:
+        """The rank of each stage; every rank hosts at least one."""
+        got = self.placement or round_robin(len(self.stages), self.world)
+        if len(got) != len(self.stages) or set(got) != set(range(self.world)):
+            raise ValueError(
+                f"placement {got} must give each of the {len(self.stages)} stages one of "
+                f"ranks 0..{self.world - 1}, every rank at least one stage"
+            )
+        return tuple(got)
 
 
 @dataclass
@@ -80,7 +92,8 @@ class MobiusRunner:
         self.device = device or torch.device("cpu")
         self.shard = Sharding(training.global_batch_size, 1, cfg.micro_batch)
         self.S = len(cfg.stages)
-        self.mine = [j for j in range(self.S) if owner(j, cfg.world) == cfg.rank]
+        self.placement = cfg.ranks()
+        self.mine = [j for j in range(self.S) if self.placement[j] == cfg.rank]
         self.mods, self.opts, self.layouts = {}, {}, {}
         self.tier = self._tier()
         memory.hold_heap()
@@ -88,7 +101,7 @@ class MobiusRunner:
             self._build(mdef, j)
         memory.hold_heap()  # the freed build tensors leave; transient ones will too
         self.reserved = resident.Reserved(self._reserve(), self.device)
-        self.links = Links(cfg.rank, cfg.world, self.shard.micro_batches, group)
+        self.links = Links(cfg.rank, self.placement, self.shard.micro_batches, group)
         self.ties = self._cross_ties(mdef)
         self.pending: int | None = None  # the step whose update is not applied yet
         self.rng: dict[tuple[int, int], torch.Tensor] = {}
@@ -303,7 +316,7 @@ class MobiusRunner:
             if other in here:
                 theirs = here[other][1]
             else:
-                theirs = self.links.exchange(owner(other, self.cfg.world), g)
+                theirs = self.links.exchange(self.placement[other], g)
             total = g + theirs if mine < other else theirs + g
             self.tier.write_span(mine, start, total)
 

@@ -1,5 +1,7 @@
-"""The Mobius runtime over N = 2 ranks (stage j on rank j % 2, six stages): equal to
-one process, with the tied embedding and head summed across the two ranks."""
+"""The Mobius runtime over N = 2 ranks, six stages placed 0,1,1,0,0,1 (as a cross
+mapping may: stages 1-2 and 3-4 share a rank, handed over in memory; the others
+cross over gloo): equal to one process, the tied embedding and head (stages 0 and 5,
+on different ranks) summed across them."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def test_two_ranks_train_like_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     port = free_port()
     cmd = [sys.executable, "-m", "tests.mobius_ranks"]
-    args = [str(port), str(tmp_path), optimizer, "3"]
+    args = [str(port), str(tmp_path), optimizer, "3", "0,1,1,0,0,1"]
     procs = [subprocess.Popen([*cmd, str(r), "2", *args], cwd=ROOT, env=env) for r in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     got = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]

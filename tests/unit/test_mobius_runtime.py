@@ -108,3 +108,12 @@ def test_pinned_tier_on_cuda_trains_like_one_process(tmp_path):
     assert losses == pytest.approx(ref_losses, abs=1e-4)  # GPU kernels round otherwise
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name].cpu(), w, atol=1e-4, rtol=0, msg=name)
+
+
+def test_placement_gives_every_stage_a_rank_and_every_rank_a_stage(tmp_path):
+    stages = ((0,), (1,), (2,), (3,))
+    assert SwapConfig(tmp_path, stages, 2, world=2).ranks() == (0, 1, 0, 1)
+    assert SwapConfig(tmp_path, stages, 2, world=2, placement=(0, 1, 1, 0)).ranks() == (0, 1, 1, 0)
+    for bad in ((0, 0, 0, 0), (0, 1, 2, 0), (0, 1, 0)):
+        with pytest.raises(ValueError, match="every rank at least one stage"):
+            SwapConfig(tmp_path, stages, 2, world=2, placement=bad).ranks()
