@@ -1,5 +1,5 @@
 """Mobius's swapping runtime (Feng et al., ASPLOS '23, sec. 3.1): a pipeline of S
-stages on fewer devices, each stage living in the tier below device memory and
+stages on N < S ranks, each stage living in the tier below device memory and
 uploaded before it runs, the next one prefetched while the current one computes.
 
 * ``layout``: a stage's flat record (parameters | gradients | optimizer slots).
@@ -7,6 +7,7 @@ uploaded before it runs, the next one prefetched while the current one computes.
   thread, and the byte counts of every transfer (``Traffic``).
 * ``pinned``: the tier on CUDA, pinned host memory and a priority copy stream.
 * ``resident``: the two reserved device buffers and a stage bound into one.
+* ``links``: boundary tensors between stages, in memory or between ranks.
 * ``runtime``: ``MobiusRunner``, the step (upload, update on load, forward,
   activation offload, backward with recompute, gradients down) and ``SwapConfig``.
 * ``memory``: the process's resident memory (now and its peak), as tests measure it.
