@@ -4,7 +4,7 @@ One launch of 4 ranks runs every case, so the processes start once: tiny GPT-2
 (``Conv1D``, fused q/k/v), Llama (GQA, RoPE), T5 and BERT at T = 2 x D = 2 (each is a
 T = 2 x P = 1 pipeline; gradients all-reduced over the (D, P, T) mesh's ``dp``
 groups), GPT-2 and Llama at T = 2 x P = 2 too (the carrier between the stages
-holds split values: the cut after a column linear). Each rank checks its losses,
+holds split values: the cut after a column linear), and GPT-2 at T = 4. Each rank checks its losses,
 its split gradients (its shard of one process's), and the whole weights that
 ``full_state`` gathers after one SGD step, which a T = 1 model loads and continues
 from (resume at T = 1).
@@ -56,7 +56,7 @@ MODELS = {
 #: GPT-2 and Llama at T x D and T x P; T5 (its position bias over all heads is
 #: narrowed to each rank's) and BERT at T x D only, to keep the launch short
 CASES = [(n, P, D) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))] + [
-    ("t5", 1, 2), ("bert", 1, 2)]
+    ("t5", 1, 2), ("bert", 1, 2), ("gpt2", 1, 1)]  # the last at T = 4: a head per rank
 
 
 def _graph(name: str) -> GraphModel:
