@@ -29,6 +29,19 @@ class _Event:
         return self.value
 
 
+class _Later:
+    """``fn`` run by the first ``result()``, on the compute stream (after the copies
+    it waits for)."""
+
+    def __init__(self, fn):
+        self.fn, self.done, self.value = fn, False, None
+
+    def result(self):
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value
+
+
 class PinnedTier:
     """Stage records and offloaded activations in pinned host memory."""
 
@@ -46,6 +59,10 @@ class PinnedTier:
 
     def close(self) -> None:
         self.stream.synchronize()
+
+    def after(self, fn) -> _Later:
+        """``fn`` (a stage's optimizer update) runs on the device when first awaited."""
+        return _Later(fn)
 
     def drain(self) -> None:
         """Wait until every copy issued so far has finished."""

@@ -184,8 +184,11 @@ class MobiusRunner:
         secs = range(lay.sections) if update else [0]
         kinds = ["params", "grads", *["optim"] * len(lay.slots)]
         ranges = [lay.section(k) for k in secs]
-        handle = self.tier.load(j, self._buffer(j), ranges, kinds[: len(ranges)])
-        up = _Upload(j, mode, update, self._issued(handle), [])
+        handle = self._issued(self.tier.load(j, self._buffer(j), ranges, kinds[: len(ranges)]))
+        if update:  # the update on upload, right behind the read
+            step, read = self.pending, handle
+            handle = self._issued(self.tier.after(lambda: self._update(j, step, read)))
+        up = _Upload(j, mode, update, handle, [])
         if mode == "b" and j in self.offloaded:  # else issued on arrival, once offloaded
             up.acts = self._fetch_inputs(j)
         return up
@@ -196,22 +199,31 @@ class MobiusRunner:
         return [self.tier.get_act((j, i)) for i in range(self.shard.micro_batches)]
 
     def _arrive(self, up: _Upload) -> None:
-        """Wait for stage ``up.j``, bind it and apply its pending update."""
+        """Wait for stage ``up.j`` (and its update) and bind it for its run."""
         j, lay, opt = up.j, self.layouts[up.j], self.opts[up.j]
-        flat = self._buffer(j)
-        up.handle.result()
+        stored = up.handle.result()  # an update's handle yields its store's
+        if stored is not None and not self.cfg.prefetch:
+            stored.result()
         if up.mode == "b" and j > 0 and not up.acts:
             up.acts = self._fetch_inputs(j)
-        resident.bind(self.mods[j], lay, opt, flat, grads=up.update, slots=up.update)
-        if up.update:
-            set_lr(opt, lr_at(self.pending, self.training))
-            opt.step()
-            ranges = [lay.section(0)] + [lay.section(2 + k) for k in range(len(lay.slots))]
-            kinds = ["params", *["optim"] * len(lay.slots)]
-            self._issued(self.tier.store(j, flat, ranges, kinds))
+        flat = self._buffer(j)
+        resident.bind(self.mods[j], lay, opt, flat, grads=False, slots=False)
         if up.mode != "f":  # gradients accumulate in the record's gradient section
             flat[lay.n : 2 * lay.n].zero_()
             resident.bind(self.mods[j], lay, opt, flat, grads=True, slots=False)
+
+    def _update(self, j: int, step: int, read):
+        """Stage ``j``'s update with step ``step``'s gradients, in its record once
+        ``read`` is (on the tier's I/O thread for a file tier, so the training thread
+        computes meanwhile); issues the store of parameters and slots, returns its
+        handle."""
+        read.result()
+        lay, opt, flat = self.layouts[j], self.opts[j], self._buffer(j)
+        resident.bind(self.mods[j], lay, opt, flat, grads=True, slots=True)
+        set_lr(opt, lr_at(step, self.training))
+        opt.step()
+        ranges = [lay.section(0)] + [lay.section(2 + k) for k in range(len(lay.slots))]
+        return self.tier.store(j, flat, ranges, ["params", *["optim"] * len(lay.slots)])
 
     def step(self, t: int) -> float | None:
         """Train step ``t``; returns its global-batch mean loss on the rank of the last

@@ -50,16 +50,6 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().reshape(-1).numpy().view(np.uint8)
 
 
-class _Done:
-    """The handle of a request that already finished."""
-
-    def __init__(self, value=None):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
 class FileTier:
     """Stage records and offloaded activations in files under ``folder``."""
 
@@ -89,6 +79,11 @@ class FileTier:
     def drain(self) -> None:
         """Wait until every request issued so far has finished."""
         self.io.submit(lambda: None).result()
+
+    def after(self, fn) -> Future:
+        """Run ``fn`` on the I/O thread once the requests issued so far are done (the
+        optimizer update of a stage just read: off the training thread)."""
+        return self.io.submit(fn)
 
     def load(self, j: int, dst: torch.Tensor, ranges: Ranges, kind: list[str]) -> Future:
         """Read ``ranges`` of stage ``j``'s record into the same bytes of ``dst``."""
