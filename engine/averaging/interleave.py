@@ -19,13 +19,22 @@ i+1's in 1F1B order.
 
 Only the order of independent work changes (model i's gradient is the same sum over
 the same micro-batches), so a step equals the one-after-another run of the pipelines.
+
+``on_done(i)`` is called right after pipeline i's last backward (its last W on a
+split-backward list) on this rank: model i's gradient is complete and no later action
+of the step touches model i, so the trainer runs model i's update there (AvgPipe sec.
+4.2: the update fills the bubble while the later pipelines drain) instead of after
+the whole list. Contiguous owners finish in the order 0 .. N-1 on every schedule, so
+the updates reach the reference in that order, as before.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobctl.engine.core.actions import Action
+from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.model.blocks import Stage
 from jobctl.engine.runtime.backward import defer_linear_weights
@@ -57,6 +66,8 @@ class InterleavedExecutor(StepExecutor):
         self.__dict__.update(vars(ex))  # the same channels, links and data as ``ex``
         self.stages, self.shard = stages, share
         self.in_bs: list = []
+        self.on_done: Callable[[int], None] | None = None
+        self.left: Counter = Counter()
 
     def begin(self, actions: list[Action], step: int) -> list[Action]:
         """Open the step; on a split-backward list every model's linear layers leave
@@ -68,7 +79,15 @@ class InterleavedExecutor(StepExecutor):
             for stage in self.stages[1:]:
                 deferred = defer_linear_weights(stage, self.weights)
                 self.in_bs.append([p for p in stage.parameters() if p not in deferred])
+        mine = self.topo.replica
+        self.left = Counter(
+            self.shard.pipeline(mine, a.micro_batch) for a in actions if self._last(a)
+        )
         return actions
+
+    def _last(self, a: Action) -> bool:
+        """Is ``a`` the last action of its micro-batch (its B, or its W if split)?"""
+        return a.op is Op.WEIGHT or (a.op is Op.BACKWARD and a.micro_batch not in self.split)
 
     def _do(self, a: Action, stats: StepStats) -> None:
         i = self.shard.pipeline(self.topo.replica, a.micro_batch)
@@ -76,3 +95,7 @@ class InterleavedExecutor(StepExecutor):
         if self.split:
             self.in_b = self.in_bs[i]
         super()._do(a, stats)
+        if self._last(a):
+            self.left[i] -= 1
+            if self.left[i] == 0 and self.on_done is not None:
+                self.on_done(i)  # model i's gradient is complete

@@ -3,7 +3,8 @@ setting (a large M, a small N) trained for ``BATCHES`` batches with the runtime'
 parts: the step executor over shared-memory links, the N pipelines interleaved on
 their parallel models (``interleave``), each model's optimizer step, local update,
 pull and send to the reference thread (``rule``, ``reference``), as
-``ElasticTrainer`` runs them (one replica: the gradient all-reduce is not profiled).
+``ElasticTrainer`` runs them (one replica: the gradient all-reduce is not profiled;
+each update right after its pipeline's last backward, ``interleave.on_done``).
 
 It records per batch each computing action's seconds (the executor's own timing of
 its forward, backward, recompute or W), the seconds of this rank's sends, and the
@@ -114,26 +115,37 @@ def profile_rank(rank: int, job: dict) -> dict:
 
 def _batches(iex, actions, models, ref, training, alpha: float) -> dict:
     """``BATCHES`` batches after ``WARMUP``: per batch, the computing actions'
-    (kind, seconds), the sends' seconds and the N updates' seconds."""
+    (kind, seconds), the sends' seconds and the N updates' seconds (each run, as
+    ``ElasticTrainer`` runs it with D = 1, right after its pipeline's last backward)."""
     acts, sent, upd = [], [], []
     for step in range(WARMUP + BATCHES):
         for model in models:
             model.opt.zero_grad(set_to_none=True)
+        spent = [0.0]
+
+        def update(i: int, step: int = step, spent: list = spent) -> None:
+            t0 = time.perf_counter()
+            _update(models[i], ref, step, training, alpha)
+            spent[0] += time.perf_counter() - t0
+
+        iex.on_done = update
         stats = iex.run(actions, step)
-        t0 = time.perf_counter()
-        for model in models:  # as ElasticTrainer._update, one replica
-            before = [t.clone() for t in model.tensors]
-            set_lr(model.opt, lr_at(step, training))
-            model.opt.step()  # E1
-            update = local_update(model.tensors, before)  # E2
-            ref.wait_for(step)
-            dilute(model.tensors, ref.tensors, alpha)  # E3
-            ref.submit(step, update)  # step 3
         if step >= WARMUP:
-            upd.append(time.perf_counter() - t0)
+            upd.append(spent[0])
             acts.append(_computing(stats))
             sent.append(list(iex.sent_s))
     return {"actions": acts, "sent": sent, "update": upd}
+
+
+def _update(model, ref: ReferenceModel, step: int, training, alpha: float) -> None:
+    """As ``ElasticTrainer._update`` with one replica: E1-E3 and the send."""
+    before = [t.clone() for t in model.tensors]
+    set_lr(model.opt, lr_at(step, training))
+    model.opt.step()  # E1
+    update = local_update(model.tensors, before)  # E2
+    ref.wait_for(step)
+    dilute(model.tensors, ref.tensors, alpha)  # E3
+    ref.submit(step, update)  # step 3
 
 
 def _computing(stats: StepStats) -> list[tuple[str, float]]:

@@ -6,7 +6,12 @@ pipelines fill each other's bubbles).
 Then, for each pipeline i: model i's gradients are summed over the D replicas and the
 tied stages (as a synchronous step does), model i's own optimizer steps (E1-E2), it
 waits for r_t if the reference thread is a batch behind, dilutes (E3) and queues its
-local update for the reference (steps 3-5, ``reference``). The reported loss is the
+local update for the reference (steps 3-5, ``reference``). With D = 1 this update
+runs inside the action list, right after pipeline i's last backward on this rank
+(``interleave``'s ``on_done``: AvgPipe sec. 4.2, the update fills the bubble while the
+later pipelines drain). With D > 1 the updates stay after the list: their all-reduces
+must meet in one order on every replica, and a replica may hold none of a pipeline's
+micro-batches. The reported loss is the
 mean over the N models of each model's loss on its share. Evaluation and checkpoints
 read the reference once it has applied the batch. Every heartbeat carries each model's
 squared distance from r_t on this stage (``avg_dist2``); ``jobctl status`` shows the
@@ -88,14 +93,25 @@ class ElasticTrainer(Trainer):
         torch.manual_seed(step_seed(self.spec.training.seed, step * cfg.N, self.rank))
         for model in self.parts.models:
             model.opt.zero_grad(set_to_none=True)
+        done: list[int] = []
+        if self.state.topo.D == 1:  # see the module docstring
+            self.interleaved.on_done = lambda i: self._update_in_drain(i, step, done)
         with self._compute():
             stats = self.interleaved.run(self.state.actions, step)
+        self.interleaved.on_done = None
         stats.loss_sum /= cfg.N  # the mean over the N models of each one's share loss
         for i in range(cfg.N):
-            self._update(i, step)
+            if i not in done:
+                self._update(i, step)
         self.ledger.stats = stats
         end = time.perf_counter()
         return stats, StepTimes(start, start, end, end)
+
+    def _update_in_drain(self, i: int, step: int, done: list[int]) -> None:
+        """Model ``i``'s update inside the action list, outside its autocast."""
+        with torch.autocast(self.device.type, enabled=False):
+            self._update(i, step)
+        done.append(i)
 
     def _update(self, i: int, step: int) -> None:
         """Model ``i``'s gradient summed, its optimizer step (E1-E2) and pull (E3)."""

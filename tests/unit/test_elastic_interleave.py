@@ -163,3 +163,33 @@ def test_plan_predicts_an_optimizer_step_per_parallel_model() -> None:
         more = plan.prediction.step_time_s - sync.prediction.step_time_s
         assert (n - 1) * min(opt) - 1e-12 <= more <= (n - 1) * max(opt) + 1e-12
         assert more > 0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "options"),
+    [("advance_forward", {}), ("1f1b", {"recompute": True}), ("zb_h1", {}), ("gpipe", {})],
+)
+def test_on_done_fires_once_per_pipeline_in_order_with_its_gradient_complete(
+    schedule, options
+) -> None:
+    """AvgPipe sec. 4.2: model i's update may run in the drain of the later pipelines:
+    when ``on_done(i)`` fires, model i's gradient is final (no later action of the
+    step touches it), and the pipelines finish in the order 0 .. N-1."""
+    torch.set_num_threads(1)
+    N = 3
+    spec = tiny_spec(**{"training.global_batch_size": 24, "training.micro_batch_size": m})
+    mdef = model_def(spec.model, spec.training.seed, m)
+    first = Stage(mdef, range(mdef.num_blocks))
+    models = [copy.deepcopy(first) for _ in range(N)]
+    share = InterleavedShare(24, 1, m, N=N)
+    actions = generate(schedule, 4, share.micro_batches, **options)[0]
+    ex = InterleavedExecutor(_executor(models[0], share, make_data(spec)), models, share)
+    seen: list[tuple[int, dict]] = []
+    ex.on_done = lambda i: seen.append((i, _grads(models[i])))
+    ex.run(actions, 0)
+    assert [i for i, _ in seen] == list(range(N))
+    for i, grads in seen:
+        final = _grads(models[i])
+        assert grads.keys() == final.keys() and len(final) > 4
+        for k, g in grads.items():
+            assert torch.equal(g, final[k]), (i, k)
