@@ -59,6 +59,7 @@ class FileTier:
         self.traffic = Traffic()
         self.io = ThreadPoolExecutor(1, thread_name_prefix="mobius-io")
         self.fds: dict[int, int] = {}
+        self.writes: list[Future] = []  # checked by drain: a failed write must not pass
         self.act_fd = os.open(self.folder / "activations.bin", os.O_RDWR | os.O_CREAT, 0o600)
         self.acts: dict[tuple[int, int], tuple[int, tuple, torch.dtype]] = {}
         self.act_end = 0
@@ -77,8 +78,12 @@ class FileTier:
         self.fds[j] = fd
 
     def drain(self) -> None:
-        """Wait until every request issued so far has finished."""
+        """Wait until every request issued so far has finished; raises the error of any
+        write that failed (nobody else waits for a write)."""
         self.io.submit(lambda: None).result()
+        writes, self.writes = self.writes, []
+        for done in writes:
+            done.result()
 
     def after(self, fn) -> Future:
         """Run ``fn`` on the I/O thread once the requests issued so far are done (the
@@ -91,7 +96,9 @@ class FileTier:
 
     def store(self, j: int, src: torch.Tensor, ranges: Ranges, kind: list[str]) -> Future:
         """Write ``ranges`` of ``src`` into stage ``j``'s record."""
-        return self.io.submit(self._move, self.fds[j], src, ranges, kind, "down")
+        done = self.io.submit(self._move, self.fds[j], src, ranges, kind, "down")
+        self.writes.append(done)
+        return done
 
     def _move(self, fd: int, buf: torch.Tensor, ranges: Ranges, kinds, direction) -> None:
         view = _bytes(buf)
@@ -104,7 +111,9 @@ class FileTier:
         t = t.detach().contiguous()
         offset, self.act_end = self.act_end, self.act_end + t.numel() * t.element_size()
         self.acts[key] = (offset, tuple(t.shape), t.dtype)
-        return self.io.submit(self._put, t, offset)
+        done = self.io.submit(self._put, t, offset)
+        self.writes.append(done)
+        return done
 
     def _put(self, t: torch.Tensor, offset: int) -> None:
         _transfer(self.act_fd, _bytes(t), offset, read=False)

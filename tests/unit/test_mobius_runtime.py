@@ -3,6 +3,8 @@ bytes it moves between the device and its file tier, and its refusals."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -117,3 +119,12 @@ def test_placement_gives_every_stage_a_rank_and_every_rank_a_stage(tmp_path):
     for bad in ((0, 0, 0, 0), (0, 1, 2, 0), (0, 1, 0)):
         with pytest.raises(ValueError, match="every rank at least one stage"):
             SwapConfig(tmp_path, stages, 2, world=2, placement=bad).ranks()
+
+
+def test_a_failed_write_to_the_tier_is_raised(tmp_path):
+    spec = tiny_spec(**{"model.layers": 2, **SGD})
+    runner = _runner(spec, tmp_path)
+    os.close(runner.tier.fds[1])  # stage 1's record can no longer be written
+    runner.tier.fds[1] = os.open(tmp_path / "rank-0" / "stage-0001.bin", os.O_RDONLY)
+    with pytest.raises(OSError):
+        runner.step(0)
