@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from jobctl.engine.planner.sizing import GB
+
 
 @dataclass(frozen=True)
 class StageProfile:
@@ -145,23 +147,6 @@ class Tuning:
     reason: str
 
 
-def candidates(B: int, N_max: int, fixed_M: int | None, fixed_N: int | None,
-               fixed_size: int | None) -> list[tuple[int, int]]:  # fmt: skip
-    """(M, N) whose micro-batches hold whole samples: N M divides B (per replica),
-    under any of M, N and the micro-batch size the spec fixes."""
-    out = []
-    for n in range(1, N_max + 1):
-        for M in range(1, B // n + 1):
-            if B % (n * M):
-                continue
-            if fixed_N not in (None, n) or fixed_M not in (None, M):
-                continue
-            if fixed_size not in (None, B // (n * M)):
-                continue
-            out.append((M, n))
-    return out
-
-
 def tune(
     p: Profile, settings: list[tuple[int, int]], cap: float,
     peaks_of: Callable[[int], list[int]],
@@ -174,7 +159,7 @@ def tune(
         least = min(rows, key=lambda row: row.memory)
         raise ValueError(
             f"no (M, N) fits hardware.memory_gb: the least memory is M={least.M} "
-            f"N={least.N} at {least.memory / 1e9:.3g} GB (raise hardware.memory_gb)"
+            f"N={least.N} at {least.memory / GB:.3g} GB (raise hardware.memory_gb)"
         )
     pick = min(fits, key=lambda row: row.step_s)
     fastest = min(rows, key=lambda row: row.step_s)
@@ -184,6 +169,6 @@ def tune(
         reason = (
             f"fastest that fits: M={fastest.M} N={fastest.N} would be "
             f"{pick.step_s / fastest.step_s - 1:.0%} faster but needs "
-            f"{fastest.memory / 1e9:.3g} GB > {cap / 1e9:.3g} GB"
+            f"{fastest.memory / GB:.3g} GB > {cap / GB:.3g} GB"
         )
     return Tuning(p, rows, pick, cap, reason)
