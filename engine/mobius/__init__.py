@@ -10,7 +10,9 @@ uploaded before it runs, the next one prefetched while the current one computes.
 * ``links``: boundary tensors between stages, in memory or between ranks.
 * ``runtime``: ``MobiusRunner``, the step (upload, update on load, forward,
   activation offload, backward with recompute, gradients down) and ``SwapConfig``.
+* ``planned``: a ``SwapConfig`` from the MIP's stages and the cross mapping.
 * ``memory``: the process's resident memory (now and its peak), as tests measure it.
 
-The planning half (costs, the MIP partition, cross mapping) is in ``planner``.
+The planning half (costs, the MIP partition, cross mapping) is in ``planner``;
+``planned`` joins the two.
 """

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from jobctl.engine.data.dataset import make_data
+from jobctl.engine.mobius.planned import planned_config
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
+from jobctl.engine.planner.cross_mapping import Topology
+from jobctl.engine.planner.mobius_partition import MobiusPartition
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import tiny_spec
@@ -128,3 +131,20 @@ def test_a_failed_write_to_the_tier_is_raised(tmp_path):
     runner.tier.fds[1] = os.open(tmp_path / "rank-0" / "stage-0001.bin", os.O_RDONLY)
     with pytest.raises(OSError):
         runner.step(0)
+
+
+def test_planned_config_takes_the_mip_stages_and_the_cross_mapping(tmp_path):
+    cuts = [0, 2, 3, 5, 6, 8, 9, 10, 12]
+    part = MobiusPartition(
+        stages=tuple(range(a, b) for a, b in zip(cuts, cuts[1:], strict=False)),
+        devices=(0, 1, 2, 3, 0, 1, 2, 3), step_time_s=1.0, group=1, solve_s=0.1,
+        optimal=True,
+    )  # fmt: skip
+    cfg = planned_config(part, tmp_path, 2, rank=1)
+    assert cfg.stages[:3] == ((0, 1), (2,), (3, 4)) and cfg.world == 4
+    assert cfg.ranks() == (0, 1, 2, 3, 0, 1, 2, 3)
+    # Figure 4: P1 P2 under one root complex, P3 P4 under the other (devices 0-3).
+    fig4 = Topology(root_complexes=[[0, 1], [2, 3]])
+    assert planned_config(part, tmp_path, 2, topology=fig4).ranks() == (0, 2, 1, 3, 0, 2, 1, 3)
+    with pytest.raises(ValueError, match="topology lists 2 devices"):
+        planned_config(part, tmp_path, 2, topology=Topology(root_complexes=[[0, 1]]))
