@@ -108,7 +108,9 @@ def test_lost_node_shrinks_then_grows_back_to_the_pool(tmp_path):
 def test_jobctl_scale_morphs_a_running_job(tmp_path):
     # Rank 0 sleeps in every forward, so the run is still going when the CLI's request
     # lands (the single-process reference does not sleep). Scale needs no elasticity.
-    spec = _spec(150, **{**SLOW, "elasticity.enabled": False})
+    # Slow in the first attempt only: the morphed attempt's 100-odd steps need no sleep.
+    slow = {**SLOW, "model.import_args": {**SLOW["model.import_args"], "first_attempt_only": True}}
+    spec = _spec(150, **{**slow, "elasticity.enabled": False})
     proc, env, home, run_dir = _start(tmp_path, spec)
     r = subprocess.run(
         [*JOBCTL, "scale", run_dir.name, "2"], env=env, capture_output=True, text=True
@@ -134,7 +136,8 @@ def test_exclude_stragglers_leaves_the_slow_node_out_at_the_next_morph(tmp_path)
         150,
         **{
             **SLOW,
-            "model.import_args": {"slow_rank": 1, "delay_s": 0.08},
+            # the morph leaves the slow node out; the attempt after it need not be slow
+            "model.import_args": {"slow_rank": 1, "delay_s": 0.08, "first_attempt_only": True},
             "elasticity.straggler_threshold": 0.5,  # 2 busy cores skew times by 20-30 %
             "elasticity.exclude_stragglers": True,
             "parallelism.pipeline_stages": 2,
