@@ -96,10 +96,15 @@ class MobiusRunner:
         self.mine = [j for j in range(self.S) if self.placement[j] == cfg.rank]
         self.mods, self.opts, self.layouts = {}, {}, {}
         self.tier = self._tier()
-        memory.hold_heap()
+        # Tuning the heap is process-wide: only a rank held to a budget owns its
+        # process that far (a test or a notebook running the runtime in-process does not).
+        held = cfg.budget_bytes is not None
+        if held:
+            memory.hold_heap()
         for j in self.mine:  # built one at a time and written down at once
             self._build(mdef, j)
-        memory.hold_heap()  # the freed build tensors leave; transient ones will too
+        if held:  # the freed build tensors leave; transient ones will too
+            memory.hold_heap()
         self.reserved = resident.Reserved(self._reserve(), self.device)
         self.links = Links(cfg.rank, self.placement, self.shard.micro_batches, group)
         self.ties = self._cross_ties(mdef)
