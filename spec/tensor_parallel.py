@@ -7,7 +7,8 @@ graph of an unmodified model (``engine.model.graph.tp_plan``). The fields live o
 T to the pool and the model section are :func:`tensor_parallel_violations`, called
 by ``JobSpec``. That T divides the model's heads and hidden sizes needs the built
 model, so ``engine.model.graph.checks`` checks it at ``validate`` too. The planner's
-search over T is not built, so ``tensor_parallel: auto`` is refused with a fix.
+search over T is not built, so ``tensor_parallel: auto`` is refused with a fix, and
+so are the features whose runtime has no T ranks per stage (:data:`NOT_WITH_T`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ from .base import SpecModel, Violation, friendly_error
 
 MAX_TENSOR_PARALLEL = 64
 FIELD = "parallelism.tensor_parallel"
+
+#: Features that do not run with T > 1 yet: (field, is it on?, why not).
+NOT_WITH_T = (
+    ("parallelism.averaging", lambda s: s.parallelism.averaging != "none",
+     "AvgPipe's N parallel models deepcopy a stage, and a split stage holds its "
+     "T group's process group"),
+    ("parallelism.schedule", lambda s: s.parallelism.schedule == "zb_v",
+     "ZB-V hosts two stages per rank, which are not split over T ranks yet"),
+    ("pruning.enabled", lambda s: s.pruning.enabled,
+     "pruning's masks and re-planning see whole weights, not a rank's shard"),
+    ("rebalancing.enabled", lambda s: s.rebalancing.enabled,
+     "moving layers between stages does not move T shards yet"),
+    ("elasticity.enabled", lambda s: s.elasticity.enabled,
+     "morphs and a survivor's hand-over do not re-shard T groups yet"),
+)  # fmt: skip
 
 
 class TensorParallelFields(SpecModel):
@@ -57,6 +73,12 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
             "use model.huggingface (or model.import) for the model, or set "
             "parallelism.tensor_parallel: 1",
         )
+    for field, on, why in NOT_WITH_T:
+        if on(spec):
+            yield Violation(
+                field, f"does not run with tensor_parallel {T}: {why}",
+                f"turn {field} off or set parallelism.tensor_parallel: 1",
+            )  # fmt: skip
     hw = spec.hardware
     if hw.processes_per_node % T:
         yield Violation(

@@ -5,12 +5,15 @@ Every parameter and its optimizer state is stored under the unsplit model's name
 each layer is checkpointed independently), so a checkpoint written by any P x D loads
 into any other partition. The replicas of a stage share the writing: block ``j`` of a
 stage is written by replica ``j mod D``. A tied alias is not stored; it is restored
-from its canonical parameter.
+from its canonical parameter. With T > 1 a split parameter (and its optimizer state)
+is gathered whole over its T group and written by shard t = 0 only, so a run saved
+at one T resumes at any other (``load_blocks`` keeps each rank's shard).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +30,8 @@ def block_file(block: int) -> str:
 
 
 def blocks_written_by(plan: Plan, rank: int) -> list[int]:
-    """Blocks whose file this rank writes (its stages' blocks, dealt over replicas)."""
+    """Blocks whose file this rank writes (its stages' blocks, dealt over replicas);
+    with T > 1 every rank of a T group gets its t = 0's (they gather, t = 0 writes)."""
     me = plan.rank(rank)
     blocks = [b for st in plan.hosted(rank) for b in st.blocks]
     return [b for k, b in enumerate(blocks) if k % plan.D == me.replica]
@@ -39,6 +43,8 @@ def _block_params(stage: Stage, block: int) -> dict[str, nn.Parameter]:
 
 
 Snapshot = dict[int, dict]  # block -> {"params": {name: tensor}, "optim": {name: state}}
+#: (stage parameter name, tensor) -> tensor: a split parameter's whole (or local) tensor
+Reshard = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def snapshot_blocks(
@@ -47,18 +53,23 @@ def snapshot_blocks(
     blocks: list[int],
     ties: list[Tie],
     masks: dict[str, torch.Tensor] | None = None,
+    whole: Reshard | None = None,
 ) -> Snapshot:
     """Copies of the parameters, optimizer state and pruning masks (if any) of ``blocks``
     (the only part of a checkpoint that must happen while training waits). A stage
-    without an optimizer (AvgPipe's reference model) saves no optimizer state."""
+    without an optimizer (AvgPipe's reference model) saves no optimizer state. With
+    ``whole`` (T > 1: collective over the T group) split tensors are saved whole."""
     aliases = {t.alias for t in ties}
     snap: Snapshot = {}
     states = {} if opt is None else opt.state
     for b in blocks:
         params = {n: p for n, p in _block_params(stage, b).items() if n not in aliases}
         snap[b] = {
-            "params": {n: p.detach().cpu().clone() for n, p in params.items()},
-            "optim": {n: _cpu_state(states.get(p, {})) for n, p in params.items()},
+            "params": {n: _reshard(whole, n, p.detach(), p) for n, p in params.items()},
+            "optim": {
+                n: _cpu_state(states.get(p, {}), lambda v, n=n, p=p: _reshard(whole, n, v, p))
+                for n, p in params.items()
+            },
         }
         if masks:
             snap[b]["masks"] = {n: masks[n].cpu().clone() for n in params if n in masks}
@@ -72,8 +83,15 @@ def write_snapshot(snap: Snapshot, out_dir: Path) -> list[str]:
     return [block_file(b) for b in snap]
 
 
-def _cpu_state(state: dict) -> dict:
-    return {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+def _reshard(how: Reshard | None, name: str, value: torch.Tensor, like) -> torch.Tensor:
+    """A CPU copy of ``value``, through ``how`` where it is shaped like the parameter."""
+    if how is not None and value.shape == like.shape:
+        value = how(name, value)
+    return value.detach().cpu().clone()
+
+
+def _cpu_state(state: dict, copy=lambda v: v.detach().cpu().clone()) -> dict:
+    return {k: (copy(v) if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
 def load_blocks(
@@ -82,10 +100,12 @@ def load_blocks(
     ckpt_dir: Path,
     ties: list[Tie],
     part: int | None = None,
+    local: Reshard | None = None,
 ) -> None:
     """Load this stage's parameters and optimizer state (if ``opt``) from a checkpoint
     folder; with ``part``, those of AvgPipe's parallel model ``part`` instead (a block
-    file's ``parallel`` list, ``engine/averaging/checkpoint.py``)."""
+    file's ``parallel`` list, ``engine/averaging/checkpoint.py``); with ``local``
+    (T > 1), this rank's shard of each whole tensor."""
     alias_of = {t.alias: t.canonical for t in ties}
     named = dict(stage.named_parameters())
     cache: dict[int, dict] = {}
@@ -99,14 +119,16 @@ def load_blocks(
         payload = cache[block] if part is None else cache[block]["parallel"][part]
         if source not in payload["params"]:
             raise KeyError(f"checkpoint {ckpt_dir} has no parameter {source!r}")
+        saved = payload["params"][source]
         with torch.no_grad():
-            p.copy_(payload["params"][source])
+            p.copy_(_reshard(local, name, saved, saved))
         state = payload["optim"].get(source)
         if state and opt is not None:
             opt.state[p] = {
-                k: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                k: (_reshard(local, name, v, saved).to(p.device)
+                    if torch.is_tensor(v) and v.dim() else v)
                 for k, v in state.items()
-            }
+            }  # fmt: skip
 
 
 def load_masks(ckpt_dir: Path, names: list[str], ties: list[Tie]) -> dict[str, torch.Tensor]:

@@ -42,7 +42,8 @@ def resume_stage(state: StageState, ties: list[Tie], ckpt_dir: Path) -> int:
     meta = read_meta(ckpt_dir)
     if meta["global_batch_size"] != state.plan.global_batch_size:
         raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
-    load_blocks(state.stage, state.opt, ckpt_dir, ties)
+    local = None if state.tp is None else state.tp.local  # T > 1: keep this rank's shard
+    load_blocks(state.stage, state.opt, ckpt_dir, ties, local=local)
     return int(meta["step"])
 
 
@@ -97,7 +98,10 @@ class Checkpointing(StepHook):
         plan = state.plan
         masks = self.masks() if self.masks is not None else None
         mine = blocks_written_by(plan, self.rank)
-        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks)
+        whole = None if state.tp is None else state.tp.whole  # T > 1: gathered by the group
+        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks, whole)
+        if plan.rank(self.rank).tp_rank:  # the group's whole tensors: t = 0 writes them
+            snap = {}
         self.manager.save(step, snap, self.meta(plan, step), final=final)
 
     def meta(self, plan: Plan, step: int) -> dict:

@@ -22,7 +22,10 @@ class StagePlan(_Frozen):
 
     index: int = Field(description="stage number, 0 = first")
     blocks: list[int] = Field(description="model blocks (cut-point sections) this stage holds")
-    ranks: list[int] = Field(description="global rank of this stage in replica d, for each d")
+    ranks: list[int] = Field(
+        description="global rank of this stage in replica d, for each d (with T > 1: its "
+        "t = 0 rank; t is that rank + t, Plan.rank_at)"
+    )
     recompute: bool = Field(False, description="forwards keep only inputs; R re-runs them")
     keep_blocks: int | None = Field(
         None,
@@ -44,6 +47,7 @@ class RankPlan(_Frozen):
     local_rank: int
     stage: int
     replica: int
+    tp_rank: int = Field(0, description="t: this rank's shard of its stage (0..T-1)")
 
 
 class Prediction(_Frozen):
@@ -99,6 +103,7 @@ class Plan(_Frozen):
 
     P: int = Field(description="pipeline stages")
     D: int = Field(description="data-parallel replicas")
+    T: int = Field(1, description="tensor-parallel ranks per stage (Merak 4.1), consecutive")
     micro_batch_size: int = Field(description="samples per micro-batch (m)")
     micro_batches: int = Field(description="micro-batches per replica per step (N_m)")
     global_batch_size: int
@@ -128,7 +133,21 @@ class Plan(_Frozen):
 
     @property
     def world_size(self) -> int:
-        return self.P * self.D
+        return self.T * self.P * self.D
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """``(d, p, t)`` of ``rank``: its replica, stage and tensor-parallel shard."""
+        me = self.ranks[rank]
+        return me.replica, me.stage, me.tp_rank
+
+    def rank_at(self, d: int, p: int, t: int = 0) -> int:
+        """The rank of shard ``t`` of stage ``p`` in replica ``d`` (T consecutive ranks)."""
+        return self.stages[p].ranks[d] + t
+
+    def tp_ranks(self, rank: int) -> list[int]:
+        """The T ranks of ``rank``'s tensor-parallel group (itself included)."""
+        d, p, _ = self.coords(rank)
+        return [self.rank_at(d, p, t) for t in range(self.T)]
 
     def rank(self, rank: int) -> RankPlan:
         return self.ranks[rank]
@@ -150,8 +169,9 @@ class Plan(_Frozen):
         return sizes
 
     def summary(self) -> str:
-        """One line: ``P=2 D=2 m=2 N_m=4 1f1b``."""
+        """One line: ``P=2 D=2 m=2 N_m=4 1f1b`` (``T=2 P=2 ...`` with T > 1)."""
+        tp = f"T={self.T} " if self.T > 1 else ""
         return (
-            f"P={self.P} D={self.D} m={self.micro_batch_size} "
+            f"{tp}P={self.P} D={self.D} m={self.micro_batch_size} "
             f"N_m={self.micro_batches} {self.schedule}"
         )

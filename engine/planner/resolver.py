@@ -68,14 +68,49 @@ def plan_priced(
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
-    if spec.parallelism.tensor_parallel > 1:  # the spec paths that skip validate's check
-        raise PlanError("parallelism.tensor_parallel > 1: runs do not launch T ranks per "
-                        "stage yet; set parallelism.tensor_parallel: 1")
+    T = spec.parallelism.tensor_parallel
+    spec, G = tp_groups(spec, G)
     cal = calibration or calibration_for(spec, home)
     choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
     found, aware = stage_aware.apply(spec, cal, choice.found)
     found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
-    return build_plan(spec, cal, found, G, home, aware), found.ranked[0].sim, choice
+    plan = build_plan(spec, cal, found, G, home, aware)
+    return with_tensor_parallel(plan, T), found.ranked[0].sim, choice
+
+
+def tp_groups(spec: JobSpec, G: int) -> tuple[JobSpec, int]:
+    """The spec and pool the search sees with T > 1: a tensor-parallel group of T
+    consecutive ranks is one device to it (its costs are not divided by T yet)."""
+    T = spec.parallelism.tensor_parallel
+    if T == 1:
+        return spec, G
+    if G < T:
+        raise PlanError(f"parallelism.tensor_parallel {T} needs {T} devices, {G} are left")
+    per_node = spec.hardware.processes_per_node // T
+    hardware = spec.hardware.model_copy(update={"processes_per_node": per_node})
+    return spec.model_copy(update={"hardware": hardware}), G // T
+
+
+def with_tensor_parallel(plan: Plan, T: int) -> Plan:
+    """``plan`` (one rank per T group) with T consecutive ranks per group: group g's
+    ranks are g T .. g T + T - 1, so the group stays on group g's node."""
+    if T == 1:
+        return plan
+    if plan.placement is not None:
+        raise PlanError("parallelism.tensor_parallel > 1 runs one stage per rank; "
+                        "set parallelism.schedule to one other than zb_v")  # fmt: skip
+    ranks = [
+        r.model_copy(update={"rank": r.rank * T + t, "local_rank": r.local_rank * T + t,
+                             "tp_rank": t})
+        for r in plan.ranks for t in range(T)
+    ]  # fmt: skip
+    stages = [st.model_copy(update={"ranks": [r * T for r in st.ranks]}) for st in plan.stages]
+    return plan.model_copy(update={
+        "T": T, "ranks": ranks, "stages": stages,
+        "processes_per_node": plan.processes_per_node * T,
+        "explanation": [*plan.explanation, f"T = {T}: each stage split over {T} "
+                        "consecutive ranks (a group priced as one device)"],
+    })  # fmt: skip
 
 
 def describe(cal: Calibration, spec: JobSpec | None = None) -> str:

@@ -35,6 +35,7 @@ class StageState:
     topo: Topology
     actions: list[Action]
     live_group: object | None = None  # None: every rank (packing frees some)
+    tp: object | None = None  # T > 1: the stage's split (model.graph.tp_stage.StageShards)
 
 
 @dataclass

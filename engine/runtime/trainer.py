@@ -21,6 +21,7 @@ from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data, make_eval_data
 from jobctl.engine.data.prefetch import prefetching
 from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.model.graph.tp_stage import StageShards
 from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.failure import StepFailure, StepLedger, commit_step, is_peer_failure
@@ -61,9 +62,13 @@ def build_state(
     topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
+    tp = None
+    if plan.T > 1:  # before the optimizer: the split parameters are new Parameters
+        tp = StageShards(mdef.graph, plan.T, topo.tp_group, topo.tp_ranks, device.type)
+        tp.apply(stage)
     named = dict(stage.named_parameters())
     opt = build_optimizer(list(named.values()), training)
-    return StageState(plan, stage, named, opt, topo, me.action_list())
+    return StageState(plan, stage, named, opt, topo, me.action_list(), tp=tp)
 
 
 class StopVote:
@@ -263,9 +268,11 @@ class Trainer:
         """Loop step ``step`` on the current layout (see ``runtime.step.train_step``)."""
         st = self.state
         self.ledger.begin()
+        # A T group shares one seed: dropout outside the split layers is the same on all
+        seed_rank = self.rank // st.plan.T
         return train_step(
             _Recorded(self.executor, self.ledger), st.actions, st.opt, self.spec.training,
-            step, self.rank, compute=self._compute, hooks=self.hooks,
+            step, seed_rank, compute=self._compute, hooks=self.hooks,
             sync=lambda: self._sync_and_commit(step + 1),
         )  # fmt: skip
 

@@ -25,14 +25,16 @@ def _recompute_cell(st) -> str:
 def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
     """The plan as a summary line, a stage table and a rank table; with ``steps``, the
     end-to-end prediction (start-up included)."""
+    tp = f"T={plan.T} x " if plan.T > 1 else ""  # tensor parallel: T ranks per stage
     console.print(
-        f"[bold]plan[/bold] P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
+        f"[bold]plan[/bold] {tp}P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
         f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
         f"{plan.micro_batches} per replica = global batch {plan.global_batch_size}; "
         f"schedule {plan.schedule}",
         soft_wrap=True,
     )
-    stages = Table("stage", "blocks", "ranks (replica 0..D-1)", "recompute")
+    first = "ranks (replica 0..D-1)" if plan.T == 1 else "first ranks (+0..T-1)"
+    stages = Table("stage", "blocks", first, "recompute")
     for st in plan.stages:
         names = [plan.block_names[b] for b in st.blocks]
         shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
@@ -45,9 +47,11 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
     console.print(stages)
     _print_actions(console, plan)
     where = "device" if plan.placement else "stage"  # ZB-V: a rank's device hosts two
-    ranks = Table("rank", "node", "local rank", where, "replica")
+    shard = ["t"] if plan.T > 1 else []
+    ranks = Table("rank", "node", "local rank", where, "replica", *shard)
     for r in plan.ranks:
-        ranks.add_row(*(str(v) for v in (r.rank, r.node, r.local_rank, r.stage, r.replica)))
+        cells = (r.rank, r.node, r.local_rank, r.stage, r.replica, r.tp_rank)
+        ranks.add_row(*(str(v) for v in cells[: 5 + len(shard)]))
     console.print(ranks)
     if plan.prediction:
         from jobctl.engine.views.prediction import print_end_to_end

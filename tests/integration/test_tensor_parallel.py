@@ -230,3 +230,34 @@ def test_family_without_a_feature_dict_is_refused():
     with pytest.raises(FixableError, match="no feature dict for model family 'Plain'") as e:
         features_for(Plain())
     assert "tp_features.register" in e.value.fix
+
+
+def _tp_spec(T: int, P: int, steps: int, **extra):
+    from .test_graph_models import GPT2, hf_spec
+
+    return hf_spec(GPT2, P, 1, **{
+        "parallelism.tensor_parallel": T, "hardware.processes_per_node": T * P,
+        "training.steps": steps, "checkpoint.interval": 2, **extra})  # fmt: skip
+
+
+@pytest.mark.multiproc
+def test_apply_at_T2_equals_one_process_and_resumes_at_T1_and_back(tmp_path):
+    """A launched run (plan, workers, p2p, checkpoint writer) at T = 2 x P = 2 (4
+    ranks): steps 1-2 equal one process; its checkpoint resumes at T = 1 (steps 3-4,
+    SGD momentum included), whose checkpoint resumes at T = 2 x P = 1 (steps 5-6)."""
+    from jobctl.engine.worker.reference import reference_train
+
+    from ..jobrun import final_weights, run_job, step_losses
+
+    ref_losses, ref_weights = reference_train(_tp_spec(1, 1, 6))
+    got, ckpt = [], None
+    for T, P, steps in ((2, 2, 2), (1, 1, 4), (2, 1, 6)):
+        run, outcome = run_job(_tp_spec(T, P, steps), tmp_path, resume_dir=ckpt)
+        assert outcome.ok, outcome.message
+        assert run.plan.T == T and run.plan.world_size == T * P
+        got += step_losses(run.dir)
+        ckpt = run.dir / "checkpoints" / f"step-{steps:08d}"
+    assert got == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, 6)  # written whole by t = 0
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)

@@ -62,9 +62,35 @@ def test_T_must_divide_heads_and_widths(tmp_path):
     assert "one of 1, 3" in out
 
 
-def test_valid_T_stops_before_runs_that_cannot_launch_it(tmp_path):
-    _fails(_spec(tmp_path, 2, model=_gpt2_yaml()), "valid for this model",
-           "do not launch T ranks", "tensor_parallel: 1")  # fmt: skip
+def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
+    path = _spec(tmp_path, 2, model=_gpt2_yaml())
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0, r.output
+    from jobctl.engine.planner.resolver import make_plan
+    from jobctl.spec import load_spec
+
+    plan = make_plan(load_spec(path))  # 2 nodes x 2 processes: one T group per node
+    assert (plan.T, plan.P, plan.D, plan.world_size) == (2, 1, 2, 4)
+    assert [plan.coords(r) for r in range(4)] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert [r.node for r in plan.ranks] == [0, 0, 1, 1]
+    assert [r.local_rank for r in plan.ranks] == [0, 1, 0, 1]
+    assert plan.tp_ranks(3) == [2, 3] and plan.rank_at(1, 0, 1) == 3
+    out = runner.invoke(app, ["plan", str(path)]).output
+    assert "T=2 x P=1 x D=2 on 4 device(s)" in out, out
+
+
+@pytest.mark.parametrize("field, edit, words", [
+    ("averaging", ("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic"),
+     "deepcopy a stage"),
+    ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
+    ("pruning", ("hardware:", "pruning:\n  enabled: true\nhardware:"), "whole weights"),
+])  # fmt: skip
+def test_features_without_T_ranks_are_refused(tmp_path, field, edit, words):
+    path = _spec(tmp_path, 2, model=_gpt2_yaml())
+    path.write_text(path.read_text().replace(*edit))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 2 and words in r.output and "tensor_parallel: 1" in r.output, r.output
+    assert "Traceback" not in r.output
 
 
 def _graph(cls: str, config: dict):

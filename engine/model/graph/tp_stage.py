@@ -24,7 +24,7 @@ from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from jobctl.engine.model.graph.tp_plan import LINEARS, Split, TPPlan
+from jobctl.engine.model.graph.tp_plan import LINEARS, Split, TPPlan, discover
 
 aten = torch.ops.aten
 
@@ -188,3 +188,38 @@ def full_state(module: nn.Module, plan: TPPlan, mesh: DeviceMesh) -> dict[str, t
             value = whole_of(gathered, split, plan.T)
         state[name] = value
     return state
+
+
+class StageShards:
+    """A run's stage made tensor parallel on its T group: the plan found on the traced
+    model, the 1-D mesh over the group's ranks, and the conversions a checkpoint needs
+    between a stage parameter (``layers.<block>.<model name>``) and its whole tensor."""
+
+    def __init__(self, graph, T: int, group, ranks: list[int], device: str = "cpu") -> None:
+        self.plan = discover(graph, T)
+        self.mesh = DeviceMesh.from_group(group, device, mesh=ranks)
+        self.t = self.mesh.get_local_rank()
+
+    def apply(self, stage: nn.Module) -> None:
+        """Split every subgraph of ``stage`` (its ``layers``) in place; each was built
+        whole with the run's seed, so the T ranks' shards are one model's."""
+        for block in stage.layers.values():
+            parallelize(block, self.plan, self.mesh)
+
+    def split_of(self, name: str) -> Split | None:
+        """How the stage parameter ``name`` is split (None: whole on every rank)."""
+        parts = name.split(".", 2)
+        return self.plan.params.get(parts[2]) if len(parts) == 3 else None
+
+    def whole(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of ``name`` from the group's shards (collective over T)."""
+        split = self.split_of(name)
+        if split is None:
+            return local
+        gathered = DTensor.from_local(local, self.mesh, [Shard(split.dim)]).full_tensor()
+        return whole_of(gathered, split, self.plan.T)
+
+    def local(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of ``name``'s whole tensor (a checkpoint's, any T)."""
+        split = self.split_of(name)
+        return whole if split is None else shard_of(whole, split, self.t, self.plan.T)
