@@ -78,6 +78,19 @@ def plan_priced(
     return with_tensor_parallel(plan, T), found.ranked[0].sim, choice
 
 
+def _per_rank(pred: Prediction | None, T: int) -> Prediction | None:
+    """A group's prediction for its T devices: dollars and per-device rates by T."""
+    if pred is None:
+        return None
+    times = lambda v: None if v is None else v * T  # noqa: E731
+    per = pred.samples_per_s_per_device
+    return pred.model_copy(update={
+        "cost_per_1k_samples": pred.cost_per_1k_samples * T,
+        "finish_usd": times(pred.finish_usd), "hourly_usd": times(pred.hourly_usd),
+        "samples_per_s_per_device": None if per is None else per / T,
+    })  # fmt: skip
+
+
 def tp_groups(spec: JobSpec, G: int) -> tuple[JobSpec, int]:
     """The spec and pool the search sees with T > 1: a tensor-parallel group of T
     consecutive ranks is one device to it (its costs are not divided by T yet)."""
@@ -106,7 +119,7 @@ def with_tensor_parallel(plan: Plan, T: int) -> Plan:
     ]  # fmt: skip
     stages = [st.model_copy(update={"ranks": [r * T for r in st.ranks]}) for st in plan.stages]
     return plan.model_copy(update={
-        "T": T, "ranks": ranks, "stages": stages,
+        "T": T, "ranks": ranks, "stages": stages, "prediction": _per_rank(plan.prediction, T),
         "processes_per_node": plan.processes_per_node * T,
         "explanation": [*plan.explanation, f"T = {T}: each stage split over {T} "
                         "consecutive ranks (a group priced as one device)"],

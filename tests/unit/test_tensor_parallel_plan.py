@@ -75,6 +75,8 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
     assert [r.node for r in plan.ranks] == [0, 0, 1, 1]
     assert [r.local_rank for r in plan.ranks] == [0, 1, 0, 1]
     assert plan.tp_ranks(3) == [2, 3] and plan.rank_at(1, 0, 1) == 3
+    pred = plan.prediction  # rates per device over all 4 ranks, not the 2 groups
+    assert pred.samples_per_s_per_device == pytest.approx(pred.samples_per_s / 4)
     out = runner.invoke(app, ["plan", str(path)]).output
     assert "T=2 x P=1 x D=2 on 4 device(s)" in out, out
 
