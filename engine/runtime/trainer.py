@@ -241,7 +241,9 @@ class Trainer:
         links = connect_neighbours(
             st.topo, chans, self.device, here, pg_timeout_s(), self.shard.micro_batches
         )
-        varuna = self.spec.parallelism.schedule == "varuna"
+        # Varuna's deviations follow message arrival, which may differ between the T ranks
+        # of a stage; their all-reduces need one order, so a T group keeps the schedule's
+        varuna = self.spec.parallelism.schedule == "varuna" and st.plan.T == 1
         self.executor = StepExecutor(
             st.stage, st.topo, self.data, self.shard, chans, self.device,
             opportunistic=varuna, links=links,
