@@ -86,6 +86,8 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path) -> Decision |
     rank, plan = trainer.rank, trainer.state.plan
     if os.environ.get(SHARED_CKPT_DISK, "1") != "1":  # parts on separate disks: no one step
         return Decision(None, "the nodes do not share the checkpoint disk")
+    if plan.T > 1:  # a split stage's whole tensors need its whole T group, maybe lost
+        return Decision(None, "tensor-parallel shards are not handed over (T > 1)")
     ckpt = next(h for h in trainer.hooks if isinstance(h, Checkpointing))
     _settle_writer(ckpt)
     store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
