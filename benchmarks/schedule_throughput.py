@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -106,12 +107,10 @@ def _jobctl_side(args, home: Path, results: dict[str, list[float]]) -> None:
         spec = _spec(P, M, m, steps, schedule, recompute)
         plan = make_plan(spec, home=home)
         run = measure_best(spec, plan, home, attempts=args.attempts)
-        results[f"jobctl {label}"].append(run.step_s)
-        results["other load"].append(run.interference)
+        _record(results, f"jobctl {label}", run.step_s, run.interference)
         if label in GLOO:
             run = _jobctl_gloo(spec, plan, home, args.attempts)
-            results[f"jobctl gloo {label}"].append(run.step_s)
-            results["other load"].append(run.interference)
+            _record(results, f"jobctl gloo {label}", run.step_s, run.interference)
 
 
 def _torch_side(args, home: Path, results: dict[str, list[float]]) -> None:
@@ -130,8 +129,15 @@ def _torch_side(args, home: Path, results: dict[str, list[float]]) -> None:
             return run_baseline(dump_yaml(spec), blocks, schedule, M, steps, home / "torch")
 
         other, step = least_disturbed(run, args.attempts)
-        results["other load"].append(other)
-        results[f"torch {schedule}"].append(step)
+        _record(results, f"torch {schedule}", step, other)
+
+
+def _record(results: dict[str, list[float]], label: str, step: float, other: float) -> None:
+    """Keep one run's median step and the other processes' CPU share; say it now (a
+    long benchmark cut short still leaves its runs on stderr)."""
+    results[label].append(step)
+    results["other load"].append(other)
+    print(f"  {label}: {1e3 * step:.1f} ms/step, other load {100 * other:.0f} %", file=sys.stderr)
 
 
 def main() -> None:
