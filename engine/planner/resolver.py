@@ -79,28 +79,28 @@ def plan_priced(
 
 
 def _per_rank(pred: Prediction | None, T: int) -> Prediction | None:
-    """A group's prediction for its T devices: dollars and per-device rates by T."""
-    if pred is None:
-        return None
-    times = lambda v: None if v is None else v * T  # noqa: E731
-    per = pred.samples_per_s_per_device
-    return pred.model_copy(update={
-        "cost_per_1k_samples": pred.cost_per_1k_samples * T,
-        "finish_usd": times(pred.finish_usd), "hourly_usd": times(pred.hourly_usd),
-        "samples_per_s_per_device": None if per is None else per / T,
-    })  # fmt: skip
+    """A group's prediction per device: its T devices' share of the rates (its dollars
+    are already T devices', ``tp_groups``' price)."""
+    if pred is None or pred.samples_per_s_per_device is None:
+        return pred
+    return pred.model_copy(update={"samples_per_s_per_device": pred.samples_per_s_per_device / T})
 
 
 def tp_groups(spec: JobSpec, G: int) -> tuple[JobSpec, int]:
     """The spec and pool the search sees with T > 1: a tensor-parallel group of T
-    consecutive ranks is one device to it (its costs are not divided by T yet)."""
+    consecutive ranks is one device to it, at T devices' price (its step time is not
+    divided by T yet), so every dollar figure and the budget count all T x P x D."""
     T = spec.parallelism.tensor_parallel
     if T == 1:
         return spec, G
     if G < T:
         raise PlanError(f"parallelism.tensor_parallel {T} needs {T} devices, {G} are left")
     per_node = spec.hardware.processes_per_node // T
-    hardware = spec.hardware.model_copy(update={"processes_per_node": per_node})
+    hw = spec.hardware
+    spot = None if hw.spot_price_per_hour is None else hw.spot_price_per_hour * T
+    hardware = hw.model_copy(update={
+        "processes_per_node": per_node, "price_per_hour": hw.price_per_hour * T,
+        "spot_price_per_hour": spot})  # fmt: skip
     return spec.model_copy(update={"hardware": hardware}), G // T
 
 

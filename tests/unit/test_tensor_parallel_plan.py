@@ -64,6 +64,8 @@ def test_T_must_divide_heads_and_widths(tmp_path):
 
 def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
     path = _spec(tmp_path, 2, model=_gpt2_yaml())
+    priced = path.read_text().replace("  device: cpu", "  device: cpu\n  price_per_hour: 1.5")
+    path.write_text(priced)
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 0, r.output
     from jobctl.engine.planner.resolver import make_plan
@@ -77,6 +79,8 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
     assert plan.tp_ranks(3) == [2, 3] and plan.rank_at(1, 0, 1) == 3
     pred = plan.prediction  # rates per device over all 4 ranks, not the 2 groups
     assert pred.samples_per_s_per_device == pytest.approx(pred.samples_per_s / 4)
+    assert pred.hourly_usd == pytest.approx(4 * 1.5)  # all T x P x D devices are paid
+    assert pred.cost_per_1k_samples == pytest.approx(6.0 / 3600 / pred.samples_per_s * 1000)
     out = runner.invoke(app, ["plan", str(path)]).output
     assert "T=2 x P=1 x D=2 on 4 device(s)" in out, out
 
