@@ -8,8 +8,9 @@ balance devices, not stages: ``v_partition``) and device d hosting stages d and
 takes the chosen layout (``objective.choose``): under ``parallelism.schedule: zb_v``
 (searched as ``zb_h1``: the same B/W split and, per device, the same peak of P whole
 stages' activations) it becomes the V variant; under ``auto`` the V variant wins when
-its simulated step is shorter and it fits memory, and is listed as an alternative
-otherwise (always, never chosen, where CPU workers share one host's cores). The step
+its simulated step is shorter and it fits memory (never where CPU workers share one
+host's cores: a V rank talks gloo only, and its step is priced without core sharing);
+otherwise the search's answer stands as it was. The step
 is ``simulator.devices``' (sends between the two stages of one device are free),
 without send jitter or the core-sharing model of ``contention``; a device's memory
 is its two stages' each at its own peak (an upper bound).
@@ -22,7 +23,7 @@ from itertools import accumulate, product
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import StagePlan
-from jobctl.engine.planner.search import Candidate, PlanError, Search, rank_key
+from jobctl.engine.planner.search import Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.devices import simulate_devices
 from jobctl.engine.planner.sizing import GB
 from jobctl.engine.planner.stage_costs import Tables, recompute_counts, stage_costs, stage_memory
@@ -33,12 +34,6 @@ from jobctl.spec import JobSpec
 from jobctl.spec.two_stage import two_stage_violations
 
 __all__ = ["VCandidate", "consider", "v_candidate", "v_partition", "v_stage_plans"]
-
-SHARED_CORES = (
-    "not chosen by auto where CPU workers share one host's cores: a V rank talks gloo "
-    "only (no shared memory) and its step is priced without core sharing; "
-    "parallelism.schedule: zb_v runs it"
-)
 
 
 @dataclass
@@ -108,23 +103,21 @@ def consider(spec: JobSpec, cal: Calibration, found: Search) -> Search:
     blocks, S = cal.num_blocks, 2 * win.layout.P
     if explicit and blocks < S:
         raise PlanError(f"zb_v needs 2P = {S} stages; the model has {blocks} blocks")
-    usable = win.layout.P > 1 and blocks >= S
+    # auto: never where CPU workers share one host's cores (module doc)
+    usable = win.layout.P > 1 and blocks >= S and not win.hosting.share_cores
     if not explicit and (par.schedule != "auto" or not usable or _refused(spec)):
         return found
     v = v_candidate(spec, cal, win)
-    if not explicit and win.hosting.share_cores and not v.why_not:
-        v.why_not = SHARED_CORES
-    rest = found.ranked[1:]
     if explicit and v.why_not:
         raise PlanError(f"zb_v at {win.layout.label()}: {v.why_not}")
-    if explicit or (not v.why_not and v.step < win.step):
-        line = f"zb_v: the V variant of {win.layout.label()}, {v.step:.4g} s/step "
-        line += f"vs {win.step:.4g} s/step (simulator.devices, no jitter or core sharing)"
-        return Search([v, win, *rest], found.rejected, [*found.explanation, line], found.pruned)
-    if v.why_not:
-        return Search(found.ranked, [*found.rejected, v], found.explanation, found.pruned)
-    ranked = [win, *sorted([v, *rest], key=rank_key)]
-    return Search(ranked, found.rejected, found.explanation, found.pruned)
+    # auto: the V variant replaces the winner where faster; else the search's answer
+    # stays as it was, its alternatives too
+    if not explicit and (v.why_not or v.step >= win.step):
+        return found
+    line = f"zb_v: the V variant of {win.layout.label()}, {v.step:.4g} s/step "
+    line += f"vs {win.step:.4g} s/step (simulator.devices, no jitter or core sharing)"
+    ranked = [v, win, *found.ranked[1:]]
+    return Search(ranked, found.rejected, [*found.explanation, line], found.pruned)
 
 
 def _refused(spec: JobSpec) -> bool:

@@ -67,6 +67,7 @@ def answer(name: str) -> dict:
     shape, G = SPECS[name]
     got = make_plan(_spec(shape), G).model_dump(mode="json")
     got.pop("ranks")
+    assert got.pop("placement") is None and got.pop("device_actions") == []  # no ZB-V here
     for key in ("finish_s", "finish_usd", "hourly_usd"):  # planner.cost's, not the search's
         got["prediction"].pop(key, None)
     for stage in got["stages"]:
