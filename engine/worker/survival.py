@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -42,6 +44,7 @@ WORD_WAIT_S = float(os.environ.get("JOBCTL_EMERGENCY_WAIT_S", "60"))
 PEERS_WAIT_S = 60.0  # survivors that saw the loss later (a collective that had not failed,
 # a checkpoint write to settle first: up to WRITER_WAIT_S, more on a loaded machine)
 WRITER_WAIT_S = 20.0  # this rank's regular checkpoint write in flight
+TORN = "torn down (SIGTERM) while handing over: the run falls back"
 
 
 def lasting_store():
@@ -55,11 +58,12 @@ def lasting_store():
     return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
 
 
-def wait_key(store, key: str, timeout_s: float) -> dict | None:
-    """The JSON value of ``key`` once set, or None after ``timeout_s``."""
+def wait_key(store, key: str, timeout_s: float, torn=lambda: False) -> dict | None:
+    """The JSON value of ``key`` once set, or None after ``timeout_s`` or once
+    ``torn()`` says this rank is being torn down."""
     end = time.monotonic() + timeout_s
     while not store.check([key]):
-        if time.monotonic() > end:
+        if time.monotonic() > end or torn():
             return None
         time.sleep(0.02)
     return json.loads(store.get(key))
@@ -71,17 +75,38 @@ def survive(trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
     store = lasting_store()
     if store is None:
         return None
-    try:
-        decision = _hand_over(store, trainer, held, run_dir)
-    except Exception as e:  # noqa: BLE001 - the supervisor hears why, rather than waits
-        decision = Decision(None, f"rank {trainer.rank}: {type(e).__name__}: {e}"[:300])
+    with _teardown() as signalled:
+        # A rank asked to stop before the failure was caught got its SIGTERM then.
+        torn = lambda: signalled() or trainer.stop_requested  # noqa: E731
+        try:
+            decision = _hand_over(store, trainer, held, run_dir, torn)
+        except Exception as e:  # noqa: BLE001 - the supervisor hears why, rather than waits
+            decision = Decision(None, f"rank {trainer.rank}: {type(e).__name__}: {e}"[:300])
     if decision is not None:
         answer = {"step": decision.step, "why": decision.why}
         store.set(f"{KEY}done/{trainer.rank}", json.dumps(answer))
     return decision
 
 
-def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
+@contextlib.contextmanager
+def _teardown():
+    """Whether a SIGTERM came during the hand-over. The supervisor never signals a
+    survivor before it answers, so one comes from this rank's own agent, tearing its
+    node down (a local peer failed: a worker crashed and no node is lost) within its
+    30 s grace, or from a stop or preemption of this very node: waiting for a word that
+    will never be acted on would only delay the failure's report by that long."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    try:
+        yield lambda: bool(got)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Decision | None:
     """Steps 1 to 4 of the module docstring; None when the supervisor said nothing."""
     rank, plan = trainer.rank, trainer.state.plan
     if os.environ.get(SHARED_CKPT_DISK, "1") != "1":  # parts on separate disks: no one step
@@ -90,12 +115,18 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path) -> Decision |
         return Decision(None, "tensor-parallel shards are not handed over (T > 1)")
     ckpt = next(h for h in trainer.hooks if isinstance(h, Checkpointing))
     _settle_writer(ckpt)
+    if torn():  # leaving: the others must not count on this rank's blocks
+        return Decision(None, f"rank {rank}: {TORN}")
     store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
-    word = wait_key(store, f"{KEY}lost", WORD_WAIT_S)
+    word = wait_key(store, f"{KEY}lost", WORD_WAIT_S, torn)
+    if torn():
+        return Decision(None, f"rank {rank}: {TORN}")
     if word is None:
         return None
     ranks = survivors_of(plan, word["nodes"], set(word.get("gone", [])))
-    found = {r: wait_key(store, f"{KEY}rank/{r}", PEERS_WAIT_S) for r in ranks}
+    found = {r: wait_key(store, f"{KEY}rank/{r}", PEERS_WAIT_S, torn) for r in ranks}
+    if torn():
+        return Decision(None, f"rank {rank}: {TORN}")
     decision = decide(plan, {r: h for r, h in found.items() if h is not None})
     if decision.step is not None and held.done < decision.step:
         held.apply_pending()
