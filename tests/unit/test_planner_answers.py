@@ -68,6 +68,7 @@ def answer(name: str) -> dict:
     got = make_plan(_spec(shape), G).model_dump(mode="json")
     got.pop("ranks")
     assert got.pop("placement") is None and got.pop("device_actions") == []  # no ZB-V here
+    assert got.pop("T") == 1  # no tensor parallelism here (recorded before it existed)
     for key in ("finish_s", "finish_usd", "hourly_usd"):  # planner.cost's, not the search's
         got["prediction"].pop(key, None)
     for stage in got["stages"]:
