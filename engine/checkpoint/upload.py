@@ -48,6 +48,11 @@ ProgressCallback = Callable[[int, int, int], None]
 """Called as ``on_progress(step, bytes_done, bytes_total)`` from upload threads."""
 
 
+# The name of the uploader's thread: a worker that trained to the end waits for it
+# before it leaves (engine/worker/process.py), and for no other thread.
+UPLOAD_THREAD = "ckpt-upload"
+
+
 @dataclass(frozen=True)
 class UploadJob:
     """One writer's files of one step, and optionally the commit to attempt after."""
@@ -154,7 +159,7 @@ class Uploader:
                 raise RuntimeError("Uploader.submit after close()")
             self._queue.append(job)
             if self._worker is None:
-                self._worker = threading.Thread(target=self._run, name="ckpt-upload", daemon=False)
+                self._worker = threading.Thread(target=self._run, name=UPLOAD_THREAD, daemon=False)
                 self._worker.start()
             self._cond.notify_all()
 

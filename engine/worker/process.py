@@ -179,13 +179,16 @@ def _leave(trainer: Trainer) -> None:
 
 
 def _finish(trainer: Trainer) -> None:
-    """Leave a rank that trained to the end: first wait for what interpreter exit would
-    wait for (non-daemon threads, such as a checkpoint upload), then exit without the
-    interpreter's teardown of torch, which took 1-3 s per worker on a busy 2-core host
-    after every attempt (the run ends only once every worker has)."""
-    me = threading.current_thread()
+    """Leave a rank that trained to the end without the interpreter's teardown of
+    torch, which took 1-3 s per worker on a busy 2-core host after every attempt (the
+    run ends only once every worker has). First wait for the work interpreter exit
+    would have waited for: a checkpoint upload still running (a stopped run's, past
+    its grace). Not for every non-daemon thread: an idle pool's workers (the data
+    readers') wait for work forever; interpreter exit shuts their pools down first."""
+    from jobctl.engine.checkpoint.upload import UPLOAD_THREAD
+
     for thread in threading.enumerate():
-        if thread is not me and not thread.daemon:
+        if thread.name == UPLOAD_THREAD and thread is not threading.current_thread():
             thread.join()
     _leave(trainer)
 

@@ -14,8 +14,10 @@ from jobctl.engine.channel.server import ChannelServer, new_secret
 
 WORKER = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from jobctl.engine.channel.client import ChannelSink
+from jobctl.engine.checkpoint.upload import UPLOAD_THREAD
 from jobctl.engine.worker import process
 
 url, secret, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -27,7 +29,9 @@ def upload():  # a checkpoint upload still running as the training loop ends
     time.sleep(0.5)
     (out / "uploaded").write_text("yes")
 
-threading.Thread(target=upload, daemon=False).start()
+threading.Thread(target=upload, name=UPLOAD_THREAD, daemon=False).start()
+readers = ThreadPoolExecutor(2, thread_name_prefix="jobctl-blocks")  # the data's pool:
+readers.submit(time.sleep, 0.01).result()  # its idle workers wait for work forever
 atexit.register(lambda: (out / "teardown").write_text("ran"))
 Done.events.write("step", step=7, loss=1.5, samples_per_s=9.0)
 print("leaving", flush=True)
@@ -56,7 +60,8 @@ def test_a_finished_worker_delivers_its_events_and_threads_then_leaves(tmp_path)
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert run.stdout == "leaving\n"  # _finish never returns
-        # The upload thread was waited for (0.5 s), the event posted before the exit
+        # The upload thread was waited for (0.5 s), the idle data pool was not (it
+        # hung a finished run until its 240 s timeout), the event posted before the exit
         # (its batch interval, 5 s, was not waited out: close() flushed it).
         assert (tmp_path / "uploaded").read_text() == "yes"
         recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
