@@ -17,6 +17,7 @@ stage with it, and without elasticity the run does not morph onto survivors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -115,3 +116,39 @@ class StepLedger:
         pending = apply_pending if self.ready else None
         cause = f"{type(exc).__name__}: {exc}"  # the class too: PeerGone says it in its name
         return Held(self.done, self.ready, dict(self.losses), self.reported, cause, pending)
+
+
+def cut_peer_connections(keep_ports: set[int]) -> int:
+    """Shut down this process's TCP connections but those to ``keep_ports`` (the run
+    host's store and event channel); the number cut.
+
+    A rank that trapped a lost peer leaves the collectives, but a live peer may be
+    blocked in one with it (its ring neighbour failed later, or not at all), and gloo
+    releases it only when this process's connections close, at exit: destroying,
+    aborting or shutting down the process groups leaves them open. The survivors then
+    wait for each other's records in a deadlock until the hand-over's bound. Shutting
+    the sockets down fails the peer's collective at once, so it hands over too."""
+    import socket
+
+    cut = 0
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            fd = os.dup(int(name))
+        except (OSError, ValueError):
+            continue  # the listing's own descriptor, gone
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)
+            continue  # not a socket
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                if sock.type != socket.SOCK_STREAM or sock.getpeername()[1] in keep_ports:
+                    continue
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+            except OSError:
+                continue  # a listening socket, or one already closed
+    return cut

@@ -29,14 +29,15 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from jobctl.engine.checkpoint.blocks import snapshot_blocks
 from jobctl.engine.checkpoint.emergency import Decision, decide, survivors_of, write_part
 from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.checkpoint.resume import local_root
-from jobctl.engine.core.env import RDZV_ENDPOINT, SHARED_CKPT_DISK
+from jobctl.engine.core.env import CHANNEL_URL, RDZV_ENDPOINT, SHARED_CKPT_DISK
 from jobctl.engine.core.events import Kind
-from jobctl.engine.runtime.failure import Held
+from jobctl.engine.runtime.failure import Held, cut_peer_connections
 from jobctl.engine.runtime.trainer import Trainer
 
 KEY = "jobctl/emergency/"  # the run host's store is the attempt's own
@@ -117,6 +118,7 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
     _settle_writer(ckpt)
     if torn():  # leaving: the others must not count on this rank's blocks
         return Decision(None, f"rank {rank}: {TORN}")
+    cut_peer_connections(_run_host_ports())  # a peer blocked on this rank fails now
     store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
     word = wait_key(store, f"{KEY}lost", WORD_WAIT_S, torn)
     if torn():
@@ -135,6 +137,15 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
         said = (found.get(reporter) or {}).get("reported", -1)  # its step record is out
         _write(trainer, ckpt, decision, run_dir, record=said < decision.step)
     return decision
+
+
+def _run_host_ports() -> set[int]:
+    """The run host's store and event channel ports: the connections a survivor keeps."""
+    ports = {int(os.environ[RDZV_ENDPOINT].rsplit(":", 1)[1])}
+    if os.environ.get(CHANNEL_URL):
+        port = urlsplit(os.environ[CHANNEL_URL]).port
+        ports |= {port} if port else set()
+    return ports
 
 
 def _settle_writer(ckpt: Checkpointing) -> None:
