@@ -60,13 +60,16 @@ class ChaosKill(StepHook):
     """Arms a watcher thread at loop step ``step`` (see the module docstring)."""
 
     def __init__(self, step: int, where: str):
-        self.step, self.match = step, WHERE[where]
+        self.step, self.where, self.match = step, where, WHERE[where]
         self.armed = False
 
     def before_step(self, step: int) -> None:
         if step >= self.step and not self.armed:
             self.armed = True
-            threading.Thread(target=self._watch, name="chaos", daemon=True).start()
+            if self.where == "checkpoint":
+                _arm_writer()
+            else:
+                threading.Thread(target=self._watch, name="chaos", daemon=True).start()
 
     def _inside(self) -> bool:
         me = threading.get_ident()
@@ -81,3 +84,18 @@ class ChaosKill(StepHook):
         while not self._inside():
             time.sleep(0.0002)
         kill_my_node()
+
+
+def _arm_writer() -> None:
+    """Kill this node as the background writer starts writing its blocks. Not by
+    watching stacks: the writer holds the GIL for most of a small write, so the watcher
+    missed every write but the run's final one at times (its survivors had finished)."""
+    from jobctl.engine.checkpoint import manager
+
+    write = manager.write_snapshot
+
+    def killing(snap, out_dir):
+        kill_my_node()
+        return write(snap, out_dir)
+
+    manager.write_snapshot = killing
