@@ -118,7 +118,7 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
     _settle_writer(ckpt)
     if torn():  # leaving: the others must not count on this rank's blocks
         return Decision(None, f"rank {rank}: {TORN}")
-    cut_peer_connections(_run_host_ports())  # a peer blocked on this rank fails now
+    cut_peer_connections(_run_host_ports(store))  # a peer blocked on this rank fails now
     store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
     word = wait_key(store, f"{KEY}lost", WORD_WAIT_S, torn)
     if torn():
@@ -139,9 +139,9 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
     return decision
 
 
-def _run_host_ports() -> set[int]:
+def _run_host_ports(store) -> set[int]:
     """The run host's store and event channel ports: the connections a survivor keeps."""
-    ports = {int(os.environ[RDZV_ENDPOINT].rsplit(":", 1)[1])}
+    ports = {store.port}
     if os.environ.get(CHANNEL_URL):
         port = urlsplit(os.environ[CHANNEL_URL]).port
         ports |= {port} if port else set()
