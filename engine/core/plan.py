@@ -98,6 +98,41 @@ class Alternative(_Frozen):
     cost_per_1k_samples: float | None = Field(None, description="USD per 1,000 samples")
 
 
+class MobiusLayout(_Frozen):
+    """A Mobius pipeline (Feng et al., ASPLOS '23, sec. 3): S stages on the N ranks of
+    one pipeline (S > N), each stage living in the tier below device memory (pinned
+    host memory on CUDA, files on local disk on a CPU device) and uploaded before it
+    runs; ``engine.mobius.MobiusRunner`` runs it.
+
+    Shape (stable: the simulator, the Gantt and ``auto`` read it): ``S`` stages;
+    ``stages[j]`` the global block indices of stage j (consecutive, in order, every
+    block once: the sec. 3.2 MIP partition); ``ranks[j]`` the rank that runs stage j
+    (the sec. 3.3 cross mapping from ``hardware.topology``, else j % N); ``prefetch``
+    whether the next stage is uploaded while the current one computes. The plan around
+    it has P = N ranks, D = T = 1, and ``Plan.stages[r]`` lists all blocks rank r hosts
+    (what its checkpoint part writes); ``step_time_s`` is the MIP's predicted step,
+    ``optimal`` whether HiGHS proved it, ``contention`` eq. 13 of the mapping (0 without
+    a topology) and ``sequential`` that of the plain j % N mapping, for comparison.
+    """
+
+    S: int = Field(description="Mobius stages (parallelism.pipeline_stages)")
+    stages: list[list[int]] = Field(description="global block indices of each stage")
+    ranks: list[int] = Field(description="the rank of each stage (cross mapping)")
+    prefetch: bool = Field(True, description="upload the next stage while one computes")
+    step_time_s: float | None = Field(None, description="the MIP's predicted step time")
+    optimal: bool = Field(True, description="False: a MIP stopped at its time limit")
+    contention: float = Field(0.0, description="eq. 13 of ``ranks`` (0: no topology)")
+    sequential: float = Field(0.0, description="eq. 13 of the j % N mapping")
+
+    @property
+    def N(self) -> int:  # noqa: N802 - the paper's name
+        return len(set(self.ranks))
+
+    def hosted(self, rank: int) -> list[int]:
+        """The stages ``rank`` runs, in order."""
+        return [j for j, r in enumerate(self.ranks) if r == rank]
+
+
 class Plan(_Frozen):
     """A resolved parallel layout for one run."""
 
@@ -129,6 +164,11 @@ class Plan(_Frozen):
         default_factory=list,
         description="with a placement: per device, its actions on its stages in run order "
         "('F0@0 F0@3 B0@3 ...', schedule.placement); each StagePlan keeps its own list",
+    )
+    mobius: MobiusLayout | None = Field(
+        None,
+        description="schedule mobius: S stages over the P ranks, swapped through the tier "
+        "below device memory (MobiusLayout); None: any other schedule",
     )
 
     @property
