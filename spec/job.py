@@ -14,6 +14,7 @@ from .base import SpecModel, Violation, require_match
 from .cost import BudgetSpec, PlannerSpec, cost_violations
 from .data import UINT16_VOCAB, DataSpec
 from .devices import DEVICES
+from .mobius import mobius_violations, pool_exempt
 from .phases import CheckpointSpec, ElasticitySpec, PruningSpec, RebalancingSpec
 from .schedule import ScheduleSpec
 from .sections import HardwareSpec, ModelSpec, ParallelismSpec, TrainingSpec
@@ -91,6 +92,7 @@ class JobSpec(SpecModel):
         yield from topology_violations(self.hardware)
         yield from two_stage_violations(self)
         yield from tensor_parallel_violations(self)
+        yield from mobius_violations(self)
 
     def _device_violations(self) -> Iterator[Violation]:
         hw, precision = self.hardware, self.training.precision
@@ -137,6 +139,8 @@ class JobSpec(SpecModel):
 
     def _pool_violations(self) -> Iterator[Violation]:
         p, d, hw = self.parallelism.pipeline_stages, self.parallelism.data_parallel, self.hardware
+        if pool_exempt(self):  # Mobius: S stages may outnumber the devices
+            return
         if isinstance(p, int) and isinstance(d, int) and p * d > hw.devices:
             yield Violation(
                 "parallelism.pipeline_stages",

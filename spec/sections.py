@@ -371,13 +371,14 @@ class HardwareSpec(TopologyFields):
 class ParallelismSpec(AveragingFields, TensorParallelFields):
     """Pipeline (P), data (D) and tensor (T) parallelism, the schedule and averaging."""
 
-    pipeline_stages: PositiveIntOrAuto = Field("auto", description="P: stages, or 'auto'.")
+    pipeline_stages: PositiveIntOrAuto = Field("auto", description="P: stages, or 'auto'; "
+                                               "mobius: S, above the devices N.")
     data_parallel: PositiveIntOrAuto = Field(
         "auto", description="D: data-parallel pipeline replicas, or 'auto'."
     )
-    schedule: Literal[
-        "gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward", "zb_h1",
-        "zb_v", "auto"] = Field("1f1b", description="Pipeline schedule (zb_*: zero bubble).")
+    schedule: Literal["gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward",
+        "zb_h1", "zb_v", "mobius", "auto"] = Field("1f1b", description="Pipeline schedule "
+                                                   "(zb_*: zero bubble; mobius: sec. 3 of Mobius).")
     recompute: Literal["none", "all", "auto", "stage_aware"] = Field(
         "none", description="Activation recomputation policy; stage_aware: Merak's per-stage "
         "non-recompute ratios alpha_i, filled up to hardware.memory_gb (1f1b, gpipe)."

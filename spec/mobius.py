@@ -1,0 +1,81 @@
+"""The spec side of ``parallelism.schedule: mobius`` (Mobius, Feng et al., ASPLOS '23).
+
+A Mobius job cuts the model into S = ``parallelism.pipeline_stages`` stages over the
+N devices of the pool (``hardware.devices``), S > N: each stage lives in the tier
+below device memory and is uploaded before it runs (``engine.mobius``), under
+``hardware.memory_gb`` per process. So ``pipeline_stages`` may exceed the pool here,
+and one pipeline uses the whole pool. What the runtime does not compose with yet is
+refused at validate time with the field and a fix: data or tensor parallelism,
+AvgPipe's averaging, the trainer plug-ins that move or reshape stages (pruning,
+rebalancing, an elastic morph), the eval pass, Merak's stage-aware ratios (every
+Mobius stage recomputes its forward already), imported models (traced boundaries
+carry several tensors) and ``auto`` stages (S is the user's: the MIP cuts the blocks
+into exactly S stages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .base import Violation
+
+MOBIUS = "mobius"
+
+_FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
+
+
+def pool_exempt(spec: Any) -> bool:
+    """Whether ``spec``'s stages may outnumber its devices (a Mobius job's do)."""
+    return spec.parallelism.schedule == MOBIUS
+
+
+def mobius_violations(spec: Any) -> Iterator[Violation]:
+    """The rules of ``parallelism.schedule: mobius`` (``spec`` is a ``JobSpec``)."""
+    par = spec.parallelism
+    if par.schedule != MOBIUS:
+        return
+    yield from _unsupported(spec)
+    yield from _stage_count(spec)
+
+
+def _unsupported(spec: Any) -> Iterator[Violation]:
+    par = spec.parallelism
+    data = par.data_parallel
+    plugins = [
+        ("parallelism.data_parallel", data not in (1, "auto"), "data parallelism (D > 1)"),
+        ("parallelism.tensor_parallel", par.tensor_parallel > 1, "tensor parallelism"),
+        ("parallelism.averaging", par.averaging != "none", "elastic averaging"),
+        ("pruning.enabled", spec.pruning.enabled, "pruning"),
+        ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),
+        ("elasticity.enabled", spec.elasticity.enabled, "an elastic morph"),
+        ("training.eval_every", bool(spec.training.eval_every), "the eval pass"),
+        ("parallelism.recompute", par.recompute == "stage_aware", "stage-aware recompute"),
+        ("model.import", spec.model.family is None, "an imported model"),
+    ]
+    for path, used, what in plugins:
+        if used:
+            yield Violation(
+                path,
+                f"schedule mobius (stages swapped through host memory or disk) does not "
+                f"support {what} yet",
+                _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
+            )
+
+
+def _stage_count(spec: Any) -> Iterator[Violation]:
+    S, N = spec.parallelism.pipeline_stages, spec.hardware.devices
+    if not isinstance(S, int):
+        yield Violation(
+            "parallelism.pipeline_stages",
+            "schedule mobius needs the stage count S, not 'auto'",
+            f"set parallelism.pipeline_stages to a number above the pool's {N} devices "
+            f"(e.g. {2 * N})",
+        )
+    elif S <= N:
+        yield Violation(
+            "parallelism.pipeline_stages",
+            f"a Mobius pipeline has more stages than devices: S = {S}, N = {N} "
+            f"({spec.hardware.nodes} nodes x {spec.hardware.processes_per_node} processes)",
+            f"raise parallelism.pipeline_stages above {N}, or use schedule 1f1b for S <= N",
+        )

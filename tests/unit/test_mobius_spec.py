@@ -1,0 +1,71 @@
+"""``parallelism.schedule: mobius`` at validate time (spec/mobius.py): S may exceed the
+pool, must exceed it, and what Mobius does not compose with is refused naming the
+field, the file and line, and a fix."""
+
+import pytest
+
+from jobctl.spec import SpecError, load_spec_text
+
+SPEC = """\
+name: mob
+model:
+  layers: 4
+training:
+  global_batch_size: 8
+  steps: 5
+hardware:
+  processes_per_node: 2
+parallelism:
+  pipeline_stages: {S}
+  schedule: mobius
+{extra}"""
+
+
+def _issue(S, extra=""):
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(S=S, extra=extra), "jobs/mob.yaml")
+    (issue,) = info.value.errors
+    return issue
+
+
+def test_stages_may_exceed_the_pool():
+    spec = load_spec_text(SPEC.format(S=4, extra=""), "jobs/mob.yaml")
+    assert spec.parallelism.pipeline_stages == 4 and spec.hardware.devices == 2
+
+
+def test_stages_must_exceed_the_pool():
+    issue = _issue(2)
+    assert (issue.path, issue.file, issue.line) == (
+        "parallelism.pipeline_stages", "jobs/mob.yaml", 10)
+    assert "more stages than devices: S = 2, N = 2" in issue.message
+    assert "above 2" in issue.fix
+
+
+def test_stages_may_not_be_auto():
+    issue = _issue("auto")
+    assert issue.path == "parallelism.pipeline_stages" and "not 'auto'" in issue.message
+    assert "e.g. 4" in issue.fix
+
+
+@pytest.mark.parametrize(
+    ("extra", "path", "line", "message"),
+    [
+        ("  data_parallel: 2\n", "parallelism.data_parallel", 12, "data parallelism"),
+        ("  tensor_parallel: 2\n", "parallelism.tensor_parallel", 12, "tensor parallelism"),
+        ("  averaging: elastic\n", "parallelism.averaging", 12, "elastic averaging"),
+        ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
+        ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
+        ("elasticity:\n  enabled: true\n", "elasticity.enabled", 13, "an elastic morph"),
+        ("pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
+         "pruning.enabled", 13, "pruning"),
+    ],
+)  # fmt: skip
+def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(S=4, extra=extra), "jobs/mob.yaml")
+    mine = [i for i in info.value.errors if i.path == path and "schedule mobius" in i.message]
+    assert len(mine) == 1, [(i.path, i.message) for i in info.value.errors]
+    issue = mine[0]
+    assert (issue.file, issue.line) == ("jobs/mob.yaml", line)
+    assert message in issue.message
+    assert "set parallelism.schedule to 1f1b" in issue.fix and path in issue.fix
