@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
+STARTED = time.time()  # this process's start, for its start-up timeline
 _early_sigterm: list[int] = []
 # Installed before torch is imported: a preemption notice that arrives while the worker
 # is still starting must mean "checkpoint at the first step end", not sudden death.
@@ -36,6 +38,7 @@ from jobctl.engine.core.env import (  # noqa: E402
     THREADS,
     TORCHRUN_RANK,
 )
+from jobctl.engine.worker.timeline import mark  # noqa: E402
 
 if TYPE_CHECKING:
     from jobctl.engine.core.plan import Plan
@@ -134,6 +137,7 @@ def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
     try:
         device = _device(plan.device)
         trainer = build_trainer(spec, plan, run_dir, rank, device, Path(resume) if resume else None)
+        mark("built")
         # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
         signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
         if _early_sigterm:
@@ -205,9 +209,12 @@ def main() -> int:
     _redirect_output(run_dir, rank)
     node = os.environ.get(NODE, "?")
     print(f"rank {rank} on node {node} (torchrun rank {os.environ[TORCHRUN_RANK]})")
+    mark("process", STARTED)
+    mark("imported")
     torch.set_num_threads(int(os.environ.get(THREADS, "1")))
     spec = load_spec(run_dir / "spec.yaml")
     _join_group(plan, rank)
+    mark("group")
     trainer = _train(spec, plan, run_dir, rank)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
