@@ -6,17 +6,19 @@ graph of an unmodified model (``engine.model.graph.tp_plan``). The fields live o
 ``ParallelismSpec`` (which inherits :class:`TensorParallelFields`); the rules that tie
 T to the pool and the model section are :func:`tensor_parallel_violations`, called
 by ``JobSpec``. That T divides the model's heads and hidden sizes needs the built
-model, so ``engine.model.graph.checks`` checks it at ``validate`` too. The planner's
-search over T is not built, so ``tensor_parallel: auto`` is refused with a fix, and
-so are the features whose runtime has no T ranks per stage (:data:`NOT_WITH_T`).
+model, so ``engine.model.graph.checks`` checks it at ``validate`` too. The features
+whose runtime has no T ranks per stage (:data:`NOT_WITH_T`) are refused with T > 1.
+``tensor_parallel: auto`` is resolved by the planner's search over T x P x D
+(``engine.planner.tp_search``), which keeps to these rules: T = 1 where a feature of
+:data:`NOT_WITH_T` is on or the model is hand-cut, and the plan says why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 
 from .base import SpecModel, Violation, friendly_error
 
@@ -39,31 +41,37 @@ NOT_WITH_T = (
 )  # fmt: skip
 
 
+def _t_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """``1..MAX_TENSOR_PARALLEL | "auto"``, one clear error with a fix otherwise."""
+    try:
+        return handler(value)
+    except ValidationError as err:
+        raise friendly_error(
+            "tensor_parallel", f"expected an integer 1..{MAX_TENSOR_PARALLEL} or 'auto', "
+            f"got {value!r}", fix="set parallelism.tensor_parallel to 1 (off), a divisor "
+            "of hardware.processes_per_node, or auto (the planner searches T)",
+        ) from err  # fmt: skip
+
+
+TensorParallel = Annotated[
+    Annotated[int, Field(ge=1, le=MAX_TENSOR_PARALLEL)] | Literal["auto"],
+    WrapValidator(_t_or_auto),
+]
+
+
 class TensorParallelFields(SpecModel):
-    """``parallelism.tensor_parallel`` (T)."""
+    """``parallelism.tensor_parallel`` (T, or ``auto``: the planner's search)."""
 
-    tensor_parallel: int = Field(
-        1, ge=1, le=MAX_TENSOR_PARALLEL,
-        description="T: processes that split each stage's linears (Megatron TMP); 1: off.",
+    tensor_parallel: TensorParallel = Field(
+        1, description="T: processes that split each stage's linears (Megatron TMP); 1: "
+        "off; auto: the planner searches T x P x D (engine.planner.tp_search)",
     )  # fmt: skip
-
-    @field_validator("tensor_parallel", mode="before")
-    @classmethod
-    def _no_search(cls, value: Any) -> Any:
-        if value == "auto":
-            raise friendly_error(
-                "no_tp_search",
-                "tensor_parallel 'auto' needs the planner's search over T x P x D, "
-                "which jobctl does not have yet",
-                fix="set parallelism.tensor_parallel to an integer, e.g. 2 (or 1: off)",
-            )
-        return value
 
 
 def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
     """The rules between ``parallelism.tensor_parallel`` and the rest of ``spec``."""
     T = spec.parallelism.tensor_parallel
-    if T == 1:
+    if T in (1, "auto"):  # auto: the planner keeps to what the rules below allow
         return
     if spec.model.huggingface is None and spec.model.import_ is None:
         yield Violation(

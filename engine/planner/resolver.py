@@ -19,7 +19,7 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
-from jobctl.engine.planner import stage_aware, v_shape
+from jobctl.engine.planner import stage_aware, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
@@ -68,14 +68,18 @@ def plan_priced(
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
-    T = spec.parallelism.tensor_parallel
-    spec, G = tp_groups(spec, G)
     cal = calibration or calibration_for(spec, home)
-    choice = choose(spec, cal, G, describe(cal, spec), measured(home, spec))
+
+    def chooser(spec_T: JobSpec, cal_T: Calibration, G_T: int) -> Choice:
+        return choose(spec_T, cal_T, G_T, describe(cal, spec), measured(home, spec_T))
+
+    tc = tp_search.best(spec, G, cal, tp_groups, chooser)  # T x P x D (tp_costs)
+    spec, G, cal, choice = tc.spec, tc.G, tc.cal, tc.choice
+    choice.found.explanation[1:1] = tc.lines
     found, aware = stage_aware.apply(spec, cal, choice.found)
     found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
     plan = build_plan(spec, cal, found, G, home, aware)
-    return with_tensor_parallel(plan, T), found.ranked[0].sim, choice
+    return with_tensor_parallel(plan, tc.T), found.ranked[0].sim, choice
 
 
 def _per_rank(pred: Prediction | None, T: int) -> Prediction | None:
@@ -88,8 +92,9 @@ def _per_rank(pred: Prediction | None, T: int) -> Prediction | None:
 
 def tp_groups(spec: JobSpec, G: int) -> tuple[JobSpec, int]:
     """The spec and pool the search sees with T > 1: a tensor-parallel group of T
-    consecutive ranks is one device to it, at T devices' price (its step time is not
-    divided by T yet), so every dollar figure and the budget count all T x P x D."""
+    consecutive ranks is one device to it, at T devices' price (its costs
+    priced by ``tp_costs`` as one rank of it pays), so every dollar figure and the budget
+    count all T x P x D."""
     T = spec.parallelism.tensor_parallel
     if T == 1:
         return spec, G
@@ -122,7 +127,7 @@ def with_tensor_parallel(plan: Plan, T: int) -> Plan:
         "T": T, "ranks": ranks, "stages": stages, "prediction": _per_rank(plan.prediction, T),
         "processes_per_node": plan.processes_per_node * T,
         "explanation": [*plan.explanation, f"T = {T}: each stage split over {T} "
-                        "consecutive ranks (a group priced as one device)"],
+                        "consecutive ranks (a group priced as one of its ranks)"],
     })  # fmt: skip
 
 

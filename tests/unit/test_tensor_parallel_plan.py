@@ -47,8 +47,10 @@ def _fails(path, *words: str) -> str:
     return r.output
 
 
-def test_auto_is_refused_until_the_planner_searches_T(tmp_path):
-    _fails(_spec(tmp_path, "auto"), "search over T x P x D", "to an integer")
+def test_auto_validates_and_a_bad_T_is_refused(tmp_path):
+    r = runner.invoke(app, ["validate", str(_spec(tmp_path, "auto", model=_gpt2_yaml()))])
+    assert r.exit_code == 0, r.output  # the planner resolves it (tp_search)
+    _fails(_spec(tmp_path, "two"), "integer 1..64 or 'auto'", "auto (the planner")
 
 
 def test_builtin_family_and_pool_are_refused(tmp_path):

@@ -39,7 +39,7 @@ def model_violations(spec: Any) -> list[Violation]:
 def _tensor_parallel(spec: Any) -> list[Violation]:
     """T > 1: the model's family has a feature dict and T divides its heads and widths."""
     T = spec.parallelism.tensor_parallel
-    if T == 1:
+    if T in (1, "auto"):  # auto: the planner searches only the T that divide them
         return []
     from jobctl.engine.model.graph.source import FixableError, build_model
     from jobctl.engine.model.graph.tp_features import divisor_problems, features_for

@@ -1,0 +1,131 @@
+"""The planner's search over T (Merak sec. 4.1): T x P x D with memory per device.
+
+For each admissible T the search of P, D, m and schedule runs on G / T devices, a T
+group seen as one device (``resolver.tp_groups``) priced as one rank of it pays
+(``tp_costs.calibration``: compute and state split, Megatron's all-reduces, split
+activations), so its memory check is per device. The fastest plan wins (under
+``planner.objective`` cost or deadline: the cheapest), ties to the smaller T. An
+explicit ``parallelism.tensor_parallel`` fixes T. Under ``auto``, T runs over the
+divisors of ``hardware.processes_per_node`` (a group stays inside one node) that
+divide the model's heads and widths (``tp_features.divisor_problems``), up to G;
+T = 1 only where the model is hand-cut blocks, its family has no feature dict, or
+a feature that does not run with T > 1 (``spec.tensor_parallel.NOT_WITH_T``) is on:
+each says why in the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.planner import tp_costs
+from jobctl.engine.planner.objective import Choice
+from jobctl.engine.planner.search import PlanError
+from jobctl.spec import JobSpec
+from jobctl.spec.tensor_parallel import NOT_WITH_T
+
+#: (spec, calibration, devices) -> the objective's choice among that search's layouts
+Chooser = Callable[[JobSpec, Calibration, int], Choice]
+
+
+@dataclass
+class TChoice:
+    """The T chosen, with the spec, pool and calibration its search saw."""
+
+    T: int
+    spec: JobSpec
+    G: int
+    cal: Calibration
+    choice: Choice
+    lines: list[str] = field(default_factory=list)  # the T search, for the explanation
+
+
+def with_T(spec: JobSpec, T: int) -> JobSpec:
+    """``spec`` with ``parallelism.tensor_parallel`` set to ``T``."""
+    par = spec.parallelism.model_copy(update={"tensor_parallel": T})
+    return spec.model_copy(update={"parallelism": par})
+
+
+def options(spec: JobSpec, G: int) -> tuple[list[int], str]:
+    """The T to search, and why auto searches only T = 1 ("" where it searches more)."""
+    T = spec.parallelism.tensor_parallel
+    if T != "auto":
+        return [T], ""
+    off = [field for field, on, _ in NOT_WITH_T if on(spec)]
+    if off:
+        return [1], f"{', '.join(off)} does not run with tensor_parallel > 1"
+    if spec.model.huggingface is None and spec.model.import_ is None:
+        return [1], "model.family builds hand-cut blocks: no traced linears to split"
+    from jobctl.engine.model.graph.checks import graph_config
+    from jobctl.engine.model.graph.source import FixableError, build_model
+    from jobctl.engine.model.graph.tp_features import divisor_problems, features_for
+
+    model = build_model(graph_config(spec.model))
+    try:
+        features = features_for(model)
+    except FixableError as e:
+        return [1], str(e).removeprefix("parallelism.tensor_parallel: ")
+    per_node = spec.hardware.processes_per_node
+    Ts = [t for t in range(1, min(per_node, G) + 1) if per_node % t == 0]
+    return [t for t in Ts if not divisor_problems(model, t, features)[0]], ""
+
+
+def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
+    """``cal`` as one rank of a T group pays it (``tp_costs``), from the traced graph."""
+    if T == 1:
+        return cal
+    from jobctl.engine.model.blocks import model_def
+    from jobctl.engine.model.graph.tp_plan import discover
+
+    graph = model_def(spec.model, spec.training.seed).graph
+    hw = spec.hardware
+    tp = tp_costs.TPCosts(T, tp_costs.facts(graph, discover(graph, T)),
+                          hw.one_machine and hw.device == "cpu")  # fmt: skip
+    return tp_costs.calibration(cal, tp)
+
+
+def _score(spec: JobSpec, choice: Choice) -> float:
+    """What the objective minimises across T: step time, or dollars to finish."""
+    if spec.planner.objective == "throughput":  # (the budget filtered each T's choice)
+        return choice.chosen.cand.step
+    return choice.chosen.forecast.usd
+
+
+def best(spec: JobSpec, G: int, cal: Calibration, groups, choose: Chooser) -> TChoice:
+    """Search every admissible T (``groups(spec, G)``: the spec and pool a T group sees
+    as one device) and keep the best; PlanError when no T fits."""
+    Ts, why = options(spec, G)
+    lines = [f"T = 1 only: {why}"] if why else []
+    found: list[TChoice] = []
+    errors: list[str] = []
+    for T in Ts:
+        spec_T, G_T = groups(with_T(spec, T), G)
+        cal_T = rank_calibration(spec, cal, T)
+        try:
+            found.append(TChoice(T, spec_T, G_T, cal_T, choose(spec_T, cal_T, G_T)))
+        except PlanError as e:
+            errors.append(f"T = {T}: {e}")
+    if not found:
+        raise PlanError("; ".join(errors))
+    win = min(found, key=lambda c: (_score(spec, c.choice), c.T))
+    if len(Ts) > 1:
+        lines += _lines(spec, win, found, errors)
+    if win.T > 1:
+        lines.append(f"T = {win.T} all-reduces priced by {tp_costs.link_source(cal, win.T)}")
+    win.lines = lines
+    return win
+
+
+def _lines(spec: JobSpec, win: TChoice, found: list[TChoice], errors: list[str]) -> list[str]:
+    """One line per T searched: its best layout and how it compares."""
+    out = [f"T search over {', '.join(str(c.T) for c in found)}"
+           f"{' (and refused: ' + '; '.join(errors) + ')' if errors else ''}"]  # fmt: skip
+    top = _score(spec, win.choice)
+    unit = "s/step" if spec.planner.objective == "throughput" else "USD"
+    for c in found:
+        s = _score(spec, c.choice)
+        lay = c.choice.chosen.cand.layout.label()
+        tail = "chosen" if c is win else f"{100 * (s / top - 1):.1f} % worse"
+        out.append(f"  T = {c.T}: {lay}: {s:.4g} {unit} ({tail})")
+    return out
