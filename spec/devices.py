@@ -33,7 +33,11 @@ class DeviceFacts(BaseModel):
 # 900 GB/s HBM2, 16 GB. No bf16 on Volta. 80 SMs: "NVIDIA Tesla V100 GPU Architecture"
 # whitepaper (2017), Table 1. gemm_fraction: Markidis et al., "NVIDIA Tensor Core
 # Programmability, Performance & Precision" (IPDPSW 2018, arXiv:1803.04014) measured
-# cuBLAS mixed-precision GEMM on a V100 PCIe at 83 TFLOP/s: 83 / 112. bandwidth_fraction:
+# cuBLAS mixed-precision GEMM at up to 83 TFLOP/s on a V100 whose peak their abstract
+# gives as 125 TFLOP/s, i.e. the SXM2 card (300 W, 1530 MHz boost): 83 / 125 of a card's
+# own peak. The PCIe card is the same chip at 1380 MHz boost under 250 W, so it reaches
+# that share of its 112 (about 74 TFLOP/s, not 83: the share was once taken of 112,
+# pricing every V100 PCIe matrix multiply 12.5 % fast). bandwidth_fraction:
 # Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking"
 # (arXiv:1804.06826, sec. 3) measured 750 GB/s of the 900 GB/s. launch_us: the same
 # report's order of magnitude for a kernel launch, ~5 us (host side, PyTorch eager adds
@@ -43,12 +47,12 @@ _V100_PCIE = DeviceFacts(
     memory_gbps=900.0,
     memory_gb=16.0,
     sms=80,
-    gemm_fraction=83.0 / 112.0,
+    gemm_fraction=83.0 / 125.0,
     bandwidth_fraction=750.0 / 900.0,
     launch_us=5.0,
 )
 # SXM2 column of the same datasheet: 15.7 TFLOP/s single, 125 tensor, 900 GB/s; same
-# chip (80 SMs), so the same measured fractions.
+# chip (80 SMs), so the same measured fractions (83 / 125 is this card's own, measured).
 _V100_SXM2 = _V100_PCIE.model_copy(update={"peak_tflops": {"fp32": 15.7, "fp16": 125.0}})
 
 # NVIDIA H100 Tensor Core GPU datasheet (2023, SXM5 column): 989 TFLOP/s dense BF16/FP16

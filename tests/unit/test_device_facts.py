@@ -36,3 +36,18 @@ def test_h200_streams_faster_than_h100_at_the_same_compute():
 def test_a_precision_the_device_lacks_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="fp32, fp16"):
         Roofline.of(device_facts("v100-pcie-16gb"), "bf16")
+
+
+def test_v100_gemm_share_is_of_the_card_markidis_measured():
+    """Markidis et al. measured 83 TFLOP/s of cuBLAS mixed precision on the 125 TFLOP/s
+    (SXM2) V100: an 8192^3 fp16 product on it takes 2 * 8192^3 / 83e12 = 13.25 ms, and
+    on the PCIe card (112 peak, same share) 2 * 8192^3 / (112e12 * 83 / 125) = 14.78 ms
+    (it was once priced at 83 TFLOP/s on the PCIe card too: 13.25 ms)."""
+    n = 8192  # 64 x 64 tiles, 4096 of them: 52 waves of 80 SMs, the last 16/80 full
+    occupancy = 4096 / (52 * 80)
+    sxm2 = Roofline.of(device_facts("v100-sxm2-16gb"), "fp16")
+    pcie = Roofline.of(device_facts("v100-pcie-16gb"), "fp16")
+    assert sxm2.gemm(n, n, n) == pytest.approx(2 * n**3 / 83e12 / occupancy + 5e-6)
+    assert pcie.gemm(n, n, n) == pytest.approx(2 * n**3 / (112e12 * 83 / 125) / occupancy + 5e-6)
+    assert 2 * n**3 / 83e12 == pytest.approx(13.25e-3, rel=1e-3)
+    assert 2 * n**3 / (112e12 * 83 / 125) == pytest.approx(14.78e-3, rel=1e-3)
