@@ -282,13 +282,18 @@ class _Partition:
         return float(sum(c * x[k] for k, c in self.objective.items()))
 
 
-def mobius_partition(layers: list[LayerCost], cfg: MobiusConfig) -> MobiusPartition:
+def mobius_partition(
+    layers: list[LayerCost], cfg: MobiusConfig, stages: int | None = None
+) -> MobiusPartition:
     """The step-time-optimal Mobius partition of ``layers`` (identical consecutive
-    layers merged first, ``merge_identical``). Raises ``ValueError`` when no
-    partition fits the devices' memory."""
+    layers merged first, ``merge_identical``), into exactly ``stages`` stages where
+    given (a job's ``parallelism.pipeline_stages``), else into the best count. Raises
+    ``ValueError`` when no partition fits the devices' memory."""
     t0 = time.perf_counter()
     units, g = merge_identical(layers, cfg.max_units)
-    value, sizes, optimal = _optimum(units, cfg)
+    if stages is not None and len(units) < stages:  # merged too far for S stages
+        units, g = layers, 1
+    value, sizes, optimal = _optimum(units, cfg, stages)
     if not math.isfinite(value):
         raise ValueError("no Mobius partition fits the devices' memory (hardware.memory_gb)")
     stages = _spans(unit_layers(layers, g), sizes)
@@ -308,15 +313,18 @@ def _spans(spans: list[range], sizes: list[int]) -> list[range]:
     return [range(spans[e - n].start, spans[e - 1].stop) for e, n in zip(ends, sizes, strict=True)]
 
 
-def _optimum(units: list[LayerCost], cfg: MobiusConfig) -> tuple[float, list[int], bool]:
-    """The least step time over partitions of ``units``, the stage sizes giving it and
-    whether every MIP was solved to the end (not stopped by the time limit).
+def _optimum(
+    units: list[LayerCost], cfg: MobiusConfig, stages: int | None = None
+) -> tuple[float, list[int], bool]:
+    """The least step time over partitions of ``units`` (into ``stages`` stages, where
+    given), the stage sizes giving it and whether every MIP was solved to the end (not
+    stopped by the time limit).
 
     One MIP per stage count S. The first incumbent is the best even split; the LP
     relaxation of each S bounds it from below, and the stage counts are solved in
     order of their bound, each cut off at the incumbent, until the next bound is no
     better."""
-    counts = range(1, len(units) + 1)
+    counts = range(1, len(units) + 1) if stages is None else [stages]
     value, S = min((step_time(units, even_sizes(len(units), S), cfg), S) for S in counts)
     sizes, optimal = even_sizes(len(units), S), True
     for bound, S in sorted((_relaxation(units, cfg, S), S) for S in counts):

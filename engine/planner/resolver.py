@@ -21,6 +21,7 @@ from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner import stage_aware, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
+from jobctl.engine.planner.mobius_plan import mobius_plan
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -43,7 +44,11 @@ def make_plan(
 
     ``calibration`` defaults to the cached measured record under ``home`` (the state
     home) that matches the spec's model and this machine, else the analytic one.
+    A ``parallelism.schedule: mobius`` job is planned by ``mobius_plan``.
     """
+    if spec.parallelism.schedule == "mobius":
+        G = devices if devices is not None else spec.hardware.devices
+        return mobius_plan(spec, calibration or calibration_for(spec, home), G)
     return plan_and_simulate(spec, devices, calibration, home)[0]
 
 
@@ -68,6 +73,9 @@ def plan_priced(
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
+    if spec.parallelism.schedule == "mobius":
+        raise PlanError("a mobius job is not simulated yet (no step timeline to show); "
+                        "`jobctl apply` plans and runs it")  # fmt: skip
     cal = calibration or calibration_for(spec, home)
 
     def chooser(spec_T: JobSpec, cal_T: Calibration, G_T: int) -> Choice:
@@ -75,11 +83,11 @@ def plan_priced(
 
     tc = tp_search.best(spec, G, cal, tp_groups, chooser)  # T x P x D (tp_costs)
     spec, G, cal, choice = tc.spec, tc.G, tc.cal, tc.choice
-    choice.found.explanation[1:1] = tc.lines
     found, aware = stage_aware.apply(spec, cal, choice.found)
     found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
     plan = build_plan(spec, cal, found, G, home, aware)
-    return with_tensor_parallel(plan, tc.T), found.ranked[0].sim, choice
+    plan = with_tensor_parallel(plan, tc.T).model_copy(update={"t_search": tc.lines})
+    return plan, found.ranked[0].sim, choice
 
 
 def _per_rank(pred: Prediction | None, T: int) -> Prediction | None:

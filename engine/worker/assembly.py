@@ -25,6 +25,7 @@ from jobctl.engine.rebalance.hook import Rebalancer
 from jobctl.engine.runtime.hook import StageState, StepHook
 from jobctl.engine.runtime.trainer import Trainer, build_state
 from jobctl.engine.worker.chaos import ChaosKill, parse
+from jobctl.engine.worker.mobius import MobiusTrainer
 from jobctl.spec.job import JobSpec
 
 
@@ -45,6 +46,8 @@ def build_trainer(
     resume: Path | None = None,
 ) -> Trainer:
     """The trainer of ``rank``, with its hooks; from checkpoint ``resume`` if given."""
+    if plan.mobius is not None:  # S stages swapped through the tier (worker.mobius)
+        return MobiusTrainer(spec, plan, run_dir, rank, device, resume)  # type: ignore[return-value]
     # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
     events = event_sink(run_dir, rank, plan.rank(rank).node)
     mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)

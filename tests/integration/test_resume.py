@@ -127,3 +127,28 @@ def test_resume_into_zb_v_and_back(tmp_path, first_half, reference):
     weights = final_weights(run2.dir, 4)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+
+
+def _mobius(steps: int, **extra):
+    """S = 4 Mobius stages on 2 ranks of one node (``parallelism.schedule: mobius``)."""
+    one_node = {"hardware.nodes": 1, "hardware.processes_per_node": 2}
+    return _spec(steps, 4, 1, **{"parallelism.schedule": "mobius", **one_node, **extra})
+
+
+@pytest.mark.multiproc
+def test_mobius_run_matches_one_process_and_resumes_under_1f1b(tmp_path, reference):
+    # Mobius (4 stages swapped through files on 2 ranks) trains like one process; its
+    # step-3 checkpoint, in the block format, resumes as 1F1B 2x1 for step 4.
+    ref_losses, ref_weights = reference
+    run, outcome = run_job(_mobius(3), tmp_path / "mobius")
+    assert outcome.ok, outcome.message
+    assert run.plan.mobius is not None and run.plan.mobius.S == 4
+    assert step_losses(run.dir) == pytest.approx(ref_losses[:3], abs=1e-5)
+    assert not list((run.dir / "mobius").glob("rank-*/*.bin"))  # tier files removed
+    ckpt = run.dir / "checkpoints" / "step-00000003"
+    run2, outcome2 = run_job(_spec(4, 2, 1), tmp_path / "back", resume_dir=ckpt)
+    assert outcome2.ok, outcome2.message
+    assert step_losses(run2.dir) == pytest.approx(ref_losses[3:], abs=1e-5)
+    weights = final_weights(run2.dir, 4)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)

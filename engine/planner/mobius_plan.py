@@ -1,0 +1,136 @@
+"""A ``parallelism.schedule: mobius`` job as a Plan (Mobius, Feng et al., ASPLOS '23).
+
+The job names S (``parallelism.pipeline_stages``), more stages than the N devices
+of the pool. The sec. 3.2 MIP (``mobius_partition``, HiGHS) cuts the calibrated
+blocks into exactly S stages for the least step time under ``hardware.memory_gb``
+per device; with ``hardware.topology`` on one node the sec. 3.3 cross mapping puts
+adjacent stages under different root complexes, else stage j runs on rank j % N.
+The plan has P = N ranks, D = T = 1; ``Plan.stages[r]`` lists every block rank r
+hosts (its checkpoint part), ``Plan.mobius`` the stages themselves
+(``core.plan.MobiusLayout``). The micro-batch size is the spec's, or under ``auto``
+the largest one that gives at least N micro-batches.
+"""
+
+from __future__ import annotations
+
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core.plan import MobiusLayout, Plan, Prediction, RankPlan, StagePlan
+from jobctl.engine.planner.cross_mapping import contention, cross_mapping, topology_of
+from jobctl.engine.planner.mobius_costs import LayerCost, MobiusConfig, layer_costs
+from jobctl.engine.planner.mobius_partition import MobiusPartition, mobius_partition
+from jobctl.engine.planner.search import PlanError
+from jobctl.engine.planner.sizing import GB
+from jobctl.spec import JobSpec
+from jobctl.spec.cost import run_price
+
+#: B, the tier's bandwidth the MIP assumes (not measured yet): local disk through the
+#: page cache on a CPU device, PCIe 3.0 x16 on CUDA.
+TIER_BPS = {"cpu": 2e9, "cuda": 12e9}
+
+
+def micro_batch(spec: JobSpec, N: int) -> int:
+    """m: the spec's, or the largest divisor of the global batch giving M >= N."""
+    B, m = spec.training.global_batch_size, spec.training.micro_batch_size
+    if isinstance(m, int):
+        return m
+    return max(d for d in range(1, B + 1) if B % d == 0 and B // d >= min(N, B))
+
+
+def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
+    """The Mobius plan of ``spec`` on ``N`` devices (``PlanError``: it cannot run)."""
+    S = spec.parallelism.pipeline_stages
+    if not isinstance(S, int) or S <= N:
+        raise PlanError(
+            f"parallelism.pipeline_stages {S}: a Mobius pipeline has more stages than its "
+            f"{N} devices; raise it above {N}"
+        )
+    m = micro_batch(spec, N)
+    M = spec.training.global_batch_size // m
+    layers = layer_costs(cal, m, M)
+    cfg = MobiusConfig(
+        devices=N, memory_bytes=spec.hardware.memory_gb * GB,
+        tier_Bps=TIER_BPS[spec.hardware.device], micro_batches=M, max_units=max(16, S),
+    )  # fmt: skip
+    try:
+        part = mobius_partition(layers, cfg, S)
+    except ValueError as err:
+        raise PlanError(
+            f"{err}: {S} stages of this model do not fit {spec.hardware.memory_gb} GB per "
+            "device; raise parallelism.pipeline_stages or hardware.memory_gb"
+        ) from None
+    layout = _layout(spec, part, N)
+    return _plan(spec, cal, layout, m, _prediction(spec, cal, layers, layout, m))
+
+
+def _layout(spec: JobSpec, part: MobiusPartition, N: int) -> MobiusLayout:
+    """The partition's stages and their ranks (the cross mapping on one node)."""
+    topology = topology_of(spec.hardware)
+    ranks = list(part.devices)
+    plain = [j % N for j in range(len(part.stages))]
+    costs = (0.0, 0.0)
+    if topology is not None and spec.hardware.nodes == 1 and topology.devices == N:
+        mapping = cross_mapping(len(part.stages), topology)
+        ranks = list(mapping.stage_devices)
+        costs = (float(mapping.contention), float(contention(plain, topology)))
+    return MobiusLayout(
+        S=len(part.stages), stages=[list(r) for r in part.stages], ranks=ranks,
+        step_time_s=part.step_time_s, optimal=part.optimal,
+        contention=costs[0], sequential=costs[1],
+    )  # fmt: skip
+
+
+def _plan(spec: JobSpec, cal: Calibration, lay: MobiusLayout, m: int, pred) -> Plan:
+    N, ppn = lay.N, spec.hardware.processes_per_node
+    ranks = [RankPlan(rank=r, node=r // ppn, local_rank=r % ppn, stage=r, replica=0)
+             for r in range(N)]  # fmt: skip
+    stages = [
+        StagePlan(index=r, blocks=[b for j in lay.hosted(r) for b in lay.stages[j]],
+                  ranks=[r], recompute=True, actions="")
+        for r in range(N)
+    ]  # fmt: skip
+    sizes = [len(s) for s in lay.stages]
+    mapped = f"; cross mapping {lay.ranks}" if lay.contention or lay.sequential else ""
+    return Plan(
+        P=N, D=1, micro_batch_size=m, micro_batches=spec.training.global_batch_size // m,
+        global_batch_size=spec.training.global_batch_size, schedule="mobius",
+        nodes=max(r.node for r in ranks) + 1, processes_per_node=min(ppn, N),
+        device=spec.hardware.device, block_names=cal.names, stages=stages, ranks=ranks,
+        prediction=pred, mobius=lay,
+        explanation=[
+            f"mobius: S = {lay.S} stages on N = {N} ranks, swapped through the tier below "
+            f"{spec.hardware.memory_gb} GB per device",
+            f"MIP partition (sec. 3.2): blocks per stage {sizes}, "
+            f"{lay.step_time_s:.4g} s/step{'' if lay.optimal else ' (time limit hit)'}"
+            f"{mapped}",
+        ],
+    )  # fmt: skip
+
+
+def _sections(spec: JobSpec) -> int:
+    """A stage record's sections (``engine.mobius.layout``): weights, gradients and
+    the optimizer's per-parameter slots."""
+    t = spec.training
+    return 2 + (2 if t.optimizer in ("adam", "adamw") else int(bool(t.momentum)))
+
+
+def _prediction(
+    spec: JobSpec, cal: Calibration, layers: list[LayerCost], lay: MobiusLayout, m: int
+) -> Prediction:
+    """The MIP's step as a Prediction; the idle share is the compute the N ranks do
+    not fill (forwards run twice: each stage but the last recomputes in backward).
+    A rank's memory is its two reserved buffers, each its largest stage record."""
+    step, M, N = lay.step_time_s or 0.0, spec.training.global_batch_size // m, lay.N
+    compute = M * sum(c.forward_s + c.backward_s for c in layers)
+    compute += M * sum(layers[i].forward_s for j in range(lay.S - 1) for i in lay.stages[j])
+    records = [_sections(spec) * sum(cal.blocks[i].param_bytes for i in s) for s in lay.stages]
+    samples = spec.training.global_batch_size / step
+    price = run_price(spec.hardware) * N
+    return Prediction(
+        step_time_s=step, samples_per_s=samples,
+        memory_per_stage_gb=[2 * max(records[j] for j in lay.hosted(r)) / GB for r in range(N)],
+        bubble_ratio=max(0.0, 1.0 - compute / (N * step)),
+        cost_per_1k_samples=price / 3600.0 / samples * 1000.0,
+        source="calibration" if cal.source == "measured" else "analytic",
+        samples_per_s_per_device=samples / N,
+        calibration=cal.fingerprint.key if cal.source == "measured" else None,
+    )  # fmt: skip
