@@ -38,6 +38,7 @@ class Subgraph(fx.GraphModule):
         graph = _graph(gm, shard, rename)
         super().__init__({rename(t): tensors[t] for t in shard.params}, graph)
         self.shard = shard
+        self.subpipeline = None  # a tensor-parallel block's m/2 twin, when sub-pipelined
 
     def train(self, mode: bool = True) -> Subgraph:
         """Switch the traced dropouts too: the trace baked ``train=True`` into each
@@ -57,6 +58,8 @@ class Subgraph(fx.GraphModule):
     def run(self, carry: tuple, batch: dict) -> tuple:
         """The shard's outputs from the carried values and the batch's inputs."""
         args = list(carry) + [batch[name] for name in self.shard.batch_in]
+        if self.subpipeline is not None:  # sub-pipelined TMP (tp_subpipeline)
+            return self.subpipeline.run(self, args)
         out = self(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 

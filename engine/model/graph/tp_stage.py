@@ -24,7 +24,9 @@ from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from jobctl.engine.model.graph.subgraph import Subgraph
 from jobctl.engine.model.graph.tp_plan import LINEARS, Split, TPPlan, discover
+from jobctl.engine.model.graph.tp_subpipeline import SubPipeline
 
 aten = torch.ops.aten
 
@@ -117,6 +119,12 @@ def parallelize(module: fx.GraphModule, plan: TPPlan, mesh: DeviceMesh) -> None:
         whole = getattr(owner, leaf)
         local = shard_of(whole.detach(), split, rank, plan.T).clone()
         setattr(owner, leaf, nn.Parameter(local, requires_grad=whole.requires_grad))
+    rewrite(module, plan, group, rank)
+
+
+def rewrite(module: fx.GraphModule, plan: TPPlan, group, rank: int) -> None:
+    """The graph side of ``parallelize`` alone (``plan`` already ``module``'s): the
+    collectives and the per-rank sizes; its parameters are left as they are."""
     module.add_module("tp_copy", Copy(group))
     module.add_module("tp_reduce", Reduce(group))
     _rewrite(module, plan, rank)
@@ -195,16 +203,37 @@ class StageShards:
     model, the 1-D mesh over the group's ranks, and the conversions a checkpoint needs
     between a stage parameter (``layers.<block>.<model name>``) and its whole tensor."""
 
-    def __init__(self, graph, T: int, group, ranks: list[int], device: str = "cpu") -> None:
+    def __init__(self, graph, T: int, group, ranks: list[int], device: str = "cpu",
+                 subpipeline: bool = False, m: int = 0) -> None:  # fmt: skip
+        self.graph, self.m = graph, m
         self.plan = discover(graph, T)
         self.mesh = DeviceMesh.from_group(group, device, mesh=ranks)
         self.t = self.mesh.get_local_rank()
+        self.subpipelined: list[int] = []  # blocks run as two sub-micro-batches
+        self.reasons: list[str] = []  # why a block (or the stage) runs plain TMP
+        self.half = self._half_trace() if subpipeline else None
+
+    def _half_trace(self):
+        if self.m < 2 or self.m % 2:
+            self.reasons.append(f"micro-batch {self.m} does not halve: plain TMP")
+            return None
+        half = type(self.graph)(self.graph.cfg, self.m // 2)
+        return half, discover(half, self.plan.T)
 
     def apply(self, stage: nn.Module) -> None:
         """Split every subgraph of ``stage`` (its ``layers``) in place; each was built
-        whole with the run's seed, so the T ranks' shards are one model's."""
-        for block in stage.layers.values():
+        whole with the run's seed, so the T ranks' shards are one model's. With
+        sub-pipelining, each split subgraph that does not end the model also gets
+        its m/2 twin (``tp_subpipeline``)."""
+        for key, block in stage.layers.items():
             parallelize(block, self.plan, self.mesh)
+            if self.half is not None:
+                why = self._subpipeline(int(key), block)
+                self.reasons += [f"block {key}: {why}"] if why else []
+                self.subpipelined += [] if why else [int(key)]
+
+    def _subpipeline(self, i: int, block) -> str | None:
+        return subpipeline(block, i, self.graph, self.half, self.plan, self.mesh, self.m)
 
     def split_of(self, name: str) -> Split | None:
         """How the stage parameter ``name`` is split (None: whole on every rank)."""
@@ -223,3 +252,49 @@ class StageShards:
         """This rank's shard of ``name``'s whole tensor (a checkpoint's, any T)."""
         split = self.split_of(name)
         return whole if split is None else shard_of(whole, split, self.t, self.plan.T)
+
+
+def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh, m: int) -> str | None:
+    """Give the split subgraph ``block`` (block ``i`` of ``graph``, traced at m) its
+    twin from ``half`` (the m/2 trace and its plan) and run it sub-pipelined from now
+    on (``Subgraph.run``); else why not (it then runs plain TMP)."""
+    half, half_plan = half
+    if not plan.for_subgraph(block).row:
+        return "no tensor-parallel linear"
+    if not block.shard.carry_out:
+        return "computes the model's output (a mean over the batch): plain TMP"
+    hs = half.shards[i]
+    if _shape_free(hs) != _shape_free(block.shard):
+        return "the m/2 trace shards differently: plain TMP"
+    split = _batch_dims(graph, half, hs.carry_in + hs.batch_in)
+    split_out = _batch_dims(graph, half, hs.carry_out)
+    if None in split + split_out or not any(split):
+        return "a value's batch dimension is unknown: plain TMP"
+    tensors = {t: _attr(block, half.original(t)) for t in hs.params}
+    twin = Subgraph(half.gm, hs, tensors, half.original)
+    group, t = mesh.get_group(), mesh.get_local_rank()
+    rewrite(twin, half_plan.for_subgraph(twin), group, t)
+    block.subpipeline = SubPipeline(twin, m, split, split_out, group)
+    return None
+
+
+def _shape_free(shard) -> tuple:
+    return shard.nodes, shard.carry_in, shard.batch_in, shard.carry_out
+
+
+def _batch_dims(full, half, names: list[str]) -> list[bool | None]:
+    """Is each named value cut along its first dimension in the m/2 trace (None:
+    its shape is not known)?"""
+    whole = {n.name: n for n in full.gm.graph.nodes}
+    halved = {n.name: n for n in half.gm.graph.nodes}
+    out = []
+    for name in names:
+        a = getattr(whole[name].meta.get("val"), "shape", None)
+        b = getattr(halved[name].meta.get("val"), "shape", None)
+        out.append(None if a is None or b is None or len(a) == 0 else a[0] != b[0])
+    return out
+
+
+def _attr(module: nn.Module, name: str):
+    owner, leaf = _owner(module, name)
+    return getattr(owner, leaf)
