@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 from .base import SpecModel, Violation, friendly_error
 
@@ -59,6 +65,20 @@ TensorParallel = Annotated[
 ]
 
 
+def _bool_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """``auto | true | false``, one clear error with a fix otherwise."""
+    try:
+        return handler(value)
+    except ValidationError as err:
+        raise friendly_error(
+            "tp_subpipeline", f"expected auto, true or false, got {value!r}",
+            fix="set parallelism.tp_subpipeline to auto (the planner decides), true or false",
+        ) from err  # fmt: skip
+
+
+TPSubpipeline = Annotated[Literal["auto"] | StrictBool, WrapValidator(_bool_or_auto)]
+
+
 class TensorParallelFields(SpecModel):
     """``parallelism.tensor_parallel`` (T, or ``auto``: the planner's search)."""
 
@@ -66,11 +86,17 @@ class TensorParallelFields(SpecModel):
         1, description="T: processes that split each stage's linears (Megatron TMP); 1: "
         "off; auto: the planner searches T x P x D (engine.planner.tp_search)",
     )  # fmt: skip
+    tp_subpipeline: TPSubpipeline = Field(
+        "auto", description="Merak 5.3: each micro-batch of a split stage as two halves, "
+        "one all-reducing while the other computes; auto: where engine.planner.tp_overlap "
+        "predicts a gain",
+    )  # fmt: skip
 
 
 def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
     """The rules between ``parallelism.tensor_parallel`` and the rest of ``spec``."""
     T = spec.parallelism.tensor_parallel
+    yield from _subpipeline_violations(spec, T)
     if T in (1, "auto"):  # auto: the planner keeps to what the rules below allow
         return
     if spec.model.huggingface is None and spec.model.import_ is None:
@@ -105,3 +131,24 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
             "lower parallelism.tensor_parallel/pipeline_stages/data_parallel or raise "
             "hardware.nodes",
         )
+
+
+def _subpipeline_violations(spec: Any, T: int | str) -> Iterator[Violation]:
+    """``tp_subpipeline: true`` needs a split stage, a micro-batch that halves and a
+    whole backward (the halves' backward runs by hand, not as ZB-H1's B and W)."""
+    if spec.parallelism.tp_subpipeline is not True:
+        return
+    field, m = "parallelism.tp_subpipeline", spec.training.micro_batch_size
+    if T == 1:
+        yield Violation(field, "true needs tensor_parallel > 1: no split stage to "
+                        "sub-pipeline", "set parallelism.tp_subpipeline: auto (or false), "
+                        "or parallelism.tensor_parallel > 1")  # fmt: skip
+    if isinstance(m, int) and m % 2:
+        yield Violation(field, f"true splits each micro-batch in two halves, but "
+                        f"training.micro_batch_size is {m}", "set an even training."
+                        "micro_batch_size or parallelism.tp_subpipeline: auto")  # fmt: skip
+    if spec.parallelism.schedule == "zb_h1":
+        yield Violation(field, "true runs the halves' backward by hand, which ZB-H1's "
+                        "split of the backward into B and W does not take", "set "
+                        "parallelism.tp_subpipeline: auto (or false), or another "
+                        "parallelism.schedule")  # fmt: skip

@@ -139,6 +139,10 @@ class Plan(_Frozen):
     P: int = Field(description="pipeline stages")
     D: int = Field(description="data-parallel replicas")
     T: int = Field(1, description="tensor-parallel ranks per stage (Merak 4.1), consecutive")
+    tp_subpipeline: bool = Field(
+        False, description="sub-pipelined TMP (Merak 5.3): each micro-batch of a split stage "
+        "as two halves, one all-reducing while the other computes (planner.tp_overlap)",
+    )  # fmt: skip
     micro_batch_size: int = Field(description="samples per micro-batch (m)")
     micro_batches: int = Field(description="micro-batches per replica per step (N_m)")
     global_batch_size: int

@@ -19,7 +19,7 @@ from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
-from jobctl.engine.planner import stage_aware, tp_search, v_shape
+from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.mobius_plan import mobius_plan
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
@@ -77,6 +77,7 @@ def plan_priced(
         raise PlanError("a mobius job is not simulated yet (no step timeline to show); "
                         "`jobctl apply` plans and runs it")  # fmt: skip
     cal = calibration or calibration_for(spec, home)
+    whole_cal = cal  # before the T search prices one rank of a group
 
     def chooser(spec_T: JobSpec, cal_T: Calibration, G_T: int) -> Choice:
         return choose(spec_T, cal_T, G_T, describe(cal, spec), measured(home, spec_T))
@@ -87,6 +88,7 @@ def plan_priced(
     found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
     plan = build_plan(spec, cal, found, G, home, aware)
     plan = with_tensor_parallel(plan, tc.T).model_copy(update={"t_search": tc.lines})
+    plan = tp_overlap.resolve(spec, whole_cal, plan)  # Merak 5.3 at the chosen T
     return plan, found.ranked[0].sim, choice
 
 
