@@ -26,6 +26,7 @@ from jobctl.engine.runtime.hook import StageState, StepHook
 from jobctl.engine.runtime.trainer import Trainer, build_state
 from jobctl.engine.worker.chaos import ChaosKill, parse
 from jobctl.engine.worker.mobius import MobiusTrainer
+from jobctl.engine.worker.timeline import mark
 from jobctl.spec.job import JobSpec
 
 
@@ -65,6 +66,7 @@ def build_trainer(
     if aim is not None and resume is None:  # chaos tests: kill the node, first attempt only
         hooks.append(ChaosKill(*aim))
     start = 0
+    mark("model")  # the state is built; what follows to "built" is mostly the resume
     if resume is not None and parts:
         start = resume_elastic(parts, plan.global_batch_size, mdef.ties, resume)
     elif resume is not None:
