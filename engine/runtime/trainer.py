@@ -21,7 +21,6 @@ from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, make_data, make_eval_data
 from jobctl.engine.data.prefetch import prefetching
 from jobctl.engine.model.blocks import ModelDef, Stage
-from jobctl.engine.model.graph.tp_stage import StageShards
 from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.failure import StepFailure, StepLedger, commit_step, is_peer_failure
@@ -64,6 +63,10 @@ def build_state(
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
     tp = None
     if plan.T > 1:  # before the optimizer: the split parameters are new Parameters
+        # Here, not at the top: DTensor's import (sympy) cost every worker ~0.8 s of
+        # its start-up, a relaunch after a lost node included, for T = 1 too.
+        from jobctl.engine.model.graph.tp_stage import StageShards
+
         tp = StageShards(mdef.graph, plan.T, topo.tp_group, topo.tp_ranks, device.type,
                          subpipeline=plan.tp_subpipeline, m=plan.micro_batch_size)  # fmt: skip
         tp.apply(stage)
