@@ -57,9 +57,11 @@ class MobiusTrainer:
         self.events = event_sink(run_dir, rank, plan.rank(rank).node)
         self.mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)
         self.cfg = swap_config(spec, plan, run_dir, rank)
-        self.vote_group = dist.new_group(backend="gloo")  # apart from the stage links
+        # Boundary tensors travel as CPU tensors (gloo, also under NCCL); the stop vote
+        # on a group of its own, apart from the links' sends.
+        links, self.vote_group = dist.new_group(backend="gloo"), dist.new_group()
         self.data = make_data(spec)
-        self.runner = MobiusRunner(self.mdef, spec.training, self.data, self.cfg, device)
+        self.runner = MobiusRunner(self.mdef, spec.training, self.data, self.cfg, device, links)
         self.checkpoints = Checkpointing(spec, plan, rank, run_dir, self.events, self.mdef.ties)
         self.start_step = 0 if resume is None else self._resume(Path(resume))
         self.checkpoints.clear_stale_staging()
