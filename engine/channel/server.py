@@ -39,6 +39,7 @@ from jobctl.engine.core.event_schema import MAX_INDEX
 log = logging.getLogger("jobctl.channel")
 
 MAX_BODY = 16 << 20  # one batch; larger requests are refused (413)
+SHUTDOWN_POLL_S = 0.05  # how often the serving thread checks for a shutdown
 
 
 def new_secret() -> str:
@@ -246,9 +247,13 @@ class ChannelServer:
         self.archive = EventArchive(metrics, on_events)
         self._server = _Server((host, port), secret, self.archive)
         self.host, self.port = host, self._server.server_address[1]
+        # serve_forever checks for shutdown every poll_interval (0.5 s by default): the
+        # supervisor waits for the run host to be gone at every attempt's end, a
+        # recovery's teardown included, so that wait was up to 0.5 s of it.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="jobctl-channel", daemon=True
-        )
+            target=self._server.serve_forever, args=(SHUTDOWN_POLL_S,), name="jobctl-channel",
+            daemon=True,
+        )  # fmt: skip
 
     @property
     def url(self) -> str:
