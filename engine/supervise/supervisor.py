@@ -60,6 +60,7 @@ from jobctl.engine.supervise.scaling import next_attempt
 from jobctl.spec import JobSpec
 
 # A dead supervisor's attempt (one asked to stop too: resuming it is asking it to run).
+HANDOVER_POLL_S = 0.05  # the poll while survivors hand a step over (engine/worker/survival.py)
 ORPHANED = {p.value for p in ACTIVE} | {"launching", "stopping"}
 
 
@@ -104,8 +105,8 @@ class Supervisor:
         try:
             while not self.done:
                 self.step()
-                if self.monitor is not None:
-                    self.sleep(interval)
+                if self.monitor is not None:  # survivors handing over: the relaunch waits
+                    self.sleep(interval if self.monitor.handover is None else HANDOVER_POLL_S)
         except KeyboardInterrupt:  # a second Ctrl-C: leave the nodes running, adoptable
             self._detach()
             raise
