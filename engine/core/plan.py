@@ -143,6 +143,10 @@ class Plan(_Frozen):
         False, description="sub-pipelined TMP (Merak 5.3): each micro-batch of a split stage "
         "as two halves, one all-reducing while the other computes (planner.tp_overlap)",
     )  # fmt: skip
+    t_search: list[str] = Field(
+        default_factory=list,
+        description="how T was chosen (tensor_parallel auto: each T's best, or why only T=1)",
+    )
     micro_batch_size: int = Field(description="samples per micro-batch (m)")
     micro_batches: int = Field(description="micro-batches per replica per step (N_m)")
     global_batch_size: int

@@ -25,7 +25,7 @@ def _recompute_cell(st) -> str:
 def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
     """The plan as a summary line, a stage table and a rank table; with ``steps``, the
     end-to-end prediction (start-up included)."""
-    tp = f"T={plan.T} x " if plan.T > 1 else ""  # tensor parallel: T ranks per stage
+    tp = f"T={plan.T} x " if plan.T > 1 or plan.t_search else ""  # T ranks per stage
     console.print(
         f"[bold]plan[/bold] {tp}P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
         f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
@@ -33,6 +33,8 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         f"schedule {plan.schedule}",
         soft_wrap=True,
     )
+    for line in plan.t_search:  # tensor_parallel auto: why this T
+        console.print(line, soft_wrap=False, highlight=False)
     first = "ranks (replica 0..D-1)" if plan.T == 1 else "first ranks (+0..T-1)"
     stages = Table("stage", "blocks", first, "recompute")
     for st in plan.stages:

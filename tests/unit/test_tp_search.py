@@ -1,0 +1,175 @@
+"""The planner's tensor parallelism (Merak 4.1): one rank's costs of a T group
+(``tp_costs``, by hand), the facts found on a traced GPT-2, and the search over
+T x P x D (``tp_search``): memory per device, slow links, node boundaries, auto's
+refusals with why, and the plan table at 80 columns."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.calibration.record import AllreduceCalibration, LinkCalibration, Stat
+from jobctl.engine.cli.app import app
+from jobctl.engine.planner import tp_costs, tp_search
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.views.tables import print_plan
+from jobctl.spec import load_spec
+
+from ..jobrun import quickstart_with
+
+pytest.importorskip("transformers")
+runner = CliRunner()
+GPT2 = ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
+        "n_head: 4, vocab_size: 256, n_positions: 16}")  # fmt: skip
+
+
+def _spec(tmp_path, T="auto", P="auto", D="auto", extra=(), per_node=2, nodes=2, model=GPT2):
+    edits = [
+        ("  pipeline_stages: 2\n  data_parallel: 2",
+         f"  pipeline_stages: {P}\n  data_parallel: {D}\n  tensor_parallel: {T}"),
+        ("  family: gpt", model),
+        ("  nodes: 2\n  processes_per_node: 2",
+         f"  nodes: {nodes}\n  processes_per_node: {per_node}"),
+        ("  seq_len: 32", "  seq_len: 16"),
+        *extra,
+    ]  # fmt: skip
+    return quickstart_with(tmp_path / "job.yaml", *edits)
+
+
+def _cal(spec, ring: AllreduceCalibration | None = None, p2p_Bps: float | None = None):
+    """The analytic calibration with the intra-node all-reduce (and link) replaced;
+    with a slow link, compute of 1 ms (3 ms with backward) per sample and block."""
+    cal = calibration_for(spec)
+    update: dict = {}
+    if ring is not None:
+        update["allreduce_intra"] = ring
+    if p2p_Bps is not None:
+        update["p2p_intra"] = LinkCalibration(source="analytic", latency_s=0.0,
+                                              bandwidth_Bps=p2p_Bps)  # fmt: skip
+        times = {
+            k: {m: Stat(median=x * m * 1e-3) for m in cal.micro_batch_sizes}
+            for k, x in (("forward", 1), ("forward_nograd", 1), ("backward", 2))
+        }
+        update["blocks"] = [b.model_copy(update=times) for b in cal.blocks]  # fmt: skip
+    return cal.model_copy(update=update)
+
+
+def test_one_rank_costs_by_hand(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    ring = AllreduceCalibration(source="analytic", latency_s=1e-5, bandwidth_Bps=1e9)
+    cal = _cal(spec, ring)
+    b = cal.blocks[1].model_copy(update={
+        "forward": {1: Stat(median=1.0e-3), 2: Stat(median=1.5e-3)},
+        "state_bytes": 1000.0, "act_bytes": 100.0, "param_bytes": 400.0,
+        "peak_bytes": {1: 1300.0}, "optimizer": Stat(median=1e-4)})  # fmt: skip
+    fact = tp_costs.TPBlock(phi=0.8, psi=0.5, reduce_bytes=(1000.0, 1000.0))
+    got = tp_costs.rank_block(cal, b, fact, tp_costs.TPCosts(2, (fact,)))
+    # overhead o = 1.0 - 1 x (1.5 - 1.0) = 0.5 ms stays whole; the rest x (0.2 + 0.8 / 2)
+    # ring of 2: 2 (2 - 1) x 10 us + (2 - 1) x bytes / 1 GB/s, twice (two row linears)
+    assert got.forward[1].median == pytest.approx(0.5e-3 + 0.5e-3 * 0.6 + 2 * (2e-5 + 1e-6))
+    assert got.forward[2].median == pytest.approx(0.5e-3 + 1.0e-3 * 0.6 + 2 * (2e-5 + 2e-6))
+    assert got.state_bytes == pytest.approx(600.0)  # 1000 x (0.2 + 0.4)
+    assert got.param_bytes == pytest.approx(240.0)
+    assert got.act_bytes == pytest.approx(75.0)  # 100 x (0.5 + 0.25)
+    assert got.peak_bytes[1] == pytest.approx(600.0 + 300.0 * 0.75)
+    assert got.optimizer.median == pytest.approx(0.6e-4)
+    assert got.boundary_bytes == b.boundary_bytes  # stage sends stay whole
+    assert tp_costs.split_time(2.0, 0.0, 1.0, 4) == pytest.approx(0.5)
+
+
+def test_facts_on_gpt2_are_megatrons_two_reduces_per_layer(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    cal = calibration_for(spec)
+    from jobctl.engine.model.blocks import model_def
+    from jobctl.engine.model.graph.tp_plan import discover
+
+    graph = model_def(spec.model, 0).graph
+    facts = tp_costs.facts(graph, discover(graph, 2))
+    rows = [b for f in facts for b in f.reduce_bytes]
+    assert len(rows) == 2 * 2  # 2 layers x (attention's c_proj, the MLP's c_proj)
+    assert rows == [16 * 32 * 4.0] * 4  # b s h per sample: seq 16 x width 32 fp32
+    assert len(facts) == cal.num_blocks
+    assert all(0.0 <= f.phi < 1.0 and 0.0 <= f.psi <= 1.0 for f in facts)
+    assert max(f.phi for f in facts) > 0.95  # a layer's linears hold nearly all of it
+
+
+def test_only_T2_fits_memory_so_auto_picks_T2(tmp_path):
+    path = _spec(tmp_path, P=1, D=1)
+    base = load_spec(path)
+    mem = {T: max(make_plan(tp_search.with_T(base, T)).prediction.memory_per_stage_gb)
+           for T in (1, 2)}  # fmt: skip
+    assert mem[2] < 0.8 * mem[1]
+    cap = (mem[1] + mem[2]) / 2 * 2**30 / 1e9  # GiB per stage -> the spec's GB
+    spec = base.model_copy(update={"hardware": base.hardware.model_copy(
+        update={"memory_gb": cap})})  # fmt: skip
+    plan = make_plan(spec)
+    assert plan.T == 2 and (plan.P, plan.D) == (1, 1)
+    assert any("T = 1: no layout fits" in x for x in plan.t_search), plan.t_search
+    with pytest.raises(ValueError, match="does not fit memory"):
+        make_plan(tp_search.with_T(spec, 1))
+
+
+def test_fast_links_pick_T2_and_slow_ones_T1(tmp_path):
+    # 2 devices, a batch of 2 at m = 1, stage sends slow: T = 1 pays sends and a bubble
+    # (P = 2) or a gradient all-reduce of every weight (D = 2); T = 2 only Megatron's
+    # activation all-reduces, 16 of 2 KiB a step: cheap at 0.1 us latency, not at 10 ms
+    path = _spec(tmp_path, per_node=2, nodes=1, extra=[
+        ("  global_batch_size: 16", "  global_batch_size: 2"),
+        ("  micro_batch_size: 2 ", "  micro_batch_size: 1 ")])  # fmt: skip
+    spec = load_spec(path)
+    picked = {}
+    for latency in (1e-7, 1e-2):
+        ring = AllreduceCalibration(source="analytic", latency_s=latency, bandwidth_Bps=1e7)
+        plan = make_plan(spec, calibration=_cal(spec, ring, p2p_Bps=1e5))
+        picked[latency] = plan.T
+    assert picked == {1e-7: 2, 1e-2: 1}, picked
+
+
+def test_T_groups_stay_inside_a_node_and_are_contiguous(tmp_path):
+    spec = load_spec(_spec(tmp_path, per_node=2, nodes=2))
+    Ts, why = tp_search.options(spec, 4)
+    assert Ts == [1, 2] and why == ""  # 4 does not divide processes_per_node 2
+    plan = make_plan(tp_search.with_T(spec, 2), devices=4)
+    for rank in range(plan.world_size):
+        group = plan.tp_ranks(rank)
+        assert group == list(range(group[0], group[0] + 2))
+        assert {plan.ranks[r].node for r in group} == {plan.ranks[rank].node}
+
+
+@pytest.mark.parametrize(("PD", "edits", "model", "words"), [
+    (2, [("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic\n  parallel_pipelines: 2")],
+     GPT2, "parallelism.averaging does not run with tensor_parallel > 1"),
+    ("auto", [], "  family: gpt", "hand-cut blocks"),
+])  # fmt: skip
+def test_auto_resolves_to_T1_and_plan_says_why(tmp_path, PD, edits, model, words):
+    path = _spec(tmp_path, P=PD, D=PD, extra=edits, model=model)
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+    r = runner.invoke(app, ["plan", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "T = 1 only:" in r.output and words in r.output, r.output
+
+
+def test_plan_table_shows_T_in_80_columns(tmp_path):
+    spec = load_spec(_spec(tmp_path, T=2))
+    plan = make_plan(spec)
+    out = io.StringIO()
+    print_plan(Console(file=out, width=80), plan)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("plan T=2 x P=")
+    assert any("all-reduces priced by" in x for x in lines)
+    table = [x for x in lines if x.startswith(("┃", "│", "┏", "└"))]
+    assert table and max(len(x) for x in table) <= 80
+    assert any("┃ t ┃" in x for x in table)
+
+
+def test_a_bad_T_is_refused_at_validate_with_a_fix(tmp_path):
+    path = _spec(tmp_path, T=3)
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 2 and "fix:" in r.output and "Traceback" not in r.output
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
+                if "tensor_parallel" in t)  # fmt: skip
+    assert f"{path}:{line}:" in r.output, r.output
