@@ -119,9 +119,10 @@ def recovery(home: Path, sig: signal.Signals) -> dict:
 
 
 def _path(rec: dict) -> str:
-    """Which recovery the run took: a relaunch after the survivors' hand-over (from
-    their emergency checkpoint) or after none (from the newest checkpoint)."""
-    return "hand-over+relaunch" if rec.get("source") == "emergency checkpoint" else "fallback"
+    """Which recovery the run took: a relaunch from the survivors' hand-over (their
+    emergency checkpoint) or from the newest checkpoint (after a SIGTERM, the one the
+    notice wrote; else the fallback, a checkpoint interval back at most)."""
+    return "hand-over+relaunch" if rec.get("source") == "emergency checkpoint" else "ckpt+relaunch"
 
 
 def _parts(db: StateDB, run_id: str, run_dir: Path, rec: dict) -> dict[str, float]:
