@@ -195,7 +195,7 @@ def device_table(folder: Path) -> tuple[list[float], list[tuple]]:
     allreduce (AR, its ring shares the VM's NIC with the VM's other stages) and
     optimizer step (s). Returns the |errors| and, per row, (M, D, AR, idle + opt) for
     ``allreduce_check``."""
-    print(f"Varuna Table 7, analytic source, device model alone, m = 1 ({folder}):")
+    print(f"Varuna Table 7, analytic source, device model alone, m = 1\n(specs: {folder})")
     print(f"{'model':<5} {'PxD':<5} {'real':>6} {'pred':>6} {'err':>6} {'st':>2} "
           f"{'F':>5} {'R':>5} {'B':>5} {'send':>5} {'idle':>5} {'AR':>5} {'opt':>4}")  # fmt: skip
     errors, tails = [], []
