@@ -296,11 +296,13 @@ class _Sim:
         self.wake = [0.0] * len(progs)
         for r in range(len(progs)):
             self.next_request(progs, r)
-        while True:
+        for _ in range(64 * self.S * (3 * self.M + 8)):  # each turn ends >= 1 bar, or stalls
             self.settle(progs)
             if all(q is None for q in self.req) and not self.pending_io():
                 break
             self.advance(self.next_time())
+        else:
+            raise RuntimeError("Mobius simulation stalled: time stopped advancing")
         end = max((e.end for e in self.events), default=0.0)
         self.events.sort(key=lambda e: (e.start, e.rank, e.end))
         return MobiusSimResult(end, self.busy, self.moving, self.events)
@@ -368,9 +370,8 @@ class _Sim:
         """Move every active job on to time ``t``."""
         rates, dt = self.rates(), t - self.now
         for a, rate in zip(self.active, rates, strict=True):
-            if a is not None:
-                a.left = max(0.0, a.left - rate * dt)
-                a.left = 0.0 if a.left <= EPS * max(1.0, a.nbytes) else a.left
+            if a is not None:  # ends by t: done (no float residue that never reaches 0)
+                a.left = 0.0 if self.now + a.left / rate <= t else a.left - rate * dt
         self.now = t
 
     def finish_done(self) -> bool:
