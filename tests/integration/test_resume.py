@@ -11,9 +11,18 @@ import torch
 from jobctl.engine.checkpoint.resume import find_resume_point
 from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.supervise.run_requests import request_stop
 from jobctl.engine.worker.reference import reference_train
 
-from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from ..jobrun import (
+    final_weights,
+    run_job,
+    start_apply,
+    step_losses,
+    tiny_spec,
+    wait_for,
+    write_spec,
+)
 
 SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
 
@@ -136,19 +145,30 @@ def _mobius(steps: int, **extra):
 
 
 @pytest.mark.multiproc
-def test_mobius_run_matches_one_process_and_resumes_under_1f1b(tmp_path, reference):
-    # Mobius (4 stages swapped through files on 2 ranks) trains like one process; its
-    # step-3 checkpoint, in the block format, resumes as 1F1B 2x1 for step 4.
-    ref_losses, ref_weights = reference
-    run, outcome = run_job(_mobius(3), tmp_path / "mobius")
-    assert outcome.ok, outcome.message
-    assert run.plan.mobius is not None and run.plan.mobius.S == 4
-    assert step_losses(run.dir) == pytest.approx(ref_losses[:3], abs=1e-5)
-    assert not list((run.dir / "mobius").glob("rank-*/*.bin"))  # tier files removed
-    ckpt = run.dir / "checkpoints" / "step-00000003"
-    run2, outcome2 = run_job(_spec(4, 2, 1), tmp_path / "back", resume_dir=ckpt)
+def test_mobius_run_stops_and_resumes_under_1f1b(tmp_path):
+    # `jobctl apply` of Mobius (4 stages swapped through files on 2 ranks) trains like
+    # one process; a stop (`jobctl stop`'s request) checkpoints the step the ranks agree
+    # on, in the block format, which resumes as 1F1B 2x1 for one more step, equal to
+    # one process too.
+    spec, home = _mobius(300, **{"checkpoint.interval": 1000}), tmp_path / "home"
+    proc = start_apply(write_spec(spec, tmp_path / "mobius.yaml"), home, output=True)
+    runs = home / "runs"
+    run_dir = wait_for(lambda: runs.exists() and next(runs.glob("*"), None), what="the run")
+    wait_for(lambda: step_losses(run_dir), what="a first step")
+    db = StateDB(home)
+    assert request_stop(db, db.get_run(run_dir.name)).how == "asked"  # as `jobctl stop`
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped at step" in out, out
+    row = StateDB(home).get_run(run_dir.name)
+    k = row["step"]
+    assert row["phase"] == "stopped" and row["last_checkpoint"] == k < 300
+    assert not list((run_dir / "mobius").glob("rank-*/*.bin"))  # the tier files went
+    ref_losses, ref_weights = reference_train(_spec(k + 1, 1, 1))
+    assert step_losses(run_dir) == pytest.approx(ref_losses[:k], abs=1e-5)
+    ckpt = run_dir / "checkpoints" / f"step-{k:08d}"
+    run2, outcome2 = run_job(_spec(k + 1, 2, 1), tmp_path / "back", resume_dir=ckpt)
     assert outcome2.ok, outcome2.message
-    assert step_losses(run2.dir) == pytest.approx(ref_losses[3:], abs=1e-5)
-    weights = final_weights(run2.dir, 4)
+    assert step_losses(run2.dir) == pytest.approx(ref_losses[k:], abs=1e-5)
+    weights = final_weights(run2.dir, k + 1)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
