@@ -28,6 +28,13 @@ the device memory ``--memory-mb`` and the tier at ``--tier-gbps``) against the e
 split into the same number of stages, both trained with prefetch in interleaved
 rounds; printed: each one's stages, modelled and measured median step, and the ratio.
 
+Beside each measured median, the simulator's prediction (``planner.simulator.mobius``)
+for the same stages: per-stage forward, recompute + backward and AdamW update timed
+here with the weights in memory (the best of ``--probe`` runs), the tier's bandwidth
+measured by writing and reading back a record-sized file in the tier's folder, the
+record's real sections (parameters, gradients, slots) and the stage inputs' bytes;
+printed: predicted, measured and their ratio, prefetch on and off.
+
     python benchmarks/mobius_runtime.py [--layers 10] [--hidden 256] [--rounds 6] [--cold]
     python benchmarks/mobius_runtime.py --partition [--memory-mb 48] [--tier-gbps 2]
 """
@@ -52,7 +59,7 @@ from jobctl.engine.calibration.analytic import (  # noqa: E402
 )
 from jobctl.engine.data.dataset import make_data  # noqa: E402
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig  # noqa: E402
-from jobctl.engine.model.blocks import model_def  # noqa: E402
+from jobctl.engine.model.blocks import Stage, model_def  # noqa: E402
 from jobctl.engine.planner.mobius_costs import (  # noqa: E402
     MobiusConfig,
     even_sizes,
@@ -60,6 +67,12 @@ from jobctl.engine.planner.mobius_costs import (  # noqa: E402
     step_time,
 )
 from jobctl.engine.planner.mobius_partition import mobius_partition  # noqa: E402
+from jobctl.engine.planner.simulator.mobius import (  # noqa: E402
+    MobiusSimConfig,
+    SwapStage,
+    simulate_mobius,
+)
+from jobctl.engine.runtime.optim import build_optimizer  # noqa: E402
 from jobctl.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +151,74 @@ def _traffic(runner: MobiusRunner, devices: list[int]) -> None:
           f"{optim / P:>8.2f}")  # fmt: skip
 
 
+def _best_s(fn, n: int) -> float:
+    """The least of ``n`` timed runs (other load on a shared host only adds)."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _tier_Bps(folder: Path, nbytes: int, n: int) -> float:  # noqa: N802
+    """Bytes per second of a pwrite then a preadv of ``nbytes`` in ``folder`` (the
+    runtime's calls), both directions together."""
+    buf = torch.ones(nbytes // 4).numpy().view("uint8")
+    fd = os.open(folder / "bandwidth.probe", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, buf, 0)
+        per = _best_s(lambda: (os.pwrite(fd, buf, 0), os.preadv(fd, [buf], 0)), n)
+    finally:
+        os.close(fd)
+    return 2 * nbytes / per
+
+
+def _swap_stages(args, runner: MobiusRunner) -> list[SwapStage]:
+    """Each stage's measured compute and its record's bytes."""
+    spec = _spec(args)
+    mdef = model_def(spec.model, spec.training.seed, args.micro_batch)
+    x, y = runner.data.batch(0, args.micro_batch)
+    out, S = [], len(runner.cfg.stages)
+    for j, blocks in enumerate(runner.cfg.stages):
+        mod, last = Stage(mdef, blocks), j == S - 1
+        lay = runner.layouts[j]
+        with torch.no_grad():
+            fwd = _best_s(lambda m=mod, x=x: m(x), args.probe)
+            nxt = mod(x)
+
+        def back(m=mod, x=x, nxt=nxt, last=last):
+            xin = x.detach().requires_grad_(x.is_floating_point())
+            o = m(xin)
+            (m.loss(o, y) if last else o).backward(None if last else torch.ones_like(nxt))
+
+        bwd = _best_s(back, args.probe)
+        opt = build_optimizer(list(mod.parameters()), spec.training)
+        opt.step()  # the slots exist from here on
+        upd = _best_s(opt.step, args.probe)
+        out.append(SwapStage(
+            fwd, bwd - (fwd if last else 0.0), lay.n * 4,
+            optim_bytes=len(lay.slots) * lay.n * 4, update_s=upd,
+            input_bytes=x.nbytes if j else 0, boundary_bytes=nxt.nbytes,
+        ))  # fmt: skip
+        x = nxt
+    return out
+
+
+def _predicted(args, runner: MobiusRunner, folder: Path) -> tuple[float, float, float]:
+    """The simulator's step, prefetch on and off, and the tier bandwidth it used."""
+    stages = _swap_stages(args, runner)
+    largest = max(lay.nbytes for lay in runner.layouts.values())
+    B = _tier_Bps(folder, largest, args.probe)
+    got = []
+    for prefetch in (True, False):
+        cfg = MobiusSimConfig(
+            devices=1, micro_batches=args.micro_batches, tier_Bps=B, prefetch=prefetch
+        )
+        got.append(simulate_mobius(stages, cfg).step_time)
+    return got[0], got[1], B
+
+
 def _partitions(args) -> tuple[list[int], list[int], MobiusConfig, list]:
     """The MIP's stage sizes and the even split into as many stages."""
     spec = _spec(args)
@@ -178,6 +259,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--probe", type=int, default=5, help="runs per timed stage cost")
     ap.add_argument("--cold", action="store_true", help="uploads from disk, not page cache")
     ap.add_argument("--partition", action="store_true", help="MIP vs even split instead")
     ap.add_argument("--memory-mb", type=float, default=48.0, help="G for the MIP, MiB")
@@ -206,6 +288,14 @@ def main() -> None:
         print(f"step, prefetch:    median {ma * 1e3:8.1f} ms   best {min(a) * 1e3:8.1f} ms")
         print(f"step, no prefetch: median {mb * 1e3:8.1f} ms   best {min(b) * 1e3:8.1f} ms")
         print(f"no prefetch / prefetch: median {mb / ma:.3f}, best {min(b) / min(a):.3f}")
+        pa, pb, B = _predicted(args, on, Path(tmp))
+        print(f"simulated (tier {B / 1e9:.2f} GB/s measured, compute timed per stage):")
+        print(f"{'':<13}{'predicted':>10}{'median':>10}{'best':>10}{'/ median':>10}{'/ best':>10}")
+        for name, p, got in (("prefetch", pa, a), ("no prefetch", pb, b)):
+            m, lo = statistics.median(got), min(got)
+            print(f"{name:<13}{p * 1e3:>8.1f}ms{m * 1e3:>8.1f}ms{lo * 1e3:>8.1f}ms"
+                  f"{p / m:>10.3f}{p / lo:>10.3f}")  # fmt: skip
+        print(f"{'off / on':<13}{pb / pa:>10.3f}{mb / ma:>10.3f}{min(b) / min(a):>10.3f}")
         _traffic(on, [1, 2, 4])
         on.close()
         off.close()
