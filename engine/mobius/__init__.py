@@ -12,7 +12,9 @@ uploaded before it runs, the next one prefetched while the current one computes.
   activation offload, backward with recompute, gradients down) and ``SwapConfig``.
 * ``planned``: a ``SwapConfig`` from the MIP's stages and the cross mapping.
 * ``memory``: the process's resident memory (now and its peak), as tests measure it.
+* ``checkpoint``: a rank's records as the block checkpoint a 1f1b rank writes, and
+  such a checkpoint (any layout's) loaded into them.
 
-The planning half (costs, the MIP partition, cross mapping) is in ``planner``;
-``planned`` joins the two.
+The planning half (costs, the MIP partition, cross mapping, ``mobius_plan``) is in
+``planner``; ``planned`` joins the two; ``worker.mobius`` runs a rank of a run.
 """

@@ -12,10 +12,10 @@ try and how many micro-batches each replica runs (any D); ``simulator/`` runs on
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
 start-up, checkpoints, expected preemptions; on-demand and spot); ``objective`` chooses
 among the priced candidates by ``planner.objective`` within ``budget``. Mobius (more
-stages than devices, swapped through a slower tier), as a library the search does not
-call yet: ``mobius_costs`` (per-layer costs, a partition's step time),
-``mobius_partition`` (the MIP, HiGHS) and ``cross_mapping`` (stages to devices by root
-complex).
+stages than devices, swapped through a slower tier), which the search does not weigh
+yet: ``mobius_costs`` (per-layer costs, a partition's step time),
+``mobius_partition`` (the MIP, HiGHS), ``cross_mapping`` (stages to devices by root
+complex) and ``mobius_plan`` (a ``schedule: mobius`` job as a Plan, from the two).
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """
