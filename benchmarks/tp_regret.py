@@ -13,13 +13,14 @@ seconds per step, the regret (the pick's measured throughput over the best
 measured one) and the predicted against the measured order (Kendall's tau).
 
     python -m benchmarks.tp_regret [--rounds 2] [--steps 25] [--width 64]
-        [--layers 2] [--seq 32] [--calibrate]
+        [--layers 2] [--seq 32]
 
-``--calibrate`` measures this model on this machine first (``jobctl calibrate``),
-so the planner prices with measured compute and all-reduces (else the analytic
-calibration, which on CPU is often several times optimistic). The machine has 2
-cores shared with other work: 4 processes are 2 per core, and a T group's
-all-reduces compete for those cores with compute.
+A traced model has no measured calibration (``jobctl calibrate`` measures hand-cut
+blocks only), so the planner prices it analytically: FLOPs from the subgraphs' real
+shapes at the hardware's rate, the T all-reduces by the analytic intra-node link
+model; on CPU such predictions are often several times optimistic, and the order is
+what matters here. The machine has 2 cores shared with other work: 4 processes are
+2 per core, and a T group's all-reduces compete for those cores with compute.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def run_rounds(planned: dict, home: Path, rounds: int) -> dict:
     for r in range(rounds):
         order = keys[r % len(keys):] + keys[: r % len(keys)]
         for k in order:
-            wait_quiet(patience_s=30)
+            wait_quiet(patience_s=10)
             spec, plan = planned[k]
             got = measure(spec, plan, home)
             seen[k].append(got.step_s)
@@ -134,7 +135,6 @@ def main() -> None:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--calibrate", action="store_true")
     args = p.parse_args()
     if args.steps <= WARMUP_STEPS + 2:
         raise SystemExit(f"--steps must exceed the {WARMUP_STEPS} warm-up steps by 3")
@@ -142,10 +142,6 @@ def main() -> None:
         home, path = Path(tmp) / "home", Path(tmp) / "job.yaml"
         path.write_text(job_yaml(args))
         spec = load_spec(path)
-        if args.calibrate:
-            from jobctl.engine.calibration.measure.runner import calibrate
-
-            calibrate(spec, home)
         pick, planned = plans(spec, home)
         measured = run_rounds(planned, home, args.rounds)
         report(pick, planned, measured)
