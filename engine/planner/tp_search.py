@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jobctl.engine.calibration.record import Calibration
-from jobctl.engine.planner import tp_costs
+from jobctl.engine.planner import tp_costs, tp_overlap
 from jobctl.engine.planner.objective import Choice
 from jobctl.engine.planner.search import PlanError
 from jobctl.spec import JobSpec
@@ -68,7 +68,11 @@ def options(spec: JobSpec, G: int) -> tuple[list[int], str]:
         return [1], str(e).removeprefix("parallelism.tensor_parallel: ")
     per_node = spec.hardware.processes_per_node
     Ts = [t for t in range(1, min(per_node, G) + 1) if per_node % t == 0]
-    return [t for t in Ts if not divisor_problems(model, t, features)[0]], ""
+    Ts = [t for t in Ts if not divisor_problems(model, t, features)[0]]
+    if Ts == [1]:
+        return Ts, (f"no T > 1 divides both hardware.processes_per_node ({per_node}, a "
+                    "group stays in one node) and the model's heads and widths")  # fmt: skip
+    return Ts, ""
 
 
 def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
@@ -82,7 +86,55 @@ def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
     hw = spec.hardware
     tp = tp_costs.TPCosts(T, tp_costs.facts(graph, discover(graph, T)),
                           hw.one_machine and hw.device == "cpu")  # fmt: skip
-    return tp_costs.calibration(cal, tp)
+    return overlapped(spec, cal, tp, tp_costs.calibration(cal, tp))
+
+
+def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Calibration):
+    """``ranked`` (one rank's costs) with sub-pipelined TMP's saving (Merak 5.3,
+    ``tp_overlap``) taken off each split block's forward and backward at even m, where
+    ``parallelism.tp_subpipeline`` is true, or auto and the block gains (the resolver
+    decides auto for the chosen plan over whole stages; per block the fill and drain
+    count once more). The model's last block runs as plain TMP (its mean loss)."""
+    want = spec.parallelism.tp_subpipeline
+    if want is False or (want == "auto" and spec.parallelism.schedule == "zb_h1"):
+        return ranked
+    hidden = tp_overlap.hidden_share(spec.hardware.device, cal.host.cores,
+                                     spec.hardware.processes_per_node)  # fmt: skip
+    blocks = list(ranked.blocks)
+    for i, fact in enumerate(tp.blocks[:-1]):
+        saved = {m: _saving(cal, i, fact, tp.T, m, hidden) for m in cal.micro_batch_sizes
+                 if m % 2 == 0}  # fmt: skip
+        if want == "auto":
+            saved = {m: s for m, s in saved.items() if s[0] + s[1] > 0}
+        if saved:
+            blocks[i] = _less(blocks[i], saved)
+    return ranked.model_copy(update={"blocks": blocks})
+
+
+def _saving(cal: Calibration, i: int, fact, T: int, m: int, hidden: float):
+    """(forward, backward) seconds block i saves by sub-pipelining at m (0 without g)."""
+    K = len(fact.reduce_bytes) / 2
+    if K == 0:
+        return 0.0, 0.0
+    o = tp_costs.overhead(cal.blocks[i].forward)
+    T_m = tp_costs.split_time(cal.forward(i, m), o, fact.phi, T) / K
+    T_a, T_o = tp_costs.comm_time(cal, fact, T, m) / K, o / K
+    exclusive = K * (1.0 - hidden) * T_a
+    fwd = (T_m + T_a) * K - tp_overlap.forward(T_m + T_o, hidden * T_a, K) - exclusive
+    bwd = (2 * T_m + T_a) * K - tp_overlap.backward(T_m + T_o, hidden * T_a, K) - exclusive
+    return fwd, bwd
+
+
+def _less(block, saved: dict):
+    """``block`` with ``saved[m]`` = (forward, backward) seconds taken off its times."""
+
+    def minus(table, k):
+        return {m: s.model_copy(update={"median": s.median - saved[m][k]}) if m in saved
+                else s for m, s in table.items()}  # fmt: skip
+
+    return block.model_copy(update={
+        "forward": minus(block.forward, 0), "forward_nograd": minus(block.forward_nograd, 0),
+        "backward": minus(block.backward, 1)})  # fmt: skip
 
 
 def _score(spec: JobSpec, choice: Choice) -> float:
@@ -119,8 +171,7 @@ def best(spec: JobSpec, G: int, cal: Calibration, groups, choose: Chooser) -> TC
 
 def _lines(spec: JobSpec, win: TChoice, found: list[TChoice], errors: list[str]) -> list[str]:
     """One line per T searched: its best layout and how it compares."""
-    out = [f"T search over {', '.join(str(c.T) for c in found)}"
-           f"{' (and refused: ' + '; '.join(errors) + ')' if errors else ''}"]  # fmt: skip
+    out = [f"T search over {', '.join(str(c.T) for c in found)}:"]
     top = _score(spec, win.choice)
     unit = "s/step" if spec.planner.objective == "throughput" else "USD"
     for c in found:
@@ -128,4 +179,4 @@ def _lines(spec: JobSpec, win: TChoice, found: list[TChoice], errors: list[str])
         lay = c.choice.chosen.cand.layout.label()
         tail = "chosen" if c is win else f"{100 * (s / top - 1):.1f} % worse"
         out.append(f"  T = {c.T}: {lay}: {s:.4g} {unit} ({tail})")
-    return out
+    return out + [f"  {e}" for e in errors]

@@ -173,3 +173,30 @@ def test_a_bad_T_is_refused_at_validate_with_a_fix(tmp_path):
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
                 if "tensor_parallel" in t)  # fmt: skip
     assert f"{path}:{line}:" in r.output, r.output
+
+
+def test_subpipelined_saving_by_hand(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    ring = AllreduceCalibration(source="analytic", latency_s=0.0, bandwidth_Bps=1e7)
+    cal = _cal(spec, ring)
+    b = cal.blocks[1].model_copy(update={"forward": {1: Stat(median=1e-3), 2: Stat(median=2e-3)}})
+    cal = cal.model_copy(update={"blocks": [cal.blocks[0], b, *cal.blocks[2:]]})
+    fact = tp_costs.TPBlock(phi=1.0, psi=1.0, reduce_bytes=(1000.0, 1000.0))
+    # m = 2, T = 2: T_m = 2 ms / 2 = 1 ms (no overhead: 1 ms at m = 1), T_a = 2 x 0.2 ms,
+    # K = 1. Forward 1.4 ms plain, T_m/4 + 3/4 max(T_m, T_a) + T_a/4 = 1.1 ms split;
+    # backward 2.4 ms plain, T_m/2 + 3/4 max(2 T_m, T_a) + T_a/4 = 2.1 ms split
+    fwd, bwd = tp_search._saving(cal, 1, fact, 2, 2, hidden=1.0)
+    assert (fwd, bwd) == (pytest.approx(0.3e-3), pytest.approx(0.3e-3))
+    fwd0, bwd0 = tp_search._saving(cal, 1, fact, 2, 2, hidden=0.0)  # nothing hides
+    assert fwd0 + bwd0 == pytest.approx(0.0)
+    tp = tp_costs.TPCosts(2, tuple([fact] * cal.num_blocks))
+    on = tp_search.with_T(spec, 2)
+    on = on.model_copy(update={"parallelism": on.parallelism.model_copy(
+        update={"tp_subpipeline": True})})  # fmt: skip
+    cal = cal.model_copy(update={"host": cal.host.model_copy(update={"cores": 8})})
+    plain = tp_costs.calibration(cal, tp)  # 8 cores, 2 processes a node: T_a can hide
+    split = tp_search.overlapped(on, cal, tp, plain)
+    saved = plain.blocks[1].forward[2].median - split.blocks[1].forward[2].median
+    assert saved == pytest.approx(0.3e-3)
+    assert split.blocks[-1] == plain.blocks[-1]  # the last block: plain TMP
+    assert split.blocks[1].forward[1] == plain.blocks[1].forward[1]  # odd m: whole
