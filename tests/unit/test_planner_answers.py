@@ -69,6 +69,7 @@ def answer(name: str) -> dict:
     got.pop("ranks")
     assert got.pop("placement") is None and got.pop("device_actions") == []  # no ZB-V here
     assert got.pop("T") == 1  # no tensor parallelism here (recorded before it existed)
+    assert got.pop("t_search") == []  # T = 1 fixed: no T searched
     for key in ("finish_s", "finish_usd", "hourly_usd"):  # planner.cost's, not the search's
         got["prediction"].pop(key, None)
     for stage in got["stages"]:
