@@ -59,7 +59,22 @@ def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
             "device; raise parallelism.pipeline_stages or hardware.memory_gb"
         ) from None
     layout = _layout(spec, part, N)
-    return _plan(spec, cal, layout, m, _prediction(spec, cal, layers, layout, m))
+    pred = _prediction(spec, cal, layers, layout, m)
+    _check_budget(spec, pred)
+    return _plan(spec, cal, layout, m, pred)
+
+
+def _check_budget(spec: JobSpec, pred: Prediction) -> None:
+    """The runtime's rule (``MobiusRunner._reserve``): a rank's two reserved buffers
+    fit ``hardware.memory_gb``."""
+    need = max(pred.memory_per_stage_gb)
+    if need > spec.hardware.memory_gb:
+        raise PlanError(
+            f"hardware.memory_gb: a rank's two reserved buffers (its largest stage record, "
+            f"current and prefetched: weights, gradients, optimizer slots in fp32) need "
+            f"{need:.3g} GB, over {spec.hardware.memory_gb} GB; raise "
+            "parallelism.pipeline_stages or hardware.memory_gb"
+        )
 
 
 def _layout(spec: JobSpec, part: MobiusPartition, N: int) -> MobiusLayout:
@@ -118,11 +133,13 @@ def _prediction(
 ) -> Prediction:
     """The MIP's step as a Prediction; the idle share is the compute the N ranks do
     not fill (forwards run twice: each stage but the last recomputes in backward).
-    A rank's memory is its two reserved buffers, each its largest stage record."""
+    A rank's memory is its two reserved buffers, each its largest stage record (fp32,
+    whatever the training precision: ``engine.mobius.layout``)."""
     step, M, N = lay.step_time_s or 0.0, spec.training.global_batch_size // m, lay.N
     compute = M * sum(c.forward_s + c.backward_s for c in layers)
     compute += M * sum(layers[i].forward_s for j in range(lay.S - 1) for i in lay.stages[j])
-    records = [_sections(spec) * sum(cal.blocks[i].param_bytes for i in s) for s in lay.stages]
+    fp32 = [4.0 * cal.blocks[i].params for i in range(cal.num_blocks)]  # ELEMENT bytes
+    records = [_sections(spec) * sum(fp32[i] for i in s) for s in lay.stages]
     samples = spec.training.global_batch_size / step
     price = run_price(spec.hardware) * N
     return Prediction(

@@ -75,3 +75,14 @@ def test_a_budget_no_cut_fits_is_a_plan_error() -> None:
 def test_plan_priced_refuses_mobius_with_a_reason() -> None:
     with pytest.raises(PlanError, match="jobctl apply"):
         plan_priced(_spec(4))
+
+
+def test_reserved_buffers_over_the_budget_are_a_plan_error() -> None:
+    # One block per stage (one partition); hidden 256: a block's AdamW record (16 B a
+    # parameter) twice is over the budget below, its MIP memory (weights, gradients,
+    # the stashed activations) is not.
+    wide = {"model.hidden": 256, "training.micro_batch_size": 2}
+    need = max(make_plan(_spec(8, **wide)).prediction.memory_per_stage_gb)
+    with pytest.raises(PlanError, match="two reserved buffers .* need"):
+        make_plan(_spec(8, **wide, **{"hardware.memory_gb": 0.9 * need}))
+    assert make_plan(_spec(8, **wide, **{"hardware.memory_gb": 1.01 * need})).mobius.S == 8
