@@ -83,6 +83,9 @@ def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
     from jobctl.engine.model.graph.tp_plan import discover
 
     graph = model_def(spec.model, spec.training.seed).graph
+    if graph is None:  # validate refuses this; make_plan may be called without it
+        raise PlanError(f"parallelism.tensor_parallel {T} splits a traced model's linears; "
+                        "use model.huggingface (or model.import) or set it to 1")  # fmt: skip
     hw = spec.hardware
     tp = tp_costs.TPCosts(T, tp_costs.facts(graph, discover(graph, T)),
                           hw.one_machine and hw.device == "cpu")  # fmt: skip
