@@ -7,7 +7,8 @@ groups), GPT-2 and Llama at T = 2 x P = 2 too (the carrier between the stages
 holds split values: the cut after a column linear), and GPT-2 at T = 4. Each rank checks its losses,
 its split gradients (its shard of one process's), and the whole weights that
 ``full_state`` gathers after one SGD step, which a T = 1 model loads and continues
-from (resume at T = 1).
+from (resume at T = 1). GPT-2 and Llama at T = 2 x P = 1 and T = 2 x P = 2 run once
+more sub-pipelined (Merak 5.3: each micro-batch as two halves, ``tp_subpipeline``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from jobctl.engine.model.graph.tp_stage import (  # noqa: E402
     full_state,
     parallelize,
     shard_of,
+    subpipeline,
     tp_mesh,
 )
 
@@ -64,11 +66,13 @@ MODELS = {
 #: narrowed to each rank's) and BERT at T x D only, to keep the launch short
 CASES = [(n, P, D) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))] + [
     ("t5", 1, 2), ("bert", 1, 2), ("gpt2", 1, 1)]  # the last at T = 4: a head per rank
+#: sub-pipelined TMP (Merak 5.3): GPT-2 and Llama at T = 2 x P = 1 and T = 2 x P = 2
+SUB_CASES = [(n, P, D, True) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))]
 
 
-def _graph(name: str) -> GraphModel:
+def _graph(name: str, m: int = M) -> GraphModel:
     cls, config = MODELS[name]
-    return GraphModel(GraphModelConfig(hf_class=cls, hf_config=config, seq_len=SEQ), M)
+    return GraphModel(GraphModelConfig(hf_class=cls, hf_config=config, seq_len=SEQ), m)
 
 
 def _batches() -> list[dict]:
@@ -107,13 +111,17 @@ def _sgd(blocks) -> None:
                 p.grad = None
 
 
-def _stage_blocks(graph, plan, mesh, P: int, p: int) -> tuple[list, list[int]]:
+def _stage_blocks(graph, plan, mesh, P: int, p: int, half=None) -> tuple[list, list[int]]:
+    """Stage p's blocks split over T; with ``half`` (the m/2 trace and its plan) each
+    split block but the model's last also sub-pipelined."""
     n = len(graph.shards)
     ids = list(range(n))[p * n // P : (p + 1) * n // P]
     blocks = {}
     for i in ids:
         blocks[i] = graph.block(i, seed=0)
         parallelize(blocks[i], plan, mesh["tp"])
+        if half is not None:
+            subpipeline(blocks[i], i, graph, half, plan, mesh["tp"])
     return blocks, ids
 
 
@@ -146,16 +154,19 @@ def _pipeline(blocks, ids, batch, mesh, P: int) -> float | None:
     return loss.item()
 
 
-def _case(name: str, P: int, D: int) -> dict:
+def _case(name: str, P: int, D: int, sub: bool = False) -> dict:
     """One tensor-parallel layout's errors against one process (this rank's view)."""
     graph = _graph(name)
     ref_losses, ref_blocks, ref_grads = _reference(graph)
     mesh = tp_mesh(P, D, WORLD // (P * D))
     plan = discover(graph, mesh["tp"].size())
     d, p, t = mesh.get_coordinate()
-    blocks, ids = _stage_blocks(graph, plan, mesh, P, p)
+    half = _graph(name, M // 2) if sub else None
+    half = (half, discover(half, plan.T)) if sub else None
+    blocks, ids = _stage_blocks(graph, plan, mesh, P, p, half)
     batches = _batches()
     losses = [_pipeline(blocks, ids, b, mesh, P) for b in batches[d::D]]
+    halved = sum(b.subpipeline.runs for b in blocks.values() if b.subpipeline is not None)
     for b in blocks.values():  # each loss is already / 2 micro-batches: the replicas sum
         for q in b.parameters():
             dist.all_reduce(q.grad, group=mesh["dp"].get_group())
@@ -165,7 +176,7 @@ def _case(name: str, P: int, D: int) -> dict:
     )  # fmt: skip
     _sgd(blocks.values())
     return {"losses": losses, "ref_losses": ref_losses[d::D], "grad_err": grad_err,
-            "split": sum(n in plan.params for b in blocks.values() for n, _ in
+            "halved": halved, "split": sum(n in plan.params for b in blocks.values() for n, _ in
                          b.named_parameters()),
             **_resume(graph, blocks, plan, mesh, ref_blocks)}  # fmt: skip
 
@@ -199,6 +210,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=120))  # fmt: skip
     results = {f"{n}-{P}x{D}": _case(n, P, D) for n, P, D in CASES}
+    results |= {f"{n}-{P}x{D}-sub": _case(n, P, D, sub) for n, P, D, sub in SUB_CASES}
     Path(out, f"{rank}.json").write_text(json.dumps(results))
     Path(out, f"state-{rank}.json").write_text(json.dumps(_run_state(rank, out)))
     dist.barrier()
@@ -271,13 +283,16 @@ def test_tensor_parallel_equals_one_process(tmp_path):
         for rank, results in enumerate(ranks):
             r = results[case]
             assert r["split"] > 0, (case, rank)  # this rank holds split linears
+            # sub-pipelined: every rank ran a micro-batch as two halves (P = 2's last
+            # stage ends with the model's last subgraph: plain there, the rest halved)
+            assert (r["halved"] > 0) == case.endswith("-sub"), (case, rank, r)
             assert r["grad_err"] < 1e-5, (case, rank, r)
             assert r["weight_err"] < 1e-5, (case, rank, r)
             assert r["resumed_err"] < 1e-5, (case, rank, r)
             for got, want in zip(r["losses"], r["ref_losses"], strict=True):
                 assert got is None or abs(got - want) < 1e-5, (case, rank, r)
         last = [r[case]["losses"] for r in ranks if r[case]["losses"][0] is not None]
-        assert len(last) == WORLD // (2 if case.endswith("2x1") else 1)
+        assert len(last) == WORLD // (2 if "-2x1" in case else 1)
     states = [json.loads((tmp_path / f"state-{r}.json").read_text()) for r in range(WORLD)]
     assert [s["topo"] for s in states] == [  # t, d, the dp group of (p, t), the T group
         [0, 0, [0, 2], [0, 1], True], [1, 0, [1, 3], [0, 1], False],
@@ -310,7 +325,7 @@ def _tp_spec(T: int, P: int, steps: int, **extra):
 @pytest.mark.multiproc
 def test_apply_at_T2_equals_one_process_and_resumes_at_T1(tmp_path):
     """A launched run (plan, workers, p2p, checkpoint writer) at T = 2 x P = 2 (4
-    ranks): steps 1-2 equal one process; its checkpoint resumes at T = 1 (steps 3-4,
+    ranks, sub-pipelined): steps 1-2 equal one process; its checkpoint resumes at T = 1 (steps 3-4,
     SGD momentum included). A T = 1 checkpoint loaded at T = 2 is checked by
     ``_run_state`` in the 4-rank launch above (a third launch here would cost 20 s)."""
     from jobctl.engine.worker.reference import reference_train
@@ -320,9 +335,11 @@ def test_apply_at_T2_equals_one_process_and_resumes_at_T1(tmp_path):
     ref_losses, ref_weights = reference_train(_tp_spec(1, 1, 4))
     got, ckpt = [], None
     for T, P, steps in ((2, 2, 2), (1, 1, 4)):
-        run, outcome = run_job(_tp_spec(T, P, steps), tmp_path, resume_dir=ckpt)
+        sub = {"parallelism.tp_subpipeline": True} if T > 1 else {}  # Merak 5.3 too
+        run, outcome = run_job(_tp_spec(T, P, steps, **sub), tmp_path, resume_dir=ckpt)
         assert outcome.ok, outcome.message
         assert run.plan.T == T and run.plan.world_size == T * P
+        assert run.plan.tp_subpipeline == (T > 1)
         got += step_losses(run.dir)
         ckpt = run.dir / "checkpoints" / f"step-{steps:08d}"
     assert got == pytest.approx(ref_losses, abs=1e-5)

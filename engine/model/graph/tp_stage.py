@@ -233,7 +233,7 @@ class StageShards:
                 self.subpipelined += [] if why else [int(key)]
 
     def _subpipeline(self, i: int, block) -> str | None:
-        return subpipeline(block, i, self.graph, self.half, self.plan, self.mesh, self.m)
+        return subpipeline(block, i, self.graph, self.half, self.plan, self.mesh)
 
     def split_of(self, name: str) -> Split | None:
         """How the stage parameter ``name`` is split (None: whole on every rank)."""
@@ -254,7 +254,7 @@ class StageShards:
         return whole if split is None else shard_of(whole, split, self.t, self.plan.T)
 
 
-def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh, m: int) -> str | None:
+def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh) -> str | None:
     """Give the split subgraph ``block`` (block ``i`` of ``graph``, traced at m) its
     twin from ``half`` (the m/2 trace and its plan) and run it sub-pipelined from now
     on (``Subgraph.run``); else why not (it then runs plain TMP)."""
@@ -266,33 +266,42 @@ def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh, m: i
     hs = half.shards[i]
     if _shape_free(hs) != _shape_free(block.shard):
         return "the m/2 trace shards differently: plain TMP"
-    split = _batch_dims(graph, half, hs.carry_in + hs.batch_in)
-    split_out = _batch_dims(graph, half, hs.carry_out)
+    mine = block.shard  # the twin's values by position: a size-1 trace drops no-op nodes
+    split = _batch_dims(graph, half, mine.carry_in + mine.batch_in, hs.carry_in + hs.batch_in)
+    split_out = _batch_dims(graph, half, mine.carry_out, hs.carry_out)
     if None in split + split_out or not any(split):
         return "a value's batch dimension is unknown: plain TMP"
     tensors = {t: _attr(block, half.original(t)) for t in hs.params}
     twin = Subgraph(half.gm, hs, tensors, half.original)
     group, t = mesh.get_group(), mesh.get_local_rank()
     rewrite(twin, half_plan.for_subgraph(twin), group, t)
-    block.subpipeline = SubPipeline(twin, m, split, split_out, group)
+    lead = _lead(graph, mine.carry_in + mine.batch_in, split)
+    block.subpipeline = SubPipeline(twin, lead, split, split_out, group)
     return None
 
 
 def _shape_free(shard) -> tuple:
-    return shard.nodes, shard.carry_in, shard.batch_in, shard.carry_out
+    """What a subgraph's twin at another micro-batch size must share with it."""
+    return len(shard.carry_in), shard.batch_in, len(shard.carry_out), sorted(shard.params)
 
 
-def _batch_dims(full, half, names: list[str]) -> list[bool | None]:
-    """Is each named value cut along its first dimension in the m/2 trace (None:
-    its shape is not known)?"""
+def _batch_dims(full, half, names: list[str], half_names: list[str]) -> list[bool | None]:
+    """Is each value (named in ``full``, and in ``half`` at the same place) cut along
+    its first dimension in the m/2 trace (None: its shape is not known)?"""
     whole = {n.name: n for n in full.gm.graph.nodes}
     halved = {n.name: n for n in half.gm.graph.nodes}
     out = []
-    for name in names:
+    for name, half_name in zip(names, half_names, strict=True):
         a = getattr(whole[name].meta.get("val"), "shape", None)
-        b = getattr(halved[name].meta.get("val"), "shape", None)
+        b = getattr(halved[half_name].meta.get("val"), "shape", None)
         out.append(None if a is None or b is None or len(a) == 0 else a[0] != b[0])
     return out
+
+
+def _lead(full, names: list[str], split: list[bool]) -> int:
+    """The first dimension of the first split value at the whole micro-batch."""
+    node = next(n for n in full.gm.graph.nodes if n.name == names[split.index(True)])
+    return int(node.meta["val"].shape[0])
 
 
 def _attr(module: nn.Module, name: str):

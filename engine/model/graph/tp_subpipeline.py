@@ -91,11 +91,13 @@ def segments(graph: fx.Graph) -> list[Segment]:
 class SubPipeline:
     """``block`` (a tensor-parallel ``Subgraph`` at micro-batch m) run as two halves
     through ``half`` (the same subgraph at m/2); ``split[i]``: input i is cut along
-    its first dimension (else shared), ``split_out`` likewise for the outputs."""
+    its first dimension (else shared), ``split_out`` likewise for the outputs;
+    ``lead``: the first split input's first dimension at m (m, or m x seq for a
+    flattened value): any other size (an eval batch) runs plain TMP."""
 
-    def __init__(self, half: fx.GraphModule, m: int, split: list[bool],
+    def __init__(self, half: fx.GraphModule, lead: int, split: list[bool],
                  split_out: list[bool], group) -> None:  # fmt: skip
-        self.half, self.m, self.group = half, m, group
+        self.half, self.lead, self.group = half, lead, group
         self.split, self.split_out = split, split_out
         self.placeholders = [n for n in half.graph.nodes if n.op == "placeholder"]
         self.out = next(n for n in half.graph.nodes if n.op == "output")
@@ -107,7 +109,7 @@ class SubPipeline:
     def run(self, block: fx.GraphModule, args: list) -> tuple:
         """The block's outputs for ``args`` (the whole micro-batch)."""
         first = next(a for a, s in zip(args, self.split, strict=True) if s)
-        if first.shape[0] != self.m or not torch.is_grad_enabled():  # eval: plain TMP
+        if first.shape[0] != self.lead or not torch.is_grad_enabled():  # eval: plain
             out = block(*args)
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if self.half.training != block.training:
