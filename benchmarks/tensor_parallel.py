@@ -1,4 +1,5 @@
-"""Tensor parallelism (Merak 4.1) at T = 2 against T = 1 on one traced GPT-2 stage.
+"""Tensor parallelism (Merak 4.1) at T = 2 against T = 1 on one traced GPT-2 stage,
+and sub-pipelined TMP (Merak 5.3) against plain TMP on the same T = 2 layout.
 
 Two gloo ranks with one thread each. Every round runs, in turn, the whole model as
 one process (rank 0 computes while rank 1 waits at a barrier) and the same model
@@ -8,6 +9,13 @@ backward); a step is forward and backward of one micro-batch. The figure is the
 median over rounds of each round's median step, and their ratio; the time the T = 2
 step spends in its all-reduces is timed by the same step with the collectives
 skipped (wrong numbers, same compute), so ``comm`` is the difference.
+
+``T=2 sub`` runs the same split model sub-pipelined (``tp_stage.subpipeline``: each
+micro-batch as two halves through the m/2 trace, one half's all-reduces in flight
+while the other computes); ``sub/plain`` is each round's plain T = 2 step over its
+sub-pipelined one (above 1: sub-pipelining is faster), as median [min, max] over the
+rounds. ``T=2 sub no comm`` prices the halves' compute alone (two half-size calls and
+the interpreter), so the overlap's share of the difference can be read off.
 
     python -m benchmarks.tensor_parallel [--width 512] [--layers 2] [--seq 128]
 
@@ -34,6 +42,7 @@ from jobctl.engine.model.graph.source import GraphModelConfig
 from jobctl.engine.model.graph.tp_plan import discover
 
 MICRO = 4
+KEYS = ("T=1", "T=2", "T=2 no comm", "T=2 sub", "T=2 sub no comm")
 
 
 def _graph(args) -> GraphModel:
@@ -58,8 +67,13 @@ def _median_step(blocks, batch, steps: int) -> float:
     return statistics.median(_step(blocks, batch) for _ in range(steps))
 
 
-def _no_comm(x, group=None):
-    return x
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+def _no_comm(x, group=None, async_op=False):
+    return _Done() if async_op else x
 
 
 def _worker(rank: int, port: int, args) -> None:
@@ -73,9 +87,15 @@ def _worker(rank: int, port: int, args) -> None:
     split = [graph.block(i, seed=0) for i in range(len(graph.shards))]
     for b in split:
         tp_stage.parallelize(b, plan, mesh["tp"])
+    half = GraphModel(graph.cfg, MICRO // 2)
+    half = (half, discover(half, 2))
+    sub = [graph.block(i, seed=0) for i in range(len(graph.shards))]
+    for i, b in enumerate(sub):
+        tp_stage.parallelize(b, plan, mesh["tp"])
+        tp_stage.subpipeline(b, i, graph, half, plan, mesh["tp"])
     x = torch.randint(0, 512, (MICRO, args.seq), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": x, "labels": x}
-    rounds: dict[str, list[float]] = {"T=1": [], "T=2": [], "T=2 no comm": []}
+    rounds: dict[str, list[float]] = {k: [] for k in KEYS}
     for _ in range(args.rounds):
         dist.barrier()
         if rank == 0:
@@ -84,13 +104,21 @@ def _worker(rank: int, port: int, args) -> None:
         rounds["T=2"].append(_median_step(split, batch, args.steps))
         dist.barrier()
         rounds["T=2 no comm"].append(_skipping_comm(split, batch, args.steps))
+        dist.barrier()
+        rounds["T=2 sub"].append(_median_step(sub, batch, args.steps))
+        dist.barrier()
+        rounds["T=2 sub no comm"].append(_skipping_comm(sub, batch, args.steps))
     if rank == 0:
         _print({k: statistics.median(v) for k, v in rounds.items()}, args)
+        ratios = [p / s for p, s in zip(rounds["T=2"], rounds["T=2 sub"], strict=True)]
+        print(f"sub/plain (plain T=2 step / sub-pipelined): median "
+              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] "
+              f"over {len(ratios)} rounds")  # fmt: skip
     dist.destroy_process_group()
 
 
 def _skipping_comm(blocks, batch, steps: int) -> float:
-    saved = tp_stage.dist.all_reduce
+    saved = tp_stage.dist.all_reduce  # one torch.distributed module: both modules' name
     tp_stage.dist.all_reduce = _no_comm  # both ranks skip: no collective to match
     try:
         return _median_step(blocks, batch, steps)
@@ -101,10 +129,15 @@ def _skipping_comm(blocks, batch, steps: int) -> float:
 def _print(t: dict, args) -> None:
     print(f"GPT-2 {args.layers} layers, width {args.width}, seq {args.seq}, micro-batch "
           f"{MICRO}; median of {args.rounds} rounds x {args.steps} steps (F+B)")  # fmt: skip
-    print(f"{'layout':<14}{'step ms':>10}{'vs T=1':>10}")
-    for k in ("T=1", "T=2", "T=2 no comm"):
-        print(f"{k:<14}{1e3 * t[k]:>10.1f}{t['T=1'] / t[k]:>9.2f}x")
-    print(f"T=2 all-reduces: {1e3 * (t['T=2'] - t['T=2 no comm']):.1f} ms a step")
+    print(f"{'layout':<18}{'step ms':>10}{'vs T=1':>10}")
+    for k in KEYS:
+        print(f"{k:<18}{1e3 * t[k]:>10.1f}{t['T=1'] / t[k]:>9.2f}x")
+    comm = t["T=2"] - t["T=2 no comm"]
+    print(f"T=2 all-reduces: {1e3 * comm:.1f} ms a step ({comm / t['T=2']:.0%} of it; "
+          f"compute {1e3 * t['T=2 no comm']:.1f} ms)")  # fmt: skip
+    sub_comm = t["T=2 sub"] - t["T=2 sub no comm"]
+    print(f"T=2 sub: halves' compute {1e3 * t['T=2 sub no comm']:.1f} ms, exposed "
+          f"all-reduce {1e3 * sub_comm:.1f} ms a step")  # fmt: skip
 
 
 def main() -> None:
