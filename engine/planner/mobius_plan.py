@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import MobiusLayout, Plan, Prediction, RankPlan, StagePlan
-from jobctl.engine.planner.cross_mapping import contention, cross_mapping, topology_of
+from jobctl.engine.planner.cross_mapping import (
+    Topology,
+    contention,
+    cross_mapping,
+    topology_of,
+)
 from jobctl.engine.planner.mobius_costs import LayerCost, MobiusConfig, layer_costs
 from jobctl.engine.planner.mobius_partition import MobiusPartition, mobius_partition
 from jobctl.engine.planner.search import PlanError
@@ -77,13 +82,33 @@ def _check_budget(spec: JobSpec, pred: Prediction) -> None:
         )
 
 
+def _mapped(spec: JobSpec, N: int) -> Topology | None:
+    """``hardware.topology`` where the cross mapping applies: one node's N devices."""
+    topology = topology_of(spec.hardware)
+    if topology is None or spec.hardware.nodes > 1 or topology.devices != N:
+        return None
+    return topology
+
+
+def _mapping_note(spec: JobSpec, lay: MobiusLayout) -> str:
+    """The explanation's words on where the stages run."""
+    if _mapped(spec, lay.N) is not None:
+        return (f"; cross mapping (sec. 3.3) {lay.ranks}: eq. 13 contention "
+                f"{lay.contention:.3g} vs {lay.sequential:.3g} for j % N")  # fmt: skip
+    if spec.hardware.topology is not None:
+        nodes = spec.hardware.nodes
+        return ("; hardware.topology not applied (the cross mapping maps one node's "
+                f"devices, this run has {lay.N} ranks on {nodes} nodes): j % N")  # fmt: skip
+    return "; stage j on rank j % N"
+
+
 def _layout(spec: JobSpec, part: MobiusPartition, N: int) -> MobiusLayout:
     """The partition's stages and their ranks (the cross mapping on one node)."""
-    topology = topology_of(spec.hardware)
+    topology = _mapped(spec, N)
     ranks = list(part.devices)
     plain = [j % N for j in range(len(part.stages))]
     costs = (0.0, 0.0)
-    if topology is not None and spec.hardware.nodes == 1 and topology.devices == N:
+    if topology is not None:
         mapping = cross_mapping(len(part.stages), topology)
         ranks = list(mapping.stage_devices)
         costs = (float(mapping.contention), float(contention(plain, topology)))
@@ -104,7 +129,7 @@ def _plan(spec: JobSpec, cal: Calibration, lay: MobiusLayout, m: int, pred) -> P
         for r in range(N)
     ]  # fmt: skip
     sizes = [len(s) for s in lay.stages]
-    mapped = f"; cross mapping {lay.ranks}" if lay.contention or lay.sequential else ""
+    mapped = _mapping_note(spec, lay)
     return Plan(
         P=N, D=1, micro_batch_size=m, micro_batches=spec.training.global_batch_size // m,
         global_batch_size=spec.training.global_batch_size, schedule="mobius",

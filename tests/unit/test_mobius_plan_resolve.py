@@ -65,6 +65,14 @@ def test_topology_gives_the_cross_mapping() -> None:
     want = cross_mapping(8, Topology(root_complexes=rcs))
     assert tuple(plan.mobius.ranks) == want.stage_devices != tuple(j % 4 for j in range(8))
     assert plan.mobius.contention == float(want.contention) < plan.mobius.sequential
+    assert "cross mapping (sec. 3.3)" in plan.explanation[1]
+
+
+def test_topology_over_several_nodes_is_not_applied_and_says_so() -> None:
+    topo = {"hardware.topology": {"root_complexes": [[0], [1]]}, "hardware.nodes": 2}
+    plan = make_plan(_spec(5, **topo))
+    assert plan.mobius.ranks == [0, 1, 2, 3, 0] and plan.nodes == 2
+    assert "hardware.topology not applied" in plan.explanation[1]
 
 
 def test_a_budget_no_cut_fits_is_a_plan_error() -> None:
