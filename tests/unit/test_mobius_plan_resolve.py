@@ -94,3 +94,8 @@ def test_reserved_buffers_over_the_budget_are_a_plan_error() -> None:
     with pytest.raises(PlanError, match="two reserved buffers .* need"):
         make_plan(_spec(8, **wide, **{"hardware.memory_gb": 0.9 * need}))
     assert make_plan(_spec(8, **wide, **{"hardware.memory_gb": 1.01 * need})).mobius.S == 8
+
+
+def test_auto_micro_batch_gives_every_rank_a_micro_batch() -> None:
+    plan = make_plan(_spec(5, **{"training.micro_batch_size": "auto"}))
+    assert (plan.micro_batch_size, plan.micro_batches) == (8, 2)  # B = 16, N = 2
