@@ -61,9 +61,10 @@ def plan(
     """
     from jobctl.engine.planner.resolver import plan_priced
     from jobctl.engine.views import tables as views
-    from jobctl.engine.views.gantt import draw_gantt
 
     spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home, show=not as_json)
+    if _plan_mobius(spec_file, for_devices(spec, devices), devices, as_json, gantt, home):
+        return
     try:
         p, sim, choice = plan_priced(for_devices(spec, devices), devices, home=home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
@@ -78,10 +79,56 @@ def plan(
             views.print_explanation(console, p)
         if spec.pruning.enabled:
             _print_pruning(spec, p, explain, home)
+    _draw_step(spec, p, sim, gantt, as_json)
+
+
+def _draw_step(spec: JobSpec, p: Plan, sim, gantt: Path | None, as_json: bool) -> None:
+    """The simulated step as a Gantt chart, where ``--gantt`` asks for one."""
+    from jobctl.engine.views.gantt import draw_gantt
+
     if gantt is not None:
         title = f"{spec.name}: {p.summary()}, simulated {sim.step_time:.4g} s/step"
-        path = draw_gantt(sim, gantt, title)
-        (err if as_json else console).print(f"wrote {path}")
+        _wrote(draw_gantt(sim, gantt, title), as_json)
+
+
+def _wrote(path: Path, as_json: bool) -> None:
+    (err if as_json else console).print(f"wrote {path}")
+
+
+def _plan_mobius(
+    spec_file: Path, spec: JobSpec, devices: int | None, as_json: bool, gantt: Path | None,
+    home: Path | None,
+) -> bool:  # fmt: skip
+    """A Mobius plan (forced, or auto where nothing else fits): the plan, why, its
+    simulated step with the swaps; False where the search plans ``spec``."""
+    if spec.parallelism.schedule not in ("mobius", "auto"):
+        return False
+    from jobctl.engine.calibration.cache import calibration_for
+    from jobctl.engine.planner.mobius_step import resolve_mobius
+    from jobctl.engine.views import tables as views
+    from jobctl.engine.views.mobius_gantt import draw_mobius_gantt, gantt_lines
+
+    try:
+        G = devices if devices is not None else spec.hardware.devices
+        got = resolve_mobius(spec, calibration_for(spec, home), G)
+    except ValueError as e:  # PlanError
+        err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
+        raise typer.Exit(2) from None
+    if got is None:
+        return False
+    p, sim, why = got
+    if as_json:
+        print(p.model_dump_json(indent=2))
+    else:
+        views.print_plan(console, p, spec.training.steps)
+        console.print(why, soft_wrap=False, highlight=False)
+        for line in gantt_lines(sim):
+            console.print(escape(line), soft_wrap=False, highlight=False)
+    if gantt is not None:
+        _wrote(
+            draw_mobius_gantt(sim, gantt, f"{spec.name}: {why.removeprefix('mobius: ')}"), as_json
+        )
+    return True
 
 
 def _print_costs(spec: JobSpec, choice: Choice, measured: bool) -> None:

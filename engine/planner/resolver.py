@@ -22,6 +22,7 @@ from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.mobius_plan import mobius_plan
+from jobctl.engine.planner.mobius_step import resolve_mobius
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -44,11 +45,20 @@ def make_plan(
 
     ``calibration`` defaults to the cached measured record under ``home`` (the state
     home) that matches the spec's model and this machine, else the analytic one.
-    A ``parallelism.schedule: mobius`` job is planned by ``mobius_plan``.
+    A ``parallelism.schedule: mobius`` job is planned by ``mobius_plan``; under
+    ``schedule: auto`` a job no P x D layout fits is planned as Mobius where it can be
+    (``mobius_step.resolve_mobius``).
     """
     if spec.parallelism.schedule == "mobius":
         G = devices if devices is not None else spec.hardware.devices
         return mobius_plan(spec, calibration or calibration_for(spec, home), G)
+    par = spec.parallelism
+    if par.schedule == "auto" and par.pipeline_stages == "auto":  # Mobius where nothing fits
+        calibration = calibration or calibration_for(spec, home)
+        G = devices if devices is not None else spec.hardware.devices
+        got = resolve_mobius(spec, calibration, G)
+        if got is not None:
+            return got[0]
     return plan_and_simulate(spec, devices, calibration, home)[0]
 
 

@@ -1,0 +1,114 @@
+"""Mobius in the planner: a plan's simulated step (planner.mobius_step), ``auto``
+turning to Mobius when no P x D layout fits memory, and the swaps drawn
+(views.mobius_gantt, ``jobctl plan``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jobctl.engine.calibration.cache import calibration_for
+from jobctl.engine.cli.app import app
+from jobctl.engine.planner.mobius_step import (
+    nothing_fits,
+    resolve_mobius,
+    simulate_plan,
+    swap_stages,
+)
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.simulator.mobius import MobiusSimConfig, SwapStage, simulate_mobius
+from jobctl.engine.views.mobius_gantt import draw_mobius_gantt, gantt_lines
+
+from ..jobrun import QUICKSTART, tiny_spec
+
+
+def _auto(memory_gb: float, **extra):
+    """8 blocks (6 GPT layers at hidden 256) on 2 processes, everything auto."""
+    return tiny_spec(**{
+        "model.layers": 6, "model.hidden": 256, "hardware.nodes": 1,
+        "hardware.processes_per_node": 2, "hardware.memory_gb": memory_gb,
+        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
+        "parallelism.schedule": "auto", **extra,
+    })  # fmt: skip
+
+
+def test_auto_turns_to_mobius_only_when_nothing_fits():
+    big = _auto(0.03)  # the state is 1.2x what the 2 devices hold
+    cal = calibration_for(big, None)
+    assert nothing_fits(big, cal, 2)
+    plan = make_plan(big, calibration=cal)
+    assert plan.schedule == "mobius" and plan.mobius is not None
+    assert plan.mobius.S > plan.mobius.N == 2
+    assert sorted(b for s in plan.mobius.stages for b in s) == list(range(cal.num_blocks))
+    assert plan.explanation[0].startswith("mobius: no P x D fits (state 1.2x memory_gb x N)")
+    small = _auto(2.0)
+    assert not nothing_fits(small, cal, 2)
+    assert resolve_mobius(small, cal, 2) is None
+    assert make_plan(small, calibration=cal).schedule != "mobius"
+    # what Mobius does not run (stage-aware ratios) keeps auto off it
+    assert resolve_mobius(_auto(0.03, **{"parallelism.recompute": "stage_aware"}), cal, 2) is None
+
+
+def test_a_plans_step_is_simulated_from_its_calibration():
+    spec = _auto(0.03)
+    cal = calibration_for(spec, None)
+    plan, sim, why = resolve_mobius(spec, cal, 2)
+    stages = swap_stages(cal, plan.mobius.stages, plan.micro_batch_size)
+    m, last = plan.micro_batch_size, plan.mobius.stages[-1]
+    first = plan.mobius.stages[0]
+    assert stages[0].backward_s == pytest.approx(
+        sum(cal.backward(i, m) + cal.forward(i, m) for i in first)  # recomputed
+    )
+    assert stages[-1].backward_s == pytest.approx(sum(cal.backward(i, m) for i in last))
+    assert stages[0].input_bytes == 0 and stages[1].input_bytes > 0
+    assert sim.step_time == pytest.approx(float(why.split(": ")[-1].split(" s/step")[0]), rel=1e-2)
+    computes = [e for e in sim.events if e.kind in ("F", "B", "FB")]
+    assert len(computes) == plan.micro_batches * (2 * plan.mobius.S - 1)
+    for e in computes:  # each stage on the rank the plan maps it to
+        assert e.rank == plan.mobius.ranks[e.stage]
+    off = simulate_plan(spec, cal, plan, prefetch=False)
+    assert off.step_time > sim.step_time
+    assert sum(off.busy) == pytest.approx(sum(sim.busy))
+
+
+def test_the_text_gantt_shows_each_swap_in_80_columns(tmp_path):
+    G = 1e9  # 2 stages on 1 rank: up 0-1, F 1-3 (prefetch 1-2), FB 3-7, B 7-9; step 10 s
+    cfg = MobiusSimConfig(devices=1, micro_batches=1, tier_Bps=G, update_on_upload=False)
+    sim = simulate_mobius([SwapStage(2.0, 2.0, G)] * 2, cfg)
+    lines = gantt_lines(sim)
+    assert all(len(line) <= 80 for line in lines)
+    compute, swaps = lines[0][8:], lines[1][8:]  # 72 cells of 10/72 s, each its main kind
+    assert compute == "." * 7 + "F" * 15 + "X" * 28 + "B" * 15 + "." * 7
+    assert swaps.startswith("U" * 7 + "P" * 8 + " ")  # up 0-1, stage 1 prefetched 1-2
+    assert swaps.endswith("D" * 7)  # stage 0's gradients down 9-10
+    assert lines[2].rstrip().endswith("10 s")
+    # three stages: stage 1's input goes down after its forward and back for its backward
+    three = simulate_mobius([SwapStage(2.0, 2.0, G, input_bytes=0.5 * G)] * 3, cfg)
+    assert {"U", "P", "o", "r", "D"} <= set(gantt_lines(three)[1][8:])
+    png = draw_mobius_gantt(sim, tmp_path / "step.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_jobctl_plan_says_why_and_draws_the_swaps(tmp_path):
+    text = QUICKSTART.read_text()
+    for old, new in [("layers: 4 ", "layers: 6 "), ("hidden: 64 ", "hidden: 256"),
+                     ("nodes: 2\n", "nodes: 1\n"), ("memory_gb: 2 ", "memory_gb: 0.03"),
+                     ("pipeline_stages: 2", "pipeline_stages: auto"),
+                     ("data_parallel: 2", "data_parallel: auto"),
+                     ("schedule: 1f1b", "schedule: auto")]:  # fmt: skip
+        assert old in text
+        text = text.replace(old, new)
+    spec_file = tmp_path / "big.yaml"
+    spec_file.write_text(text)
+    png = tmp_path / "step.png"
+    home = Path("/nonexistent-home")  # nothing measured: analytic costs
+    r = CliRunner().invoke(app, ["plan", str(spec_file), "--gantt", str(png), "--home", str(home)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    why = next(line for line in lines if line.startswith("mobius: no P x D fits"))
+    assert "state 1.2x memory_gb x N" in why and "on N=2" in why and len(why) <= 80
+    lanes = [line for line in lines if line[:1] == "r" and " cmp " in line]
+    assert len(lanes) == 2 and all(len(line) == 80 for line in lanes)
+    assert "schedule mobius" in r.output and png.read_bytes()[:4] == b"\x89PNG"
