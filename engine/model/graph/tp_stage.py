@@ -225,14 +225,17 @@ class StageShards:
         whole with the run's seed, so the T ranks' shards are one model's. With
         sub-pipelining, each split subgraph that does not end the model also gets
         its m/2 twin (``tp_subpipeline``)."""
+        recomputed = stage.split_kept()[1]
         for key, block in stage.layers.items():
             parallelize(block, self.plan, self.mesh)
             if self.half is not None:
-                why = self._subpipeline(int(key), block)
+                why = self._subpipeline(int(key), block, recomputed)
                 self.reasons += [f"block {key}: {why}"] if why else []
                 self.subpipelined += [] if why else [int(key)]
 
-    def _subpipeline(self, i: int, block) -> str | None:
+    def _subpipeline(self, i: int, block, recomputed: list[int]) -> str | None:
+        if i in recomputed:  # stage-aware recomputation reruns its forward in backward
+            return "recomputed in backward: plain TMP"
         return subpipeline(block, i, self.graph, self.half, self.plan, self.mesh)
 
     def split_of(self, name: str) -> Split | None:

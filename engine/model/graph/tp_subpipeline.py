@@ -93,7 +93,7 @@ class SubPipeline:
     through ``half`` (the same subgraph at m/2); ``split[i]``: input i is cut along
     its first dimension (else shared), ``split_out`` likewise for the outputs;
     ``lead``: the first split input's first dimension at m (m, or m x seq for a
-    flattened value): any other size (an eval batch) runs plain TMP."""
+    flattened value): any other size goes to the block itself, as plain TMP."""
 
     def __init__(self, half: fx.GraphModule, lead: int, split: list[bool],
                  split_out: list[bool], group) -> None:  # fmt: skip

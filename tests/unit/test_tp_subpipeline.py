@@ -1,0 +1,106 @@
+"""Sub-pipelined TMP (Merak 5.3) in one process: a one-rank gloo group, so each
+all-reduce is real (asynchronous work handles) but sums one value, and the halves'
+interpreter, its merge and its hand-run backward are checked against the plain split
+model on tiny GPT-2 (the multi-rank parity is ``tests/integration/test_tensor_parallel``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from jobctl.engine.model.graph import tp_stage  # noqa: E402
+from jobctl.engine.model.graph.graph_def import GraphModel  # noqa: E402
+from jobctl.engine.model.graph.source import GraphModelConfig  # noqa: E402
+from jobctl.engine.model.graph.tp_plan import discover  # noqa: E402
+from jobctl.engine.model.graph.tp_subpipeline import COPY, REDUCE, segments  # noqa: E402
+
+M, SEQ = 4, 8
+GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 64, "n_positions": 16,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))  # fmt: skip
+    yield tp_stage.tp_mesh(1, 1, 1)["tp"]
+    dist.destroy_process_group()
+
+
+def _graph(m: int) -> GraphModel:
+    cfg = GraphModelConfig(hf_class="GPT2LMHeadModel", hf_config=GPT2, seq_len=SEQ)
+    return GraphModel(cfg, m)
+
+
+def _blocks(graph, mesh, half=None):
+    plan = discover(graph, 1)
+    blocks, why = [], []
+    for i in range(len(graph.shards)):
+        b = graph.block(i, seed=0)
+        tp_stage.parallelize(b, plan, mesh)
+        if half is not None:
+            why.append(tp_stage.subpipeline(b, i, graph, half, plan, mesh))
+        blocks.append(b)
+    return blocks, why
+
+
+def _step(blocks, batch):
+    carry: tuple = ()
+    for b in blocks:
+        carry = b.run(carry, batch)
+    carry[0].backward()
+    return carry[0].item(), {(i, n): p.grad for i, b in enumerate(blocks)
+                             for n, p in b.named_parameters()}  # fmt: skip
+
+
+def _batch(m: int) -> dict:
+    x = torch.randint(0, 64, (m, SEQ), generator=torch.Generator().manual_seed(1))
+    return {"input_ids": x, "labels": x}
+
+
+def test_halves_equal_the_plain_split_model(mesh):
+    graph, half = _graph(M), _graph(M // 2)
+    plain, _ = _blocks(graph, mesh)
+    sub, why = _blocks(graph, mesh, (half, discover(half, 1)))
+    # the embedding has no split linear; the last subgraph's loss is a batch mean
+    assert why[0] == "no tensor-parallel linear" and "mean over the batch" in why[-1]
+    assert all(w is None for w in why[1:-1]) and len(why) > 2
+    want, grads = _step(plain, _batch(M))
+    got, sub_grads = _step(sub, _batch(M))
+    assert got == pytest.approx(want, abs=1e-6)
+    for k, g in grads.items():
+        torch.testing.assert_close(sub_grads[k], g, atol=1e-6, rtol=0, msg=str(k))
+    assert [b.subpipeline.runs for b in sub[1:-1]] == [1] * (len(sub) - 2)
+    carry: tuple = ()
+    with torch.no_grad():  # an eval pass runs plain TMP: nothing to overlap backward
+        for b in sub:
+            carry = b.run(carry, _batch(M))
+    assert carry[0].item() == pytest.approx(want, abs=1e-6)
+    assert [b.subpipeline.runs for b in sub[1:-1]] == [1] * (len(sub) - 2)
+
+
+def test_segments_cut_at_f_and_g(mesh):
+    graph, half = _graph(M), _graph(M // 2)
+    sub, _ = _blocks(graph, mesh, (half, discover(half, 1)))
+    for b in sub[1:-1]:
+        twin = b.subpipeline.half
+        segs = segments(twin.graph)
+        marks = [n.target for n in twin.graph.nodes if n.op == "call_module"
+                 and n.target in (COPY, REDUCE)]  # fmt: skip
+        assert [s.before.target for s in segs[1:]] == marks and marks
+        assert marks.count(COPY) == marks.count(REDUCE)  # one f per g in a GPT-2 layer
+        # forward phases end after each g; backward phases at each f
+        fwd = b.subpipeline._phases(lambda s: s.before is not None and s.before.target == COPY)
+        assert len(fwd) == 1 + marks.count(REDUCE)
+
+
+def test_odd_micro_batch_falls_back_with_a_reason(mesh):
+    shards = tp_stage.StageShards(_graph(3), 1, mesh.get_group(), [0], subpipeline=True, m=3)
+    assert shards.half is None and shards.reasons == ["micro-batch 3 does not halve: plain TMP"]
