@@ -17,7 +17,9 @@ among the priced candidates by ``planner.objective`` within ``budget``. Mobius (
 stages than devices, swapped through a slower tier), which the search does not weigh
 yet: ``mobius_costs`` (per-layer costs, a partition's step time),
 ``mobius_partition`` (the MIP, HiGHS), ``cross_mapping`` (stages to devices by root
-complex) and ``mobius_plan`` (a ``schedule: mobius`` job as a Plan, from the two).
+complex), ``mobius_plan`` (a ``schedule: mobius`` job as a Plan, from the two) and
+``mobius_step`` (a Mobius plan's step simulated by ``simulator.mobius``; ``auto``
+turning to Mobius when no P x D layout fits memory).
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """

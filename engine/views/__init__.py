@@ -4,7 +4,8 @@ Views never import torch and take from the rest of jobctl only types and constan
 (tests/unit/test_layers.py checks it): the command line computes, then hands the data
 over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning``, ``rebalance`` and
 ``cost`` (dollars to finish, the time-vs-dollars frontier) print to the terminal;
-``gantt`` draws a simulated step; ``svg`` and ``png`` draw charts; ``report`` writes
+``gantt`` draws a simulated step (``mobius_gantt``: a Mobius step with its swaps, as
+80-column lanes or a figure); ``svg`` and ``png`` draw charts; ``report`` writes
 the HTML page of ``jobctl report``.
 
 In layer 9 of ``engine.LAYERS``: it may import the layers below (core to fleet and
