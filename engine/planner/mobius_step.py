@@ -107,13 +107,10 @@ def why_mobius(spec: JobSpec, cal: Calibration, plan: Plan, step_s: float, reaso
     lay = plan.mobius
     assert lay is not None
     ratio = state_ratio(spec, cal, lay.N)
-    head = {
-        "forced": "schedule: mobius",
-        "memory": "no P x D fits",
-    }[reason]
+    head = {"forced": "schedule mobius", "memory": "no P x D fits"}[reason]
     return (
-        f"mobius: {head} (state {ratio:.1f}x memory_gb x N); "
-        f"S={lay.S} on N={lay.N}: {step_s:.3g} s/step"
+        f"mobius: {head} (state {ratio:.1f}x N x memory_gb): "
+        f"S={lay.S}/N={lay.N}, sim {step_s:.3g} s/step"
     )
 
 

@@ -42,7 +42,7 @@ def test_auto_turns_to_mobius_only_when_nothing_fits():
     assert plan.schedule == "mobius" and plan.mobius is not None
     assert plan.mobius.S > plan.mobius.N == 2
     assert sorted(b for s in plan.mobius.stages for b in s) == list(range(cal.num_blocks))
-    assert plan.explanation[0].startswith("mobius: no P x D fits (state 1.2x memory_gb x N)")
+    assert plan.explanation[0].startswith("mobius: no P x D fits (state 1.2x N x memory_gb)")
     small = _auto(2.0)
     assert not nothing_fits(small, cal, 2)
     assert resolve_mobius(small, cal, 2) is None
@@ -63,7 +63,8 @@ def test_a_plans_step_is_simulated_from_its_calibration():
     )
     assert stages[-1].backward_s == pytest.approx(sum(cal.backward(i, m) for i in last))
     assert stages[0].input_bytes == 0 and stages[1].input_bytes > 0
-    assert sim.step_time == pytest.approx(float(why.split(": ")[-1].split(" s/step")[0]), rel=1e-2)
+    said = float(why.split("sim ")[-1].split(" s/step")[0])
+    assert sim.step_time == pytest.approx(said, rel=1e-2)
     computes = [e for e in sim.events if e.kind in ("F", "B", "FB")]
     assert len(computes) == plan.micro_batches * (2 * plan.mobius.S - 1)
     for e in computes:  # each stage on the rank the plan maps it to
@@ -108,7 +109,7 @@ def test_jobctl_plan_says_why_and_draws_the_swaps(tmp_path):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     why = next(line for line in lines if line.startswith("mobius: no P x D fits"))
-    assert "state 1.2x memory_gb x N" in why and "on N=2" in why and len(why) <= 80
+    assert "state 1.2x N x memory_gb" in why and "/N=2, sim " in why and len(why) <= 80
     lanes = [line for line in lines if line[:1] == "r" and " cmp " in line]
     assert len(lanes) == 2 and all(len(line) == 80 for line in lanes)
     assert "schedule mobius" in r.output and png.read_bytes()[:4] == b"\x89PNG"
