@@ -15,6 +15,7 @@ from jobctl.engine.supervise.run_requests import request_stop
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import (
+    events,
     final_weights,
     run_job,
     start_apply,
@@ -163,6 +164,8 @@ def test_mobius_run_stops_and_resumes_under_1f1b(tmp_path):
     k = row["step"]
     assert row["phase"] == "stopped" and row["last_checkpoint"] == k < 300
     assert not list((run_dir / "mobius").glob("rank-*/*.bin"))  # the tier files went
+    beats = [e for e in events(run_dir) if e["kind"] == "heartbeat"]
+    assert {e["rank"] for e in beats} == {0, 1} and all(e["max_rss_mb"] > 0 for e in beats)
     ref_losses, ref_weights = reference_train(_spec(k + 1, 1, 1))
     assert step_losses(run_dir) == pytest.approx(ref_losses[:k], abs=1e-5)
     ckpt = run_dir / "checkpoints" / f"step-{k:08d}"
