@@ -97,10 +97,46 @@ def test_segments_cut_at_f_and_g(mesh):
         assert [s.before.target for s in segs[1:]] == marks and marks
         assert marks.count(COPY) == marks.count(REDUCE)  # one f per g in a GPT-2 layer
         # forward phases end after each g; backward phases at each f
-        fwd = b.subpipeline._phases(lambda s: s.before is not None and s.before.target == COPY)
-        assert len(fwd) == 1 + marks.count(REDUCE)
+        fwd, bwd = b.subpipeline._phases(REDUCE), b.subpipeline._phases(COPY)
+        assert len(fwd) == 1 + marks.count(REDUCE) and len(bwd) == 1 + marks.count(COPY)
+        assert all(p[0].before.target == REDUCE for p in fwd[1:])
+        assert all(p[0].before.target == COPY for p in bwd[1:])
 
 
 def test_odd_micro_batch_falls_back_with_a_reason(mesh):
     shards = tp_stage.StageShards(_graph(3), 1, mesh.get_group(), [0], subpipeline=True, m=3)
     assert shards.half is None and shards.reasons == ["micro-batch 3 does not halve: plain TMP"]
+
+
+class _Logged:
+    """An all-reduce's work handle that logs when it is waited for."""
+
+    def __init__(self, work, i: int, log: list) -> None:
+        self.work, self.i, self.log = work, i, log
+
+    def wait(self) -> None:
+        self.log.append(("wait", self.i))
+        self.work.wait()
+
+
+def test_each_all_reduce_overlaps_the_other_half(mesh, monkeypatch):
+    """Forward and backward: after an all-reduce starts, the other half runs (and
+    starts its own) before this one's sum is waited for: never start i, wait i."""
+    from jobctl.engine.model.graph import tp_subpipeline
+
+    graph, half = _graph(M), _graph(M // 2)
+    sub, _ = _blocks(graph, mesh, (half, discover(half, 1)))
+    log: list = []
+    real = dist.all_reduce
+
+    def logged(t, group=None, async_op=False):
+        log.append(("start", len(log)))
+        return _Logged(real(t, group=group, async_op=True), log[-1][1], log)
+
+    monkeypatch.setattr(tp_subpipeline.dist, "all_reduce", logged)
+    _step(sub, _batch(M))
+    starts = [e for e in log if e[0] == "start"]
+    assert len(starts) >= 8 and [e for e in log if e[0] == "wait"]
+    for k, event in enumerate(log[:-1]):
+        if event[0] == "start":
+            assert log[k + 1] != ("wait", event[1]), log

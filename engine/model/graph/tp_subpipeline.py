@@ -128,26 +128,28 @@ class SubPipeline:
             parts = a.chunk(2) if s else (a, a)
             for h, p in zip(halves, parts, strict=True):
                 h.env[self.placeholders[i]] = p
-        for phase in self._phases(lambda seg: seg.before is not None
-                                  and seg.before.target == COPY):  # fmt: skip
+        phases = self._phases(REDUCE)  # a phase ends where g's all-reduce starts
+        for k, phase in enumerate(phases):
             for h in halves:
-                for seg in phase:
-                    self._run_segment(h, seg)
+                for j, seg in enumerate(phase):
+                    self._run_segment(h, seg, boundary=j > 0 or k == 0)
+                if k + 1 < len(phases):  # g starts now; its sum is read on h's next turn
+                    self._boundary(h, phases[k + 1][0].before)
         outs = [[h.value(n) for n in _flat(self.out)] for h in halves]
         return halves, outs
 
-    def _phases(self, starts_phase_unless) -> list[list[Segment]]:
-        """Forward phases end after each g (a segment after a g starts a phase);
-        ``starts_phase_unless`` says which boundaries do not end one."""
+    def _phases(self, cut: str) -> list[list[Segment]]:
+        """The segments in runs that one half runs before the other takes its turn:
+        a new run starts at each segment after a ``cut`` node (g forward, f backward)."""
         phases: list[list[Segment]] = []
         for seg in self.segs:
-            if not phases or (seg.before is not None and not starts_phase_unless(seg)):
+            if not phases or (seg.before is not None and seg.before.target == cut):
                 phases.append([])
             phases[-1].append(seg)
         return phases
 
-    def _run_segment(self, h: Half, seg: Segment) -> None:
-        if seg.before is not None:
+    def _run_segment(self, h: Half, seg: Segment, boundary: bool = True) -> None:
+        if seg.before is not None and boundary:
             self._boundary(h, seg.before)
         leaves = {}
         for n in seg.inputs:
@@ -189,8 +191,7 @@ class SubPipeline:
         for h, g in zip(halves, grads, strict=True):
             for n, gn in zip(_flat(self.out), g, strict=True):
                 h.add(n, gn)
-        phases = self._phases(lambda seg: seg.before is not None
-                              and seg.before.target == REDUCE)  # fmt: skip
+        phases = self._phases(COPY)  # run backward: a phase ends at f's all-reduce
         index = {id(s): k for k, s in enumerate(self.segs)}
         for phase in reversed(phases):
             for h in reversed(halves):  # the half that finished its forward last
