@@ -32,7 +32,12 @@ T without knowing about it. Per block, from the traced graph's column/row plan
   rank's compute is slowed as T busy processes are (``host.factor(T)``), and k busy
   groups slow each other as k T processes do.
 
-Stage boundaries send whole activations (each rank t to rank t), so those bytes stay.
+Stage boundaries send whole activations (each rank t to rank t), so those bytes stay,
+and the gradient all-reduce of each (stage, t) runs over its D replicas at once: T
+messages and T rings where the search sees one. Across nodes they share the node's
+NIC, so the inter-node link and all-reduce run at 1/T of their bandwidth
+(``shared_nic``); inside a node each pair has its own path (NVLink's switch, or
+memory on one host), so those stay.
 """
 
 from __future__ import annotations
@@ -144,6 +149,17 @@ def group_host(host: HostCalibration, T: int) -> HostCalibration:
     return host.model_copy(update={"cores": max(1, host.cores // T), "slowdown": slowdown})
 
 
+def shared_nic(cal: Calibration, T: int) -> dict:
+    """The inter-node link and all-reduce as each of T ranks gets them when all T send
+    at once: 1/T of the fitted bandwidth (measured points were one sender's: dropped)."""
+    return {
+        name: getattr(cal, name).model_copy(update={
+            "bandwidth_Bps": getattr(cal, name).bandwidth_Bps / T,
+            "points": type(getattr(cal, name).points)()})
+        for name in ("p2p_inter", "allreduce_inter")
+    }  # fmt: skip
+
+
 def calibration(cal: Calibration, tp: TPCosts) -> Calibration:
     """``cal`` as one rank of a T group pays it (the module docstring's equations)."""
     if tp.T == 1:
@@ -152,7 +168,7 @@ def calibration(cal: Calibration, tp: TPCosts) -> Calibration:
         raise ValueError(f"{len(tp.blocks)} tensor-parallel block facts for "
                          f"{cal.num_blocks} calibrated blocks")  # fmt: skip
     blocks = [rank_block(cal, b, f, tp) for b, f in zip(cal.blocks, tp.blocks, strict=True)]
-    update: dict = {"blocks": blocks}
+    update: dict = {"blocks": blocks, **shared_nic(cal, tp.T)}
     if tp.share_cores:
         update["host"] = group_host(cal.host, tp.T)
     return cal.model_copy(update=update)

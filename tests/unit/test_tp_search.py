@@ -200,3 +200,12 @@ def test_subpipelined_saving_by_hand(tmp_path):
     assert saved == pytest.approx(0.3e-3)
     assert split.blocks[-1] == plain.blocks[-1]  # the last block: plain TMP
     assert split.blocks[1].forward[1] == plain.blocks[1].forward[1]  # odd m: whole
+
+
+def test_T_ranks_share_the_nic_not_the_node(tmp_path):
+    cal = _cal(load_spec(_spec(tmp_path)))
+    fact = tp_costs.TPBlock(phi=0.5, psi=0.5)
+    got = tp_costs.calibration(cal, tp_costs.TPCosts(2, tuple([fact] * cal.num_blocks)))
+    assert got.p2p_inter.bandwidth_Bps == cal.p2p_inter.bandwidth_Bps / 2
+    assert got.allreduce_inter.bandwidth_Bps == cal.allreduce_inter.bandwidth_Bps / 2
+    assert got.p2p_intra == cal.p2p_intra and got.allreduce_intra == cal.allreduce_intra
