@@ -77,7 +77,12 @@ def _spec(steps: int, P: int = 2, D: int = 2, nodes: int = 2):
 def _apply(home: Path, spec) -> tuple[subprocess.Popen, Path]:
     proc = start_apply(write_spec(spec, home / "job.yaml"), home)
     runs = home / "runs"
-    found = lambda: next(runs.glob("*"), None) if runs.exists() else None  # noqa: E731
+
+    def found() -> Path | None:
+        if proc.poll() is not None and not runs.exists():  # e.g. a spec the tree refuses
+            raise SystemExit(f"jobctl apply exited {proc.returncode} before it made a run")
+        return next(runs.glob("*"), None) if runs.exists() else None
+
     run_dir = wait_for(found, timeout=600, what="the run folder")  # a loaded machine
     return proc, run_dir
 
