@@ -66,8 +66,7 @@ def job_yaml(args) -> str:
 
 def fixed(spec, T: int, P: int, D: int):
     """``spec`` with T, P and D fixed."""
-    par = with_T(spec, T).parallelism.model_copy(
-        update={"pipeline_stages": P, "data_parallel": D})
+    par = with_T(spec, T).parallelism.model_copy(update={"pipeline_stages": P, "data_parallel": D})
     return spec.model_copy(update={"parallelism": par})  # fmt: skip
 
 
@@ -96,7 +95,7 @@ def run_rounds(planned: dict, home: Path, rounds: int) -> dict:
     keys = list(planned)
     seen: dict = {k: [] for k in keys}
     for r in range(rounds):
-        order = keys[r % len(keys):] + keys[: r % len(keys)]
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
         for k in order:
             wait_quiet(patience_s=10)
             spec, plan = planned[k]
@@ -123,9 +122,11 @@ def report(pick: tuple, planned: dict, measured: dict) -> None:
               f"{rank_p[k]:>11}{rank_m[k]:>11}{mark}")  # fmt: skip
     best = min(keys, key=lambda k: measured[k])
     ratio = measured[best] / measured[pick]
-    print(f"regret: pick/best measured throughput = {ratio:.3f} (best: {label(best)}); "
-          f"1 - that = {regret(pred, real):.3f} by the highest "
-          f"predicted; Kendall tau (predicted vs measured order) = {kendall_tau(pred, real):.2f}")
+    print(
+        f"regret: pick/best measured throughput = {ratio:.3f} (best: {label(best)}); "
+        f"1 - that = {regret(pred, real):.3f} by the highest "
+        f"predicted; Kendall tau (predicted vs measured order) = {kendall_tau(pred, real):.2f}"
+    )
 
 
 def main() -> None:
