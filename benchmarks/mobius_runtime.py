@@ -30,7 +30,8 @@ rounds; printed: each one's stages, modelled and measured median step, and the r
 
 Beside each measured median, the simulator's prediction (``planner.simulator.mobius``)
 for the same stages: per-stage forward, recompute + backward and AdamW update timed
-here with the weights in memory (the best of ``--probe`` runs), the tier's bandwidth
+here with the weights in memory (the best of ``--probe`` runs before and after the
+timed rounds), the tier's bandwidth
 measured by writing and reading back a record-sized file in the tier's folder, the
 record's real sections (parameters, gradients, slots) and the stage inputs' bytes;
 printed: predicted, measured and their ratio, prefetch on and off.
@@ -47,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -205,11 +207,23 @@ def _swap_stages(args, runner: MobiusRunner) -> list[SwapStage]:
     return out
 
 
-def _predicted(args, runner: MobiusRunner, folder: Path) -> tuple[float, float, float]:
-    """The simulator's step, prefetch on and off, and the tier bandwidth it used."""
-    stages = _swap_stages(args, runner)
+def _least(a: list[SwapStage], b: list[SwapStage]) -> list[SwapStage]:
+    """Per stage, the least of two probes' times (the load on a shared host varies)."""
+    keep = ("forward_s", "backward_s", "update_s")
+    return [
+        replace(x, **{k: min(getattr(x, k), getattr(y, k)) for k in keep})
+        for x, y in zip(a, b, strict=True)
+    ]
+
+
+def _predicted(
+    args, runner: MobiusRunner, folder: Path, before: list[SwapStage]
+) -> tuple[float, float, float]:
+    """The simulator's step, prefetch on and off, and the tier bandwidth it used, with
+    the compute probed ``before`` the timed rounds and again now, the least of each."""
+    stages = _least(before, _swap_stages(args, runner))
     largest = max(lay.nbytes for lay in runner.layouts.values())
-    B = _tier_Bps(folder, largest, args.probe)
+    B = max(_tier_Bps(folder, largest, args.probe) for _ in range(2))
     got = []
     for prefetch in (True, False):
         cfg = MobiusSimConfig(
@@ -276,6 +290,7 @@ def main() -> None:
         for runner in (on, off):  # warm-up: the first update-on-upload step
             runner.step(0)
             runner.step(1)
+        before = _swap_stages(args, on)  # compute probed on both sides of the rounds
         a, b = _times(args, on, off)
         on.traffic.reset()
         on.step(args.rounds + 2)
@@ -288,7 +303,7 @@ def main() -> None:
         print(f"step, prefetch:    median {ma * 1e3:8.1f} ms   best {min(a) * 1e3:8.1f} ms")
         print(f"step, no prefetch: median {mb * 1e3:8.1f} ms   best {min(b) * 1e3:8.1f} ms")
         print(f"no prefetch / prefetch: median {mb / ma:.3f}, best {min(b) / min(a):.3f}")
-        pa, pb, B = _predicted(args, on, Path(tmp))
+        pa, pb, B = _predicted(args, on, Path(tmp), before)
         print(f"simulated (tier {B / 1e9:.2f} GB/s measured, compute timed per stage):")
         print(f"{'':<13}{'predicted':>10}{'median':>10}{'best':>10}{'/ median':>10}{'/ best':>10}")
         for name, p, got in (("prefetch", pa, a), ("no prefetch", pb, b)):
