@@ -70,7 +70,6 @@ def answer(name: str) -> dict:
     assert got.pop("placement") is None and got.pop("device_actions") == []  # no ZB-V here
     assert got.pop("T") == 1  # no tensor parallelism here (recorded before it existed)
     assert got.pop("t_search") == []  # T = 1 fixed: no T searched
-    assert got.pop("tp_subpipeline") is False  # T = 1: no split stage to sub-pipeline
     assert got.pop("tp_subpipeline") is False  # only a T > 1 stage is sub-pipelined
     assert got.pop("mobius") is None  # nothing here needs stages swapped to a lower tier
     for key in ("finish_s", "finish_usd", "hourly_usd"):  # planner.cost's, not the search's
