@@ -154,6 +154,7 @@ def best(spec: JobSpec, G: int, cal: Calibration, groups, choose: Chooser) -> TC
     lines = [f"T = 1 only: {why}"] if why else []
     found: list[TChoice] = []
     errors: list[str] = []
+    failures: list[PlanError] = []
     for T in Ts:
         spec_T, G_T = groups(with_T(spec, T), G)
         cal_T = rank_calibration(spec, cal, T)
@@ -161,8 +162,14 @@ def best(spec: JobSpec, G: int, cal: Calibration, groups, choose: Chooser) -> TC
             found.append(TChoice(T, spec_T, G_T, cal_T, choose(spec_T, cal_T, G_T)))
         except PlanError as e:
             errors.append(f"T = {T}: {e}")
+            failures.append(e)
     if not found:
-        raise PlanError("; ".join(errors))
+        # one T: its own error as it was (a BudgetError stays one); several: every T's
+        # reason, under the kind they share (BudgetError only when each was over budget)
+        if len(failures) == 1:
+            raise failures[0]
+        kind = type(failures[0]) if len({type(e) for e in failures}) == 1 else PlanError
+        raise kind("; ".join(errors))
     win = min(found, key=lambda c: (_score(spec, c.choice), c.T))
     if len(Ts) > 1:
         lines += _lines(spec, win, found, errors)
