@@ -42,12 +42,13 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
         stages.add_row(
             str(st.index),
-            f"{st.blocks[0]}-{st.blocks[-1]}: {', '.join(shown)}",
+            f"{_block_ranges(st.blocks)}: {', '.join(shown)}",
             " ".join(map(str, st.ranks)),
             _recompute_cell(st),
         )
     console.print(stages)
-    _print_actions(console, plan)
+    if plan.mobius is None:  # a Mobius rank's order is its swap lanes (views.mobius_gantt)
+        _print_actions(console, plan)
     where = "device" if plan.placement else "stage"  # ZB-V: a rank's device hosts two
     shard = ["t"] if plan.T > 1 else []
     ranks = Table("rank", "node", "local rank", where, "replica", *shard)
@@ -62,6 +63,17 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         print_end_to_end(console, plan, steps)
     if plan.alternatives:
         print_alternatives(console, plan)
+
+
+def _block_ranges(blocks: list[int]) -> str:
+    """``[0, 3, 4]`` as ``0,3-4``: a Mobius rank hosts blocks that are not contiguous."""
+    runs: list[list[int]] = []
+    for b in blocks:
+        if runs and b == runs[-1][-1] + 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _print_actions(console: Console, plan: Plan) -> None:
