@@ -289,7 +289,9 @@ class Trainer:
         sync_gradients(st.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
         self.ledger.ready = True
         if self.commits:
-            loss = commit_step(self.ledger.stats.loss_sum, st.topo.is_last, st.live_group)
+            # shard 0 only: a T group's ranks each hold the whole loss, summed once
+            last = st.topo.is_last and st.topo.t == 0
+            loss = commit_step(self.ledger.stats.loss_sum, last, st.live_group)
             self.ledger.committed(step, loss)
 
     def global_loss(self, step: int, stats: StepStats) -> float | None:
