@@ -6,7 +6,9 @@ parameter, training-state, activation and boundary (send) bytes and its peak mem
 per link kind (same node, across nodes): point-to-point time by message size; allreduce
 time by ring size and message size, also with several allreduces in flight; how much
 k busy processes slow each other down on one host; the time to fetch a micro-batch of
-data. Every number has a unit (``units``), measured ones a sample count and spread.
+data; the all-reduce of a tensor-parallel group's activations by T and size
+(``tp_allreduce``, where the model admits a T > 1). Every number has a unit
+(``units``), measured ones a sample count and spread.
 
 Nothing here depends on the number of devices G: one record plans any G (Varuna's
 scale-invariant calibration). Each value says where it came from (``source``):
@@ -321,6 +323,11 @@ class Calibration(_Frozen):
     host: HostCalibration
     runtime: RuntimeCalibration | None = Field(
         None, description="the runtime's own per-message and per-step costs (measured only)"
+    )
+    tp_allreduce: AllreduceCalibration | None = Field(
+        None,
+        description="tensor parallelism's activation all-reduces in one node, by T (ring) "
+        "and bytes (measured where a T > 1 is admissible; None: the intra-node model)",
     )
 
     @property

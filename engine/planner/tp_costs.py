@@ -19,9 +19,12 @@ T without knowing about it. Per block, from the traced graph's column/row plan
   backward (f), one f per g: per transformer layer 2 + 2 all-reduces of the activation
   (b x s x h; ``reduce_bytes`` holds each row output's bytes per sample). A recompute
   is a forward, so it repeats the forward's g's (the stage costs price it as one).
-  Each is a ring over the T ranks of one node: ``cal.allreduce(same_node=True)`` at
-  ring T, measured where the calibration measured that ring, else its ring model
-  (``link_source`` says which). One ring in flight per group: on accelerators each
+  Each is a ring over the T ranks of one node, priced by the calibration's own
+  tensor-parallel all-reduce at T where it has one (``tp_allreduce``, from
+  ``measure.tp_allreduce``: activation sizes among T local processes), else by
+  ``cal.allreduce(same_node=True)`` at ring T, measured where the calibration measured
+  that ring, else its ring model (``link_source`` says which; a record from before
+  ``tp_allreduce`` takes these). One ring in flight per group: on accelerators each
   group has its own links; on CPU the host's memory bandwidth is shared, which the
   core sharing below only partly covers.
 * Activations as Megatron without sequence parallelism: the values between a column
@@ -89,8 +92,16 @@ def overhead(times: dict[int, Stat]) -> float:
     return min(t1, max(0.0, t1 - m1 * (t2 - t1) / (m2 - m1)))
 
 
+def _measured_tp(cal: Calibration, T: int) -> bool:
+    """Whether the calibration timed tensor parallelism's own all-reduce at ring T."""
+    return cal.tp_allreduce is not None and any(p.ring == T for p in cal.tp_allreduce.points)
+
+
 def reduce_time(cal: Calibration, T: int, nbytes: float) -> float:
-    """One all-reduce of ``nbytes`` over a T group inside one node."""
+    """One all-reduce of ``nbytes`` over a T group inside one node: the measured
+    activation all-reduce at T where the calibration has it, else the intra-node ring."""
+    if _measured_tp(cal, T):
+        return cal.tp_allreduce.time(T, nbytes)
     return cal.allreduce(True).time(T, nbytes)
 
 
@@ -101,13 +112,18 @@ def comm_time(cal: Calibration, block: TPBlock, T: int, m: int) -> float:
 
 def link_source(cal: Calibration, T: int) -> str:
     """Where the T all-reduce's price comes from, for the plan's explanation."""
+    if _measured_tp(cal, T):
+        return f"this machine's measured tensor-parallel all-reduces at T = {T}"
     ring = cal.allreduce(True)
+    if ring.source != "measured":
+        return "the analytic intra-node link model from the hardware spec"
     if any(p.ring == T for p in ring.points):
-        return f"the calibration's measured intra-node all-reduces at ring {T}"
-    if ring.source == "measured":
-        return (f"the ring model fitted to this machine's measured all-reduces (ring {T} "
-                "not measured)")  # fmt: skip
-    return "the analytic intra-node link model from the hardware spec"
+        why = f"the calibration's measured intra-node all-reduces at ring {T}"
+    else:
+        why = (f"the ring model fitted to this machine's measured all-reduces (ring {T} "
+               "not measured)")  # fmt: skip
+    # A record from before tp_allreduce, or one whose spec admitted no T > 1 then.
+    return f"{why}; no tensor-parallel all-reduce at T = {T} in the calibration"
 
 
 def _times(cal: Calibration, b: BlockCalibration, fact: TPBlock, tp: TPCosts, key: str):

@@ -151,18 +151,6 @@ def test_relative_pretrained_resolves_against_the_spec_folder(tmp_path, saved_gp
     assert load_spec(path).model.huggingface.pretrained == str(tmp_path / "weights")
 
 
-def test_calibrate_refuses_a_traced_model_with_a_fix(tmp_path):
-    # Block-by-block measurement needs one tensor between blocks; a traced model's
-    # plans are priced from its subgraphs' shapes instead. Exit 2, never a traceback.
-    pytest.importorskip("transformers")
-    config = json.dumps({**GPT2, "vocab_size": 256})
-    path = _spec(tmp_path, f"  huggingface:\n    class: GPT2LMHeadModel\n    config: {config}")
-    r = runner.invoke(app, ["calibrate", str(path), "--home", str(tmp_path / "home")])
-    assert r.exit_code == 2, r.output
-    text = " ".join(r.output.split())
-    assert "this model is traced" in text and "fix:" in text and "Traceback" not in text
-
-
 def test_image_model_needs_the_synthetic_image_source(tmp_path):
     pytest.importorskip("transformers")
     config = json.dumps({"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,

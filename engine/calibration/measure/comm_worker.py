@@ -202,15 +202,16 @@ def _mean_probe_time(probe) -> float:
 def _probe(job: dict):
     """The job's whole model, forward and backward on one micro-batch."""
     from jobctl.engine.data.dataset import make_data
-    from jobctl.engine.model.blocks import Stage, lm_loss, model_def
+    from jobctl.engine.model.blocks import Stage, model_def
 
     spec = _spec(job)
     mdef = model_def(spec.model, spec.training.seed)
     stage = Stage(mdef, range(mdef.num_blocks))
     x, y = make_data(spec).batch(0, job["probe_m"])
+    batch = stage.batch(x, y, 0)  # a traced model's keyword arguments (None: builtin)
 
     def run() -> None:
-        lm_loss(stage(x), y).backward()
+        stage.loss(stage(x, batch), y, batch).backward()
 
     return run
 

@@ -22,9 +22,11 @@ from jobctl.engine.calibration.cache import DEFAULT_THREADS, fingerprint, save
 from jobctl.engine.calibration.measure.comm import measure_comm
 from jobctl.engine.calibration.measure.compute import measure_blocks, measure_data
 from jobctl.engine.calibration.measure.fit import calibrate_runtime
+from jobctl.engine.calibration.measure.graph_compute import measure_graph_blocks
 from jobctl.engine.calibration.measure.probe import model_seconds
+from jobctl.engine.calibration.measure.tp_allreduce import measure_tp_allreduce
 from jobctl.engine.calibration.record import BlockCalibration, Calibration, Stat
-from jobctl.engine.model.blocks import Stage, model_def
+from jobctl.engine.model.blocks import Stage, model_def, returns_list
 from jobctl.engine.planner.partition import partition
 from jobctl.spec import HardwareSpec, JobSpec, dump_yaml
 
@@ -86,7 +88,11 @@ def calibrate(
         blocks, data, speed = _measure_compute(spec, ms, repeats, report)
     report("communication and core sharing (process group)", 0.65)
     probe = {P: _probe_stages(blocks, data, ms[0], P) for P in (2, BUSY_PROBE_STAGES)}
+    if traced(spec):  # the pipeline probes run the builtin runtime's blocks only
+        probe = {P: [] for P in probe}
     link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
+    report("tensor-parallel all-reduce (process group)", 0.9)
+    tp_allreduce = measure_tp_allreduce(spec, ms) if traced(spec) else None
     cal = Calibration(
         source="measured",
         fingerprint=fingerprint(spec, threads),
@@ -101,6 +107,7 @@ def calibrate(
         allreduce_intra=allreduce,
         allreduce_inter=allreduce_from_spec(spec.hardware, False),
         host=host or host_from_spec(spec.hardware),
+        tp_allreduce=tp_allreduce,
     )
     if probe[2]:
         reference = min(speed) if speed else None  # as the least disturbed pass
@@ -119,6 +126,11 @@ def _measure_compute(
     device = torch.device("cuda", 0) if spec.hardware.device == "cuda" else torch.device("cpu")
     report("data loading", 0.0)
     data = measure_data(spec, ms, repeats)
+    if traced(spec):  # subgraphs on a real batch; no probes to bring to its speed
+        blocks = measure_graph_blocks(
+            spec, ms, device, repeats, progress=lambda what, f: report(what, 0.05 + 0.6 * f)
+        )
+        return blocks, data, []
     passes, speed = [], []
     for k in range(COMPUTE_PASSES):
         passes.append(
@@ -142,6 +154,15 @@ def _model_speed(spec: JobSpec, m: int, repeats: int) -> float:
     stage = Stage(mdef, range(mdef.num_blocks))
     run = model_seconds(spec, stage, m, PROBE_MICRO_BATCHES)
     return statistics.median(run() for _ in range(repeats))
+
+
+def traced(spec: JobSpec) -> bool:
+    """Whether the spec's model is traced into subgraphs (``model.huggingface``, or a
+    ``model.import`` factory returning one ``nn.Module``) rather than hand-cut blocks."""
+    m = spec.model
+    if m.huggingface is not None:
+        return True
+    return bool(m.import_) and not returns_list(m.import_, dict(m.import_args))
 
 
 def least_disturbed(passes: list[list[BlockCalibration]], ms: list[int]):
