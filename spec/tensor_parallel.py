@@ -31,7 +31,10 @@ from .base import SpecModel, Violation, friendly_error
 MAX_TENSOR_PARALLEL = 64
 FIELD = "parallelism.tensor_parallel"
 
-#: Features that do not run with T > 1 yet: (field, is it on?, why not).
+#: Features that do not run with T > 1 yet: (field, is it on?, why not). Elasticity
+#: runs: a lost node's survivors hold T-shards, not whole blocks, so they hand no step
+#: over and the run resumes from its newest checkpoint, re-planned with T
+#: (tests/integration/test_chaos_tensor_parallel.py).
 NOT_WITH_T = (
     ("parallelism.averaging", lambda s: s.parallelism.averaging != "none",
      "AvgPipe's N parallel models deepcopy a stage, and a split stage holds its "
@@ -42,8 +45,6 @@ NOT_WITH_T = (
      "pruning's masks and re-planning see whole weights, not a rank's shard"),
     ("rebalancing.enabled", lambda s: s.rebalancing.enabled,
      "moving layers between stages does not move T shards yet"),
-    ("elasticity.enabled", lambda s: s.elasticity.enabled,
-     "morphs and a survivor's hand-over do not re-shard T groups yet"),
 )  # fmt: skip
 
 

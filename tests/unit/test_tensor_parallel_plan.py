@@ -101,6 +101,16 @@ def test_features_without_T_ranks_are_refused(tmp_path, field, edit, words):
     assert "Traceback" not in r.output
 
 
+def test_elasticity_validates_with_T(tmp_path):
+    # A lost node's survivors fall back to the newest checkpoint and the morph keeps T
+    # (tests/integration/test_chaos_tensor_parallel.py runs it).
+    path = _spec(tmp_path, 2, model=_gpt2_yaml())
+    elastic = "elasticity:\n  enabled: true\nhardware:"
+    path.write_text(path.read_text().replace("hardware:", elastic))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0, r.output
+
+
 def _graph(cls: str, config: dict):
     from jobctl.engine.model.graph.graph_def import GraphModel
 
