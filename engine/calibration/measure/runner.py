@@ -87,12 +87,9 @@ def calibrate(
     with _threads(threads):
         blocks, data, speed = _measure_compute(spec, ms, repeats, report)
     report("communication and core sharing (process group)", 0.65)
-    probe = {P: _probe_stages(blocks, data, ms[0], P) for P in (2, BUSY_PROBE_STAGES)}
-    if traced(spec):  # the pipeline probes run the builtin runtime's blocks only
-        probe = {P: [] for P in probe}
+    probe = _probes(spec, blocks, data, ms[0])
     link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
     report("tensor-parallel all-reduce (process group)", 0.9)
-    tp_allreduce = measure_tp_allreduce(spec, ms) if traced(spec) else None
     cal = Calibration(
         source="measured",
         fingerprint=fingerprint(spec, threads),
@@ -107,7 +104,7 @@ def calibrate(
         allreduce_intra=allreduce,
         allreduce_inter=allreduce_from_spec(spec.hardware, False),
         host=host or host_from_spec(spec.hardware),
-        tp_allreduce=tp_allreduce,
+        tp_allreduce=measure_tp_allreduce(spec, ms) if traced(spec) else None,
     )
     if probe[2]:
         reference = min(speed) if speed else None  # as the least disturbed pass
@@ -183,6 +180,14 @@ def least_disturbed(passes: list[list[BlockCalibration]], ms: list[int]):
         b.model_copy(update={k: {m: getattr(best[m][i], k)[m] for m in ms} for k in kinds})
         for i, b in enumerate(passes[0])
     ]
+
+
+def _probes(spec: JobSpec, blocks: list[BlockCalibration], data: dict, m: int) -> dict:
+    """Per probe pipeline (2 and ``BUSY_PROBE_STAGES`` stages) its stages; none for a
+    traced model (the probes run the builtin runtime's hand-cut blocks)."""
+    if traced(spec):
+        return {2: [], BUSY_PROBE_STAGES: []}
+    return {P: _probe_stages(blocks, data, m, P) for P in (2, BUSY_PROBE_STAGES)}
 
 
 def _probe_stages(blocks: list[BlockCalibration], data: dict, m: int, P: int) -> list[list[int]]:
