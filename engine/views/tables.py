@@ -11,7 +11,11 @@ from rich.table import Table
 if TYPE_CHECKING:  # `jobctl status` formats with this module without plans or records
     from rich.progress import Progress
 
-    from jobctl.engine.calibration.record import Calibration, RuntimeCalibration
+    from jobctl.engine.calibration.record import (
+        AllreduceCalibration,
+        Calibration,
+        RuntimeCalibration,
+    )
     from jobctl.engine.core.plan import Plan
 
 
@@ -204,8 +208,19 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
     )
     slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
     console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
+    if cal.tp_allreduce is not None:
+        _print_tp_allreduce(console, cal.tp_allreduce)
     if cal.runtime is not None:
         _print_runtime(console, cal.runtime)
+
+
+def _print_tp_allreduce(console: Console, ar: AllreduceCalibration) -> None:
+    """Tensor parallelism's activation all-reduce: median time by T and size."""
+    by_T = ", ".join(
+        f"T={p.ring} {p.bytes / 1024:.0f} KiB {1e3 * p.time.median:.3f} ms"
+        for p in sorted(ar.points, key=lambda p: (p.ring, p.bytes))
+    )
+    console.print(f"tensor-parallel all-reduce ({ar.source}): {by_T}", soft_wrap=True)
 
 
 def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
