@@ -17,6 +17,13 @@ always (``mobius_plan`` at the user's S); under ``schedule: auto`` with
 search's own test: for every P, the heaviest stage's state and one micro-batch over
 the cap) and the spec has nothing Mobius does not run (``spec.mobius``' rules), at
 the S the MIP finds best (above N).
+
+``faster_mobius`` is auto's other arm: with the ordinary plan priced (objective
+throughput, no budget: Mobius has no priced alternatives of its own), an admissible
+spec gets a cheap Mobius estimate, the even split simulated at a few S
+(``cheap_stages``), and only where the best is within ``MARGIN`` of the ordinary
+step is the MIP plan at its S built and simulated; it replaces the ordinary plan
+where its step is shorter.
 """
 
 from __future__ import annotations
@@ -102,11 +109,17 @@ def state_ratio(spec: JobSpec, cal: Calibration, devices: int) -> float:
     return state / (devices * spec.hardware.memory_gb * GB)
 
 
-def why_mobius(spec: JobSpec, cal: Calibration, plan: Plan, step_s: float, reason: str) -> str:
-    """One line: why this run swaps, and what it is predicted to take."""
+def why_mobius(
+    spec: JobSpec, cal: Calibration, plan: Plan, step_s: float, reason: str, base_s: float = 0.0
+) -> str:
+    """One line: why this run swaps, and what it is predicted to take (``base_s``: the
+    ordinary plan's step, where Mobius is "faster")."""
     lay = plan.mobius
     assert lay is not None
     ratio = state_ratio(spec, cal, lay.N)
+    if reason == "faster":
+        return (f"mobius: faster than P x D's {base_s:.3g} s: S={lay.S}/N={lay.N}, "
+                f"sim {step_s:.3g} s/step")  # fmt: skip
     head = {"forced": "schedule mobius", "memory": "no P x D fits"}[reason]
     return (
         f"mobius: {head} (state {ratio:.1f}x N x memory_gb): "
@@ -188,3 +201,63 @@ def _auto_plan(spec: JobSpec, cal: Calibration, G: int) -> tuple[JobSpec, Plan]:
         except PlanError as err:
             last = err
     raise last
+
+
+#: Auto's cheap Mobius estimate builds the MIP plan only within this share of the
+#: ordinary plan's step: the MIP moves a few blocks between stages of the even split,
+#: a few per cent of the step (benchmarks/mobius_partition.py).
+MARGIN = 0.05
+
+
+def cheap_stages(G: int, L: int) -> list[int]:
+    """The S values the even-split estimate tries: N + 1, 2N and L (within N < S <= L)."""
+    return sorted({S for S in (G + 1, 2 * G, L) if G < S <= L})
+
+
+def even_estimate(spec: JobSpec, cal: Calibration, G: int) -> tuple[float, int]:
+    """The least simulated step of the even split of the blocks over ``cheap_stages``,
+    and its S (inf, 0: the model has at most G blocks)."""
+    m = micro_batch(spec, G)
+    cfg = MobiusSimConfig(
+        devices=G, micro_batches=spec.training.global_batch_size // m,
+        tier_Bps=TIER_BPS[spec.hardware.device], link_Bps=_link_Bps(cal, m),
+    )  # fmt: skip
+    best = (float("inf"), 0)
+    for S in cheap_stages(G, cal.num_blocks):
+        bounds = [round(k * cal.num_blocks / S) for k in range(S + 1)]
+        stages = [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+        best = min(best, (simulate_mobius(swap_stages(cal, stages, m), cfg).step_time, S))
+    return best
+
+
+def _link_Bps(cal: Calibration, m: int) -> float:  # noqa: N802
+    """The activation link between ranks at micro-batch size m (``sim_config``'s)."""
+    probe = max(b.boundary_bytes for b in cal.blocks) * m
+    return probe / max(cal.link(same_node=True).time(probe), 1e-12)
+
+
+def faster_mobius(
+    spec: JobSpec, cal: Calibration, G: int, base: Plan
+) -> tuple[Plan, MobiusSimResult, str] | None:
+    """The Mobius plan of an auto ``spec`` where its simulated step beats ``base``'s
+    (the ordinary plan's), with the line that says why; None otherwise."""
+    par, pred = spec.parallelism, base.prediction
+    if par.schedule != "auto" or par.pipeline_stages != "auto" or pred is None:
+        return None
+    if spec.planner.objective != "throughput" or spec.budget.capped:
+        return None
+    if G < 1 or cal.num_blocks <= G or list(mobius_violations(as_mobius(spec, G + 1))):
+        return None
+    step, S = even_estimate(spec, cal, G)
+    if step > pred.step_time_s * (1 + MARGIN):
+        return None
+    try:  # the MIP at the estimate's S only: one solve
+        spec = as_mobius(spec, S)
+        plan = mobius_plan(spec, cal, G)
+    except PlanError:
+        return None
+    sim = simulate_plan(spec, cal, plan)
+    if sim.step_time >= pred.step_time_s:
+        return None
+    why = why_mobius(spec, cal, plan, sim.step_time, "faster", pred.step_time_s)
+    return plan.model_copy(update={"explanation": [why, *plan.explanation]}), sim, why

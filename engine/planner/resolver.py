@@ -22,7 +22,7 @@ from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
 from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.mobius_plan import mobius_plan
-from jobctl.engine.planner.mobius_step import resolve_mobius
+from jobctl.engine.planner.mobius_step import faster_mobius, resolve_mobius
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -47,7 +47,8 @@ def make_plan(
     home) that matches the spec's model and this machine, else the analytic one.
     A ``parallelism.schedule: mobius`` job is planned by ``mobius_plan``; under
     ``schedule: auto`` a job no P x D layout fits is planned as Mobius where it can be
-    (``mobius_step.resolve_mobius``).
+    (``mobius_step.resolve_mobius``), and so is one whose Mobius plan is simulated
+    faster than the search's (``mobius_step.faster_mobius``).
     """
     if spec.parallelism.schedule == "mobius":
         G = devices if devices is not None else spec.hardware.devices
@@ -59,6 +60,9 @@ def make_plan(
         got = resolve_mobius(spec, calibration, G)
         if got is not None:
             return got[0]
+        plan = plan_and_simulate(spec, devices, calibration, home)[0]
+        got = faster_mobius(spec, calibration, G, plan)  # Mobius where it is faster
+        return plan if got is None else got[0]
     return plan_and_simulate(spec, devices, calibration, home)[0]
 
 

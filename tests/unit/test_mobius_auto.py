@@ -11,13 +11,18 @@ from typer.testing import CliRunner
 
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.cli.app import app
+from jobctl.engine.planner.mobius_plan import mobius_plan
 from jobctl.engine.planner.mobius_step import (
+    MARGIN,
+    as_mobius,
+    even_estimate,
+    faster_mobius,
     nothing_fits,
     resolve_mobius,
     simulate_plan,
     swap_stages,
 )
-from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.resolver import make_plan, plan_and_simulate
 from jobctl.engine.planner.simulator.mobius import MobiusSimConfig, SwapStage, simulate_mobius
 from jobctl.engine.views.mobius_gantt import draw_mobius_gantt, gantt_lines
 
@@ -113,3 +118,53 @@ def test_jobctl_plan_says_why_and_draws_the_swaps(tmp_path):
     lanes = [line for line in lines if line[:1] == "r" and " cmp " in line]
     assert len(lanes) == 2 and all(len(line) == 80 for line in lanes)
     assert "schedule mobius" in r.output and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _one_v100(memory_gb: float, **extra):
+    """6 GPT layers (hidden 256, 128 tokens) on one V100, 8 samples a step, all auto:
+    at 0.1 GB only m = 1 fits resident (launch-bound micro-batches), while Mobius
+    swaps stages over PCIe and runs all 8 samples as one micro-batch."""
+    return _auto(memory_gb, **{
+        "hardware.processes_per_node": 1, "hardware.device": "cuda",
+        "hardware.accelerator": "v100-pcie-16gb", "model.seq_len": 128,
+        "training.global_batch_size": 8, "training.micro_batch_size": "auto", **extra,
+    })  # fmt: skip
+
+
+def test_auto_turns_to_mobius_where_it_is_faster():
+    spec = _one_v100(0.1)
+    cal = calibration_for(spec, None)
+    assert not nothing_fits(spec, cal, 1)  # P = 1 fits: only the faster arm applies
+    base = plan_and_simulate(spec, 1, cal)[0]
+    assert base.schedule != "mobius" and base.micro_batch_size == 1
+    est, S = even_estimate(spec, cal, 1)
+    assert est < base.prediction.step_time_s / 2  # even split: 0.023 s vs 0.063 s
+    plan = make_plan(spec, 1, cal)
+    assert plan.schedule == "mobius" and plan.mobius.N == 1 and plan.mobius.S == S > 1
+    sim = simulate_plan(as_mobius(spec, plan.mobius.S), cal, plan).step_time
+    assert sim < base.prediction.step_time_s
+    why = plan.explanation[0]
+    assert why.startswith(f"mobius: faster than P x D's {base.prediction.step_time_s:.3g} s")
+    assert len(why) <= 80
+
+
+def test_auto_keeps_the_search_plan_where_mobius_loses():
+    far = _one_v100(0.15)  # m = 4 fits resident: 0.020 s, Mobius's even split 0.023 s
+    cal = calibration_for(far, None)
+    base = plan_and_simulate(far, 1, cal)[0]
+    assert even_estimate(far, cal, 1)[0] > base.prediction.step_time_s * (1 + MARGIN)
+    assert faster_mobius(far, cal, 1, base) is None and make_plan(far, 1, cal) == base
+    near = tiny_spec(**{  # test_planner_answers' quickstart-auto-4, on 4 devices
+        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
+        "parallelism.schedule": "auto", "training.micro_batch_size": "auto",
+    })  # fmt: skip
+    cal = calibration_for(near, None)
+    base = plan_and_simulate(near, 4, cal)[0]
+    est, S = even_estimate(near, cal, 4)
+    assert base.prediction.step_time_s < est < base.prediction.step_time_s * (1 + MARGIN)
+    assert mobius_plan(as_mobius(near, S), cal, 4).mobius.S == S  # the MIP it prices
+    assert faster_mobius(near, cal, 4, base) is None  # ... loses to the search's plan
+    assert make_plan(near, 4, cal) == base
+    # not admissible (fixed stages): no estimate at all, however fast Mobius would be
+    fixed = _one_v100(0.1, **{"parallelism.pipeline_stages": 1})
+    assert faster_mobius(fixed, cal, 1, plan_and_simulate(fixed, 1, cal)[0]) is None
