@@ -16,7 +16,7 @@ import pytest
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import events
-from .test_chaos_handover import STEPS, _data, _run, _status
+from .test_chaos_handover import STEPS, _data, _run
 from .test_graph_models import GPT2, hf_spec
 
 
@@ -38,7 +38,6 @@ def test_lost_node_at_T2_morphs_and_rolls_back(tmp_path, monkeypatch):
     trained = max(e["step"] for e in events(run_dir)
                   if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched)  # fmt: skip
     assert trained >= 5 and recovery["steps_lost"] == trained - start
-    assert f"({trained - start} steps lost)" in _status(tmp_path, run_id)
     ref, _ = reference_train(spec)
     steps = [e for e in events(run_dir) if e["kind"] == "step"]
     again = [e["step"] for e in steps if e["ts"] >= relaunched]
