@@ -44,7 +44,7 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
     data = par.data_parallel
     plugins = [
         ("parallelism.data_parallel", data not in (1, "auto"), "data parallelism (D > 1)"),
-        ("parallelism.tensor_parallel", par.tensor_parallel > 1, "tensor parallelism"),
+        ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
         ("parallelism.averaging", par.averaging != "none", "elastic averaging"),
         ("pruning.enabled", spec.pruning.enabled, "pruning"),
         ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),

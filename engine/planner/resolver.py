@@ -88,8 +88,9 @@ def plan_priced(
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     if spec.parallelism.schedule == "mobius":
-        raise PlanError("a mobius job is not simulated yet (no step timeline to show); "
-                        "`jobctl apply` plans and runs it")  # fmt: skip
+        raise PlanError("a mobius job has no pipeline-schedule simulation to show here: "
+                        "`jobctl plan` simulates its swaps (planner.mobius_step) and "
+                        "`jobctl apply` runs it")  # fmt: skip
     cal = calibration or calibration_for(spec, home)
     whole_cal = cal  # before the T search prices one rank of a group
 
@@ -99,7 +100,8 @@ def plan_priced(
     tc = tp_search.best(spec, G, cal, tp_groups, chooser)  # T x P x D (tp_costs)
     spec, G, cal, choice = tc.spec, tc.G, tc.cal, tc.choice
     found, aware = stage_aware.apply(spec, cal, choice.found)
-    found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
+    if tc.T == 1:  # ZB-V hosts two stages per rank; a T group holds one split stage
+        found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
     plan = build_plan(spec, cal, found, G, home, aware)
     plan = with_tensor_parallel(plan, tc.T).model_copy(update={"t_search": tc.lines})
     plan = tp_overlap.resolve(spec, whole_cal, plan)  # Merak 5.3 at the chosen T

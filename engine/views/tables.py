@@ -39,18 +39,7 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
     )
     for line in plan.t_search:  # tensor_parallel auto: why this T
         console.print(line, soft_wrap=False, highlight=False)
-    first = "ranks (replica 0..D-1)" if plan.T == 1 else "first ranks (+0..T-1)"
-    stages = Table("stage", "blocks", first, "recompute")
-    for st in plan.stages:
-        names = [plan.block_names[b] for b in st.blocks]
-        shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
-        stages.add_row(
-            str(st.index),
-            f"{_block_ranges(st.blocks)}: {', '.join(shown)}",
-            " ".join(map(str, st.ranks)),
-            _recompute_cell(st),
-        )
-    console.print(stages)
+    console.print(_stage_table(plan))
     if plan.mobius is None:  # a Mobius rank's order is its swap lanes (views.mobius_gantt)
         _print_actions(console, plan)
     where = "device" if plan.placement else "stage"  # ZB-V: a rank's device hosts two
@@ -67,6 +56,22 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         print_end_to_end(console, plan, steps)
     if plan.alternatives:
         print_alternatives(console, plan)
+
+
+def _stage_table(plan: Plan) -> Table:
+    """A row per stage: its blocks (by index and name), ranks and recomputation."""
+    first = "ranks (replica 0..D-1)" if plan.T == 1 else "first ranks (+0..T-1)"
+    stages = Table("stage", "blocks", first, "recompute")
+    for st in plan.stages:
+        names = [plan.block_names[b] for b in st.blocks]
+        shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
+        stages.add_row(
+            str(st.index),
+            f"{_block_ranges(st.blocks)}: {', '.join(shown)}",
+            " ".join(map(str, st.ranks)),
+            _recompute_cell(st),
+        )
+    return stages
 
 
 def _block_ranges(blocks: list[int]) -> str:

@@ -52,6 +52,7 @@ def test_stages_may_not_be_auto():
     [
         ("  data_parallel: 2\n", "parallelism.data_parallel", 12, "data parallelism"),
         ("  tensor_parallel: 2\n", "parallelism.tensor_parallel", 12, "tensor parallelism"),
+        ("  tensor_parallel: auto\n", "parallelism.tensor_parallel", 12, "tensor parallel"),
         ("  averaging: elastic\n", "parallelism.averaging", 12, "elastic averaging"),
         ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
         ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
@@ -69,3 +70,16 @@ def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
     assert (issue.file, issue.line) == ("jobs/mob.yaml", line)
     assert message in issue.message
     assert "set parallelism.schedule to 1f1b" in issue.fix and path in issue.fix
+
+
+def test_an_all_auto_spec_plans_with_tensor_parallel_auto():
+    """auto considers Mobius on every all-auto spec: T = auto must not break that check."""
+    from jobctl.engine.planner.resolver import make_plan
+
+    from ..jobrun import tiny_spec
+
+    spec = tiny_spec(**{
+        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
+        "parallelism.schedule": "auto", "parallelism.tensor_parallel": "auto",
+    })  # fmt: skip
+    assert make_plan(spec, spec.hardware.devices).T == 1  # the builtin model is hand-cut
