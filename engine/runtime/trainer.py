@@ -70,6 +70,8 @@ def build_state(
         tp = StageShards(mdef.graph, plan.T, topo.tp_group, topo.tp_ranks, device.type,
                          subpipeline=plan.tp_subpipeline, m=plan.micro_batch_size)  # fmt: skip
         tp.apply(stage)
+        if (line := tp.outcome()) is not None:  # a fallback to plain TMP is never silent
+            print(f"rank {rank} stage {me.index}: {line}", flush=True)
     named = dict(stage.named_parameters())
     opt = build_optimizer(list(named.values()), training)
     return StageState(plan, stage, named, opt, topo, me.action_list(), tp=tp)

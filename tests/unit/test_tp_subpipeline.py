@@ -106,6 +106,29 @@ def test_segments_cut_at_f_and_g(mesh):
 def test_odd_micro_batch_falls_back_with_a_reason(mesh):
     shards = tp_stage.StageShards(_graph(3), 1, mesh.get_group(), [0], subpipeline=True, m=3)
     assert shards.half is None and shards.reasons == ["micro-batch 3 does not halve: plain TMP"]
+    assert shards.outcome() == ("sub-pipelined TMP: blocks none; plain TMP: "
+                                "micro-batch 3 does not halve: plain TMP")  # fmt: skip
+
+
+def test_stage_outcome_names_every_block(mesh):
+    """The line build_state prints: the sub-pipelined blocks, each plain one's reason
+    (a recomputed block included); none at all where the plan did not ask."""
+    from jobctl.engine.model.blocks import ModelDef, Stage
+
+    graph = _graph(M)
+    n = len(graph.shards)
+    mdef = ModelDef(n, lambda i: graph.block(i, 0), graph=graph)
+    stage = Stage(mdef, range(n), keep=n - 2)  # the last two recomputed in backward
+    shards = tp_stage.StageShards(graph, 1, mesh.get_group(), [0], subpipeline=True, m=M)
+    shards.apply(stage)
+    assert shards.subpipelined == list(range(1, n - 2))
+    line = shards.outcome()
+    assert line.startswith(f"sub-pipelined TMP: blocks {', '.join(map(str, range(1, n - 2)))};")
+    assert "block 0: no tensor-parallel linear" in line
+    assert f"block {n - 2}: recomputed in backward: plain TMP" in line
+    assert f"block {n - 1}: recomputed in backward: plain TMP" in line
+    off = tp_stage.StageShards(graph, 1, mesh.get_group(), [0], subpipeline=False, m=M)
+    assert off.outcome() is None
 
 
 class _Logged:

@@ -209,6 +209,7 @@ class StageShards:
         self.plan = discover(graph, T)
         self.mesh = DeviceMesh.from_group(group, device, mesh=ranks)
         self.t = self.mesh.get_local_rank()
+        self.requested = subpipeline  # the plan's tp_subpipeline
         self.subpipelined: list[int] = []  # blocks run as two sub-micro-batches
         self.reasons: list[str] = []  # why a block (or the stage) runs plain TMP
         self.half = self._half_trace() if subpipeline else None
@@ -232,6 +233,16 @@ class StageShards:
                 why = self._subpipeline(int(key), block, recomputed)
                 self.reasons += [f"block {key}: {why}"] if why else []
                 self.subpipelined += [] if why else [int(key)]
+
+    def outcome(self) -> str | None:
+        """One line for the rank's log: which blocks run sub-pipelined and why each
+        other one runs plain TMP (None where the plan did not ask for it), so that
+        ``tp_subpipeline: true`` never falls back to plain TMP unseen."""
+        if not self.requested:
+            return None
+        done = ", ".join(str(i) for i in self.subpipelined) or "none"
+        plain = "; ".join(self.reasons) or "none"
+        return f"sub-pipelined TMP: blocks {done}; plain TMP: {plain}"
 
     def _subpipeline(self, i: int, block, recomputed: list[int]) -> str | None:
         if i in recomputed:  # stage-aware recomputation reruns its forward in backward
