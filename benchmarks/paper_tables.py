@@ -67,15 +67,8 @@ import time
 from pathlib import Path
 
 from benchmarks.decision_quality import SUMMARY, read_summary
+from benchmarks.megatron_check import megatron_check
 from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint, derate
-from jobctl.engine.calibration.analytic_device import (
-    GptShape,
-    Roofline,
-    embed_times,
-    head_times,
-    layer_times,
-    optimizer_time,
-)
 from jobctl.engine.calibration.cache import model_hash
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
@@ -85,7 +78,6 @@ from jobctl.engine.planner.simulator.simulation import CostModel, SimResult, sim
 from jobctl.engine.planner.simulator.steady import steady_simulate
 from jobctl.engine.planner.stage_costs import generated
 from jobctl.spec import JobSpec, load_spec
-from jobctl.spec.devices import device_facts
 
 MODELS = {"8.3B": (72, 3072, 32), "2.5B": (54, 1920, 20)}  # layers, hidden, heads
 TABLE7 = [  # model, P, D, Varuna's estimate, measured (s per mini-batch)
@@ -105,12 +97,6 @@ TABLE7 = [  # model, P, D, Varuna's estimate, measured (s per mini-batch)
 PROBE = 0.5  # each row is also planned at this sustained share (``curves``)
 VARUNA_SIM_MS = {18: 391.0, 24: 376.0, 36: 660.0}  # sec. 7.2
 TARGETS = "targets: median |error| <= 5 %, max <= 10 %"
-# Megatron-LM v1.0 (NVIDIA ADLR blog "MegatronLM's Supercharged V1.0", 2020): the 1.2B
-# GPT-2 of the Megatron-LM paper's Table 1 (40 layers of 1536, 16 heads, sequence 1024,
-# vocabulary padded to 51200) at batch 8 on one DGX-2H V100: 1288 ms per iteration,
-# 62.4 TFLOP/s, "48 % of the theoretical peak" (so about 130 TFLOP/s: a 450 W card).
-MEGATRON_V1 = (40, 1536, 16, 51200, 8, 1.288)  # layers, hidden, heads, vocab, batch, s
-
 SPEC = """\
 name: varuna-{name}-{P}x{D}
 model: {{family: gpt, layers: {L}, hidden: {h}, heads: {a}, seq_len: 1024, vocab: 50257,
@@ -289,6 +275,12 @@ def table7(folder: Path) -> dict[str, list[float]]:
               flush=True)  # fmt: skip
     print("busy: the busiest stage's compute; idle: its bubble; tail: allreduce + optimizer")
     by_model(folder, lines, errors["model"])
+    print_errors(errors)
+    return errors
+
+
+def print_errors(errors: dict[str, list[float]]) -> None:
+    """Median and max |error| of each way of predicting Table 7, the target first."""
     for key, label in (
         ("device", "device model alone (share 1)"),
         ("loo", "FITTED share left-one-out, m = 1"),
@@ -299,7 +291,6 @@ def table7(folder: Path) -> dict[str, list[float]]:
         print(f"{label:<34}: median |error| {100 * med:4.1f} %, max {100 * worst:4.1f} %")
     print(f"({TARGETS}, device model alone;")
     print(" Varuna's own simulator: 5.6 % max)")
-    return errors
 
 
 def by_model(folder: Path, lines: list[tuple[float, float]], errors: list[float]) -> None:
@@ -362,27 +353,6 @@ def decisions() -> None:
           f"(target <= 3 %), Kendall tau {found['tau']:.2f} (target >= 0.8), "
           f"absolute |error| median {100 * found['median_error']:.1f} %, max "
           f"{100 * found['max_error']:.1f} %")  # fmt: skip
-
-
-def megatron_check() -> float:
-    """The device model against another public V100 measurement, not Varuna's:
-    ``MEGATRON_V1`` priced on the V100 SXM2 facts (125 TFLOP/s, 300 W). 62.4 TFLOP/s at
-    1288 ms is 8.0e13 FLOPs per iteration, 8 x params x tokens: the count includes
-    activation recompute, so every layer runs a forward without graph, its recompute
-    and its backward; then the embedding, the head and the optimizer. Returns
-    predicted / measured."""
-    L, h, a, v, b, real = MEGATRON_V1
-    r = Roofline.of(device_facts("v100-sxm2-16gb"), "fp16")
-    g = GptShape(1024, h, a, v, True)
-    f, back = layer_times(r, g, b)
-    params = L * (12 * h * h + 13 * h) + (v + 1024) * h + 2 * h
-    step = L * (2 * f + back) + sum(head_times(r, g, b)) + sum(embed_times(r, g, b))
-    step += optimizer_time(r, params, "fp16")
-    print("\nthe same device model vs Megatron-LM v1.0's 1.2B GPT-2, batch 8, on one")
-    print(f"DGX-2H V100 (450 W): measured {1e3 * real:.0f} ms per iteration, predicted")
-    print(f"{1e3 * step:.0f} ms on the 300 W SXM2 facts ({100 * (step / real - 1):+.1f} %; "
-          "Table 7's 250 W cards: every row fast)")  # fmt: skip
-    return step / real
 
 
 def main() -> None:
