@@ -35,9 +35,10 @@ class DeviceFacts(BaseModel):
 # Programmability, Performance & Precision" (IPDPSW 2018, arXiv:1803.04014) measured
 # cuBLAS mixed-precision GEMM at up to 83 TFLOP/s on a V100 whose peak their abstract
 # gives as 125 TFLOP/s, i.e. the SXM2 card (300 W, 1530 MHz boost): 83 / 125 of a card's
-# own peak. The PCIe card is the same chip at 1380 MHz boost under 250 W, so it reaches
-# that share of its 112 (about 74 TFLOP/s, not 83: the share was once taken of 112,
-# pricing every V100 PCIe matrix multiply 12.5 % fast). bandwidth_fraction:
+# own peak. The PCIe card is the same chip at 1380 MHz boost under 250 W; ASSUMED (no
+# public PCIe measurement found) to reach the same share of its 112 (about 74 TFLOP/s,
+# not 83: the share was once taken of 112, pricing every V100 PCIe matrix multiply
+# 12.5 % fast; a 250 W card may sustain a lower clock still). bandwidth_fraction:
 # Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking"
 # (arXiv:1804.06826, sec. 3) measured 750 GB/s of the 900 GB/s. launch_us: the same
 # report's order of magnitude for a kernel launch, ~5 us (host side, PyTorch eager adds
