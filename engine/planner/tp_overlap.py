@@ -89,11 +89,12 @@ def hidden_share(device: str, cores: int, processes: int) -> float:
 
 
 def stage_layers(cal: Calibration, facts, blocks: list[int], T: int, m: int,
-                 last: int) -> LayerTimes | None:  # fmt: skip
+                 last: int, keep: int | None = None) -> LayerTimes | None:  # fmt: skip
     """One stage's ``LayerTimes`` from the whole-model calibration: its split blocks
-    but the model's last (whose mean loss runs as plain TMP)."""
+    but the model's last (whose mean loss runs as plain TMP) and those past ``keep``
+    (stage-aware recomputation reruns them in backward: plain TMP, ``tp_stage``)."""
     compute, reduces, counts, overheads = [], [], [], []
-    for i in blocks:
+    for i in blocks[:keep]:
         f = facts[i]
         if not f.reduce_bytes or i == last:
             continue
@@ -131,7 +132,7 @@ def _decide(spec, cal: Calibration, plan: Plan, want) -> tuple[bool, str]:
     hidden = hidden_share(hw.device, cal.host.cores, plan.processes_per_node)
     saved = 0.0
     for st in plan.stages:
-        layer = stage_layers(cal, facts, st.blocks, plan.T, m, len(facts) - 1)
+        layer = stage_layers(cal, facts, st.blocks, plan.T, m, len(facts) - 1, st.keep_blocks)
         saved += gain(layer, hidden) if layer is not None else 0.0
     return saved > 0, (f"predicted {1e3 * saved:+.2f} ms a micro-batch over the stages "
                        f"(Merak 5.3's T_m/T_a overlap, {hidden:.0%} of T_a hideable)")  # fmt: skip

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.calibration.record import AllreduceCalibration, LinkCalibration, Stat
 from jobctl.engine.cli.app import app
-from jobctl.engine.planner import tp_costs, tp_search
+from jobctl.engine.planner import tp_costs, tp_overlap, tp_search
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.views.tables import print_plan
 from jobctl.spec import load_spec
@@ -200,6 +200,16 @@ def test_subpipelined_saving_by_hand(tmp_path):
     assert saved == pytest.approx(0.3e-3)
     assert split.blocks[-1] == plain.blocks[-1]  # the last block: plain TMP
     assert split.blocks[1].forward[1] == plain.blocks[1].forward[1]  # odd m: whole
+    # a no-grad forward (eval, a recomputed micro-batch's first) runs plain TMP
+    assert split.blocks[1].forward_nograd == plain.blocks[1].forward_nograd
+    assert plain.blocks[1].backward[2].median - split.blocks[1].backward[2].median == (
+        pytest.approx(0.3e-3))  # fmt: skip
+    # the resolver's per-stage figure: the same T_m and T_a, none past keep_blocks
+    # (stage-aware recomputation reruns those in backward: plain TMP)
+    facts = [fact] * cal.num_blocks
+    got = tp_overlap.stage_layers(cal, facts, [1], 2, 2, last=cal.num_blocks - 1)
+    assert got == tp_overlap.LayerTimes(pytest.approx(1e-3), pytest.approx(0.4e-3), 1.0, 0.0)
+    assert tp_overlap.stage_layers(cal, facts, [1], 2, 2, cal.num_blocks - 1, keep=0) is None
 
 
 def test_T_ranks_share_the_nic_not_the_node(tmp_path):
