@@ -28,6 +28,7 @@ the medians is printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -83,8 +84,21 @@ def _apply(home: Path, spec) -> tuple[subprocess.Popen, Path]:
             raise SystemExit(f"jobctl apply exited {proc.returncode} before it made a run")
         return next(runs.glob("*"), None) if runs.exists() else None
 
-    run_dir = wait_for(found, timeout=600, what="the run folder")  # a loaded machine
+    with _reaped(proc):
+        run_dir = wait_for(found, timeout=600, what="the run folder")  # a loaded machine
     return proc, run_dir
+
+
+@contextlib.contextmanager
+def _reaped(proc: subprocess.Popen):
+    """On any way out (a timeout, an early SystemExit, ^C), the ``jobctl apply`` tree is
+    killed before the temporary home it writes under is deleted."""
+    try:
+        yield
+    except BaseException:
+        if proc.poll() is None:
+            kill_tree(proc.pid, signal.SIGKILL)
+        raise
 
 
 def _plan_to_first_step(db: StateDB, run_id: str, first: float) -> float:
@@ -98,14 +112,15 @@ def recovery(home: Path, sig: signal.Signals) -> dict:
     step), steps lost, the path taken, the new layout's step time and the parts."""
     home.mkdir(parents=True)
     proc, run_dir = _apply(home, _spec(40))
-    wait_for(lambda: any(e["kind"] == "checkpoint" for e in events(run_dir)), what="checkpoint")
-    pids = [int(p) for p in StateDB(home).get_run(run_dir.name)["pids"].split(",")]
-    if sig == signal.SIGKILL:
-        kill_tree(pids[1], signal.SIGKILL)
-    else:
-        os.kill(pids[1], signal.SIGTERM)
-    if proc.wait(timeout=600) != 0:
-        raise SystemExit(f"run {run_dir.name} failed (exit {proc.returncode})")
+    with _reaped(proc):
+        wait_for(lambda: any(e["kind"] == "checkpoint" for e in events(run_dir)), what="ckpt")
+        pids = [int(p) for p in StateDB(home).get_run(run_dir.name)["pids"].split(",")]
+        if sig == signal.SIGKILL:
+            kill_tree(pids[1], signal.SIGKILL)
+        else:
+            os.kill(pids[1], signal.SIGTERM)
+        if proc.wait(timeout=600) != 0:
+            raise SystemExit(f"run {run_dir.name} failed (exit {proc.returncode})")
     db = StateDB(home)
     row = db.get_run(run_dir.name)
     if row["phase"] != "completed" or not row["recovery_s"]:
@@ -160,8 +175,9 @@ def fresh_start(home: Path) -> float:
     layout to its first step."""
     home.mkdir(parents=True)
     proc, run_dir = _apply(home, _spec(3, P=1, D=2, nodes=1))
-    if proc.wait(timeout=600) != 0:
-        raise SystemExit("fresh run failed")
+    with _reaped(proc):
+        if proc.wait(timeout=600) != 0:
+            raise SystemExit("fresh run failed")
     db = StateDB(home)
     run_id = db.get_run(run_dir.name)["id"]
     first = min(e["ts"] for e in events(run_dir) if e["kind"] == "step")

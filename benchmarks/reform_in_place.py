@@ -80,7 +80,12 @@ def main() -> None:
         )  # fmt: skip
         for r in range(WORLD)
     ]
-    codes = [p.wait(timeout=300) for p in procs]
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:  # a hung rank is not left behind holding the store's port
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     want = [-signal.SIGKILL if r in KILLED else 0 for r in range(WORLD)]
     if codes != want:
         raise SystemExit(f"exit codes {codes}, expected {want}")
