@@ -59,8 +59,8 @@ from jobctl.engine.supervise.recovery import Loss, record_recovery
 from jobctl.engine.supervise.scaling import next_attempt
 from jobctl.spec import JobSpec
 
-# A dead supervisor's attempt (one asked to stop too: resuming it is asking it to run).
 HANDOVER_POLL_S = 0.05  # the poll while survivors hand a step over (engine/worker/survival.py)
+# A dead supervisor's attempt (one asked to stop too: resuming it is asking it to run).
 ORPHANED = {p.value for p in ACTIVE} | {"launching", "stopping"}
 
 
