@@ -76,7 +76,7 @@ def apply(
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
     spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home)
-    p = plan_or_exit(spec, spec_file, devices)
+    p = plan_or_exit(spec, spec_file, devices, home)
     views.print_plan(console, p, spec.training.steps)
     if dry_run:
         _print_dry_run(spec, p, spec_file, backend)
@@ -168,7 +168,7 @@ def resume(
         return
     spec_file = Path(row["run_dir"]) / "spec.yaml"
     spec = load_or_exit(spec_file)
-    p = plan_or_exit(spec, spec_file, devices)
+    p = plan_or_exit(spec, spec_file, devices, home)
     views.print_plan(console, p, spec.training.steps)
     opts = ApplyOptions(backend=backend, run_id=row["id"])
     _launch_and_report(spec, p, db, row["spec_path"], opts)

@@ -97,12 +97,15 @@ def for_devices(spec: JobSpec, devices: int | None) -> JobSpec:
     return spec.model_copy(update={"parallelism": par})
 
 
-def plan_or_exit(spec: JobSpec, path: Path, devices: int | None) -> Plan:
-    """The plan of ``spec`` for ``devices`` (see ``for_devices``); exit 2 when none fits."""
+def plan_or_exit(
+    spec: JobSpec, path: Path, devices: int | None, home: Path | None = None
+) -> Plan:
+    """The plan of ``spec`` for ``devices`` (see ``for_devices``), priced by the measured
+    calibration under ``home`` where one matches; exit 2 when none fits."""
     from jobctl.engine.planner.resolver import PlanError, make_plan
 
     try:
-        return make_plan(for_devices(spec, devices), devices)
+        return make_plan(for_devices(spec, devices), devices, home=home)
     except (PlanError, ValueError) as e:
         err.print(f"[red]error:[/red] {escape(f'{path}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
