@@ -15,7 +15,9 @@ nothing. This is a library: the planner's search and the runtime do not use it y
 ``Calibration``), ``MobiusConfig`` the constants of the paper's Table 2 (N, M, G, B),
 ``merge_identical`` the paper's merging of identical layers, and ``step_time`` prices
 one partition with the paper's constraints 4-11 taken as earliest start times (with
-the most prefetch each stage allows). The MIP (``mobius_partition``) minimises the
+the most prefetch each stage allows), on the costs the runtime pays (``as_run``:
+the update on upload, the store back, the input reloads, the gradients down and the
+recompute, which the paper's model leaves out). The MIP (``mobius_partition``) minimises the
 same quantity, so its optimum equals the best ``step_time`` over all partitions.
 """
 
@@ -66,26 +68,43 @@ class LayerCost:
     memory_f: float  # device bytes while its stage runs forward
     memory_b: float  # device bytes while its stage runs backward
     boundary: float  # bytes sent to the next layer per micro-batch
+    # What the runtime (engine.mobius) adds, as simulator.mobius plays it; 0 for
+    # the paper's model alone:
+    update_s: float = 0.0  # the update on upload, on the link before the forward
+    recompute_s: float = 0.0  # the forward re-run in backward (not in the last stage)
+    reload: float = 0.0  # bytes of this layer's M inputs, reloaded if it starts a stage
+    grad_down: float = 0.0  # bytes of gradients stored down after the backward
 
 
 def layer_costs(cal: Calibration, m: int, micro_batches: int) -> list[LayerCost]:
-    """Each calibrated block at micro-batch size m with M = ``micro_batches``: weights
-    in training precision, activations of all M micro-batches stashed until offloaded,
-    weights and gradients on the device during the backward."""
+    """Each calibrated block at micro-batch size m with M = ``micro_batches``, priced
+    the way ``engine.mobius.runtime`` runs it (``mobius_step.swap_stages``): before a
+    forward the record's weights, gradients and optimizer slots come up, the update
+    runs and weights and slots go back down; a stage but the last recomputes its
+    forward in backward, so its backward upload is the weights and its stage's input
+    (each micro-batch's, offloaded after the forward), and its gradients go down after
+    it. Memory (constraint 4): activations of all M micro-batches stashed, weights and
+    gradients on the device during the backward."""
     out = []
     last = cal.num_blocks - 1
     for i, b in enumerate(cal.blocks):
         acts = b.act_bytes * m * micro_batches
         send = 0.0 if i == last else b.boundary_bytes * m
+        optim = max(0.0, b.state_bytes - 2 * b.param_bytes)
+        before = cal.blocks[i - 1].boundary_bytes * m * micro_batches if i else 0.0
         out.append(
             LayerCost(
                 forward_s=cal.forward(i, m),
                 backward_s=cal.backward(i, m),
-                upload_f=b.param_bytes,
-                upload_b=b.param_bytes + acts,
+                upload_f=2 * b.param_bytes + optim + (b.param_bytes + optim),
+                upload_b=b.param_bytes,
                 memory_f=b.param_bytes + acts + 2 * b.boundary_bytes * m,
                 memory_b=2 * b.param_bytes + acts + 2 * b.boundary_bytes * m,
                 boundary=send,
+                update_s=b.optimizer.median,
+                recompute_s=cal.forward(i, m),
+                reload=before,
+                grad_down=b.param_bytes,
             )
         )
     return out
@@ -134,12 +153,34 @@ def _same(a: LayerCost, b: LayerCost) -> bool:
 
 
 def _fields(c: LayerCost) -> tuple[float, ...]:
-    return (c.forward_s, c.backward_s, c.upload_f, c.upload_b, c.memory_f, c.memory_b, c.boundary)
+    return (c.forward_s, c.backward_s, c.upload_f, c.upload_b, c.memory_f, c.memory_b,
+            c.update_s, c.recompute_s, c.grad_down, c.boundary, c.reload)  # fmt: skip
 
 
 def _sum(group: list[LayerCost]) -> LayerCost:
+    """The layers as one: sums, the last one's output and the first one's input."""
     sums = [sum(x) for x in zip(*(_fields(c) for c in group), strict=True)]
-    return LayerCost(*sums[:-1], boundary=group[-1].boundary)
+    return LayerCost(*sums[:6], update_s=sums[6], recompute_s=sums[7], grad_down=sums[8],
+                     boundary=group[-1].boundary, reload=group[0].reload)  # fmt: skip
+
+
+def as_run(stages: list[LayerCost], tier_Bps: float) -> list[LayerCost]:  # noqa: N803
+    """The stages as the paper's model prices them, with what the runtime adds folded
+    in: the update on upload as link seconds of the forward upload; the stage's input
+    reload and its gradients' store down on its backward upload (the link carries the
+    store while the next backward uploads); the recompute in every backward but the
+    last stage's."""
+    last = len(stages) - 1
+    return [
+        LayerCost(
+            forward_s=s.forward_s,
+            backward_s=s.backward_s + (s.recompute_s if j < last else 0.0),
+            upload_f=s.upload_f + s.update_s * tier_Bps,
+            upload_b=s.upload_b + s.reload + s.grad_down,
+            memory_f=s.memory_f, memory_b=s.memory_b, boundary=s.boundary,
+        )  # fmt: skip
+        for j, s in enumerate(stages)
+    ]
 
 
 def stage_sums(layers: list[LayerCost], sizes: list[int]) -> list[LayerCost]:
@@ -162,6 +203,7 @@ def step_time(layers: list[LayerCost], sizes: list[int], cfg: MobiusConfig) -> f
     stages = stage_sums(layers, sizes)
     if not fits(stages, cfg):
         return math.inf
+    stages = as_run(stages, cfg.tier_Bps)
     tf = _forward(stages, cfg)
     tb = _backward(stages, cfg, tf)
     return tb[0][-1] + stages[0].backward_s

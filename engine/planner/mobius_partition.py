@@ -162,6 +162,24 @@ class _Partition:
         """Seconds to send stage j's output: its last unit's boundary."""
         return {v: self.u[b].boundary / self.cfg.link for (_, b), v in self.runs[j].items()}
 
+    def time(self, j: int, dur: str) -> dict[int, float]:
+        """Stage j's seconds per micro-batch of ``dur``: a backward recomputes the
+        forward in every stage but the last (``mobius_costs.as_run``)."""
+        T = self.stage(j, self.col(dur))
+        if dur == "backward_s" and j < self.K - 1:
+            T = _add(T, self.stage(j, self.col("recompute_s")))
+        return T
+
+    def data(self, j: int, e: str) -> dict[int, float]:
+        """Seconds of link before stage j's forward (e "f": the record up, the update,
+        the store back) or backward ("b": weights, gradients down, the input reload of
+        its first unit), as ``mobius_costs.as_run`` prices them."""
+        if e == "f":
+            return _add(self.stage(j, self.col("upload_f")), self.stage(j, self.col("update_s")))
+        reload = {v: self.u[a].reload / self.cfg.tier_Bps for (a, _), v in self.runs[j].items()}
+        down = self.stage(j, self.col("grad_down"))
+        return _add(self.stage(j, self.col("upload_b")), down, reload)
+
     def col(self, name: str) -> list[float]:
         """A LayerCost field per unit; bytes in seconds at B, memory over B too."""
         vals = [getattr(x, name) for x in self.u]
@@ -184,8 +202,8 @@ class _Partition:
     def chain(self, t: list[list[int]], dur: str, j: int, frm: int, wire: int) -> None:
         """Constraints 8 and 10: t[j][m] after the previous micro-batch on stage j and
         after micro-batch m on stage ``frm`` plus its send (stage ``wire``'s output)."""
-        T = self.stage(j, self.col(dur))
-        Tf = self.stage(frm, self.col(dur))
+        T = self.time(j, dur)
+        Tf = self.time(frm, dur)
         for m in range(self.cfg.micro_batches):
             if m:
                 self.p.geq(_add({t[j][m]: 1, t[j][m - 1]: -1}, T, scale=(1, -1)))
@@ -193,7 +211,7 @@ class _Partition:
 
     def sequence(self, t: list[list[int]], dur: str, j: int) -> None:
         """Constraint 10 alone (the stage that waits for no other stage's output)."""
-        T = self.stage(j, self.col(dur))
+        T = self.time(j, dur)
         for m in range(1, self.cfg.micro_batches):
             self.p.geq(_add({t[j][m]: 1, t[j][m - 1]: -1}, T, scale=(1, -1)))
 
@@ -201,16 +219,16 @@ class _Partition:
         """Constraints 5, 6 and 9: stage j starts after stage ``prev`` on its device ends
         plus the part of its upload not prefetched (seconds ``pre`` while ``prev`` runs,
         into the memory it leaves free, at most the stage's data)."""
-        up, mem, dur = (f"upload_{e}", f"memory_{e}", "forward_s" if e == "f" else "backward_s")
+        mem, dur = f"memory_{e}", "forward_s" if e == "f" else "backward_s"
         pre, left = self.p.var(), self.p.var()
         g = self.cfg.memory_bytes / self.cfg.tier_Bps
         self.p.leq(_add({pre: 1}, self.stage(prev, self.col(mem))), g)
-        span = _add(self.stage(prev, self.col(dur)), {t[prev][-1]: 1}, {t[prev][0]: -1})
+        span = _add(self.time(prev, dur), {t[prev][-1]: 1}, {t[prev][0]: -1})
         self.p.leq(_add({pre: 1}, span, scale=(1, -1)))
-        data = self.stage(j, self.col(up))
+        data = self.data(j, e)
         self.p.leq(_add({pre: 1}, data, scale=(1, -1)))
         self.p.geq(_add({left: 1, pre: 1}, data, scale=(1, -1)))
-        end = _add({t[prev][-1]: 1}, self.stage(prev, self.col(dur)), {left: 1})
+        end = _add({t[prev][-1]: 1}, self.time(prev, dur), {left: 1})
         self.p.geq(_add({t[j][0]: 1}, end, scale=(1, -1)))
         self.link[j % self.cfg.devices].append({pre: 1, left: 1})
         self.idle[j % self.cfg.devices].append({left: 1})
@@ -219,7 +237,7 @@ class _Partition:
         N, tf = self.cfg.devices, self.tf
         for j in range(self.K):
             if j < N:  # the first stage on each device: uploaded at the step's start
-                first = self.stage(j, self.col("upload_f"))
+                first = self.data(j, "f")
                 self.p.geq(_add({tf[j][0]: 1}, first, scale=(1, -1)))
                 self.link[j].append(first)
                 self.idle[j].append({tf[j][0]: 1})  # idle until its first forward
@@ -266,7 +284,7 @@ class _Partition:
         self.structure()
         self.forward()
         self.backward()
-        objective = _add({self.tb[0][-1]: 1}, self.stage(0, self.col("backward_s")))
+        objective = _add({self.tb[0][-1]: 1}, self.time(0, "backward_s"))
         if self.relaxed:  # they tighten the LP bound but slow HiGHS's search down
             self.bounds(objective)
         if math.isfinite(cutoff):

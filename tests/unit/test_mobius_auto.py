@@ -168,3 +168,15 @@ def test_auto_keeps_the_search_plan_where_mobius_loses():
     # not admissible (fixed stages): no estimate at all, however fast Mobius would be
     fixed = _one_v100(0.1, **{"parallelism.pipeline_stages": 1})
     assert faster_mobius(fixed, cal, 1, plan_and_simulate(fixed, 1, cal)[0]) is None
+
+
+@pytest.mark.parametrize("S", [2, 3, 4, 8])
+def test_the_mip_prices_what_the_simulator_plays(S):
+    """The MIP's step (mobius_costs with the runtime's update on upload, store back,
+    input reloads, gradients down and recompute) is within 10 % of the simulated step
+    of its own plan (the paper's terms alone: 0.63-0.82 of it here)."""
+    spec = as_mobius(_one_v100(0.1), S)
+    cal = calibration_for(spec, None)
+    plan = make_plan(spec, 1, cal)
+    ratio = plan.mobius.step_time_s / simulate_plan(spec, cal, plan).step_time
+    assert 0.97 < ratio < 1.1

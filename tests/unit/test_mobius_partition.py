@@ -39,22 +39,26 @@ def brute_force(layers: list[LayerCost], cfg: MobiusConfig) -> tuple[float, list
     return min((step_time(layers, s, cfg), s) for s in compositions(len(layers)))
 
 
-def instance(rng: random.Random) -> tuple[list[LayerCost], MobiusConfig]:
+def instance(rng: random.Random, runtime: bool = False) -> tuple[list[LayerCost], MobiusConfig]:
     """Random layers; the memory between the largest layer and a third of the model,
-    so that stages are swapped (S > N) and the prefetch is limited by memory."""
+    so that stages are swapped (S > N) and the prefetch is limited by memory.
+    ``runtime``: with the runtime's terms too (update, recompute, reloads, stores)."""
     n = rng.randint(3, 8)
     layers = []
     for i in range(n):
-        w, a = rng.uniform(1, 4), rng.uniform(0.2, 2)
+        w, a, f = rng.uniform(1, 4), rng.uniform(0.2, 2), rng.uniform(0.5, 3)
+        extra = {"update_s": rng.uniform(0, 1), "recompute_s": f, "grad_down": w,
+                 "reload": rng.uniform(0, 2) if i else 0.0} if runtime else {}  # fmt: skip
         layers.append(
             LayerCost(
-                forward_s=rng.uniform(0.5, 3),
+                forward_s=f,
                 backward_s=rng.uniform(1, 6),
                 upload_f=w,
                 upload_b=w + a,
                 memory_f=w + a + 0.5,
                 memory_b=2 * w + a + 0.5,
                 boundary=0.0 if i == n - 1 else rng.uniform(0.1, 3),
+                **extra,
             )
         )
     big = max(max(x.memory_f, x.memory_b) for x in layers)
@@ -70,11 +74,12 @@ def instance(rng: random.Random) -> tuple[list[LayerCost], MobiusConfig]:
     return layers, cfg
 
 
-def test_mip_equals_brute_force_on_random_instances() -> None:
+@pytest.mark.parametrize("runtime", [False, True])
+def test_mip_equals_brute_force_on_random_instances(runtime: bool) -> None:
     rng = random.Random(27)
     swapped = multi = 0
     for _ in range(16):
-        layers, cfg = instance(rng)
+        layers, cfg = instance(rng, runtime)
         best, sizes = brute_force(layers, cfg)
         part = mobius_partition(layers, cfg)
         assert part.optimal
@@ -151,8 +156,30 @@ def test_layer_costs_from_a_calibration() -> None:
     costs = layer_costs(cal, 2, 4)
     assert len(costs) == cal.num_blocks
     b = cal.blocks[1]
-    assert costs[1].upload_f == b.param_bytes
-    assert costs[1].upload_b == pytest.approx(b.param_bytes + b.act_bytes * 2 * 4)
+    optim = b.state_bytes - 2 * b.param_bytes  # AdamW's two slots
+    assert costs[1].upload_f == pytest.approx(3 * b.param_bytes + 2 * optim)  # up + back
+    assert costs[1].upload_b == b.param_bytes and costs[1].grad_down == b.param_bytes
+    assert costs[1].reload == pytest.approx(cal.blocks[0].boundary_bytes * 2 * 4)
+    assert costs[0].reload == 0.0  # the tokens stay
+    assert costs[1].update_s == b.optimizer.median
+    assert costs[1].recompute_s == costs[1].forward_s
     assert costs[1].forward_s == pytest.approx(cal.forward(1, 2))
     assert costs[1].boundary == pytest.approx(b.boundary_bytes * 2)
     assert costs[-1].boundary == 0.0  # nothing follows the last block
+
+
+def test_runtime_terms_by_hand() -> None:
+    """The by-hand instance below plus what the runtime adds: two one-layer stages on
+    one device, M = 1, B = 1 B/s, G = 10 B. Stage 0's forward upload is 2 B and 1 s
+    of update (0-3), it runs 3-4; stage 1 (2 B, no update) prefetches 1 B during that
+    1 s, the rest 4-5 while stage 0's output is sent (4-5), it runs 5-6 and is
+    resident for its backward, 6-8 (the last stage recomputes nothing). Stage 0's
+    backward upload is 2 B of weights, 1 B of gradients down and its input reload
+    (the tokens: 0 B): 2 B prefetched during stage 1's 2 s, 1 s left (8-9) while the
+    gradient comes back (8-9); it runs 1 + 2 s of recompute and backward, 9-12."""
+    s0 = LayerCost(1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 1.0, update_s=1.0, recompute_s=1.0,
+                   grad_down=1.0)  # fmt: skip
+    s1 = LayerCost(1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 0.0, recompute_s=1.0, reload=5.0)
+    cfg = MobiusConfig(devices=1, memory_bytes=10.0, tier_Bps=1.0, micro_batches=1)
+    assert step_time([s0, s1], [1, 1], cfg) == pytest.approx(12.0)
+    assert mobius_partition([s0, s1], cfg, 2).step_time_s == pytest.approx(12.0)
