@@ -88,6 +88,15 @@ def hidden_share(device: str, cores: int, processes: int) -> float:
     return min(1.0, max(0.0, (cores - processes) / max(processes, 1)))
 
 
+def machine_ranks(hardware, ranks: int | None = None) -> int:
+    """The ranks that share one machine's cores: a node's processes, or where every
+    "node" runs on this machine (the local backend) all of them: ``ranks`` (a plan's)
+    or the whole pool."""
+    if hardware.one_machine:
+        return ranks if ranks is not None else hardware.devices
+    return hardware.processes_per_node
+
+
 def stage_layers(cal: Calibration, facts, blocks: list[int], T: int, m: int,
                  last: int, keep: int | None = None) -> LayerTimes | None:  # fmt: skip
     """One stage's ``LayerTimes`` from the whole-model calibration: its split blocks
@@ -110,7 +119,11 @@ def resolve(spec, cal: Calibration, plan: Plan) -> Plan:
     """``plan`` with ``tp_subpipeline`` set from ``spec`` (auto: the predicted gain)."""
     want = spec.parallelism.tp_subpipeline
     if plan.T == 1:
-        return plan
+        if want is not True:
+            return plan
+        lines = [*plan.explanation, "sub-pipelined TMP off: parallelism.tp_subpipeline is "
+                 "true but the plan's T is 1: no split layer to overlap"]  # fmt: skip
+        return plan.model_copy(update={"explanation": lines})
     on, why = _decide(spec, cal, plan, want)
     lines = [*plan.explanation, f"sub-pipelined TMP {'on' if on else 'off'}: {why}"]
     return plan.model_copy(update={"tp_subpipeline": on, "explanation": lines})
@@ -129,7 +142,7 @@ def _decide(spec, cal: Calibration, plan: Plan, want) -> tuple[bool, str]:
     graph = model_def(spec.model, spec.training.seed).graph
     facts = tp_costs.facts(graph, discover(graph, plan.T))
     hw = spec.hardware
-    hidden = hidden_share(hw.device, cal.host.cores, plan.processes_per_node)
+    hidden = hidden_share(hw.device, cal.host.cores, machine_ranks(hw, len(plan.ranks)))
     saved = 0.0
     for st in plan.stages:
         layer = stage_layers(cal, facts, st.blocks, plan.T, m, len(facts) - 1, st.keep_blocks)

@@ -101,8 +101,8 @@ def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Ca
     want = spec.parallelism.tp_subpipeline
     if want is False or (want == "auto" and spec.parallelism.schedule == "zb_h1"):
         return ranked
-    hidden = tp_overlap.hidden_share(spec.hardware.device, cal.host.cores,
-                                     spec.hardware.processes_per_node)  # fmt: skip
+    hw = spec.hardware
+    hidden = tp_overlap.hidden_share(hw.device, cal.host.cores, tp_overlap.machine_ranks(hw))
     blocks = list(ranked.blocks)
     for i, fact in enumerate(tp.blocks[:-1]):
         saved = {m: _saving(cal, i, fact, tp.T, m, hidden) for m in cal.micro_batch_sizes

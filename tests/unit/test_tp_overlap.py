@@ -47,13 +47,24 @@ def test_overhead_and_hidden_share_cost_the_split():
     assert ov.hidden_share("cpu", 16, 4) == 1.0
 
 
+def test_machine_ranks_count_every_local_node():
+    from jobctl.spec.sections import HardwareSpec
+
+    local = HardwareSpec(backend="local", nodes=2, processes_per_node=2)
+    assert ov.machine_ranks(local) == 4 and ov.machine_ranks(local, 3) == 3
+    # two local "nodes" of 2 ranks on 6 cores: (6 - 4) / 4 of T_a hides, not (6 - 2) / 2
+    assert ov.hidden_share("cpu", 6, ov.machine_ranks(local)) == 0.5
+    remote = local.model_copy(update={"backend": "ssh"})
+    assert not remote.one_machine and ov.machine_ranks(remote, 4) == 2
+
+
 def test_layers_from_blocks():
     got = ov.layers([2.0, 2.0], [0.5, 0.5], [2, 2], [0.1, 0.1])
     assert got == LayerTimes(T_m=2.0, T_a=0.5, K=2.0, T_o=0.1)
     assert ov.layers([1.0], [0.0], [0]) is None
 
 
-def _spec(tmp_path, flag: str, T: int = 2, edit: tuple[str, str] | None = None):
+def _spec(tmp_path, flag: str, T: int | str = 2, edit: tuple[str, str] | None = None):
     layout = f"  pipeline_stages: 1\n  data_parallel: 2\n  tensor_parallel: {T}"
     path = quickstart_with(tmp_path / "job.yaml", (LAYOUT, f"{layout}\n  tp_subpipeline: "
                            f"{flag}"), ("  family: gpt", GPT2))  # fmt: skip
@@ -94,3 +105,17 @@ def test_plan_carries_the_resolved_flag(tmp_path, flag):
     if flag == "auto":  # on exactly where the predicted gain is positive
         saved = float(line.split("predicted ")[1].split(" ms")[0])
         assert plan.tp_subpipeline == (saved > 0), line
+
+
+def test_true_at_an_auto_T_of_1_says_so(tmp_path):
+    from jobctl.engine.planner.resolver import make_plan
+    from jobctl.spec import load_spec
+
+    path = _spec(tmp_path, "true", T="auto",  # one process a node: no T > 1 fits
+                 edit=("processes_per_node: 2", "processes_per_node: 1"))  # fmt: skip
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+    plan = make_plan(load_spec(path))
+    assert plan.T == 1 and not plan.tp_subpipeline
+    line = next(x for x in plan.explanation if x.startswith("sub-pipelined TMP"))
+    assert "true but the plan's T is 1" in line, line
+    assert any(x.startswith("T = 1 only: no T > 1 divides") for x in plan.t_search)
