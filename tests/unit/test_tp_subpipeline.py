@@ -103,6 +103,32 @@ def test_segments_cut_at_f_and_g(mesh):
         assert all(p[0].before.target == COPY for p in bwd[1:])
 
 
+def test_batch_split_only_where_dim_0_halves():
+    halved = tp_stage.halved
+    assert halved((4, 8, 32), (2, 8, 32)) is True
+    assert halved((32, 32), (16, 32)) is True  # m x seq flattened: 4 x 8 -> 2 x 8
+    assert halved((1, 1, 8, 8), (1, 1, 8, 8)) is False  # a causal mask: shared
+    assert halved((8, 4, 32), (8, 2, 32)) is None  # sequence-first: batch in dim 1
+    assert halved((4, 8), (3, 8)) is None and halved((4, 8), (2, 4)) is None
+    assert halved((4, 8), (2, 8, 1)) is None and halved(None, (2, 8)) is None
+
+
+def test_sequence_first_value_runs_plain_with_its_reason(mesh):
+    graph, half = _graph(M), _graph(M // 2)
+    half_plan = discover(half, 1)  # before the edit below: its plan reads the shapes
+    hs = half.shards[1]
+    node = next(n for n in half.gm.graph.nodes if n.name == hs.carry_in[0])
+    whole = next(n for n in graph.gm.graph.nodes if n.name == graph.shards[1].carry_in[0])
+    s = tuple(whole.meta["val"].shape)  # (m, seq, d): seen sequence-first at m/2
+    node.meta["val"] = torch.empty((s[0], s[1] // 2, *s[2:]), device="meta")
+    b = graph.block(1, seed=0)
+    plan = discover(graph, 1)
+    tp_stage.parallelize(b, plan, mesh)
+    why = tp_stage.subpipeline(b, 1, graph, (half, half_plan), plan, mesh)
+    assert why is not None and "not its first dimension halved" in why
+    assert not hasattr(b, "subpipeline") or b.subpipeline is None
+
+
 def test_odd_micro_batch_falls_back_with_a_reason(mesh):
     shards = tp_stage.StageShards(_graph(3), 1, mesh.get_group(), [0], subpipeline=True, m=3)
     assert shards.half is None and shards.reasons == ["micro-batch 3 does not halve: plain TMP"]

@@ -284,7 +284,8 @@ def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh) -> s
     split = _batch_dims(graph, half, mine.carry_in + mine.batch_in, hs.carry_in + hs.batch_in)
     split_out = _batch_dims(graph, half, mine.carry_out, hs.carry_out)
     if None in split + split_out or not any(split):
-        return "a value's batch dimension is unknown: plain TMP"
+        return ("a value's m/2 trace is not its first dimension halved (nor the same "
+                "shape): plain TMP")  # fmt: skip
     tensors = {t: _attr(block, half.original(t)) for t in hs.params}
     twin = Subgraph(half.gm, hs, tensors, half.original)
     group, t = mesh.get_group(), mesh.get_local_rank()
@@ -301,15 +302,29 @@ def _shape_free(shard) -> tuple:
 
 def _batch_dims(full, half, names: list[str], half_names: list[str]) -> list[bool | None]:
     """Is each value (named in ``full``, and in ``half`` at the same place) cut along
-    its first dimension in the m/2 trace (None: its shape is not known)?"""
+    its first dimension in the m/2 trace (``halved``)?"""
     whole = {n.name: n for n in full.gm.graph.nodes}
-    halved = {n.name: n for n in half.gm.graph.nodes}
-    out = []
-    for name, half_name in zip(names, half_names, strict=True):
-        a = getattr(whole[name].meta.get("val"), "shape", None)
-        b = getattr(halved[half_name].meta.get("val"), "shape", None)
-        out.append(None if a is None or b is None or len(a) == 0 else a[0] != b[0])
-    return out
+    halves = {n.name: n for n in half.gm.graph.nodes}
+    return [halved(_shape(whole[a]), _shape(halves[b]))
+            for a, b in zip(names, half_names, strict=True)]  # fmt: skip
+
+
+def _shape(node: fx.Node):
+    return getattr(node.meta.get("val"), "shape", None)
+
+
+def halved(whole, half) -> bool | None:
+    """A value's shape at m and at m/2: True where only its first dimension differs,
+    by exactly 2x (the halves are ``chunk(2)`` of it); False where they are equal (no
+    batch dimension: shared by the halves); None otherwise (a sequence-first value,
+    an unknown shape): the block then runs plain TMP rather than split it wrongly."""
+    if whole is None or half is None or len(whole) != len(half):
+        return None
+    if tuple(whole) == tuple(half):
+        return False
+    if len(whole) and tuple(whole[1:]) == tuple(half[1:]) and whole[0] == 2 * half[0]:
+        return True
+    return None
 
 
 def _lead(full, names: list[str], split: list[bool]) -> int:
