@@ -26,7 +26,8 @@ ways, printed separately.
 (``planner.mobius_partition``, priced by the analytic calibration of this CPU with
 the device memory ``--memory-mb`` and the tier at ``--tier-gbps``) against the even
 split into the same number of stages, both trained with prefetch in interleaved
-rounds; printed: each one's stages, modelled and measured median step, and the ratio.
+rounds; printed: each one's stages, modelled and measured median step with its
+quartiles, and the ratio (of the medians, and each round's with its range).
 
 Beside each measured median, the simulator's prediction (``planner.simulator.mobius``)
 for the same stages: per-stage forward, recompute + backward and AdamW update timed
@@ -255,12 +256,16 @@ def _partition_quality(args, tmp: Path) -> None:
         runner.step(0)
         runner.step(1)
     a, b = _times(args, *runners)
-    print(f"{'partition':<10}{'stage sizes':<36}{'model s':>10}{'median s':>10}")
+    print(f"{'partition':<10}{'stage sizes':<30}{'model s':>9}{'median s':>10}{'q1-q3 s':>14}")
     for name, sizes, got in (("MIP", mip, a), ("even", even, b)):
         shown = ",".join(map(str, sizes))
-        print(f"{name:<10}{shown:<36}{step_time(layers, sizes, cfg):>10.3f}"
-              f"{statistics.median(got):>10.3f}")  # fmt: skip
-    print(f"even / MIP (measured median): {statistics.median(b) / statistics.median(a):.3f}")
+        q = statistics.quantiles(got, n=4)
+        print(f"{name:<10}{shown:<30}{step_time(layers, sizes, cfg):>9.3f}"
+              f"{statistics.median(got):>10.3f}{f'{q[0]:.3f}-{q[2]:.3f}':>14}")  # fmt: skip
+    pairs = sorted(y / x for x, y in zip(a, b, strict=True))  # each round's even / MIP
+    print(f"even / MIP (measured median): {statistics.median(b) / statistics.median(a):.3f}; "
+          f"per round: median {statistics.median(pairs):.3f}, "
+          f"range {pairs[0]:.3f}-{pairs[-1]:.3f} over {len(pairs)} rounds")
     for runner in runners:
         runner.close()
 

@@ -19,7 +19,8 @@ yet: ``mobius_costs`` (per-layer costs, a partition's step time),
 ``mobius_partition`` (the MIP, HiGHS), ``cross_mapping`` (stages to devices by root
 complex), ``mobius_plan`` (a ``schedule: mobius`` job as a Plan, from the two) and
 ``mobius_step`` (a Mobius plan's step simulated by ``simulator.mobius``; ``auto``
-turning to Mobius when no P x D layout fits memory).
+turning to Mobius when no P x D layout fits memory, or when its simulated step beats
+the search's plan).
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """

@@ -9,7 +9,7 @@ forward, in order, then (after the forward of the last stage) the stages run bac
 in reverse; activations go down after a stage's forward and come back before its
 backward, so a backward upload is weights plus the stage's stashed activations. The
 last stage on each device is still resident when the backward starts: it uploads
-nothing. This is a library: the planner's search and the runtime do not use it yet.
+nothing. ``mobius_plan`` and ``mobius_step`` price partitions with it.
 
 ``LayerCost`` is one layer's profile (``layer_costs`` builds them from a
 ``Calibration``), ``MobiusConfig`` the constants of the paper's Table 2 (N, M, G, B),

@@ -17,8 +17,7 @@ themselves they slowed HiGHS down: 5.1 s against 3.0 s of CPU for S = 11-13 of t
 
 ``mobius_partition`` returns the stages, their layers, their devices and the
 predicted step time; ``mobius_costs.step_time`` prices any partition by the same
-rules, and the unit tests check the MIP against enumerating every partition. A
-library, not part of the planner's search yet.
+rules, and the unit tests check the MIP against enumerating every partition.
 """
 
 from __future__ import annotations
