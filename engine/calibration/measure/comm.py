@@ -141,7 +141,16 @@ def _fit_ring(rows: list[tuple[int, int, float]]) -> tuple[float, float]:
         return fit_line(c, t)
     lat = (sat * scc - sct * sac) / det
     per_byte = (saa * sct - sac * sat) / det
-    return max(lat, 1e-7), max(per_byte, 1e-15)
+    if per_byte <= 0:
+        # Noise left no positive slope (sizes too small to resolve the bandwidth):
+        # clamping it to ~0 priced allreduces as free (a "1e6 GB/s" link), a silently
+        # wrong plan. Take the largest message's time as if it were all bytes instead:
+        # a bandwidth the data shows at least, never more.
+        big = max(range(len(c)), key=c.__getitem__)
+        return 1e-7, t[big] / c[big]
+    if lat <= 0:  # the zero-latency fit of the same points
+        return 1e-7, sct / scc
+    return lat, per_byte
 
 
 def _host(slowdown: dict[str, float] | None) -> HostCalibration | None:
