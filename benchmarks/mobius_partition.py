@@ -90,7 +90,7 @@ def main() -> None:
         micro_batches=N,
         max_units=args.max_units,
     )
-    weights = sum(x.upload_f for x in layers) / GB
+    weights = sum(x.upload_b for x in layers) / GB  # a backward upload: the weights alone
     print(f"{len(layers)} blocks, fp16 weights {weights:.1f} GiB, N={N} x {args.memory_gb} GiB")
     part = _solve("merged", layers, cfg)
     print(f"  stage sizes {part.sizes}; re-priced {step_time(layers, part.sizes, cfg):.3f} s")
