@@ -180,3 +180,27 @@ def test_the_mip_prices_what_the_simulator_plays(S):
     plan = make_plan(spec, 1, cal)
     ratio = plan.mobius.step_time_s / simulate_plan(spec, cal, plan).step_time
     assert 0.97 < ratio < 1.1
+
+
+def test_jobctl_plan_says_mobius_is_faster(tmp_path):
+    """``_one_v100(0.1)`` as a file: the search's plan priced, then Mobius's, and why."""
+    text = QUICKSTART.read_text()
+    edits = [
+        ("layers: 4 ", "layers: 6 "), ("hidden: 64 ", "hidden: 256 "),
+        ("seq_len: 32", "seq_len: 128"), ("global_batch_size: 16", "global_batch_size: 8"),
+        ("micro_batch_size: 2 ", "micro_batch_size: auto "), ("nodes: 2", "nodes: 1"),
+        ("processes_per_node: 2", "processes_per_node: 1"),
+        ("device: cpu", "device: cuda\n  accelerator: v100-pcie-16gb"),
+        ("memory_gb: 2 ", "memory_gb: 0.1 "), ("pipeline_stages: 2", "pipeline_stages: auto"),
+        ("data_parallel: 2", "data_parallel: auto"), ("schedule: 1f1b", "schedule: auto"),
+    ]  # fmt: skip
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    spec_file = tmp_path / "fast.yaml"
+    spec_file.write_text(text)
+    r = CliRunner().invoke(app, ["plan", str(spec_file), "--home", "/nonexistent-home"])
+    assert r.exit_code == 0, r.output
+    why = next(line for line in r.output.splitlines() if line.startswith("mobius: faster"))
+    assert why.startswith("mobius: faster than P x D's 0.0632 s: S=2/N=1, sim ") and len(why) <= 80
+    assert "schedule mobius" in r.output
