@@ -46,6 +46,7 @@ from jobctl.engine.planner.stage_costs import (
     stage_costs,
     step_floor,
 )
+from jobctl.engine.planner.tp_overlap import tables_for
 from jobctl.spec import JobSpec, ParallelismSpec, TrainingSpec
 
 AUTO_SCHEDULES = ("gpipe", "1f1b", "varuna", "shifted_critical_path", "zb_h1")
@@ -142,22 +143,21 @@ def candidates_for(
     for D, mm, note in _variants(spec, tables, P, G, m, beat):
         M = micro_batches(spec.training.global_batch_size, D, mm)
         host = hosting(spec, P, D, tables.cal.host.cores)
-        priced: dict[str, tuple[list[list[int]], StageCosts]] = {}
+        priced: dict[tuple[str, bool], tuple[list[list[int]], StageCosts]] = {}
         for name, recompute in schedule_options(spec.parallelism, P):
             for rec in (False, True) if recompute is None else (recompute,):
                 if only is not None and (name, rec) != only:
                     continue
                 layout = Layout(P, D, mm, M, name, rec)
-                mode = recompute_mode(layout)
-                if mode not in priced:  # the partition balances this schedule's own costs
-                    stages = tables.stages(P, mm, mode)
-                    times = tables.times(mm)
-                    costs = stage_costs(tables.cal, layout, stages, host, times, bound_only=True)
-                    priced[mode] = stages, costs
-                stages, costs = priced[mode]
+                mode, split = recompute_mode(layout), name in SPLIT_BACKWARD
+                if (mode, split) not in priced:  # the partition balances its own costs
+                    own = tables_for(tables, split)  # ZB-H1 runs plain TMP (tp_overlap)
+                    stages, times = own.stages(P, mm, mode), own.times(mm)
+                    costs = stage_costs(own.cal, layout, stages, host, times, bound_only=True)
+                    priced[mode, split] = stages, costs
+                stages, costs = priced[mode, split]
                 cand = Candidate(layout, stages, host, costs, note)
                 recs = _recompute_counts(layout)
-                split = name in SPLIT_BACKWARD
                 cand.bound = costs.bound(layout, recs, split=split)
                 out.append(cand)
     return out
@@ -234,7 +234,8 @@ def priced(tables: Tables, cand: Candidate) -> StageCosts:
     """The candidate's stage costs with sends (bounds need none; most never simulate)."""
     if cand.costs.bound_only:
         lay = cand.layout
-        cand.costs = stage_costs(tables.cal, lay, cand.stages, cand.hosting, tables.times(lay.m))
+        own = tables_for(tables, lay.schedule in SPLIT_BACKWARD)  # ZB-H1: plain TMP
+        cand.costs = stage_costs(own.cal, lay, cand.stages, cand.hosting, own.times(lay.m))
     return cand.costs
 
 

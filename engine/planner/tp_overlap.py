@@ -25,9 +25,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import PrivateAttr
+
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner import tp_costs
+from jobctl.engine.planner.stage_costs import Tables
+
+
+class SubPipelined(Calibration):
+    """One rank's costs with sub-pipelined TMP's saving taken off its split blocks'
+    times (``tp_search.overlapped``), and ``plain``: the same costs without it, from
+    which a schedule that splits the backward is priced (ZB-H1: the halves cannot run
+    its B and W apart, so it runs plain TMP; ``stage_costs.Tables.for_schedule``)."""
+
+    plain: Calibration
+    _plain_tables: object = PrivateAttr(default=None)  # the search's lookups of ``plain``
+
+
+def tables_for(tables: Tables, split_backward: bool) -> Tables:
+    """The tables a search candidate is priced from: where ``tables`` hold sub-pipelined
+    TMP's saving, a schedule that splits the backward gets ``plain``'s; else these."""
+    cal = tables.cal
+    if not split_backward or not isinstance(cal, SubPipelined):
+        return tables
+    if cal._plain_tables is None:
+        cal._plain_tables = Tables(cal.plain)
+    return cal._plain_tables
 
 
 @dataclass(frozen=True)
@@ -131,9 +155,10 @@ def resolve(spec, cal: Calibration, plan: Plan) -> Plan:
 
 def _decide(spec, cal: Calibration, plan: Plan, want) -> tuple[bool, str]:
     m = plan.micro_batch_size
-    if want is not True and (m % 2 or plan.schedule == "zb_h1"):
-        return False, (f"micro-batch {m} does not halve" if m % 2 else
-                       "ZB-H1 splits the backward, which the halves run by hand")  # fmt: skip
+    if plan.schedule == "zb_h1":  # true included: schedule auto may pick ZB-H1
+        return False, "ZB-H1 splits the backward, which the halves run by hand"
+    if want is not True and m % 2:
+        return False, f"micro-batch {m} does not halve"
     if want != "auto":
         return bool(want), f"parallelism.tp_subpipeline: {str(want).lower()}"
     from jobctl.engine.model.blocks import model_def

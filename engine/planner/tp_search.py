@@ -97,9 +97,11 @@ def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Ca
     ``tp_overlap``) taken off each split block's forward and backward at even m, where
     ``parallelism.tp_subpipeline`` is true, or auto and the block gains (the resolver
     decides auto for the chosen plan over whole stages; per block the fill and drain
-    count once more). The model's last block runs as plain TMP (its mean loss)."""
+    count once more). The model's last block runs as plain TMP (its mean loss). The
+    result keeps ``ranked`` as its ``plain``: ZB-H1 candidates (``schedule: auto``)
+    are priced from it, as they run (``tp_overlap.SubPipelined``)."""
     want = spec.parallelism.tp_subpipeline
-    if want is False or (want == "auto" and spec.parallelism.schedule == "zb_h1"):
+    if want is False or spec.parallelism.schedule == "zb_h1":
         return ranked
     hw = spec.hardware
     hidden = tp_overlap.hidden_share(hw.device, cal.host.cores, tp_overlap.machine_ranks(hw))
@@ -111,7 +113,7 @@ def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Ca
             saved = {m: s for m, s in saved.items() if s[0] + s[1] > 0}
         if saved:
             blocks[i] = _less(blocks[i], saved)
-    return ranked.model_copy(update={"blocks": blocks})
+    return tp_overlap.SubPipelined(**{**dict(ranked), "blocks": blocks, "plain": ranked})
 
 
 def _saving(cal: Calibration, i: int, fact, T: int, m: int, hidden: float):

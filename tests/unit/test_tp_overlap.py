@@ -107,6 +107,20 @@ def test_plan_carries_the_resolved_flag(tmp_path, flag):
         assert plan.tp_subpipeline == (saved > 0), line
 
 
+def test_zb_h1_winning_under_auto_schedule_turns_it_off(tmp_path):
+    from jobctl.engine.planner.resolver import make_plan
+    from jobctl.spec import load_spec
+
+    spec = load_spec(_spec(tmp_path, "true"))
+    plan = make_plan(spec)
+    assert plan.tp_subpipeline
+    zb = plan.model_copy(update={"schedule": "zb_h1", "tp_subpipeline": False})
+    out = ov.resolve(spec, None, zb)  # decided before any cost is read
+    assert not out.tp_subpipeline
+    assert out.explanation[-1] == ("sub-pipelined TMP off: ZB-H1 splits the backward, "
+                                   "which the halves run by hand")  # fmt: skip
+
+
 def test_true_at_an_auto_T_of_1_says_so(tmp_path):
     from jobctl.engine.planner.resolver import make_plan
     from jobctl.spec import load_spec

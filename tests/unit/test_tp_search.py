@@ -212,6 +212,36 @@ def test_subpipelined_saving_by_hand(tmp_path):
     assert tp_overlap.stage_layers(cal, facts, [1], 2, 2, cal.num_blocks - 1, keep=0) is None
 
 
+def test_zb_h1_candidates_are_priced_plain(tmp_path):
+    """Under schedule: auto the sub-pipelined saving is priced per candidate: ZB-H1's
+    (its split backward runs plain TMP) from the plain costs, the others with it."""
+    from jobctl.engine.planner.search import candidates_for
+    from jobctl.engine.planner.stage_costs import Tables
+
+    spec = load_spec(_spec(tmp_path))
+    ring = AllreduceCalibration(source="analytic", latency_s=0.0, bandwidth_Bps=1e7)
+    cal = _cal(spec, ring)
+    cal = cal.model_copy(update={"host": cal.host.model_copy(update={"cores": 8})})
+    fact = tp_costs.TPBlock(phi=1.0, psi=1.0, reduce_bytes=(1000.0, 1000.0))
+    tp = tp_costs.TPCosts(2, tuple([fact] * cal.num_blocks))
+    on = tp_search.with_T(spec, 2)
+    on = on.model_copy(update={"parallelism": on.parallelism.model_copy(
+        update={"tp_subpipeline": True, "schedule": "auto"})})  # fmt: skip
+    plain = tp_costs.calibration(cal, tp)
+    split = tp_search.overlapped(on, cal, tp, plain)
+    assert isinstance(split, tp_overlap.SubPipelined) and split.plain is plain
+
+    def costs(c):
+        return {x.layout.schedule: x.costs for x in candidates_for(on, Tables(c), 2, 4, 2)}
+
+    got, want = costs(split), costs(plain)
+    assert "zb_h1" in got and "1f1b" in got
+    assert got["zb_h1"].graph == want["zb_h1"].graph and got["zb_h1"].b == want["zb_h1"].b
+    assert sum(got["1f1b"].graph) < sum(want["1f1b"].graph)  # the others keep the saving
+    assert sum(got["1f1b"].b) < sum(want["1f1b"].b)
+    assert got["1f1b"].nograd == want["1f1b"].nograd  # a no-grad forward runs plain
+
+
 def test_T_ranks_share_the_nic_not_the_node(tmp_path):
     cal = _cal(load_spec(_spec(tmp_path)))
     fact = tp_costs.TPBlock(phi=0.5, psi=0.5)
