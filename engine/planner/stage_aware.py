@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.planner.search import GB, Search, priced, simulate_candidate
 from jobctl.engine.planner.stage_costs import Tables, activation_peaks
+from jobctl.engine.planner.tp_overlap import tables_for
 from jobctl.spec import JobSpec
 
 STEP = 0.05  # how finely alpha_1 is raised (Merak tunes it "at intervals")
@@ -114,14 +115,19 @@ def apply(spec: JobSpec, cal: Calibration, found: Search) -> tuple[Search, Stage
 
 
 def _priced(spec: JobSpec, cal: Calibration, win, bare, keep: list[int]):
-    """The winner without R actions, its recomputed blocks' forwards in the backward."""
+    """The winner without R actions, its recomputed blocks' forwards in the backward;
+    those blocks run plain TMP (``tp_stage``), so at T > 1 their forward, backward
+    and recompute are priced without sub-pipelining's saving (``tp_overlap``)."""
     tables = Tables(cal)
-    times = tables.times(bare.m)
+    times, plain = tables.times(bare.m), tables_for(tables, plain=True).times(bare.m)
     costs = priced(tables, win)
-    pairs = zip(win.stages, keep, strict=True)
-    extra = [sum(times.fwd[i] for i in blocks[k:]) for blocks, k in pairs]
-    b = [x + e for x, e in zip(costs.b, extra, strict=True)]  # the recompute, in backward
-    cand = replace(win, layout=bare, costs=replace(costs, b=b), sim=None, actions=[])
+    rest = [blocks[k:] for blocks, k in zip(win.stages, keep, strict=True)]
+    lost_f = [sum(plain.fwd[i] - times.fwd[i] for i in r) for r in rest]
+    more_b = [sum(plain.fwd[i] + plain.bwd[i] - times.bwd[i] for i in r) for r in rest]
+    graph = [x + e for x, e in zip(costs.graph, lost_f, strict=True)]
+    b = [x + e for x, e in zip(costs.b, more_b, strict=True)]  # the recompute, in backward
+    costs = replace(costs, graph=graph, b=b)
+    cand = replace(win, layout=bare, costs=costs, sim=None, actions=[])
     simulate_candidate(spec, tables, cand)
     return cand
 

@@ -43,11 +43,11 @@ class SubPipelined(Calibration):
     _plain_tables: object = PrivateAttr(default=None)  # the search's lookups of ``plain``
 
 
-def tables_for(tables: Tables, split_backward: bool) -> Tables:
-    """The tables a search candidate is priced from: where ``tables`` hold sub-pipelined
-    TMP's saving, a schedule that splits the backward gets ``plain``'s; else these."""
+def tables_for(tables: Tables, plain: bool) -> Tables:
+    """``tables``, or with ``plain`` (what runs plain TMP: a schedule that splits the
+    backward, a recomputed block) and sub-pipelined TMP's saving in them, ``plain``'s."""
     cal = tables.cal
-    if not split_backward or not isinstance(cal, SubPipelined):
+    if not plain or not isinstance(cal, SubPipelined):
         return tables
     if cal._plain_tables is None:
         cal._plain_tables = Tables(cal.plain)

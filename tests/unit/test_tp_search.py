@@ -212,9 +212,10 @@ def test_subpipelined_saving_by_hand(tmp_path):
     assert tp_overlap.stage_layers(cal, facts, [1], 2, 2, cal.num_blocks - 1, keep=0) is None
 
 
-def test_zb_h1_candidates_are_priced_plain(tmp_path):
+def test_what_runs_plain_tmp_is_priced_plain(tmp_path):
     """Under schedule: auto the sub-pipelined saving is priced per candidate: ZB-H1's
-    (its split backward runs plain TMP) from the plain costs, the others with it."""
+    (its split backward runs plain TMP) from the plain costs, the others with it; and
+    blocks that stage-aware recomputation reruns in backward are priced plain."""
     from jobctl.engine.planner.search import candidates_for
     from jobctl.engine.planner.stage_costs import Tables
 
@@ -240,6 +241,24 @@ def test_zb_h1_candidates_are_priced_plain(tmp_path):
     assert sum(got["1f1b"].graph) < sum(want["1f1b"].graph)  # the others keep the saving
     assert sum(got["1f1b"].b) < sum(want["1f1b"].b)
     assert got["1f1b"].nograd == want["1f1b"].nograd  # a no-grad forward runs plain
+
+    # stage-aware recomputation: a recomputed block runs plain TMP, so with every
+    # block recomputed the stages cost what the plain costs give; kept, the saving
+    from dataclasses import replace
+
+    from jobctl.engine.planner import stage_aware
+
+    win = next(c for c in candidates_for(on, Tables(split), 2, 4, 2)
+               if c.layout.schedule == "1f1b")  # fmt: skip
+    bare = replace(win.layout, recompute=False)
+
+    def aware(c, keep):
+        return stage_aware._priced(on, c, replace(win), bare, keep).costs
+
+    none, every = [0] * len(win.stages), [len(s) for s in win.stages]
+    for k in ("graph", "b"):
+        assert getattr(aware(split, none), k) == pytest.approx(getattr(aware(plain, none), k))
+        assert sum(getattr(aware(split, every), k)) < sum(getattr(aware(plain, every), k))
 
 
 def test_T_ranks_share_the_nic_not_the_node(tmp_path):
