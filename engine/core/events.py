@@ -39,6 +39,7 @@ class Kind(StrEnum):
     PACKED = "packed"  # layers moved onto fewer stages, freeing ranks
     REBALANCE_MEASURED = "rebalance_measured"  # the measured effect of a move
     FREED = "freed"  # a rank packed away, with the node script it runs under
+    TP_SUBPIPELINE = "tp_subpipeline"  # a T > 1 rank's sub-pipelined and plain TMP blocks
 
 
 class EventLog:

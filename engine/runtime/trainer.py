@@ -136,6 +136,9 @@ class Trainer:
         # The step commit lets survivors hand a step over; only an elastic job with
         # replicas has survivors that can (a lost node takes a stage of a D = 1 job).
         self.commits = spec.elasticity.enabled and plan.D > 1
+        if state.tp is not None and state.tp.requested:  # its fallbacks, for the views too
+            me = plan.stage_of(self.rank).index
+            self.events.write(Kind.TP_SUBPIPELINE, rank=self.rank, stage=me, **state.tp.record())
 
     def _compute(self):
         return autocast(self.spec.training.precision, self.device)

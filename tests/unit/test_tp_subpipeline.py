@@ -153,6 +153,11 @@ def test_stage_outcome_names_every_block(mesh):
     assert "block 0: no tensor-parallel linear" in line
     assert f"block {n - 2}: recomputed in backward: plain TMP" in line
     assert f"block {n - 1}: recomputed in backward: plain TMP" in line
+    from jobctl.engine.core.event_schema import problem
+
+    event = {"kind": "tp_subpipeline", "ts": 0.0, "rank": 0, "stage": 0, **shards.record()}
+    assert problem(event) is None and event["subpipelined"] == shards.subpipelined
+    assert len(event["plain"]) == 3  # blocks 0, n - 2, n - 1
     off = tp_stage.StageShards(graph, 1, mesh.get_group(), [0], subpipeline=False, m=M)
     assert off.outcome() is None
 

@@ -244,6 +244,10 @@ class StageShards:
         plain = "; ".join(self.reasons) or "none"
         return f"sub-pipelined TMP: blocks {done}; plain TMP: {plain}"
 
+    def record(self) -> dict:
+        """``outcome`` as an event's fields: the sub-pipelined blocks, the plain reasons."""
+        return {"subpipelined": list(self.subpipelined), "plain": list(self.reasons)}
+
     def _subpipeline(self, i: int, block, recomputed: list[int]) -> str | None:
         if i in recomputed:  # stage-aware recomputation reruns its forward in backward
             return "recomputed in backward: plain TMP"
