@@ -57,7 +57,14 @@ def make_plan(
     if par.schedule == "auto" and par.pipeline_stages == "auto":  # Mobius where nothing fits
         calibration = calibration or calibration_for(spec, home)
         G = devices if devices is not None else spec.hardware.devices
-        got = resolve_mobius(spec, calibration, G)
+        try:
+            got = resolve_mobius(spec, calibration, G)
+        except PlanError as no_mobius:  # neither fits: the search's own reason first
+            try:
+                plan_and_simulate(spec, devices, calibration, home)
+            except PlanError as err:
+                raise PlanError(f"{err}; as Mobius: {no_mobius}") from None
+            raise
         if got is not None:
             return got[0]
         plan = plan_and_simulate(spec, devices, calibration, home)[0]
