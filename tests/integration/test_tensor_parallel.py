@@ -323,26 +323,35 @@ def _tp_spec(T: int, P: int, steps: int, **extra):
 
 
 @pytest.mark.multiproc
-def test_apply_at_T2_equals_one_process_and_resumes_at_T1(tmp_path):
+def test_apply_at_T2_equals_one_process_and_resumes_at_T1_and_T4(tmp_path):
     """A launched run (plan, workers, p2p, checkpoint writer) at T = 2 x P = 2 (4
-    ranks, sub-pipelined): steps 1-2 equal one process; its checkpoint resumes at T = 1 (steps 3-4,
-    SGD momentum included). A T = 1 checkpoint loaded at T = 2 is checked by
-    ``_run_state`` in the 4-rank launch above (a third launch here would cost 20 s)."""
+    ranks, sub-pipelined): steps 1-2 equal one process; its checkpoint resumes at T = 1
+    and, again, at T = 4 x P = 1 (4 ranks, one head each; steps 3-4, SGD momentum
+    included). A T = 1 checkpoint loaded at T = 2 is checked by ``_run_state`` in the
+    4-rank launch above (a fourth launch here would cost 20 s)."""
     from jobctl.engine.worker.reference import reference_train
 
-    from ..jobrun import final_weights, run_job, step_losses
+    from ..jobrun import final_weights, step_losses
 
     ref_losses, ref_weights = reference_train(_tp_spec(1, 1, 4))
-    got, ckpt = [], None
-    for T, P, steps in ((2, 2, 2), (1, 1, 4)):
-        sub = {"parallelism.tp_subpipeline": True} if T > 1 else {}  # Merak 5.3 too
-        run, outcome = run_job(_tp_spec(T, P, steps, **sub), tmp_path, resume_dir=ckpt)
-        assert outcome.ok, outcome.message
-        assert run.plan.T == T and run.plan.world_size == T * P
-        assert run.plan.tp_subpipeline == (T > 1)
-        got += step_losses(run.dir)
-        ckpt = run.dir / "checkpoints" / f"step-{steps:08d}"
-    assert got == pytest.approx(ref_losses, abs=1e-5)
-    weights = final_weights(run.dir, 4)
-    for name, w in ref_weights.items():
-        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+    run, _ = _launch(2, 2, 2, tmp_path, None)
+    assert step_losses(run.dir) == pytest.approx(ref_losses[:2], abs=1e-5)
+    ckpt = run.dir / "checkpoints" / "step-00000002"
+    for T in (1, 4):  # the same T = 2 checkpoint: fewer and more ranks per stage
+        run, _ = _launch(T, 1, 4, tmp_path, ckpt)
+        assert step_losses(run.dir) == pytest.approx(ref_losses[2:], abs=1e-5), T
+        weights = final_weights(run.dir, 4)
+        for name, w in ref_weights.items():
+            torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=(T, name))
+
+
+def _launch(T: int, P: int, steps: int, home: Path, ckpt: Path | None):
+    """A run at T x P to ``steps`` (sub-pipelined where T > 1), from ``ckpt`` if given."""
+    from ..jobrun import run_job
+
+    sub = {"parallelism.tp_subpipeline": True} if T > 1 else {}  # Merak 5.3 too
+    run, outcome = run_job(_tp_spec(T, P, steps, **sub), home, resume_dir=ckpt)
+    assert outcome.ok, outcome.message
+    assert run.plan.T == T and run.plan.world_size == T * P
+    assert run.plan.tp_subpipeline == (T > 1)
+    return run, outcome
