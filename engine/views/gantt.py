@@ -71,6 +71,12 @@ def draw_gantt(
         fontsize=8,
         frameon=False,
     )
+    return save_figure(fig, ax, path)
+
+
+def save_figure(fig, ax, path: Path) -> Path:
+    """Grid, lay out and write a timeline figure to ``path`` (its folder made), then
+    close it (pyplot keeps every open figure alive otherwise)."""
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     path = Path(path)

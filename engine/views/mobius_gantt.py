@@ -68,11 +68,9 @@ def gantt_lines(result: MobiusSimResult, width: int = 80) -> list[str]:
 
 def draw_mobius_gantt(result: MobiusSimResult, path: Path, title: str = "") -> Path:
     """Write the step to ``path`` (PNG, SVG or PDF by suffix)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    # views.gantt holds matplotlib (on Agg: files only); imported here, so the text
+    # lanes of `jobctl plan` do not load it
+    from jobctl.engine.views.gantt import Patch, plt, save_figure
 
     N, span = len(result.busy), result.step_time or 1.0
     fig, ax = plt.subplots(figsize=(min(24.0, 8 + 0.05 * len(result.events)), 1.6 + N), dpi=120)
@@ -97,10 +95,4 @@ def draw_mobius_gantt(result: MobiusSimResult, path: Path, title: str = "") -> P
                for k, v in LABELS.items() if k in shown]  # fmt: skip
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5,
               fontsize=8, frameon=False)  # fmt: skip
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, path)
