@@ -71,14 +71,22 @@ def require_match(
     return value
 
 
-def int_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """Validate ``int >= 1 | "auto"`` and report one clear error instead of one per branch."""
-    try:
-        return handler(value)
-    except ValidationError as err:
-        raise friendly_error(
-            "int_or_auto", f"expected an integer >= 1 or 'auto', got {value!r}"
-        ) from err
+def one_error(error_type: str, expected: str, fix: str | None = None):
+    """A wrap validator for a union field (``int | "auto"`` and the like) that reports
+    one clear error, ``expected {expected}, got {value!r}``, instead of one per branch."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as err:
+            message = f"expected {expected}, got {value!r}"
+            raise friendly_error(error_type, message, fix=fix) from err
+
+    return validate
+
+
+#: Validate ``int >= 1 | "auto"``.
+int_or_auto = one_error("int_or_auto", "an integer >= 1 or 'auto'")
 
 
 class SpecModel(BaseModel):

@@ -21,12 +21,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     Field,
     StrictBool,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
     WrapValidator,
 )
 
-from .base import SpecModel, Violation, friendly_error
+from .base import SpecModel, Violation, one_error
 
 MAX_TENSOR_PARALLEL = 64
 FIELD = "parallelism.tensor_parallel"
@@ -48,36 +46,21 @@ NOT_WITH_T = (
 )  # fmt: skip
 
 
-def _t_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """``1..MAX_TENSOR_PARALLEL | "auto"``, one clear error with a fix otherwise."""
-    try:
-        return handler(value)
-    except ValidationError as err:
-        raise friendly_error(
-            "tensor_parallel", f"expected an integer 1..{MAX_TENSOR_PARALLEL} or 'auto', "
-            f"got {value!r}", fix="set parallelism.tensor_parallel to 1 (off), a divisor "
-            "of hardware.processes_per_node, or auto (the planner searches T)",
-        ) from err  # fmt: skip
-
-
 TensorParallel = Annotated[
     Annotated[int, Field(ge=1, le=MAX_TENSOR_PARALLEL)] | Literal["auto"],
-    WrapValidator(_t_or_auto),
-]
-
-
-def _bool_or_auto(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """``auto | true | false``, one clear error with a fix otherwise."""
-    try:
-        return handler(value)
-    except ValidationError as err:
-        raise friendly_error(
-            "tp_subpipeline", f"expected auto, true or false, got {value!r}",
-            fix="set parallelism.tp_subpipeline to auto (the planner decides), true or false",
-        ) from err  # fmt: skip
-
-
-TPSubpipeline = Annotated[Literal["auto"] | StrictBool, WrapValidator(_bool_or_auto)]
+    WrapValidator(one_error(
+        "tensor_parallel", f"an integer 1..{MAX_TENSOR_PARALLEL} or 'auto'",
+        fix="set parallelism.tensor_parallel to 1 (off), a divisor of "
+        "hardware.processes_per_node, or auto (the planner searches T)",
+    )),
+]  # fmt: skip
+TPSubpipeline = Annotated[
+    Literal["auto"] | StrictBool,
+    WrapValidator(one_error(
+        "tp_subpipeline", "auto, true or false",
+        fix="set parallelism.tp_subpipeline to auto (the planner decides), true or false",
+    )),
+]  # fmt: skip
 
 
 class TensorParallelFields(SpecModel):
