@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .base import Violation
+from .two_stage import one_stage_features, refusals
 
 MOBIUS = "mobius"
 
@@ -41,26 +42,17 @@ def mobius_violations(spec: Any) -> Iterator[Violation]:
 
 def _unsupported(spec: Any) -> Iterator[Violation]:
     par = spec.parallelism
-    data = par.data_parallel
-    plugins = [
-        ("parallelism.data_parallel", data not in (1, "auto"), "data parallelism (D > 1)"),
+    features = [
+        ("parallelism.data_parallel", par.data_parallel not in (1, "auto"),
+         "data parallelism (D > 1)"),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        ("parallelism.averaging", par.averaging != "none", "elastic averaging"),
-        ("pruning.enabled", spec.pruning.enabled, "pruning"),
-        ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),
-        ("elasticity.enabled", spec.elasticity.enabled, "an elastic morph"),
-        ("training.eval_every", bool(spec.training.eval_every), "the eval pass"),
-        ("parallelism.recompute", par.recompute == "stage_aware", "stage-aware recompute"),
-        ("model.import", spec.model.family is None, "an imported model"),
-    ]
-    for path, used, what in plugins:
-        if used:
-            yield Violation(
-                path,
-                f"schedule mobius (stages swapped through host memory or disk) does not "
-                f"support {what} yet",
-                _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
-            )
+        *one_stage_features(spec),
+    ]  # fmt: skip
+    yield from refusals(
+        features,
+        "mobius (stages swapped through host memory or disk)",
+        lambda path: _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
+    )
 
 
 def _stage_count(spec: Any) -> Iterator[Violation]:

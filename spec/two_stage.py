@@ -10,7 +10,7 @@ boundaries carry several tensors) and a model too short for 2P stages.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .base import Violation
@@ -25,7 +25,23 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
     par = spec.parallelism
     if par.schedule not in V_SCHEDULES:
         return
-    plugins = [
+    fix = lambda path: _FIX + f"turn off {path}"  # noqa: E731
+    yield from refusals(one_stage_features(spec), "zb_v (two stages per rank)", fix)
+    blocks, P = spec.model.num_blocks, par.pipeline_stages
+    if isinstance(P, int) and blocks is not None and blocks < 2 * P:
+        yield Violation(
+            "parallelism.pipeline_stages",
+            f"zb_v cuts the model into 2P = {2 * P} stages, but it has {blocks} blocks",
+            f"lower parallelism.pipeline_stages to at most {blocks // 2} or raise model.layers",
+        )
+
+
+def one_stage_features(spec: Any) -> list[tuple[str, bool, str]]:
+    """The features built for one resident stage per rank, as (field, is it on?, what):
+    a schedule that hosts two stages on a rank (zb_v) or swaps them (mobius) refuses
+    them."""
+    par = spec.parallelism
+    return [
         ("pruning.enabled", spec.pruning.enabled, "pruning"),
         ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),
         ("elasticity.enabled", spec.elasticity.enabled, "an elastic morph"),
@@ -34,17 +50,12 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
         ("parallelism.recompute", par.recompute == "stage_aware", "stage-aware recompute"),
         ("model.import", spec.model.family is None, "an imported model"),
     ]
-    for path, used, what in plugins:
+
+
+def refusals(
+    features: list[tuple[str, bool, str]], schedule: str, fix: Callable[[str], str]
+) -> Iterator[Violation]:
+    """A violation for each feature that is on: ``schedule`` does not support it yet."""
+    for path, used, what in features:
         if used:
-            yield Violation(
-                path,
-                f"schedule zb_v (two stages per rank) does not support {what} yet",
-                _FIX + f"turn off {path}",
-            )
-    blocks, P = spec.model.num_blocks, par.pipeline_stages
-    if isinstance(P, int) and blocks is not None and blocks < 2 * P:
-        yield Violation(
-            "parallelism.pipeline_stages",
-            f"zb_v cuts the model into 2P = {2 * P} stages, but it has {blocks} blocks",
-            f"lower parallelism.pipeline_stages to at most {blocks // 2} or raise model.layers",
-        )
+            yield Violation(path, f"schedule {schedule} does not support {what} yet", fix(path))
