@@ -102,6 +102,10 @@ class SubPipeline:
         self.placeholders = [n for n in half.graph.nodes if n.op == "placeholder"]
         self.out = next(n for n in half.graph.nodes if n.op == "output")
         self.segs = segments(half.graph)
+        # fixed by the trace: cut once here, not on every micro-batch
+        self.fwd_phases = self._phases(REDUCE)  # a phase ends where g's all-reduce starts
+        self.bwd_phases = self._phases(COPY)  # run backward: a phase ends at f's all-reduce
+        self.seg_index = {id(s): k for k, s in enumerate(self.segs)}
         self.block: fx.GraphModule | None = None
         self.device: torch.device | None = None
         self.runs = 0  # micro-batches run as two halves
@@ -128,7 +132,7 @@ class SubPipeline:
             parts = a.chunk(2) if s else (a, a)
             for h, p in zip(halves, parts, strict=True):
                 h.env[self.placeholders[i]] = p
-        phases = self._phases(REDUCE)  # a phase ends where g's all-reduce starts
+        phases = self.fwd_phases
         for k, phase in enumerate(phases):
             for h in halves:
                 for j, seg in enumerate(phase):
@@ -191,9 +195,8 @@ class SubPipeline:
         for h, g in zip(halves, grads, strict=True):
             for n, gn in zip(_flat(self.out), g, strict=True):
                 h.add(n, gn)
-        phases = self._phases(COPY)  # run backward: a phase ends at f's all-reduce
-        index = {id(s): k for k, s in enumerate(self.segs)}
-        for phase in reversed(phases):
+        index = self.seg_index
+        for phase in reversed(self.bwd_phases):
             for h in reversed(halves):  # the half that finished its forward last
                 h.flush()
                 for seg in reversed(phase):
