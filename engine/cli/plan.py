@@ -23,6 +23,7 @@ from jobctl.engine.cli.common import (
 )
 
 if TYPE_CHECKING:  # the planner, the views and the backends load in the commands that use them
+    from jobctl.engine.calibration.record import Calibration
     from jobctl.engine.core.plan import Plan
     from jobctl.engine.planner.objective import Choice
     from jobctl.spec import JobSpec
@@ -59,18 +60,21 @@ def plan(
     Uses the cached calibration of this model and machine (`jobctl calibrate`) if one
     matches, else costs derived from the hardware spec; the plan says which.
     """
+    from jobctl.engine.calibration.cache import calibration_for
     from jobctl.engine.planner.resolver import plan_priced
     from jobctl.engine.views import tables as views
 
     spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home, show=not as_json)
-    if _plan_mobius(spec_file, for_devices(spec, devices), devices, as_json, gantt, home):
+    planned = for_devices(spec, devices)  # once: it says so when it re-plans P x D
+    cal = calibration_for(planned, home)
+    if _plan_mobius(spec_file, planned, devices, as_json, gantt, cal):
         return
     try:
-        p, sim, choice = plan_priced(for_devices(spec, devices), devices, home=home)
+        p, sim, choice = plan_priced(planned, devices, cal, home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
         err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
-    if _faster_mobius(for_devices(spec, devices), devices, p, as_json, gantt, home):
+    if _faster_mobius(planned, devices, p, as_json, gantt, cal):
         return
     if as_json:
         print(p.model_dump_json(indent=2))
@@ -99,18 +103,17 @@ def _wrote(path: Path, as_json: bool) -> None:
 
 def _plan_mobius(
     spec_file: Path, spec: JobSpec, devices: int | None, as_json: bool, gantt: Path | None,
-    home: Path | None,
+    cal: Calibration,
 ) -> bool:  # fmt: skip
     """A Mobius plan (forced, or auto where nothing else fits): the plan, why, its
     simulated step with the swaps; False where the search plans ``spec``."""
     if spec.parallelism.schedule not in ("mobius", "auto"):
         return False
-    from jobctl.engine.calibration.cache import calibration_for
     from jobctl.engine.planner.mobius_step import resolve_mobius
 
     try:
         G = devices if devices is not None else spec.hardware.devices
-        got = resolve_mobius(spec, calibration_for(spec, home), G)
+        got = resolve_mobius(spec, cal, G)
     except ValueError as e:  # PlanError
         err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
         raise typer.Exit(2) from None
@@ -122,15 +125,14 @@ def _plan_mobius(
 
 def _faster_mobius(
     spec: JobSpec, devices: int | None, base: Plan, as_json: bool, gantt: Path | None,
-    home: Path | None,
+    cal: Calibration,
 ) -> bool:  # fmt: skip
     """Auto's Mobius plan where it is simulated faster than ``base`` (the search's),
     shown as ``_plan_mobius`` shows one; False where ``base`` stands."""
-    from jobctl.engine.calibration.cache import calibration_for
     from jobctl.engine.planner.mobius_step import faster_mobius
 
     G = devices if devices is not None else spec.hardware.devices
-    got = faster_mobius(spec, calibration_for(spec, home), G, base)
+    got = faster_mobius(spec, cal, G, base)
     if got is None:
         return False
     _show_mobius(spec, got, as_json, gantt)

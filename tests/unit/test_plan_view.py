@@ -36,3 +36,17 @@ def test_a_mobius_plan_lists_each_ranks_blocks_without_action_lists():
     assert "action lists" not in text
     tables = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
     assert tables and max(map(len, tables)) <= 80  # (prose lines wrap in the terminal)
+
+
+def test_jobctl_plan_says_once_that_devices_re_plans_the_layout(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli.app import app
+
+    from ..jobrun import QUICKSTART
+
+    got = CliRunner().invoke(
+        app, ["plan", str(QUICKSTART), "--devices", "1", "--home", str(tmp_path)]
+    )
+    assert got.exit_code == 0, got.output
+    assert got.output.count("--devices 1: the spec fixes P x D") == 1
