@@ -62,7 +62,6 @@ def plan(
     """
     from jobctl.engine.calibration.cache import calibration_for
     from jobctl.engine.planner.resolver import plan_priced
-    from jobctl.engine.views import tables as views
 
     spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home, show=not as_json)
     planned = for_devices(spec, devices)  # once: it says so when it re-plans P x D
@@ -79,13 +78,20 @@ def plan(
     if as_json:
         print(p.model_dump_json(indent=2))
     else:
-        views.print_plan(console, p, spec.training.steps)
-        _print_costs(spec, choice, p.prediction.startup_s is not None)
-        if explain:
-            views.print_explanation(console, p)
-        if spec.pruning.enabled:
-            _print_pruning(spec, p, explain, home)
+        _print_plan(spec, p, choice, explain, home)
     _draw_step(spec, p, sim, gantt, as_json)
+
+
+def _print_plan(spec: JobSpec, p: Plan, choice: Choice, explain: bool, home: Path | None) -> None:
+    """The plan, its costs, the reasoning where ``--explain`` asks, the pruning."""
+    from jobctl.engine.views import tables as views
+
+    views.print_plan(console, p, spec.training.steps)
+    _print_costs(spec, choice, p.prediction.startup_s is not None)
+    if explain:
+        views.print_explanation(console, p)
+    if spec.pruning.enabled:
+        _print_pruning(spec, p, explain, home)
 
 
 def _draw_step(spec: JobSpec, p: Plan, sim, gantt: Path | None, as_json: bool) -> None:
