@@ -264,7 +264,13 @@ def _backward(
     return t
 
 
+def even_bounds(layers: int, stages: int) -> list[int]:
+    """Where each stage of the even split of ``layers`` into ``stages`` starts, and the
+    end (larger stages last)."""
+    return [round(k * layers / stages) for k in range(stages + 1)]
+
+
 def even_sizes(layers: int, stages: int) -> list[int]:
     """Stage sizes of the even split of ``layers`` into ``stages`` (larger ones last)."""
-    bounds = [round(k * layers / stages) for k in range(stages + 1)]
+    bounds = even_bounds(layers, stages)
     return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]

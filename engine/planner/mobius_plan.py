@@ -82,7 +82,7 @@ def _check_budget(spec: JobSpec, pred: Prediction) -> None:
         )
 
 
-def _mapped(spec: JobSpec, N: int) -> Topology | None:
+def mapped_topology(spec: JobSpec, N: int) -> Topology | None:
     """``hardware.topology`` where the cross mapping applies: one node's N devices."""
     topology = topology_of(spec.hardware)
     if topology is None or spec.hardware.nodes > 1 or topology.devices != N:
@@ -92,7 +92,7 @@ def _mapped(spec: JobSpec, N: int) -> Topology | None:
 
 def _mapping_note(spec: JobSpec, lay: MobiusLayout) -> str:
     """The explanation's words on where the stages run."""
-    if _mapped(spec, lay.N) is not None:
+    if mapped_topology(spec, lay.N) is not None:
         return (f"; cross mapping (sec. 3.3) {lay.ranks}: eq. 13 contention "
                 f"{lay.contention:.3g} vs {lay.sequential:.3g} for j % N")  # fmt: skip
     if spec.hardware.topology is not None:
@@ -104,7 +104,7 @@ def _mapping_note(spec: JobSpec, lay: MobiusLayout) -> str:
 
 def _layout(spec: JobSpec, part: MobiusPartition, N: int) -> MobiusLayout:
     """The partition's stages and their ranks (the cross mapping on one node)."""
-    topology = _mapped(spec, N)
+    topology = mapped_topology(spec, N)
     ranks = list(part.devices)
     plain = [j % N for j in range(len(part.stages))]
     costs = (0.0, 0.0)

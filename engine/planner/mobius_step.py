@@ -31,10 +31,9 @@ from __future__ import annotations
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner import elastic
-from jobctl.engine.planner.cross_mapping import topology_of
-from jobctl.engine.planner.mobius_costs import MobiusConfig, layer_costs
+from jobctl.engine.planner.mobius_costs import MobiusConfig, even_bounds, layer_costs
 from jobctl.engine.planner.mobius_partition import mobius_partition
-from jobctl.engine.planner.mobius_plan import TIER_BPS, micro_batch, mobius_plan
+from jobctl.engine.planner.mobius_plan import TIER_BPS, mapped_topology, micro_batch, mobius_plan
 from jobctl.engine.planner.search import PlanError
 from jobctl.engine.planner.simulator.mobius import (
     MobiusSimConfig,
@@ -76,20 +75,15 @@ def sim_config(spec: JobSpec, cal: Calibration, plan: Plan, prefetch: bool | Non
     lay = plan.mobius
     if lay is None:
         raise ValueError("the plan has no Mobius layout (Plan.mobius)")
-    topology = topology_of(spec.hardware)
-    complexes = None
-    if topology is not None and spec.hardware.nodes == 1 and topology.devices == lay.N:
-        complexes = topology.root_complexes
-    probe = max(b.boundary_bytes for b in cal.blocks) * plan.micro_batch_size
-    link = cal.link(same_node=True)
+    topology = mapped_topology(spec, lay.N)
     return MobiusSimConfig(
         devices=lay.N,
         micro_batches=plan.micro_batches,
         tier_Bps=TIER_BPS[spec.hardware.device],
-        link_Bps=probe / max(link.time(probe), 1e-12),
+        link_Bps=_link_Bps(cal, plan.micro_batch_size),
         prefetch=lay.prefetch if prefetch is None else prefetch,
         placement=tuple(lay.ranks),
-        root_complexes=complexes,
+        root_complexes=None if topology is None else topology.root_complexes,
     )
 
 
@@ -224,7 +218,7 @@ def even_estimate(spec: JobSpec, cal: Calibration, G: int) -> tuple[float, int]:
     )  # fmt: skip
     best = (float("inf"), 0)
     for S in cheap_stages(G, cal.num_blocks):
-        bounds = [round(k * cal.num_blocks / S) for k in range(S + 1)]
+        bounds = even_bounds(cal.num_blocks, S)
         stages = [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
         best = min(best, (simulate_mobius(swap_stages(cal, stages, m), cfg).step_time, S))
     return best
