@@ -19,13 +19,13 @@ import hashlib
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from jobctl.engine.core.home import default_home
+from jobctl.engine.core.process import free_port
 from jobctl.engine.planner.elastic_tuning import Profile, StageProfile, Tuning, tune
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.planner.sizing import GB
@@ -124,9 +124,7 @@ def measure_profile(spec: JobSpec, m: int, n: int) -> dict:
 def _run_ranks(job: dict, tmp: Path) -> list[dict]:
     """``job["P"]`` processes of ``profile_rank`` (gloo on 127.0.0.1); their results."""
     (tmp / "job.pkl").write_bytes(pickle.dumps(job))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(job["P"]):
         env = {

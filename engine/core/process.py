@@ -1,4 +1,5 @@
-"""Process identity helpers: whether a process runs, which one it is, its descendants.
+"""Process identity helpers: whether a process runs, which one it is, its descendants;
+and a free TCP port for a process group to meet on (``free_port``).
 
 A pid alone may be reused after its process ends; with its start time
 (``process_token``) it names one process, so the supervisor, the run host and the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 
 
 def kill_tree(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -104,3 +106,20 @@ def pid_alive(pid: int | None, token: str | None = None) -> bool:
     except OSError:  # no /proc (macOS): the signal check is all we have
         return True
     return fields[0] != "Z" and (token is None or fields[19] == token)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on this machine, for a server that listens for ``host``.
+
+    ``host`` may be no address of this machine (a NAT or load-balancer address the
+    nodes dial, or a supervisor's name while rendering elsewhere): the port is then
+    one free on all of this machine's interfaces, and ``host`` is never bound.
+    """
+    for address in (host, ""):
+        with socket.socket() as s:
+            try:
+                s.bind((address, 0))
+            except OSError:  # not this machine's address, or a name it cannot resolve
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free TCP port on this machine for {host}")

@@ -10,7 +10,6 @@ host (engine/channel/host.py), which every torchrun agent joins as a client
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from jobctl.backends import Rendered, RunContext, get_backend
 from jobctl.engine.core.home import require_run_id
 from jobctl.engine.core.plan import Plan
+from jobctl.engine.core.process import free_port
 from jobctl.engine.state.db import StateDB
 from jobctl.spec import JobSpec, dump_yaml, spec_hash
 
@@ -35,23 +35,6 @@ class Run:
     # Where a Monitor starts reading metrics.jsonl; None: its end (earlier attempts'
     # events are not this attempt's). An adopted run continues where its supervisor died.
     metrics_offset: int | None = None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on this machine, for a server that listens for ``host``.
-
-    ``host`` may be no address of this machine (a NAT or load-balancer address the
-    nodes dial, or a supervisor's name while rendering elsewhere): the port is then
-    one free on all of this machine's interfaces, and ``host`` is never bound.
-    """
-    for address in (host, ""):
-        with socket.socket() as s:
-            try:
-                s.bind((address, 0))
-            except OSError:  # not this machine's address, or a name it cannot resolve
-                continue
-            return s.getsockname()[1]
-    raise OSError(f"no free TCP port on this machine for {host}")
 
 
 def new_run_id(name: str) -> str:

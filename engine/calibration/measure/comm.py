@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from jobctl.engine.calibration.record import (
     LinkCalibration,
     Stat,
 )
+from jobctl.engine.core.process import free_port
 
 TIMEOUT_S = 300.0
 
@@ -71,9 +71,7 @@ def measure_comm(
 
 def _run_group(job_path: Path, world: int) -> None:
     """Start ``world`` ranks of ``_worker`` and wait for all of them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(world):
         env = {

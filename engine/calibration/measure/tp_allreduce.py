@@ -14,7 +14,6 @@ A sample is rank 0's wall time of one all-reduce; few repeats, a few seconds in 
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 
@@ -24,6 +23,7 @@ import torch.multiprocessing as mp
 
 from jobctl.engine.calibration.measure.comm import _allreduce
 from jobctl.engine.calibration.record import AllreduceCalibration
+from jobctl.engine.core.process import free_port
 from jobctl.spec import JobSpec
 
 REPEATS = 5
@@ -77,7 +77,7 @@ def run_group(job: list[tuple[int, list[int]]], cuda: bool, repeats: int = REPEA
     # CUDA cannot be forked once initialised.
     ctx = mp.get_context("spawn" if cuda else "fork")
     queue = ctx.Queue()
-    addr = f"tcp://127.0.0.1:{_free_port()}"
+    addr = f"tcp://127.0.0.1:{free_port()}"
     procs = [
         ctx.Process(target=_worker, args=(r, world, addr, job, cuda, repeats, queue), daemon=True)
         for r in range(world)
@@ -92,12 +92,6 @@ def run_group(job: list[tuple[int, list[int]]], cuda: bool, repeats: int = REPEA
             if p.is_alive():
                 p.terminate()
     return rows
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, addr: str, job: list, cuda: bool, repeats: int, queue):
