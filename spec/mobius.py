@@ -38,6 +38,15 @@ def mobius_violations(spec: Any) -> Iterator[Violation]:
         return
     yield from _unsupported(spec)
     yield from _stage_count(spec)
+    if spec.training.precision == "fp16":
+        # its update runs inside each stage's next upload, over records swapped
+        # through the tier (engine.mobius): the loss scale is not wired in there yet
+        yield Violation(
+            "training.precision",
+            "schedule mobius has no fp16 loss scaling (it would train unscaled fp16)",
+            "set training.precision: bf16 (no loss scale needed) or fp32, or set "
+            "parallelism.schedule: 1f1b",
+        )
 
 
 def _unsupported(spec: Any) -> Iterator[Violation]:

@@ -27,6 +27,7 @@ from .limits import (
     MAX_WIDTH,
 )
 from .model_source import HuggingFaceSpec, LossName, Task, hf_defaults, hf_violations
+from .precision import LossScaleSpec, loss_scale_violations
 from .tensor_parallel import TensorParallelFields
 from .topology import TopologyFields
 
@@ -158,16 +159,13 @@ class TrainingSpec(SpecModel):
         "constant", description="Learning-rate schedule after warmup."
     )
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warmup steps.")
-    seed: int = Field(
-        0, ge=0, le=MAX_SEED, description="Seed for weight initialisation and data order."
-    )
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="Numeric precision of compute."
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for weights and data order.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Compute precision.")
+    loss_scale: LossScaleSpec = Field(
+        default_factory=LossScaleSpec, description="fp16's dynamic loss scale."
     )
     log_every: int = Field(1, ge=1, le=MAX_STEPS, description="Log metrics every this many steps.")
-    eval_every: int = Field(
-        0, ge=0, description="Eval loss on data.eval every this many steps (0: never)."
-    )
+    eval_every: int = Field(0, ge=0, description="Eval loss every this many steps (0: never).")
 
     def _violations(self) -> Iterator[Violation]:
         if self.momentum and self.optimizer != "sgd":
@@ -176,6 +174,7 @@ class TrainingSpec(SpecModel):
                 f"momentum is only used by optimizer 'sgd', but optimizer is {self.optimizer!r}",
                 "remove training.momentum or set training.optimizer: sgd",
             )
+        yield from loss_scale_violations(self)
 
 
 class InterconnectSpec(SpecModel):

@@ -44,6 +44,8 @@ def resume_stage(state: StageState, ties: list[Tie], ckpt_dir: Path) -> int:
         raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
     local = None if state.tp is None else state.tp.local  # T > 1: keep this rank's shard
     load_blocks(state.stage, state.opt, ckpt_dir, ties, local=local)
+    if state.scaler is not None and "loss_scale" in meta:  # fp16: the run's scale goes on
+        state.scaler.restore(meta["loss_scale"])
     return int(meta["step"])
 
 
@@ -66,6 +68,7 @@ class Checkpointing(StepHook):
         self.ties, self.masks = ties, masks  # masks: pruning's, saved with the blocks
         self.rank = rank
         self.manager = self._manager(plan)
+        self.scaler = None  # fp16: the run's loss scale, kept in meta.json (the state's)
 
     def _manager(self, plan: Plan) -> CheckpointManager:
         root = local_root(self.spec.checkpoint, self.run_dir)
@@ -84,6 +87,7 @@ class Checkpointing(StepHook):
             self.manager.close()  # parts of earlier steps are all written first
             self.manager = self._manager(plan)
         done, total = end.done, self.spec.training.steps
+        self.scaler = end.state.scaler
         if end.stopping or done % self.spec.checkpoint.interval == 0 or done == total:
             self.save(end.state, done, final=end.stopping or done == total)
         self.manager.poll()
@@ -116,6 +120,8 @@ class Checkpointing(StepHook):
             # runtime.step and optim.lr_at): resuming at `step` restores both exactly.
             "rng": "derived from (training.seed, step, rank)",
             "lr": lr_at(step, self.spec.training),
+            # fp16: one scale for every rank, so any layout resumes with it
+            **({} if self.scaler is None else {"loss_scale": self.scaler.record()}),
         }
 
     @functools.cached_property

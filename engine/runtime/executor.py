@@ -76,6 +76,10 @@ class StepExecutor:
         # Shared-memory links to same-machine neighbours (engine/runtime/p2p/shm.py); a peer
         # without one is reached through the process group.
         self.links = links or {}
+        # fp16's loss scale (runtime.loss_scale.LossScaler; the trainer sets it): the
+        # last stage's backward root is each loss times S, so every stage's gradients
+        # arrive scaled through the boundaries.
+        self.scaler = None
 
     def close(self) -> None:
         """Give up the shared-memory links (a rebalanced pipeline gets new ones)."""
@@ -248,6 +252,8 @@ class StepExecutor:
         s = self.saved.pop(i)
         grad = None if self.topo.is_last else self.grads_in.take(i)
         out = s["loss"] if grad is None else s["out"]
+        if grad is None and self.scaler is not None:
+            out = self.scaler.scaled(out)
         loss = float(s["loss"].detach()) if grad is None else 0.0
         t0 = time.perf_counter()
         if i in self.split:

@@ -48,13 +48,18 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _PEER_WORDS)
 
 
-def commit_step(loss_sum: float, is_last: bool, group=None) -> float:
+def commit_step(
+    loss_sum: float, is_last: bool, group=None, found_inf: bool = False
+) -> tuple[float, bool]:
     """The step's commit (see the module docstring): every live rank's all-reduce of
-    the last stage's loss sums; returns the global-batch mean loss."""
+    the last stage's loss sums; returns the global-batch mean loss and whether any
+    rank found an inf/NaN gradient under fp16 (``runtime.loss_scale``: the flag rides
+    in the same all-reduce, a sum of 0/1 that is positive where the MAX is 1, so an
+    fp16 step costs no extra round trip)."""
     part = loss_sum if is_last else 0.0
-    total = torch.tensor([part], dtype=torch.float64, device=comm_device())
+    total = torch.tensor([part, float(found_inf)], dtype=torch.float64, device=comm_device())
     dist.all_reduce(total, group=group)
-    return float(total)
+    return float(total[0]), bool(total[1] > 0)
 
 
 @dataclass

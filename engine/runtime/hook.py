@@ -36,6 +36,7 @@ class StageState:
     actions: list[Action]
     live_group: object | None = None  # None: every rank (packing frees some)
     tp: object | None = None  # T > 1: the stage's split (model.graph.tp_stage.StageShards)
+    scaler: object | None = None  # fp16: the loss scale (runtime.loss_scale.LossScaler)
 
 
 @dataclass

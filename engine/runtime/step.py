@@ -3,7 +3,9 @@ probe both run, and the dry forward that sizes a pipeline's messages.
 
 A step seeds the RNG from (seed, step, rank), clears the gradients, runs the stage's
 action list over all micro-batches, lets the caller sum gradients, and updates the
-weights at the step's learning rate; hooks see the update from both sides.
+weights at the step's learning rate; hooks see the update from both sides. Under
+fp16 the caller's sum also unscales the gradients and agrees whether any rank saw
+an overflow (``runtime.loss_scale``): then every rank skips the update.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The compute context of a spec's ``training.precision``."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    """The compute context of a spec's ``training.precision`` (fp32 master weights and
+    gradients either way; fp16 needs the loss scale of ``runtime.loss_scale`` too)."""
+    if precision in _HALF:
+        return torch.autocast(device.type, dtype=_HALF[precision])
     return contextlib.nullcontext()
+
+
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def train_step(
@@ -58,11 +64,12 @@ def train_step(
     rank: int,
     *,
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    sync: Callable[[], None] | None = None,
+    sync: Callable[[], bool | None] | None = None,
     hooks: Sequence[StepHook] = (),
 ) -> tuple[StepStats, StepTimes]:
     """Train loop step ``step``: the action list under ``compute`` (autocast), ``sync``
-    (the gradient sum over replicas and tied stages), then the optimizer update."""
+    (the gradient sum over replicas and tied stages; True: an overflow was found, the
+    update is skipped on every rank), then the optimizer update."""
     start = time.perf_counter()
     torch.manual_seed(step_seed(training.seed, step, rank))
     opt.zero_grad(set_to_none=True)
@@ -70,12 +77,12 @@ def train_step(
     with compute():
         stats = ex.run(actions, step)
     run_end = time.perf_counter()
-    if sync is not None:
-        sync()
+    skip = bool(sync()) if sync is not None else False
     for hook in hooks:
         hook.before_update()
     set_lr(opt, lr_at(step, training))
-    opt.step()
+    if not skip:
+        opt.step()
     for hook in hooks:
         hook.after_update()
     return stats, StepTimes(start, run_start, run_end, time.perf_counter())

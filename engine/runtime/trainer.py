@@ -25,10 +25,12 @@ from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.failure import StepFailure, StepLedger, commit_step, is_peer_failure
 from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
+from jobctl.engine.runtime.loss_scale import agree_found_inf, attach_scaler, loss_scaler
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
 from jobctl.engine.runtime.p2p.shm import connect_neighbours
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
+from jobctl.engine.runtime.stop_vote import StopVote
 from jobctl.engine.runtime.topology import build_topology, tie_blocks
 from jobctl.engine.runtime.two_stage import RankStages, v_executor, v_state
 from jobctl.engine.runtime.vitals import compute_fields, memory_fields
@@ -53,11 +55,19 @@ def same_machine(hardware: HardwareSpec, plan: Plan, rank: int):
 def build_state(
     mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
 ) -> StageState:
-    """The stage state ``rank`` starts under: its stage of ``plan`` and a fresh optimizer
-    (creates the process groups: collective, every rank in the same order); a rank
-    hosting two stages (a plan's ``placement``: ZB-V) gets ``two_stage.v_state``."""
-    if plan.placement is not None:
-        return v_state(mdef, training, plan, rank, device)
+    """The stage state ``rank`` starts under: its stage of ``plan``, a fresh optimizer
+    and, under fp16, a fresh loss scale (creates the process groups: collective, every
+    rank in the same order); a rank hosting two stages (a plan's ``placement``: ZB-V)
+    gets ``two_stage.v_state``."""
+    build = v_state if plan.placement is not None else _one_stage
+    state = build(mdef, training, plan, rank, device)
+    state.scaler = loss_scaler(training)
+    return state
+
+
+def _one_stage(
+    mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
+) -> StageState:
     topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
@@ -75,34 +85,6 @@ def build_state(
     named = dict(stage.named_parameters())
     opt = build_optimizer(list(named.values()), training)
     return StageState(plan, stage, named, opt, topo, me.action_list(), tp=tp)
-
-
-class StopVote:
-    """Do all ranks stop? Agreed one step behind, off the critical path.
-
-    A rank asked to stop (SIGTERM, ``jobctl stop``) votes at the end of a step; the vote
-    (an asynchronous MAX all-reduce over the training ranks) runs while the next step
-    trains, and its result is read after that step. Every rank reads the same result
-    after the same step, so all checkpoint the same step, one step after the request,
-    and no rank waits for the others between steps (a blocking vote after every step
-    made each rank wait for the pipeline's slowest rank there).
-    """
-
-    def __init__(self) -> None:
-        self.flag: torch.Tensor | None = None
-        self.work = None
-
-    def start(self, want: bool, group=None) -> None:
-        self.flag = torch.tensor([1 if want else 0], dtype=torch.int32, device=comm_device())
-        self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
-
-    def result(self) -> bool:
-        """The vote started after the previous step (False if none was)."""
-        if self.work is None:
-            return False
-        self.work.wait()
-        self.work = None
-        return bool(self.flag.item())
 
 
 class Trainer:
@@ -169,7 +151,8 @@ class Trainer:
         for hook in self.hooks:
             hook.before_update()
         set_lr(st.opt, lr_at(step, self.spec.training))
-        st.opt.step()
+        if st.scaler is None or not st.scaler.pending_skip():
+            st.opt.step()
         for hook in self.hooks:
             hook.after_update()
         self.ledger.applied(step + 1)
@@ -220,6 +203,7 @@ class Trainer:
             self._stop_hooks(stopped=False)  # its checkpoint parts are written first
             change.settled(None)
             return False
+        change.state.scaler = self.state.scaler  # one loss scale for the run's life
         self.state = change.state
         t1 = time.perf_counter()
         self.make_executor()  # the pipeline probes its new activation shapes
@@ -240,6 +224,7 @@ class Trainer:
             self.executor = v_executor(
                 st.stage, self.data, self.shard, seq_len, self.device, self._compute
             )  # type: ignore[assignment]
+            attach_scaler(self.executor, st.scaler)
             return self.executor
         chans = probe_channels(
             st.stage, st.topo, self.shard.micro_batch, seq_len, self.device, self._compute
@@ -257,6 +242,7 @@ class Trainer:
             st.stage, st.topo, self.data, self.shard, chans, self.device,
             opportunistic=varuna, links=links,
         )  # fmt: skip
+        attach_scaler(self.executor, st.scaler)
         return self.executor
 
     def evaluate(self, done: int) -> None:
@@ -287,17 +273,25 @@ class Trainer:
             sync=lambda: self._sync_and_commit(step + 1),
         )  # fmt: skip
 
-    def _sync_and_commit(self, step: int) -> None:
+    def _sync_and_commit(self, step: int) -> bool:
         """Sum gradients over replicas and tied stages, then the step's commit (which
-        sums the loss too; see engine/runtime/failure.py) before any rank updates."""
+        sums the loss too; see engine/runtime/failure.py) before any rank updates.
+        Under fp16 the gradients are unscaled and the world agrees on an overflow
+        (carried by the commit where there is one); True: every rank skips."""
         st = self.state
         sync_gradients(st.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
+        found = st.scaler is not None and st.scaler.unscale(list(st.named.values()))
         self.ledger.ready = True
         if self.commits:
             # shard 0 only: a T group's ranks each hold the whole loss, summed once
             last = st.topo.is_last and st.topo.t == 0
-            loss = commit_step(self.ledger.stats.loss_sum, last, st.live_group)
+            loss, found = commit_step(self.ledger.stats.loss_sum, last, st.live_group, found)
             self.ledger.committed(step, loss)
+        elif st.scaler is not None:
+            found = agree_found_inf(found, st.live_group)
+        if st.scaler is not None:
+            st.scaler.update(found)
+        return found
 
     def global_loss(self, step: int, stats: StepStats) -> float | None:
         """Global-batch mean loss of ``step`` on last-stage ranks (summed by its commit,
@@ -337,6 +331,7 @@ class Trainer:
             Kind.STEP, step=step, loss=loss, step_time_s=seconds,
             samples_per_s=samples_per_s, deviations=stats.deviations,
             epoch=self.data.epoch((step - 1) * plan.global_batch_size),
+            **({"skipped": True} if getattr(self.state.scaler, "skipped", False) else {}),
         )  # fmt: skip
 
 

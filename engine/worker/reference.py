@@ -3,6 +3,9 @@
 The whole model in one process, the same blocks, data order, loss weighting (m / B per
 micro-batch) and optimizer. Parity tests compare the pipeline runtime against this; it
 is also the definition of "the same training" that morphing and rebalancing preserve.
+Under ``training.precision`` bf16/fp16 the forward runs under the trainer's autocast;
+fp16 scales the loss with ``torch.amp.GradScaler`` at the spec's ``loss_scale`` (the
+rule the pipeline's ``runtime.loss_scale`` applies across its ranks).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from jobctl.engine.pruning.pruner import prunable_names
 from jobctl.engine.pruning.schedule import target_at
 from jobctl.engine.pruning.selection import select_single
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
+from jobctl.engine.runtime.step import autocast
 from jobctl.spec.job import JobSpec
 from jobctl.spec.phases import PruningSpec
 from jobctl.spec.sections import TrainingSpec
@@ -27,6 +31,7 @@ def reference_train(
     start_state: dict[str, torch.Tensor] | None = None,
     start_step: int = 0,
     masks: dict[str, torch.Tensor] | None = None,
+    skipped: list[int] | None = None,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train the spec's model in one process; returns per-step losses and final weights.
 
@@ -34,8 +39,8 @@ def reference_train(
     checkpoint's weights; the optimizer state then starts fresh, so use it only for
     comparisons that expect that. With ``pruning.enabled`` it prunes as the pipeline
     does (after the optimizer step of each pruning step, on the assembled model); the
-    final masks go into ``masks`` if given (and ``masks`` passed in continue a run).
-    """
+    final masks go into ``masks`` if given (and ``masks`` passed in continue a run);
+    under fp16 the steps whose update the loss scale skipped go into ``skipped``."""
     torch.manual_seed(spec.training.seed)
     B = spec.training.global_batch_size
     mdef = model_def(spec.model, spec.training.seed, micro_batch or B)
@@ -44,18 +49,30 @@ def reference_train(
         model.load_state_dict(start_state, strict=False)
     params = dict(model.named_parameters())
     opt = build_optimizer(list(params.values()), spec.training)
-    shard = Sharding(B, 1, micro_batch or B)
-    data = make_data(spec)
-    losses = []
-    held = dict(masks or {})
+    shard, data = Sharding(B, 1, micro_batch or B), make_data(spec)
+    losses, held = [], dict(masks or {})
+    scaler = _grad_scaler(spec.training)
     if start_step == 0:
         _prune(spec.pruning, mdef.ties, params, opt, held, 0)
     for step in range(start_step, steps if steps is not None else spec.training.steps):
-        losses.append(_step(model, opt, data, shard, held, step, spec.training))
+        scale = scaler.get_scale()  # 1.0 where disabled
+        losses.append(_step(model, opt, data, shard, held, step, spec.training, scaler))
+        if scaler.get_scale() < scale and skipped is not None:
+            skipped.append(step)  # only an overflow lowers the scale
         _prune(spec.pruning, mdef.ties, params, opt, held, step + 1)
     if masks is not None:
         masks.update(held)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _grad_scaler(training: TrainingSpec) -> torch.amp.GradScaler:
+    """torch's own loss scaler at the spec's rule (disabled: a no-op, unless fp16)."""
+    ls = training.loss_scale
+    return torch.amp.GradScaler(
+        "cpu", init_scale=ls.init_scale, growth_factor=ls.growth_factor,
+        backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval,
+        enabled=training.precision == "fp16",
+    )  # fmt: skip
 
 
 def _step(
@@ -66,6 +83,7 @@ def _step(
     held: dict,
     step: int,
     training: TrainingSpec,
+    scaler: torch.amp.GradScaler,
 ) -> float:
     """One optimizer step over the global batch (pruned elements held at zero); its loss."""
     params = dict(model.named_parameters())
@@ -75,13 +93,16 @@ def _step(
         first = shard.first_sample(step, 0, i)
         x, y = data.batch(first, shard.micro_batch)
         batch = model.batch(x, y, first)
-        loss = model.loss(model(x, batch), y, batch) * shard.loss_scale
-        loss.backward()
+        with autocast(training.precision, torch.device("cpu")):
+            loss = model.loss(model(x, batch), y, batch) * shard.loss_scale
+        scaler.scale(loss).backward()
         total += float(loss.detach())
+    scaler.unscale_(opt)
     for n, keep in held.items():
         params[n].grad.masked_fill_(~keep, 0.0)
     set_lr(opt, lr_at(step, training))
-    opt.step()
+    scaler.step(opt)
+    scaler.update()
     with torch.no_grad():
         for n, keep in held.items():
             params[n].masked_fill_(~keep, 0.0)
