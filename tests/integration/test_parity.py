@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from jobctl.engine.worker.reference import reference_train
 
-from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from ..jobrun import events, final_weights, run_job, step_losses, tiny_spec
 
 STEPS = 3
 SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
@@ -98,3 +100,64 @@ def test_recompute_restores_rng_bit_identically(tmp_path):
     # ... and dropout really drew masks: without it the same run trains differently
     # (were dropout a no-op, the two runs above would agree trivially).
     assert all(a != b for a, b in zip(losses[0.2, "none"], losses[0.0, "none"], strict=True))
+
+
+# fp16 rounds activations to 11 significant bits (unit roundoff 2**-11 = 4.9e-4), and
+# each layout sums micro-batches and replicas in its own order, so fp16 runs are not
+# bit-equal across layouts. A step's loss is a mean over 512 tokens, which averages
+# that rounding down: seen 1e-6 relative against the one-process GradScaler loop,
+# checked at 1e-4. SGD moves a weight by lr x its gradient, so a weight differs by
+# about lr x one fp16 rounding of the gradient: seen 3e-5, checked at 5e-4. A rank
+# that stepped on a skipped step would move by lr x inf instead.
+FP16 = {**SGD, "training.precision": "fp16", "training.steps": 4, "checkpoint.interval": 2}
+#: a scale so large that fp16 gradients overflow at it, then at 2**23 and 2**22: the
+#: first three steps are skipped (an fp32 run would never overflow at 2**24)
+OVERFLOW = {**FP16, "training.loss_scale.init_scale": 2.0**24}
+
+
+def _fp16_reference(spec):
+    skipped: list[int] = []
+    losses, weights = reference_train(spec, skipped=skipped)
+    return losses, weights, [s + 1 for s in skipped]  # as the step records count
+
+
+def _skipped(run_dir) -> list[int]:
+    return [r["step"] for r in events(run_dir) if r["kind"] == "step" and r.get("skipped")]
+
+
+def _assert_fp16_parity(run_dir, ref_losses, ref_weights, first: int = 1):
+    assert step_losses(run_dir) == pytest.approx(ref_losses[first - 1 :], rel=1e-4)
+    weights = final_weights(run_dir, 4)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=5e-4, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+def test_fp16_pipeline_matches_grad_scaler_reference(tmp_path):
+    spec = _spec(2, 1, **FP16)
+    ref_losses, ref_weights, ref_skipped = _fp16_reference(spec)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    _assert_fp16_parity(run.dir, ref_losses, ref_weights)
+    assert _skipped(run.dir) == ref_skipped == []
+
+
+@pytest.mark.multiproc
+def test_fp16_overflow_skips_on_every_rank_and_resumes_with_its_scale(tmp_path):
+    # 2 stages find the overflow and agree on it; the step-2 checkpoint's scale (2**22
+    # after two backoffs) comes back in a 1 x 2 elastic run, whose commit carries the
+    # flag: with 2**24 again it would skip steps 3 and 4, the reference skips 3 only.
+    ref_losses, ref_weights, ref_skipped = _fp16_reference(_spec(2, 1, **OVERFLOW))
+    assert ref_skipped == [1, 2, 3]
+    first, outcome = run_job(_spec(2, 1, **OVERFLOW), tmp_path / "first")
+    assert outcome.ok, outcome.message
+    assert _skipped(first.dir) == ref_skipped
+    _assert_fp16_parity(first.dir, ref_losses, ref_weights)
+    ckpt = first.dir / "checkpoints" / "step-00000002"
+    scale = json.loads((ckpt / "meta.json").read_text())["loss_scale"]
+    assert scale == {"scale": 2.0**22, "growth_tracker": 0}
+    other = _spec(1, 2, **OVERFLOW, **{"elasticity.enabled": True})
+    second, outcome = run_job(other, tmp_path / "second", resume_dir=ckpt)
+    assert outcome.ok, outcome.message
+    assert _skipped(second.dir) == [3]
+    _assert_fp16_parity(second.dir, ref_losses, ref_weights, first=3)
