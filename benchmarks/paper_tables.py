@@ -21,28 +21,54 @@
    busiest stage, F, R, B and the largest boundary send; per step the bubble, the
    slowest stage's allreduce and its optimizer step. Checked term by term: the
    bubble (M >= 820 micro-batches) is under 1.5 % of a step and the optimizer well
-   under 0.1 %; sends overlap compute; the allreduce is fp16 as Varuna's (its
-   ``all_reduce_dp_grads`` reduces a flat fp16 buffer), a ring over the stage's D
-   replicas whose VM's NIC carries the rings of its 4 stages (10 Gbps / 4 each);
-   recompute everywhere but on the last stage (Varuna's ``pipeline.py``); Varuna's
+   under 0.1 %; sends overlap compute; the allreduce is a ring over the stage's D
+   replicas whose VM's NIC carries the rings of its 4 stages (10 Gbps / 4 each) after
+   the stage's last backward, of the fp32 gradients jobctl's runtime sums (autocast
+   keeps fp32 master weights; it was priced at fp16 until this round: Varuna's wire,
+   not jobctl's, and the model prices jobctl's runs); recompute everywhere but on
+   the last stage (Varuna's ``pipeline.py``); Varuna's
    Megatron-LM commit (28cd66e) has the fused scale-mask-softmax and bias-GeLU
    kernels the device model prices. One fact was wrong: the V100's cuBLAS share was
    taken of the PCIe card's 112 TFLOP/s, but Markidis et al. measured their 83 on
    the 125 TFLOP/s card (``spec/devices.py``); with it the device model went from
-   median 18.8 % / max 26.5 % to 12.0 % / 20.6 %, every row still fast. What
+   median 18.8 % / max 26.5 % to 12.0 % / 20.6 %, and with fp32 gradients (below)
+   to 10.8 % / 17.7 %, every row still fast. What
    remains, unexplained by a public figure: (a) compute per layer: real steps cost
    a near-constant ~23 ms per 8.3B layer per micro-batch at P = 18, 24 and 36
    (F + R + B), about 1.2 x the model's, while the model's P = 36 bottleneck, the
    last stage (two layers and the 50257-wide head without recompute), needs the
    real head to be cheaper than modelled; (b) the D trend at fixed P (the
-   allreduce check): the rows grow with D as if the allreduce ran 2-4 x slower than
-   10 Gbps / 4 per ring (NCCL over TCP below wire speed, the paper's "bottleneck
-   switches"; no public figure for Varuna's VMs). The same device model is 25 % SLOW
+   allreduce check, below). The same device model is 25 % SLOW
    on another public V100 measurement (``megatron_check``: Megatron-LM v1.0's 1.2B
    GPT-2 on one 450 W DGX-2H V100), so (a) is no missing term common to V100 layers:
    the share of the peak a step sustains follows the card's power budget (250 W PCIe
    here, 300 W SXM2 for Markidis' share, 450 W there) and software, and no public
    figure gives it for the PCIe card under training load.
+
+   The allreduce, checked against Varuna's code (github.com/microsoft/varuna) and
+   public measurements. Varuna's placement: ``launcher.py`` puts stage i on ranks i,
+   i + P, ... and a VM's 4 GPUs on consecutive ranks (pipeline-major), so a VM
+   carries 4 stages' rings at once, as its calibration measures (k = 4 allreduces
+   in flight, sec. 4.3) and the model prices. What it reduces: ``varuna.py``
+   ``all_reduce_dp_grads`` copies apex O2's fp32 master gradients, scaled by 1 / D,
+   into one flat fp16 buffer (fp16 on the wire); the tied embedding goes over a
+   2-rank group per replica in fp32 (``share_weight_grads``). Overlap: none; the
+   paper simulates "N_m micro-batches followed by the all reduce" (sec. 4.4, Fig. 8)
+   and ``step()`` runs the pipeline, then the tied sum, then the ring, as the model
+   does. Sends on the NIC meanwhile: a VM's stages end within a few micro-batches
+   of each other, so a few 6 MB sends against GBs of gradients: ignored. NCCL over
+   TCP: nccl-tests issue 83 (Azure, 4 V100-PCIE-16GB per VM, i.e. NC24s_v3, NCCL
+   2.9.6 sockets) reached 1.7 GB/s bus bandwidth where NTTTCP measured 25 Gbit/s
+   one way and 21 both ways (65 %); NVIDIA/nccl issue 209: under 60 % of wire
+   speed at 32 Gbit/s. Neither is at 10 Gbit/s (no public socket figure there, so
+   no efficiency is applied), and issue 83's 13.6 Gbit/s per 4-GPU VM would make
+   the ring faster than 10 Gbit/s prices it, not slower (the paper gives 10 Gbit/s
+   for the 1-GPU VM). Left unexplained: after the fp32 fix the rows still grow with
+   D as if the ring ran 1.2-1.9 x slower than 10 Gbit/s / 4 (2.3-3.7 x on Varuna's
+   fp16 wire); Varuna's own estimates, priced from the allreduce it measured on
+   those VMs, imply a ring 2-8 x slower than 10 Gbit/s / 4 on fp16 (X sim 6-14 s
+   against 1.8-3.2 s), so the slowness is the cluster's (the paper's "bottleneck
+   switches"; replicas waiting for the slowest spot VM), with no public figure.
 
    A second, FITTED diagnostic (never the target) keeps the former calibration: one
    sustained share of the device model's kernel rates, each row's from the 11 other
@@ -210,12 +236,15 @@ def allreduce_check(tails: list[tuple]) -> list[tuple]:
     at several D: if a micro-batch costs the bottleneck stage the same c at every D,
     real - b = M c + k(D) X with b the model's bubble and optimizer step, k(D) = 2 (D -
     1) / D (a ring's share of the bytes each rank sends) and X the stage's bytes over
-    its share of the NIC. Least squares over the group gives c and X; the model's X is
+    its share of the NIC. Least squares over the group gives c and X, from the measured
+    times (X real) and from Varuna's own estimates (X sim: its simulator prices the
+    allreduce it measured on those VMs with 4 in flight, sec. 4.3); the model's X is
     its AR / k(D). A diagnostic of the NIC-sharing model only (two unknowns from two or
     three rows, so it is rough): nothing here feeds a prediction. Returns, per group,
-    (model, P, c, X real, X model)."""
+    (model, P, c, X real, X model, X sim)."""
     print("\nallreduce vs the D trend (real - idle - opt = M c + 2 (D-1)/D X):")
-    print(f"{'model':<5} {'P':>3} {'D':<8} {'c ms':>6} {'X real':>7} {'X model':>8} {'ratio':>6}")
+    print(f"{'model':<5} {'P':>3} {'D':<8} {'c ms':>6} {'X real':>7} {'X sim':>6} "
+          f"{'X model':>8} {'ratio':>6}")  # fmt: skip
     groups: dict[tuple, list[int]] = {}
     out = []
     for i, (name, P, *_rest) in enumerate(TABLE7):
@@ -225,13 +254,15 @@ def allreduce_check(tails: list[tuple]) -> list[tuple]:
             continue
         k = [2 * (tails[i][1] - 1) / tails[i][1] for i in rows]
         M = [tails[i][0] for i in rows]
-        y = [TABLE7[i][4] - tails[i][3] for i in rows]
-        c, X = _least_squares(M, k, y)
+        c, X = _least_squares(M, k, [TABLE7[i][4] - tails[i][3] for i in rows])
+        sim = _least_squares(M, k, [TABLE7[i][3] - tails[i][3] for i in rows])[1]
         model = statistics.mean(tails[i][2] / kk for i, kk in zip(rows, k, strict=True) if kk)
         ds = ",".join(str(tails[i][1]) for i in rows)
-        out.append((name, P, c, X, model))
-        print(f"{name:<5} {P:>3} {ds:<8} {1e3 * c:>6.1f} {X:>6.1f}s {model:>7.1f}s "
-              f"{X / model:>6.2f}")  # fmt: skip
+        out.append((name, P, c, X, model, sim))
+        print(f"{name:<5} {P:>3} {ds:<8} {1e3 * c:>6.1f} {X:>6.1f}s {sim:>5.1f}s "
+              f"{model:>7.1f}s {X / model:>6.2f}")  # fmt: skip
+    print("X model: jobctl's runtime, fp32 gradients, 4 rings on a VM's 10 Gbit/s NIC;")
+    print("Varuna's ring carries fp16 (all_reduce_dp_grads): on its wire, ratio x 2")
     return out
 
 

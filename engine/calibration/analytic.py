@@ -94,7 +94,11 @@ def analytic_calibration(spec: JobSpec, fingerprint: Fingerprint) -> Calibration
     device = spec.hardware.device
     overhead = BLOCK_OVERHEAD_S[device]
     scale = ELEMENT_BYTES[spec.training.precision] / 4  # model_costs counts fp32 bytes
-    tied = [x * scale for x in _tied_param_bytes(spec.model, costs.num_blocks)]
+    # Weights and gradients stay fp32 at every precision: the runtime computes under
+    # autocast over fp32 master weights (``runtime.step.autocast``) and sums p.grad as
+    # it is (``runtime.optim.allreduce_grads``), as the measured record counts them
+    # (numel x element_size); only activations and sends are half at fp16 / bf16.
+    tied = _tied_param_bytes(spec.model, costs.num_blocks)
     blocks = [
         _block(costs, i, overhead, tied[i], device, scale) for i in range(costs.num_blocks)
     ]
@@ -119,7 +123,8 @@ def _block(
     costs, i: int, overhead: float, tied: float, device: str, scale: float = 1.0
 ) -> BlockCalibration:
     """One block's analytic costs: FLOPs at the device rate plus a fixed overhead;
-    bytes of activations, sends and gradients at ``scale`` x their fp32 size."""
+    bytes of activations and sends at ``scale`` x their fp32 size, weights and their
+    gradients at fp32."""
     params = costs.params[i]
     step = costs.flops[i] / costs.device_flops  # forward seconds per sample
     fwd = {m: Stat(median=overhead + m * step) for m in ANALYTIC_M}
@@ -127,7 +132,7 @@ def _block(
     return BlockCalibration(
         name=costs.names[i],
         params=params,
-        param_bytes=4.0 * params * scale,
+        param_bytes=4.0 * params,
         state_bytes=costs.state_bytes[i],
         tied_bytes=tied,
         act_bytes=acts,

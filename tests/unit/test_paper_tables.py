@@ -51,11 +51,14 @@ def test_table7_left_one_out(tmp_path):
         held_out.append(abs(pt.predict(tmp_path, row, share)[1].step_time / row[4] - 1))
     assert max(device) < 0  # isolated kernels: faster than every measured step
     # The device model alone (the target, nothing fitted): 12.0 % / 20.6 % since the
-    # V100's cuBLAS share is taken of the card Markidis et al. measured (was 18.8 / 26.5).
-    assert statistics.median(abs(e) for e in device) <= 0.121
-    assert max(abs(e) for e in device) <= 0.207
-    assert statistics.median(held_out) <= 0.05
-    assert max(held_out) <= 0.105  # the issue's target is 0.10: see the benchmark
+    # V100's cuBLAS share is taken of the card Markidis et al. measured (was 18.8 / 26.5);
+    # 10.8 % / 17.7 % since gradients are priced fp32, as the runtime sums them.
+    assert statistics.median(abs(e) for e in device) <= 0.109
+    assert max(abs(e) for e in device) <= 0.178
+    # The fitted share (a diagnostic) now corrects compute alone: 6.6 % / 8.4 % (was
+    # 4.1 / 10.1 with the allreduce at fp16, when one share also absorbed part of it).
+    assert statistics.median(held_out) <= 0.067
+    assert max(held_out) <= 0.085  # the issue's target is 0.10: see the benchmark
 
 
 def test_least_squares_solves_two_unknowns_exactly():
@@ -67,19 +70,21 @@ def test_least_squares_solves_two_unknowns_exactly():
 
 def test_allreduce_check_recovers_a_slower_ring(monkeypatch):
     """Rows built from c = 50 ms per micro-batch, a bubble + optimizer of 1 s and an
-    allreduce X twice the model's: the check finds c, X and the ratio 2, and skips the
-    (model, P) measured at one D only."""
+    allreduce X twice the model's (Varuna's estimates: X 4 s): the check finds c, both
+    X and the ratio 2, and skips the (model, P) measured at one D only."""
     table = [("8.3B", 36, 3, 0, 0.0), ("8.3B", 36, 2, 0, 0.0), ("8.3B", 36, 1, 0, 0.0),
              ("2.5B", 9, 7, 0, 0.0)]  # fmt: skip
     tails, rows = [], []
     for name, P, D, _, _ in table:
         M, k = -(-8192 // D), 2 * (D - 1) / D
         tails.append((M, D, k * 1.5, 1.0))  # the model's X: 1.5 s
-        rows.append((name, P, D, 0, M * 0.05 + 1.0 + k * 3.0))  # real X: 3 s
+        # Varuna's estimate: X 4 s; the measurement: X 3 s.
+        rows.append((name, P, D, M * 0.05 + 1.0 + k * 4.0, M * 0.05 + 1.0 + k * 3.0))
     monkeypatch.setattr(pt, "TABLE7", rows)
-    [(name, P, c, x_real, model)] = pt.allreduce_check(tails)
+    [(name, P, c, x_real, model, x_sim)] = pt.allreduce_check(tails)
     assert (name, P) == ("8.3B", 36)
     assert c == pytest.approx(0.05) and x_real == pytest.approx(3.0) and model == pytest.approx(1.5)
+    assert x_sim == pytest.approx(4.0)
 
 
 def test_device_model_sits_between_two_public_v100_measurements(tmp_path):
