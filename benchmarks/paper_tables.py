@@ -11,8 +11,8 @@
    1170-2731 micro-batches of a batch of 8192, i.e. m = 1, so m = 1 is the main column
    and the planner's own m (Varuna's rule: the smallest m at which F(m)/m stops
    improving) gets a summary line (it picks m > 1, faster than the m = 1 measured).
-   Within a VM ranks are placed pipeline-major
-   (consecutive stages share a VM and its PCIe links; the paper does not say). PCIe
+   Within a VM ranks are placed pipeline-major (consecutive stages share a VM and
+   its PCIe links), as Varuna's launcher places them (below). PCIe
    3.0 x16 carries 126 Gbit/s (15.75 GB/s, PCI-SIG); the latency (50 us) is jobctl's
    default, the paper gives none.
 
@@ -24,8 +24,10 @@
    under 0.1 %; sends overlap compute; the allreduce is a ring over the stage's D
    replicas whose VM's NIC carries the rings of its 4 stages (10 Gbps / 4 each) after
    the stage's last backward, of the fp32 gradients jobctl's runtime sums (autocast
-   keeps fp32 master weights; it was priced at fp16 until this round: Varuna's wire,
-   not jobctl's, and the model prices jobctl's runs); recompute everywhere but on
+   keeps fp32 master weights), not Varuna's fp16 wire: the model prices jobctl's
+   runs, so these rows compare jobctl on Varuna's hardware with Varuna's runs and
+   their 2 x bytes move the rows toward the measured ones for jobctl's reason, not
+   Varuna's (the allreduce check below); recompute everywhere but on
    the last stage (Varuna's ``pipeline.py``); Varuna's
    Megatron-LM commit (28cd66e) has the fused scale-mask-softmax and bias-GeLU
    kernels the device model prices. One fact was wrong: the V100's cuBLAS share was
