@@ -119,6 +119,9 @@ def weight_grads(store: WeightStore, i: int) -> None:
 def _accumulate(t: torch.Tensor, g: torch.Tensor | None) -> None:
     if g is None or not t.requires_grad:
         return
+    # W's products run under the step's autocast (fp16/bf16): cast back, as autograd's
+    # cast of an fp32 weight does, so the weight keeps an fp32 gradient
+    g = g.to(t.dtype)
     if t.grad is None:  # a weight's gradient is its own tensor, as autograd leaves it
         t.grad = g.detach().clone() if isinstance(t, nn.Parameter) else g.detach()
     else:

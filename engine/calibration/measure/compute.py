@@ -15,7 +15,6 @@ output.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ from jobctl.engine.calibration.record import BlockCalibration, Stat
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.model.blocks import lm_loss, model_def
 from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.step import autocast
 from jobctl.spec import JobSpec, TrainingSpec
 
 Progress = Callable[[str, float], None]  # (what, fraction of blocks done)
@@ -68,10 +68,8 @@ class _CudaMark:
 
 
 def autocast_for(training: TrainingSpec, device: torch.device):
-    """The trainer's numerics: bf16 autocast when the spec asks for it."""
-    if training.precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """The trainer's numerics: its autocast at the spec's precision (bf16, fp16)."""
+    return autocast(training.precision, device)
 
 
 def measure_blocks(
