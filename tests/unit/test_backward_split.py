@@ -109,3 +109,18 @@ def test_layers_replaced_by_someone_else_keep_their_forward() -> None:
     layer.forward = lambda x: nn.functional.linear(x, layer.weight, layer.bias)  # e.g. CSR
     deferred = defer_linear_weights(stage, WeightStore())
     assert layer.weight not in deferred and len(deferred) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_split_backward_under_autocast_keeps_fp32_weight_gradients(dtype) -> None:
+    # The step runs B and W under its autocast (runtime.step.autocast): W's products
+    # come out in half and go back to the fp32 weights as autograd's cast does.
+    torch.set_num_threads(1)
+    stage, x = _stage([3, 4])
+    with torch.autocast("cpu", dtype=dtype):
+        whole = _whole(stage, x, last=True)[1]
+        split = _split(stage, x, last=True)[1]
+    for name, g in whole.items():
+        assert split[name].dtype == torch.float32, name
+        # the same half products and casts as autograd's: seen bit-equal
+        torch.testing.assert_close(split[name], g, rtol=0, atol=0, msg=name)
