@@ -61,14 +61,15 @@ class LossScaler:
         """Divide ``params``' gradients by S in place; True if any is inf or NaN here.
 
         1 / S is a power of two, so unscaling is exact: the order of summing and
-        unscaling (replicas sum scaled gradients) does not change a bit."""
-        inv = 1.0 / self.scale
+        unscaling (replicas sum scaled gradients) does not change a bit. GradScaler's
+        own fused kernel: one pass, one device sync for the flag."""
+        grads = [p.grad for p in params if p.grad is not None]
         found = False
-        for p in params:
-            if p.grad is None:
-                continue
-            p.grad.mul_(inv)
-            found = found or not bool(torch.isfinite(p.grad).all())
+        if grads:
+            flag = torch.zeros(1, device=grads[0].device)
+            inv = torch.full((1,), 1.0 / self.scale, device=grads[0].device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
+            found = bool(flag.item())
         self.found_here, self.agreed = found, False
         return found
 
