@@ -172,3 +172,31 @@ def test_fp16_refusals_name_field_line_and_fix(edit, expected) -> None:
     if "mobius" in text:
         text = text.replace("  pipeline_stages: 2\n", "")
     assert expected in _error(text)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_memory_model_counts_what_an_fp16_step_keeps(optimizer) -> None:
+    # fp16 computes in half, but the weights, their gradients and the optimizer's
+    # slots stay fp32: the planner's state bytes must be the tensors a real fp16 step
+    # (autocast, scaled backward, unscale, update) leaves on a stage, byte for byte.
+    from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
+    from jobctl.engine.calibration.cache import model_hash
+    from jobctl.engine.model.blocks import Stage, model_def
+    from jobctl.engine.runtime.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    over = {"training.optimizer": optimizer, "training.momentum": 0.9 * (optimizer == "sgd")}
+    spec = tiny_spec(**over, **{"training.precision": "fp16"})
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    stage = Stage(model_def(spec.model, 0, 2), [1, 2])  # two transformer layers
+    opt = build_optimizer(list(stage.parameters()), spec.training)
+    scaler = loss_scaler(spec.training)
+    with autocast("fp16", torch.device("cpu")):
+        out = stage(torch.randn(2, spec.model.seq_len, spec.model.hidden))
+    scaler.scaled(out.float().square().mean()).backward()
+    assert scaler.unscale(list(stage.parameters())) is False
+    opt.step()
+    kept = sum(p.nbytes + p.grad.nbytes for p in stage.parameters())
+    kept += sum(v.nbytes for s in opt.state.values() for v in s.values() if v.dim())
+    assert kept == sum(cal.blocks[b].state_bytes for b in (1, 2))
+    assert all(p.grad.dtype == torch.float32 for p in stage.parameters())
