@@ -33,9 +33,10 @@ class LossScaleSpec(SpecModel):
 
 
 def loss_scale_violations(training: Any) -> Iterator[Violation]:
-    """``training.loss_scale`` set where nothing scales the loss (``training`` is a
-    ``TrainingSpec``)."""
-    if "loss_scale" in training.model_fields_set and training.precision != "fp16":
+    """``training.loss_scale`` changed where nothing scales the loss (``training`` is a
+    ``TrainingSpec``). Changed, not merely written: a run's saved spec writes every
+    field, the default rule included."""
+    if training.loss_scale != LossScaleSpec() and training.precision != "fp16":
         yield Violation(
             "loss_scale",
             f"loss_scale is only used by precision fp16, but precision is {training.precision!r}",
