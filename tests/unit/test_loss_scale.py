@@ -18,6 +18,7 @@ from jobctl.engine.runtime.loss_scale import (
 )
 from jobctl.engine.runtime.step import autocast
 from jobctl.spec import SpecError, load_spec_text
+from jobctl.spec.serialization import dump_yaml
 
 from ..jobrun import tiny_spec
 
@@ -168,6 +169,8 @@ def _error(text: str) -> str:
 )  # fmt: skip
 def test_fp16_refusals_name_field_line_and_fix(edit, expected) -> None:
     assert load_spec_text(SPEC).training.precision == "fp16"  # the plain case is valid
+    # a run's saved spec writes every field (the default rule too) and must load
+    assert load_spec_text(dump_yaml(load_spec_text(SPEC.replace("fp16", "fp32"))))
     text = SPEC.replace(*edit)
     if "mobius" in text:
         text = text.replace("  pipeline_stages: 2\n", "")
