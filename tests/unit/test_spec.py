@@ -167,7 +167,7 @@ def test_json_schema_describes_every_property() -> None:
         "JobSpec", "ModelSpec", "DataSpec", "TrainingSpec", "HardwareSpec", "InterconnectSpec",
         "ParallelismSpec", "ElasticitySpec", "PruningSpec", "RebalancingSpec", "CheckpointSpec",
         "ScheduleSpec", "SlurmSpec", "KubernetesSpec", "SshSpec", "BudgetSpec", "PlannerSpec",
-        "HuggingFaceSpec", "TopologySpec",
+        "HuggingFaceSpec", "TopologySpec", "LossScaleSpec",
     }  # fmt: skip
     undocumented = [
         f"{name}.{prop}"
