@@ -30,7 +30,7 @@ import urllib.parse
 from pathlib import Path
 
 from jobctl.engine.channel.server import bearer
-from jobctl.engine.core.env import CHANNEL_FLUSH_S, CHANNEL_SECRET, CHANNEL_URL, EVENTS
+from jobctl.engine.core.env import CHANNEL_FLUSH_S, CHANNEL_SECRET, CHANNEL_URL, EPOCH, EVENTS
 from jobctl.engine.core.events import EventLog, Kind
 
 
@@ -207,7 +207,10 @@ def event_sink(run_dir: Path, rank: int, node: int | None = None):
     url, secret = os.environ.get(CHANNEL_URL), os.environ.get(CHANNEL_SECRET)
     if url and secret:
         alive = None if node is None else {"rank": rank, "node": node}
-        return ChannelSink(url, secret, src=f"rank-{rank}-{os.getpid()}", alive=alive)
+        # A sender numbers its batches from 0: a process that trains on under a new rank
+        # (re-formed in place, engine/worker/reform.py) is a new sender, its epoch says.
+        src = f"rank-{rank}-{os.getpid()}-{os.environ.get(EPOCH, '0')}"
+        return ChannelSink(url, secret, src=src, alive=alive)
     if os.environ.get(EVENTS) == "network":
         raise RuntimeError(
             f"{EVENTS}=network but {CHANNEL_URL} or {CHANNEL_SECRET} is not set in this "

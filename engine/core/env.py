@@ -60,3 +60,6 @@ DATA_TRACE = "JOBCTL_DATA_TRACE"
 #: loop step STEP (0-based) or a later one is inside WHERE (forward, allreduce,
 #: optimizer, checkpoint), for the chaos tests (engine/worker/chaos.py).
 CHAOS = "JOBCTL_CHAOS"
+#: How many times a survivor's process group was re-formed in place after a lost node
+#: (engine/worker/reform.py): the hand-over keys of the next loss are that epoch's.
+EPOCH = "JOBCTL_EPOCH"

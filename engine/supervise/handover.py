@@ -22,7 +22,7 @@ from jobctl.engine.channel.host import read_host
 from jobctl.engine.checkpoint.emergency import survivors_of, uncovered_stages
 from jobctl.engine.state.db import StateDB
 
-KEY = "jobctl/emergency/"  # engine/worker/survival.py's
+KEY = "jobctl/emergency/"  # engine/worker/survival.py's, then the epoch
 # Beyond a survivor's own bounds (engine/worker/survival.py: its peers' records, 60 s),
 # so a slow peer ends in an answer rather than in the supervisor giving up first.
 WAIT_S = float(os.environ.get("JOBCTL_HANDOVER_WAIT_S", "100"))
@@ -31,17 +31,20 @@ WAIT_S = float(os.environ.get("JOBCTL_HANDOVER_WAIT_S", "100"))
 class Handover:
     """One lost-node handover: the word to the survivors, then their answers."""
 
-    def __init__(self, run, lost: list[int], gone: set[int], clock: Callable[[], float]):
+    def __init__(
+        self, run, lost: list[int], gone: set[int], clock: Callable[[], float], epoch: int = 0
+    ):
         self.run, self.lost, self.clock = run, sorted(lost), clock
+        self.key = f"{KEY}{epoch}/"  # this loss's keys (an epoch per re-formation in place)
         plan = run.plan
         self.survivors = survivors_of(plan, self.lost, gone)
         self.missing = uncovered_stages(plan, self.survivors)
         self.deadline = clock() + WAIT_S
         self.answers: dict[int, dict] = {}
-        self.store = _store(run.dir)
+        self.store = connect_store(run.dir)
         if self.store is not None:  # survivors waiting for it learn at once either way
             word = {"nodes": self.lost, "gone": sorted(gone)}
-            self.store.set(f"{KEY}lost", json.dumps(word))
+            self.store.set(f"{self.key}lost", json.dumps(word))
 
     @property
     def possible(self) -> bool:
@@ -53,7 +56,7 @@ class Handover:
         if not self.possible:
             return True
         for r in self.survivors:
-            key = f"{KEY}done/{r}"
+            key = f"{self.key}done/{r}"
             if r not in self.answers and self.store.check([key]):
                 self.answers[r] = json.loads(self.store.get(key))
         return len(self.answers) == len(self.survivors) or self.clock() > self.deadline
@@ -85,7 +88,7 @@ class Handover:
         return got
 
 
-def _store(run_dir):
+def connect_store(run_dir):
     """A client of the attempt's run host store, or None (no run host)."""
     host = read_host(run_dir)
     endpoint = getattr(host, "rdzv_endpoint", None) if host is not None else None

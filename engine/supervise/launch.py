@@ -102,15 +102,38 @@ def prepare_run(
     visible.
     """
     run_dir = db.runs_dir / run_id
-    if (run_dir / "plan.json").exists():
-        _archive_plan(run_dir)
-    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    write_plan(run_dir, plan)
     ctx = run_context(spec, plan, run_id, run_dir, env, secret_env=secret_env)
     rendered = get_backend(backend).render(ctx)
     rendered.write(run_dir / "scripts")
     fields = {"devices": plan.world_size, "plan": plan.summary(), "backend": backend}
     db.update_run(run_id, exit_code=None, message=None, **fields)
     return Run(run_id, run_dir, ctx, rendered, plan)
+
+
+def recorded_run(
+    spec: JobSpec, db: StateDB, run_id: str, backend: str, plan: Plan | None, devices
+) -> Run:
+    """The run as recorded, for an answer when no attempt ran in this process."""
+    from jobctl.engine.planner.resolver import make_plan
+
+    run_dir = db.runs_dir / run_id
+    path = run_dir / "plan.json"
+    if path.exists():
+        plan = Plan.model_validate_json(path.read_text())
+    elif plan is None:  # stopped before it was ever planned
+        plan = make_plan(spec, devices, home=db.home)
+    ctx = run_context(spec, plan, run_id, run_dir)
+    return Run(run_id, run_dir, ctx, Rendered(backend, {}), plan)
+
+
+def write_plan(run_dir: Path, plan: Plan) -> None:
+    """An attempt's plan as ``plan.json`` (the previous one's archived first)."""
+    if (run_dir / "plan.json").exists():
+        _archive_plan(run_dir)
+    tmp = run_dir / ".plan.json.tmp"  # whole or not at all: survivors read it at once
+    tmp.write_text(plan.model_dump_json(indent=2))
+    tmp.replace(run_dir / "plan.json")
 
 
 def _archive_plan(run_dir: Path) -> None:

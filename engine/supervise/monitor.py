@@ -44,6 +44,7 @@ class Outcome:
     straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
     loss: Loss | None = None
     handover: dict | None = None  # lost nodes: the survivors' emergency step, or why none
+    survivors_wait: bool = False  # they handed it over and wait to re-form in place
 
 
 class Monitor:
@@ -81,6 +82,9 @@ class Monitor:
         self.released_handles: set[int] = set()  # handles that end on their own, exit 0
         self.left: set[int] = set()  # released handles seen ended
         self.handover: tuple[Handover, str] | None = None  # lost nodes, survivors writing
+        # Re-forming in place (engine/supervise/reform.py): the survivors are kept after
+        # a hand-over; the attempt's epoch; its agents released once every step trained.
+        self.keep_survivors, self.epoch, self.release_at_end = False, 0, False
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
     # Every rank checkpointed and said so: what still runs is at most torchrun's exit
@@ -129,6 +133,8 @@ class Monitor:
         """Nodes packing freed go back to the backend once every rank on them has left
         (each wrote ``freed`` with the node script it ran under): their processes end on
         their own, which is expected."""
+        if self.release_at_end and self.records.finished and not self.released:
+            self._release(list(range(len(self.handles))), "every step trained")
         if not self.records.freed_ranks:
             return
         per_node = self.run.ctx.nproc_per_node
@@ -140,18 +146,21 @@ class Monitor:
             for n, count in left.items()
             if n not in self.released and n < len(per_node) and count >= per_node[n]
         )
-        if not done:
-            return
-        self.released |= set(done)
+        if done:
+            self._release(done, "freed by packing")
+
+    def _release(self, nodes: list[int], why: str) -> None:
+        """Hand ``nodes`` back to the backend: their agents end, their exit is expected."""
+        self.released |= set(nodes)
         try:
-            got = self.backend.release(self.handles, done)
+            got = self.backend.release(self.handles, nodes)
         except (BackendError, OSError) as e:
-            msg = f"node(s) {done} were freed but could not be released: {e}"
-            self.db.add_event(self.run.id, "release_error", msg, {"nodes": done})
+            msg = f"node(s) {nodes} could not be released ({why}): {e}"
+            self.db.add_event(self.run.id, "release_error", msg, {"nodes": nodes})
             return
         self.released_handles |= set(got.handles)
-        msg = f"released node(s) {done} freed by packing: {got.note}"
-        self.db.add_event(self.run.id, "released", msg, {"nodes": done, "note": got.note})
+        msg = f"released node(s) {nodes} {why}: {got.note}"
+        self.db.add_event(self.run.id, "released", msg, {"nodes": nodes, "note": got.note})
 
     def _read_statuses(self) -> list[NodeStatus]:
         """The backend's view of every handle; a released node's end is expected (exit 0)."""
@@ -220,8 +229,8 @@ class Monitor:
         self.backend.cancel([self.handles[n] for n in lost] if own else self.handles, 9)
         plan = getattr(self.run, "plan", None)
         if own and plan is not None:
-            self.handover = (Handover(self.run, lost, set(self.records.freed_ranks), self.clock),
-                             msg)  # fmt: skip
+            gone = set(self.records.freed_ranks)
+            self.handover = (Handover(self.run, lost, gone, self.clock, self.epoch), msg)
             return self._handed_over()
         return self._conclude("preempted", 1, msg, lost)
 
@@ -230,10 +239,14 @@ class Monitor:
         handover, msg = self.handover
         if not handover.settled():
             return None
-        self.backend.cancel(self.handles, 9)
         self._consume_metrics()  # their last records (the handed-over step's) first
         out = self._conclude("preempted", 1, msg, handover.lost)
         out.handover = handover.record(self.db)
+        # Kept to re-form in place: every survivor handed over, none packed away.
+        keep = self.keep_survivors and not self.records.freed_ranks
+        out.survivors_wait = keep and out.handover["step"] is not None
+        if not out.survivors_wait:
+            self.backend.cancel(self.handles, 9)
         return out
 
     def _nodes(self, handle_index: int) -> list[int]:

@@ -46,11 +46,13 @@ from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.adoption import AdoptError, FinishedNodes, archive_offset, live_run
 from jobctl.engine.supervise.attempt import Attempt, ProcessLauncher, ProgressView, claim_host
 from jobctl.engine.supervise.budget import BudgetWatch
+from jobctl.engine.supervise.in_place import InPlaceSteps
 from jobctl.engine.supervise.launch import (
     Run,
     channel_env,
     new_run_id,
     prepare_run,
+    recorded_run,
     register_run,
     run_context,
 )
@@ -64,7 +66,7 @@ HANDOVER_POLL_S = 0.05  # the poll while survivors hand a step over (engine/work
 ORPHANED = {p.value for p in ACTIVE} | {"launching", "stopping"}
 
 
-class Supervisor:
+class Supervisor(InPlaceSteps):
     """Walks one run through its phases; see the module docstring."""
 
     def __init__(
@@ -98,6 +100,7 @@ class Supervisor:
         self.watched_at = 0.0  # when the running attempt was first polled (deadline_s)
         self.launched_at: float | None = None  # this process launched the attempt (time)
         self.done = False
+        self.epoch, self.reforming = 0, None  # re-formations in place (InPlaceSteps)
 
     # -- the loop ------------------------------------------------------------------
     def run_to_end(self, interval: float = 0.25) -> tuple[Run, Outcome]:
@@ -114,7 +117,10 @@ class Supervisor:
             if not self.done:  # interrupted: this process leaves the run
                 self._close_attempt()
                 self.db.release_supervisor(self.run_id, os.getpid())
-        return self.current or self._existing_run(), self.outcome
+        existing = self.current or recorded_run(
+            self.spec, self.db, self.run_id, self.backend, self.plan, self.opts.devices
+        )
+        return existing, self.outcome
 
     def step(self) -> str:
         """One transition (or one poll of the running attempt); the phase afterwards."""
@@ -125,7 +131,7 @@ class Supervisor:
         self._apply_stop()
         if self.done:
             return self.phase
-        if self.monitor is not None:
+        if self.monitor is not None or self.reforming is not None:
             return self._poll()
         if self.attempt is not None:
             return self._start_training()
@@ -223,9 +229,13 @@ class Supervisor:
             if self.plan is None:
                 cal = self.cal or calibration_for(self.spec, self.db.home)
                 self.plan = make_plan(self.spec, self.opts.devices, cal, self.db.home)
+        return self._note_plan()
+
+    def _note_plan(self) -> str:
         self.db.add_event(
             self.run_id, "plan", self.plan.summary(), {"devices": self.plan.world_size}
         )
+        self.db.update_run(self.run_id, devices=self.plan.world_size, plan=self.plan.summary())
         return self.phase
 
     def _launch(self) -> str:
@@ -295,9 +305,12 @@ class Supervisor:
             a.run, a.backend, a.handles, self.db, total, on_event,
             el.straggler_threshold, el.heartbeat_timeout_s, self.clock, activity,
         )  # fmt: skip
+        self._watch_in_place(self.monitor)
 
     # -- while an attempt runs -----------------------------------------------------
     def _poll(self) -> str:
+        if self.reforming is not None:
+            return self._await_reform()
         self.budget.check()  # a stop request or a scale request, applied like the user's
         outcome = self.monitor.poll_once()
         first_step_ts = self.monitor.records.first_step_ts
@@ -313,14 +326,17 @@ class Supervisor:
             outcome = Outcome(False, 124, msg, self.monitor.records.losses, "failed")
         if outcome is None:
             return self._refresh()
-        self._close_attempt()
         if outcome.kind not in ("preempted", "morph"):
+            self._close_attempt()
             return self._finish(outcome)
         self.outcome = outcome
         if outcome.kind == "preempted":  # recovery is timed from the loss itself
             loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
             self.loss = replace(loss, trained=max(loss.trained, self._trained(outcome)))
         self._transition("morphing", outcome.message.splitlines()[0])
+        if outcome.survivors_wait:
+            return self._reform_in_place()
+        self._close_attempt()
         return self.phase
 
     def _trained(self, outcome: Outcome) -> int:
@@ -380,14 +396,3 @@ class Supervisor:
     def _refresh(self) -> str:
         self.phase = self.db.get_run(self.run_id)["phase"]
         return self.phase
-
-    def _existing_run(self) -> Run:
-        """The run as recorded, for an answer when no attempt ran in this process."""
-        run_dir = self.db.runs_dir / self.run_id
-        path = run_dir / "plan.json"
-        if path.exists():
-            plan = Plan.model_validate_json(path.read_text())
-        else:  # stopped before it was ever planned
-            plan = self.plan or make_plan(self.spec, self.opts.devices, home=self.db.home)
-        ctx = run_context(self.spec, plan, self.run_id, run_dir)
-        return Run(self.run_id, run_dir, ctx, Rendered(self.backend, {}), plan)

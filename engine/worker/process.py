@@ -43,6 +43,7 @@ from jobctl.engine.worker.timeline import mark  # noqa: E402
 if TYPE_CHECKING:
     from jobctl.engine.core.plan import Plan
     from jobctl.engine.runtime.trainer import Trainer
+    from jobctl.engine.worker.reform import Reform
     from jobctl.spec.job import JobSpec
 
 
@@ -128,15 +129,19 @@ def _join_group(plan: Plan, rank: int) -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
-    """Build the trainer and train; a failure is written to ``errors/rank-<RANK>.txt``."""
+def _train(
+    spec: JobSpec, plan: Plan, run_dir: Path, rank: int, resume: Path | None,
+    reformed: Reform | None = None,
+) -> tuple[Trainer, Reform | None]:
+    """Build the trainer and train; a failure is written to ``errors/rank-<RANK>.txt``.
+    Returns the trainer and, where a lost peer's survivors re-form in place
+    (engine/worker/reform.py), the word this rank trains on under."""
     from jobctl.engine.runtime.failure import StepFailure
     from jobctl.engine.worker.assembly import build_trainer
 
-    resume = os.environ.get(RESUME_DIR)
     try:
         device = _device(plan.device)
-        trainer = build_trainer(spec, plan, run_dir, rank, device, Path(resume) if resume else None)
+        trainer = _build(build_trainer, (spec, plan, run_dir, rank, device, resume), reformed)
         mark("built")
         # SIGTERM (preemption notice, `jobctl stop`): checkpoint at the end of this step.
         signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
@@ -145,18 +150,42 @@ def _train(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> Trainer:
         trainer.run()
     except BaseException as e:
         if isinstance(e, StepFailure):  # a lost peer: hand the held step over, or fall back
-            _survive(trainer, e, run_dir)
+            reform = _survive(trainer, e, run_dir)
+            if reform is not None:
+                return trainer, reform
         traceback.print_exc()
         (run_dir / "errors").mkdir(exist_ok=True)
         (run_dir / "errors" / f"rank-{rank}.txt").write_text(traceback.format_exc())
         raise
+    return trainer, None
+
+
+def _build(build, args: tuple, reformed: Reform | None) -> Trainer:
+    """``build(*args)``; after a re-formation in place, said to the supervisor, and a
+    failure there ends this process without an error report: the supervisor then
+    relaunches from the same checkpoint (a bug shows again there, and is reported)."""
+    if reformed is None:
+        return build(*args)
+    from jobctl.engine.worker.reform import answer
+    from jobctl.engine.worker.survival import lasting_store
+
+    store = lasting_store()
+    try:
+        trainer = build(*args)
+    except BaseException as e:
+        traceback.print_exc()
+        answer(store, reformed, f"rank {reformed.rank}: {type(e).__name__}: {e}")
+        sys.stdout.flush()
+        os._exit(1)
+    answer(store, reformed)
     return trainer
 
 
-def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> None:
-    """A lost peer: hand the held step over (engine/worker/survival.py) and leave with
-    exit status 0, so this node's agent tears down no local peer that still writes;
-    returns (the failure is raised as before) when there is nothing to hand over."""
+def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform | None:
+    """A lost peer: hand the held step over (engine/worker/survival.py), then train on
+    in place (the word returned) or leave with exit status 0, so this node's agent
+    tears down no local peer that still writes; returns None (the failure is raised as
+    before) when there is nothing to hand over."""
     from jobctl.engine.worker.survival import survive
 
     try:
@@ -165,9 +194,34 @@ def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> None:
         traceback.print_exc()
         decision = None
     if decision is None or decision.step is None:
-        return
+        return None
     print(f"rank {trainer.rank}: lost a peer; handed over step {decision.step}", flush=True)
-    _leave(trainer)
+    reform = _await_reform(trainer)
+    if reform is None:
+        _leave(trainer)
+    return reform
+
+
+def _await_reform(trainer: Trainer) -> Reform | None:
+    """The supervisor's word to re-form in place (engine/worker/reform.py), this rank
+    already in its new group, or None (leave). A SIGTERM from here on is a stop the
+    new trainer honours at its first step, or, before the word, a reason to leave."""
+    from jobctl.engine.worker.reform import await_word, rejoin, release
+    from jobctl.engine.worker.survival import lasting_store
+
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
+    store = lasting_store()
+    word = await_word(store, trainer.rank, lambda: bool(_early_sigterm))
+    if word is None or _early_sigterm:
+        return None
+    mark("reform")
+    release(trainer)
+    rejoin(store, word)
+    print(f"rank {trainer.rank}: re-formed in place as rank {word.rank} of "
+          f"{word.plan.summary()}", flush=True)  # fmt: skip
+    _redirect_output(Path(os.environ[RUN_DIR]), word.rank)  # its log is the new rank's
+    mark("group")
+    return word
 
 
 def _leave(trainer: Trainer) -> None:
@@ -215,7 +269,11 @@ def main() -> int:
     spec = load_spec(run_dir / "spec.yaml")
     _join_group(plan, rank)
     mark("group")
-    trainer = _train(spec, plan, run_dir, rank)
+    resume = os.environ.get(RESUME_DIR)
+    trainer, reform = _train(spec, plan, run_dir, rank, Path(resume) if resume else None)
+    while reform is not None:  # re-formed in place after a lost node: train on
+        plan, rank = reform.plan, reform.rank
+        trainer, reform = _train(spec, plan, run_dir, rank, reform.resume, reform)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
     if trainer.freed:

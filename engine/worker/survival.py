@@ -35,17 +35,23 @@ from jobctl.engine.checkpoint.blocks import snapshot_blocks
 from jobctl.engine.checkpoint.emergency import Decision, decide, survivors_of, write_part
 from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.checkpoint.resume import local_root
-from jobctl.engine.core.env import CHANNEL_URL, RDZV_ENDPOINT, SHARED_CKPT_DISK
+from jobctl.engine.core.env import CHANNEL_URL, EPOCH, RDZV_ENDPOINT, SHARED_CKPT_DISK
 from jobctl.engine.core.events import Kind
 from jobctl.engine.runtime.failure import Held, cut_peer_connections
 from jobctl.engine.runtime.trainer import Trainer
 
-KEY = "jobctl/emergency/"  # the run host's store is the attempt's own
+KEY = "jobctl/emergency/"  # then the epoch (engine/worker/reform.py): its own keys
 WORD_WAIT_S = float(os.environ.get("JOBCTL_EMERGENCY_WAIT_S", "60"))
 PEERS_WAIT_S = 60.0  # survivors that saw the loss later (a collective that had not failed,
 # a checkpoint write to settle first: up to WRITER_WAIT_S, more on a loaded machine)
 WRITER_WAIT_S = 20.0  # this rank's regular checkpoint write in flight
 TORN = "torn down (SIGTERM) while handing over: the run falls back"
+
+
+def epoch() -> int:
+    """This process's epoch: how many times its group was re-formed in place
+    (engine/worker/reform.py); a loss's keys in the run host's store are the epoch's."""
+    return int(os.environ.get(EPOCH, "0"))
 
 
 def lasting_store():
@@ -84,8 +90,11 @@ def survive(trainer: Trainer, held: Held, run_dir: Path) -> Decision | None:
         except Exception as e:  # noqa: BLE001 - the supervisor hears why, rather than waits
             decision = Decision(None, f"rank {trainer.rank}: {type(e).__name__}: {e}"[:300])
     if decision is not None:
+        # Its records (the step's, the checkpoint's) are in the run's metrics before it
+        # answers: the supervisor reads them as this attempt's, never the next one's.
+        getattr(trainer.events, "flush", lambda timeout: True)(timeout=5.0)
         answer = {"step": decision.step, "why": decision.why}
-        store.set(f"{KEY}done/{trainer.rank}", json.dumps(answer))
+        store.set(f"{KEY}{epoch()}/done/{trainer.rank}", json.dumps(answer))
     return decision
 
 
@@ -119,14 +128,14 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
     if torn():  # leaving: the others must not count on this rank's blocks
         return Decision(None, f"rank {rank}: {TORN}")
     cut_peer_connections(_run_host_ports(store))  # a peer blocked on this rank fails now
-    store.set(f"{KEY}rank/{rank}", json.dumps(held.as_record()))
-    word = wait_key(store, f"{KEY}lost", WORD_WAIT_S, torn)
+    store.set(f"{KEY}{epoch()}/rank/{rank}", json.dumps(held.as_record()))
+    word = wait_key(store, f"{KEY}{epoch()}/lost", WORD_WAIT_S, torn)
     if torn():
         return Decision(None, f"rank {rank}: {TORN}")
     if word is None:
         return None
     ranks = survivors_of(plan, word["nodes"], set(word.get("gone", [])))
-    found = {r: wait_key(store, f"{KEY}rank/{r}", PEERS_WAIT_S, torn) for r in ranks}
+    found = {r: wait_key(store, f"{KEY}{epoch()}/rank/{r}", PEERS_WAIT_S, torn) for r in ranks}
     if torn():
         return Decision(None, f"rank {rank}: {TORN}")
     decision = decide(plan, {r: h for r, h in found.items() if h is not None})

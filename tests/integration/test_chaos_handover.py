@@ -5,10 +5,12 @@ A 2 x 2 job placed pipeline-major (node 0 runs replica 0's two stages, node 1 re
 torchrun agent, both workers) the moment it is inside a forward, the gradient
 all-reduce, the optimizer update or a checkpoint write (``JOBCTL_CHAOS``,
 engine/worker/chaos.py). The survivors on node 0 hand the step they hold over as an
-emergency checkpoint and the run morphs onto them from that step: every step is
-recorded once, in order (none trained twice), with the loss an uninterrupted single
-process gets, and the recovery says 0 steps lost. With D = 1 a lost node takes a stage
-with it: the run falls back to its newest checkpoint and says so.
+emergency checkpoint and the run morphs onto them from that step, re-formed in place
+(their own processes train on, engine/worker/reform.py), or relaunched where they
+cannot re-form: every step is recorded once, in order (none trained twice), with the
+loss an uninterrupted single process gets, and the recovery says 0 steps lost. With
+D = 1 a lost node takes a stage with it: the run falls back to its newest checkpoint
+and says so.
 """
 
 from __future__ import annotations
@@ -96,12 +98,33 @@ def test_lost_node_hands_over_its_step(tmp_path, monkeypatch, chaos):
     assert handed["step"] is not None and handed["survivors"] == [0, 1], handed
     resumed = _data(db, run_id, "resume")
     assert resumed["step"] == handed["step"] >= int(chaos.split(":")[1])
+    assert resumed["in_place"]  # the survivors' own processes trained on (no relaunch)
     recovery = _data(db, run_id, "recovery")
     assert recovery["steps_lost"] == 0 and recovery["source"] == "emergency checkpoint"
     assert db.get_run(run_id)["plan"].startswith("P=1 D=2")  # morphed onto node 0
     _check_each_step_once(spec, run_dir)
+    kinds = [e["kind"] for e in db.events(run_id)]
+    assert "released" in kinds  # the survivors' agents, freed from torchrun's exit barrier
     if "forward" in chaos:  # what the user sees
         assert "(0 steps lost)" in _status(tmp_path, run_id)
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_survivors_that_cannot_re_form_are_relaunched_from_their_step(tmp_path, monkeypatch):
+    """The survivors leave instead of re-forming (no word in 0 s): after its bound the
+    supervisor relaunches from the same emergency checkpoint; still no step lost."""
+    monkeypatch.setenv("JOBCTL_REFORM_WAIT_S", "0")  # the survivors' wait for the word
+    monkeypatch.setenv("JOBCTL_REFORM_SETTLE_S", "3")  # the supervisor's for their answers
+    spec = _spec()
+    db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, "3:4:forward")
+    handed = _data(db, run_id, "emergency")
+    failed = [e for e in db.events(run_id) if e["kind"] == "reform"]
+    assert failed and "re-forming in place failed" in failed[0]["message"]
+    resumed = _data(db, run_id, "resume")
+    assert resumed["step"] == handed["step"] and not resumed.get("in_place")
+    assert _data(db, run_id, "recovery")["steps_lost"] == 0
+    _check_each_step_once(spec, run_dir)
 
 
 @pytest.mark.multiproc

@@ -197,7 +197,13 @@ def test_event_sink_uses_the_channel(server, tmp_path, monkeypatch):
     assert isinstance(sink, ChannelSink)
     sink.write("sigterm", rank=2, node=1)
     assert sink.close(10)
-    assert _lines(tmp_path / "metrics.jsonl")[0]["src"] == f"rank-2-{os.getpid()}"
+    assert _lines(tmp_path / "metrics.jsonl")[0]["src"] == f"rank-2-{os.getpid()}-0"
+    # Re-formed in place (a new rank, the same process): a new sender, numbered from 0.
+    monkeypatch.setenv("JOBCTL_EPOCH", "1")
+    again = event_sink(tmp_path / "elsewhere", 2)
+    again.write("sigterm", rank=2, node=1)
+    assert again.close(10)
+    assert _lines(tmp_path / "metrics.jsonl")[1]["src"] == f"rank-2-{os.getpid()}-1"
 
 
 def test_heartbeat_watch_flags_only_silent_running_nodes():

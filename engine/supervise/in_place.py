@@ -1,0 +1,86 @@
+"""The supervisor's steps that re-form a run's survivors in place (issue #25).
+
+A part of ``Supervisor`` (engine/supervise/supervisor.py) kept in its own file: after
+a lost node whose survivors handed their step over and wait (``Outcome.survivors_wait``),
+``_reform_in_place`` re-plans for the devices left and posts the word
+(engine/supervise/reform.py); each poll then goes to ``_await_reform`` until every
+survivor has built its new trainer, and the same processes are watched as the next
+attempt. Where they cannot re-form (the plan does not fit the surviving nodes, no
+store, a survivor failed or did not answer in time) the survivors are ended and the
+run is relaunched from the same emergency checkpoint, as before.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from jobctl.engine.supervise import reform
+from jobctl.engine.supervise.scaling import next_attempt
+
+
+class InPlaceSteps:
+    """``Supervisor``'s in-place re-formation (see the module docstring)."""
+
+    epoch: int  # re-formations in place so far
+    reforming: reform.Reformation | None  # the survivors' answers, while due
+
+    def _watch_in_place(self, monitor) -> None:
+        """A new monitor's part in re-forming: its epoch's keys; survivors kept where
+        their agents can be released at the end, and released then after a re-form."""
+        monitor.epoch = self.epoch
+        monitor.keep_survivors = self.attempt.backend.name in reform.BACKENDS
+        monitor.release_at_end = self.epoch > 0
+
+    def _reform_in_place(self) -> str:
+        """Re-plan for the survivors and re-form them, or relaunch where they cannot."""
+        self._transition("planning", "re-planning for the devices left")
+        out = self.outcome
+        after = next_attempt(self.spec, self.plan, out, self.db, self.run_id, self.backend)
+        point = self._resume_point() if after is not None else None
+        started = None
+        if point is not None and point.step == out.handover["step"]:
+            started = reform.begin(
+                self.spec, self.attempt, after, out.lost_nodes, point, self.epoch, self.clock
+            )
+        if started is None:  # the relaunch: the survivors are ended first
+            self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
+            self._close_attempt()
+            if after is None:
+                return self._finish(out)
+            self.plan = after
+            return self._note_plan()
+        if self.progress is not None:  # the next attempt's bar comes with its monitor
+            self.progress.stop()
+        self.plan, (self.attempt, self.reforming) = after, started
+        self.current, self.monitor = self.attempt.run, None
+        self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
+        return self._note_plan()
+
+    def _await_reform(self) -> str:
+        """The survivors' answers; once all built their trainers, train on (a failure:
+        relaunch from the same checkpoint, the survivors ended first)."""
+        why = self.reforming.settled()
+        ended = [s.detail for s in self.attempt.backend.status(self.attempt.handles) if s.done]
+        if why is None and ended:  # a survivor's node gave up (or was ended) meanwhile
+            why = f"a surviving node ended ({', '.join(ended)})"
+        if why is None:
+            return self._refresh()
+        step, self.reforming = self.reforming.step, None
+        if why:
+            self.db.add_event(self.run_id, "reform", f"re-forming in place failed: {why}")
+            self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
+            self._close_attempt()
+            return self.phase  # planning: the relaunch comes next
+        self.epoch += 1
+        n = len(self.attempt.handles)
+        self.db.add_event(
+            self.run_id, "resume",
+            f"from step {step} (emergency checkpoint, in place) as {self.plan.summary()}",
+            {"step": step, "source": "in place", "in_place": True, "epoch": self.epoch},
+        )  # fmt: skip
+        if self.loss is not None:
+            self.loss = self.loss.resumed_at(step, step)
+        self._transition("launching", f"{self.plan.summary()} (in place)")  # the legal way
+        self._transition("training", f"re-formed in place on {n} node(s)")
+        self._watch()
+        return self.phase
