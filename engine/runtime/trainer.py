@@ -250,7 +250,8 @@ class Trainer:
         every, steps = self.spec.training.eval_every, self.spec.training.steps
         if self.eval_data is None or (done % every and done != steps):
             return
-        loss = eval_loss(self.executor, self.state, self.eval_data)
+        with self._compute():  # the training numerics (the channels were probed so)
+            loss = eval_loss(self.executor, self.state, self.eval_data)
         if self.state.topo.is_reporter:
             self.events.write(Kind.EVAL, step=done, eval_loss=loss)
 
