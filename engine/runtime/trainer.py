@@ -322,9 +322,11 @@ class Trainer:
             **self.heartbeat_extras(),
         )  # fmt: skip
         samples_per_s = plan.global_batch_size / seconds
+        skipped = getattr(self.state.scaler, "skipped", False)  # fp16: an overflow
         if step % self.spec.training.log_every == 0:
             shown = "-" if loss is None else f"{loss:.4f}"
-            print(f"step {step} loss {shown} samples/s {samples_per_s:.1f}", flush=True)
+            note = " (update skipped: fp16 overflow)" if skipped else ""
+            print(f"step {step} loss {shown} samples/s {samples_per_s:.1f}{note}", flush=True)
         if not self.state.topo.is_reporter:
             return
         self.ledger.reported = step
@@ -332,7 +334,7 @@ class Trainer:
             Kind.STEP, step=step, loss=loss, step_time_s=seconds,
             samples_per_s=samples_per_s, deviations=stats.deviations,
             epoch=self.data.epoch((step - 1) * plan.global_batch_size),
-            **({"skipped": True} if getattr(self.state.scaler, "skipped", False) else {}),
+            **({"skipped": True} if skipped else {}),
         )  # fmt: skip
 
 

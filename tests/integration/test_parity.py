@@ -152,6 +152,10 @@ def test_fp16_overflow_skips_on_every_rank_and_resumes_with_its_scale(tmp_path):
     first, outcome = run_job(_spec(2, 1, **OVERFLOW), tmp_path / "first")
     assert outcome.ok, outcome.message
     assert _skipped(first.dir) == ref_skipped
+    for rank in (0, 1):  # each rank's own log says which updates it skipped
+        log = (first.dir / "logs" / f"rank-{rank}.log").read_text().splitlines()
+        said = [int(line.split()[1]) for line in log if line.endswith("fp16 overflow)")]
+        assert said == ref_skipped, rank
     _assert_fp16_parity(first.dir, ref_losses, ref_weights)
     ckpt = first.dir / "checkpoints" / "step-00000002"
     scale = json.loads((ckpt / "meta.json").read_text())["loss_scale"]
