@@ -63,7 +63,8 @@ class LossScaler:
         1 / S is a power of two, so unscaling is exact: the order of summing and
         unscaling (replicas sum scaled gradients) does not change a bit. GradScaler's
         own fused kernel: one pass, one device sync for the flag."""
-        grads = [p.grad for p in params if p.grad is not None]
+        # each gradient once, however many names reach it
+        grads = list({id(p.grad): p.grad for p in params if p.grad is not None}.values())
         found = False
         if grads:
             flag = torch.zeros(1, device=grads[0].device)

@@ -68,6 +68,7 @@ def build_state(
 def _one_stage(
     mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
 ) -> StageState:
+    """The state of a rank hosting one stage (split over its T group where T > 1)."""
     topo = build_topology(plan, rank, tie_blocks(mdef.ties))
     me = plan.stage_of(rank)
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
