@@ -43,9 +43,10 @@ def _rank(rank: int, port: int, rounds: int) -> None:
         p.grad = torch.randn_like(p)
     scaler = LossScaler()
     times: dict[str, list[float]] = {"gradient all-reduce": [], "unscale+check": [], "flag": []}
+    world = dist.group.WORLD
     for _ in range(rounds):
         dist.barrier()
-        times["gradient all-reduce"].append(_timed(lambda: allreduce_grads(params, dist.group.WORLD)))
+        times["gradient all-reduce"].append(_timed(lambda: allreduce_grads(params, world)))
         scaler.scale = 1.0  # keep the gradients' magnitude round after round
         times["unscale+check"].append(_timed(lambda: scaler.unscale(params)))
         times["flag"].append(_timed(lambda: agree_found_inf(False)))
