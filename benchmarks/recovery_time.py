@@ -4,17 +4,21 @@ A 2 x 2 job (2 "nodes" of 2 processes on 127.0.0.1, elastic, each node a whole
 pipeline) is started with ``jobctl apply``; after its first checkpoint one node is lost,
 either SIGKILLed with its whole process tree (a spot VM gone without notice) or sent
 SIGTERM (a preemption notice: the node checkpoints first). The survivors hand their
-step over (an emergency checkpoint, issue #25), the supervisor re-plans for the 2
-devices left with the same global batch and relaunches; the run's ``recovery_s`` (the
-lost node's last heartbeat, or its SIGTERM, to the first step of the next attempt) is
-what ``jobctl status RUN`` shows. Printed per signal: that time, steps lost (the
-``recovery`` event's ``steps_lost``), which path the run took (hand-over or fallback to
-the newest checkpoint, then a relaunch), the step time of the new layout measured in
-the same run, and issue #25's target (2 s plus one step) against it. Then where the
-time goes, from the supervisor's events and the new workers' start-up timeline
+step over (an emergency checkpoint, issue #25) or, after a notice, hold the step every
+rank checkpointed; the supervisor re-plans for the 2 devices left with the same global
+batch and the survivors re-form in place (their own processes train on,
+engine/worker/reform.py), or, where they cannot, it relaunches. The run's
+``recovery_s`` (the lost node's last heartbeat, or its SIGTERM, to the first step of
+the next attempt) is what ``jobctl status RUN`` shows. Printed per signal: that time,
+steps lost (the ``recovery`` event's ``steps_lost``), which path the run took
+(hand-over or checkpoint; in place or relaunch), the step time of the new layout
+measured in the same run, and issue #25's target (2 s plus one step) against it. Then
+where the time goes, from the supervisor's events and the workers' start-up timeline
 (``engine/worker/timeline.py``; the slowest rank at each point, as the group waits
-for it): detection and hand-over, teardown, re-plan, torchrun launch (run host,
-agent, worker spawn), imports, rendezvous, model build, checkpoint load, first step.
+for it): in place, detection and hand-over, settling, re-plan and the word, rejoining
+the group, model build, checkpoint load, first step; relaunched, teardown, re-plan,
+torchrun launch (run host, agent, worker spawn), imports and rendezvous instead of the
+word and the rejoin.
 A fresh ``jobctl apply`` of the 1 x 2 layout it morphs to is timed beside it, from its
 ``plan`` event to its first step (the CLI's imports before it left out of both).
 
@@ -53,6 +57,16 @@ PARTS = [
     ("imports", "process"),  # torch and jobctl in the new worker
     ("rendezvous", "imported"),  # the spec read, the process group joined
     ("model build", "group"),  # assembly's imports, the stage, the hooks
+    ("ckpt load", "model"),  # the resume
+    ("first step", "built"),  # to its record
+]
+# Re-formed in place (engine/worker/reform.py): the survivors' own processes go on.
+IN_PLACE_PARTS = [
+    ("detect+hand-over", "lost"),  # the last heartbeat / SIGTERM to the emergency event
+    ("settle", "emergency"),  # to phase "morphing" (after a SIGTERM: the checkpoint)
+    ("re-plan+word", "morphing"),  # re-planned, the word posted and read by every rank
+    ("rejoin", "reform"),  # the old trainer released, the new process group joined
+    ("model build", "group"),  # the stage, the hooks (imports already done)
     ("ckpt load", "model"),  # the resume
     ("first step", "built"),  # to its record
 ]
@@ -126,6 +140,7 @@ def recovery(home: Path, sig: signal.Signals) -> dict:
     if row["phase"] != "completed" or not row["recovery_s"]:
         raise SystemExit(f"run {run_dir.name}: phase {row['phase']}, no recovery recorded")
     rec = _data(db, row["id"], "recovery")
+    rec["in_place"] = _data(db, row["id"], "resume").get("in_place")
     after = [e for e in events(run_dir) if e["kind"] == "step" and e["ts"] >= rec["first_step_at"]]
     times = [e["step_time_s"] for e in after[1:] if e.get("step_time_s")]  # the first warms up
     return {
@@ -142,7 +157,8 @@ def _path(rec: dict) -> str:
     """Which recovery the run took: a relaunch from the survivors' hand-over (their
     emergency checkpoint) or from the newest checkpoint (after a SIGTERM, the one the
     notice wrote; else the fallback, a checkpoint interval back at most)."""
-    return "hand-over+relaunch" if rec.get("source") == "emergency checkpoint" else "ckpt+relaunch"
+    how = "in place" if rec.get("in_place") else "relaunch"
+    return ("hand-over+" if rec.get("source") == "emergency checkpoint" else "ckpt+") + how
 
 
 def _parts(db: StateDB, run_id: str, run_dir: Path, rec: dict) -> dict[str, float]:
@@ -155,11 +171,12 @@ def _parts(db: StateDB, run_id: str, run_dir: Path, rec: dict) -> dict[str, floa
         if name in ("emergency", "morphing", "launching"):
             at.setdefault(name, e["ts"])
     marks = [read_marks(f.read_text()) for f in (run_dir / "logs").glob("rank-*.log")]
-    for point in ("process", "imported", "group", "model", "built"):
+    for point in ("process", "imported", "reform", "group", "model", "built"):
         seen = [m[point] for m in marks if m.get(point, 0) >= at["lost"]]  # the new workers
         if seen:
             at[point] = max(seen)  # the slowest rank: the group waits for it
-    starts = [(name, at[point]) for name, point in PARTS if point in at]
+    parts = IN_PLACE_PARTS if rec.get("in_place") else PARTS
+    starts = [(name, at[point]) for name, point in parts if point in at]
     ends = [t for _, t in starts[1:]] + [at["end"]]
     return {name: end - t for (name, t), end in zip(starts, ends, strict=True)}
 
@@ -225,7 +242,8 @@ def _report(name: str, got: dict[str, list]) -> dict[str, float]:
               f"{relaunch / fresh:.2f}x a fresh start), steps lost "
               f"{[r['lost'] for r in runs]}, path {sorted({r['path'] for r in runs})}")  # fmt: skip
         print(f"  target 2 s + one step ({step:.3f} s) = {target:.2f} s: {verdict}")
-        parts = {n: statistics.median(r["parts"].get(n, 0.0) for r in runs) for n, _ in PARTS}
+        names = dict.fromkeys(n for n, _ in PARTS + IN_PLACE_PARTS)
+        parts = {n: statistics.median(r["parts"].get(n, 0.0) for r in runs) for n in names}
         print("  " + "  ".join(f"{n} {v:.2f}" for n, v in parts.items() if v))
     return med
 

@@ -1,10 +1,10 @@
 """What re-forming a process group in place costs the survivors of a lost node.
 
 Issue #25's time target (a lost node to the next step in 2 s plus one step) is out of
-reach of a relaunch on this host: ``benchmarks/recovery_time.py`` shows the fresh
-processes' start-up alone (torchrun's agent, torch, torch._dynamo and jobctl imported
-twice over) above it. The way under it is to keep the survivors' processes and re-form
-their group in place. This measures the one part of that path no code here does yet:
+reach of a relaunch on this host: fresh processes' start-up alone (torchrun's agent,
+torch, torch._dynamo and jobctl imported twice over) is above it, so the survivors
+re-form in place (engine/worker/reform.py; the whole path end to end:
+``benchmarks/recovery_time.py``). This isolates its collective part, bare gloo:
 4 gloo ranks (2 "nodes" of 2) all-reduce, the ranks of one node are SIGKILLed, and the
 2 survivors, once their collective fails, destroy the broken group and join a new one
 of world size 2 under a fresh store prefix, then all-reduce in it (the sum checked).

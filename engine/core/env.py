@@ -63,3 +63,6 @@ CHAOS = "JOBCTL_CHAOS"
 #: How many times a survivor's process group was re-formed in place after a lost node
 #: (engine/worker/reform.py): the hand-over keys of the next loss are that epoch's.
 EPOCH = "JOBCTL_EPOCH"
+#: ``1`` where the supervisor re-forms survivors in place (it can release their agents
+#: at the end: the local backend); elsewhere they leave at once and are relaunched.
+IN_PLACE = "JOBCTL_IN_PLACE"

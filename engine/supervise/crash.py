@@ -69,3 +69,32 @@ def lost_process_nodes(
     return sorted(
         {n for r, n in rank_nodes.items() if n in failed_nodes and r in started - reported}
     )
+
+
+def failure_log(backend, handles: list[str], run_dir: Path) -> tuple[int | None, Path, str]:
+    """The failing rank, its log and a note, asking the backend for the logs first: on
+    ssh or Kubernetes they live on the nodes until fetched."""
+    from jobctl.backends import BackendError
+    from jobctl.engine.supervise.launch import failing_rank
+
+    note = ""
+    try:
+        fetched = backend.logs(handles, run_dir)
+    except BackendError as e:
+        fetched, note = [], f" (fetching the nodes' logs failed: {e})"
+    rank = failing_rank(run_dir)
+    if rank is None:  # no error report on this disk: the first rank log with a traceback
+        rank = next((_rank_of(p) for p in fetched if _has_traceback(p)), None)
+    name = f"rank-{rank}.log" if rank is not None else "node-0.log"
+    found = [p for p in fetched if p.name == name] + [run_dir / "logs" / name]
+    log = next((p for p in found if p.exists()), fetched[-1] if fetched else found[-1])
+    return rank, log, note
+
+
+def _rank_of(path: Path) -> int | None:
+    stem = path.stem
+    return int(stem[5:]) if stem.startswith("rank-") and stem[5:].isdigit() else None
+
+
+def _has_traceback(path: Path) -> bool:
+    return _rank_of(path) is not None and "Traceback" in path.read_text(errors="replace")

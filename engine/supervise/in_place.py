@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 
+from jobctl.engine.core.env import IN_PLACE
 from jobctl.engine.supervise import reform
 from jobctl.engine.supervise.scaling import next_attempt
 
@@ -21,15 +22,33 @@ from jobctl.engine.supervise.scaling import next_attempt
 class InPlaceSteps:
     """``Supervisor``'s in-place re-formation (see the module docstring)."""
 
-    epoch: int  # re-formations in place so far
+    epoch: int  # re-formations in place of the attempt's processes so far
     reforming: reform.Reformation | None  # the survivors' answers, while due
+
+    def _in_place_env(self) -> dict[str, str]:
+        """The workers' switch: wait for the word after a loss, where one can come."""
+        return {IN_PLACE: "1"} if self.backend in reform.BACKENDS else {}
 
     def _watch_in_place(self, monitor) -> None:
         """A new monitor's part in re-forming: its epoch's keys; survivors kept where
         their agents can be released at the end, and released then after a re-form."""
+        # The attempt's run host keeps it: 0 for fresh processes, one more for each
+        # re-formation they made (an adopting supervisor learns it there too).
+        self.epoch = reform.stored_epoch(monitor.run.dir)
         monitor.epoch = self.epoch
         monitor.keep_survivors = self.attempt.backend.name in reform.BACKENDS
         monitor.release_at_end = self.epoch > 0
+
+    def _stop_in_place(self) -> None:
+        """A stop was asked: no survivors are kept for a re-formation, and survivors
+        re-forming now are ended (the step they hold is on disk): the run stops between
+        two attempts, and `jobctl resume` continues from that step."""
+        if self.monitor is not None:
+            self.monitor.keep_survivors = False
+        if self.reforming is not None:
+            self.reforming = None
+            self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
+            self._close_attempt()
 
     def _reform_in_place(self) -> str:
         """Re-plan for the survivors and re-form them, or relaunch where they cannot."""
@@ -38,7 +57,7 @@ class InPlaceSteps:
         after = next_attempt(self.spec, self.plan, out, self.db, self.run_id, self.backend)
         point = self._resume_point() if after is not None else None
         started = None
-        if point is not None and point.step == out.handover["step"]:
+        if point is not None and point.step == out.resume_step:
             started = reform.begin(
                 self.spec, self.attempt, after, out.lost_nodes, point, self.epoch, self.clock
             )
@@ -65,21 +84,22 @@ class InPlaceSteps:
             why = f"a surviving node ended ({', '.join(ended)})"
         if why is None:
             return self._refresh()
-        step, self.reforming = self.reforming.step, None
+        done, self.reforming = self.reforming, None
+        step = done.step
         if why:
             self.db.add_event(self.run_id, "reform", f"re-forming in place failed: {why}")
             self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
             self._close_attempt()
             return self.phase  # planning: the relaunch comes next
-        self.epoch += 1
+        done.commit()
         n = len(self.attempt.handles)
-        self.db.add_event(
-            self.run_id, "resume",
-            f"from step {step} (emergency checkpoint, in place) as {self.plan.summary()}",
-            {"step": step, "source": "in place", "in_place": True, "epoch": self.epoch},
-        )  # fmt: skip
+        handed = (self.outcome.handover or {}).get("step")  # else the notice's checkpoint
+        source = "emergency checkpoint" if handed == step else "checkpoint"
+        said = f"from step {step} ({source}, in place) as {self.plan.summary()}"
+        data = {"step": step, "source": source, "in_place": True, "epoch": done.epoch + 1}
+        self.db.add_event(self.run_id, "resume", said, data)
         if self.loss is not None:
-            self.loss = self.loss.resumed_at(step, step)
+            self.loss = self.loss.resumed_at(step, handed)
         self._transition("launching", f"{self.plan.summary()} (in place)")  # the legal way
         self._transition("training", f"re-formed in place on {n} node(s)")
         self._watch()

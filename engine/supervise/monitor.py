@@ -13,7 +13,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
@@ -21,9 +20,9 @@ from jobctl.engine.core.events import read_metrics
 from jobctl.engine.core.phases import STOPPABLE
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
-from jobctl.engine.supervise.crash import bug_ranks, lost_process_nodes
+from jobctl.engine.supervise.crash import bug_ranks, failure_log, lost_process_nodes
 from jobctl.engine.supervise.handover import Handover
-from jobctl.engine.supervise.launch import Run, failing_rank, last_lines
+from jobctl.engine.supervise.launch import Run, last_lines
 from jobctl.engine.supervise.records import AttemptRecords
 from jobctl.engine.supervise.recovery import Loss
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch
@@ -44,7 +43,8 @@ class Outcome:
     straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
     loss: Loss | None = None
     handover: dict | None = None  # lost nodes: the survivors' emergency step, or why none
-    survivors_wait: bool = False  # they handed it over and wait to re-form in place
+    survivors_wait: bool = False  # the other nodes wait to re-form in place, holding:
+    resume_step: int | None = None  # the step they continue from (handed over, or stopped at)
 
 
 class Monitor:
@@ -245,6 +245,7 @@ class Monitor:
         # Kept to re-form in place: every survivor handed over, none packed away.
         keep = self.keep_survivors and not self.records.freed_ranks
         out.survivors_wait = keep and out.handover["step"] is not None
+        out.resume_step = out.handover["step"]
         if not out.survivors_wait:
             self.backend.cancel(self.handles, 9)
         return out
@@ -315,6 +316,8 @@ class Monitor:
             self._requeued(pending[0])
             return None
         r = self.records
+        if self._noticed_some(statuses):
+            return self._survivors_of_notice(statuses)
         if any(not s.done for s in statuses):
             # (Only where jobctl runs the node processes itself: a batch system may be
             # requeueing the job, and cancelling it now would end it for good.)
@@ -329,6 +332,29 @@ class Monitor:
             return self._conclude("stopped", 0, "stopped after a checkpoint")
         lost = sorted(r.sigterm_nodes)
         return self._conclude("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
+
+    def _noticed_some(self, statuses: list[NodeStatus]) -> bool:
+        """Some nodes, not all, were told to stop (preemption notices) and every rank
+        checkpointed: the others stay, to re-form in place (engine/supervise/reform.py)."""
+        r, nodes = self.records, set(range(len(statuses)))
+        elastic = getattr(self.run.ctx.elasticity, "enabled", False)  # else no morph at all
+        if not (self.keep_survivors and elastic) or self.scale_to is not None or r.freed_ranks:
+            return False
+        if len(self.handles) != self.run.ctx.nnodes or not r.sigterm_nodes:
+            return False
+        everyone = len(r.stopped_ranks) >= self.run.plan.world_size
+        return everyone and not r.sigterm_nodes >= nodes and r.stopped_step is not None
+
+    def _survivors_of_notice(self, statuses: list[NodeStatus]) -> Outcome | None:
+        """The noticed nodes ended, the others kept waiting. Every rank's ``stopped``
+        came after its checkpoint part (and upload grace): what is left of the noticed
+        nodes is their agents' shutdown, which the re-formation need not wait for."""
+        r = self.records
+        lost = sorted(r.sigterm_nodes)
+        self.backend.cancel([self.handles[n] for n in lost if not statuses[n].done], 9)
+        out = self._conclude("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
+        out.survivors_wait, out.resume_step = True, r.stopped_step
+        return out
 
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
@@ -364,33 +390,8 @@ class Monitor:
 
     def _fail(self, code: int) -> Outcome:
         self.backend.cancel(self.handles, 9)
-        rank, log, note = self._failure_log()
+        rank, log, note = failure_log(self.backend, self.handles, self.run.dir)
         where = f"rank {rank}" if rank is not None else "a node"
         tail = "\n".join(last_lines(log)) if log else ""
         msg = f"{where} failed (exit {code}); last lines of {log}{note}:\n{tail}"
         return self._conclude("failed", code or 1, msg)
-
-    def _failure_log(self) -> tuple[int | None, Path | None, str]:
-        """The failing rank and its log, asking the backend for the logs first: on ssh
-        or Kubernetes they live on the nodes until fetched."""
-        note = ""
-        try:
-            fetched = self.backend.logs(self.handles, self.run.dir)
-        except BackendError as e:
-            fetched, note = [], f" (fetching the nodes' logs failed: {e})"
-        rank = failing_rank(self.run.dir)
-        if rank is None:  # no error report on this disk: the first rank log with a traceback
-            rank = next((_rank_of(p) for p in fetched if _has_traceback(p)), None)
-        name = f"rank-{rank}.log" if rank is not None else "node-0.log"
-        found = [p for p in fetched if p.name == name] + [self.run.dir / "logs" / name]
-        log = next((p for p in found if p.exists()), fetched[-1] if fetched else found[-1])
-        return rank, log, note
-
-
-def _rank_of(path: Path) -> int | None:
-    stem = path.stem
-    return int(stem[5:]) if stem.startswith("rank-") and stem[5:].isdigit() else None
-
-
-def _has_traceback(path: Path) -> bool:
-    return _rank_of(path) is not None and "Traceback" in path.read_text(errors="replace")

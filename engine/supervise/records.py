@@ -79,6 +79,7 @@ class AttemptRecords:
         self.node_sigterm: set[int] = set()  # nodes whose launch script got SIGTERM
         self.stopped_at: float | None = None  # the monitor's clock at the first ``stopped``
         self.stopped_ranks: set[int] = set()  # ranks that checkpointed and are leaving
+        self.stopped_step: int | None = None
 
     def record(self, rec: dict) -> bool:
         """Follow one worker record (kinds with no handler are the views' only); one the
@@ -165,6 +166,7 @@ class AttemptRecords:
 
     def _on_stopped(self, rec: dict) -> None:
         self.stopped_ranks.add(rec.get("rank", -1))
+        self.stopped_step = rec.get("step")  # the step every rank checkpointed
         if self.stopped_at is None:
             self.stopped_at = self.clock()
             note = f"all ranks checkpointed step {rec['step']}"

@@ -33,6 +33,7 @@ from jobctl.engine.supervise.launch import Run, run_context, write_plan
 from jobctl.spec import JobSpec
 
 KEY = "jobctl/reform/"  # engine/worker/reform.py's
+EPOCH_KEY = "jobctl/epoch"  # the epoch a re-formed run is in
 WAIT_S = float(os.environ.get("JOBCTL_REFORM_SETTLE_S", "60"))
 BACKENDS = ("local",)  # where the surviving nodes' agents can be released at the end
 
@@ -73,6 +74,19 @@ class Reformation:
         if self.clock() > self.deadline:
             return f"{len(self.ranks) - ok} survivor(s) did not re-form in {WAIT_S:.0f} s"
         return None
+
+    def commit(self) -> None:
+        """The run is in the next epoch: said in the store too, which outlives this
+        supervisor (one that adopts the run reads it: ``stored_epoch``)."""
+        self.store.set(EPOCH_KEY, str(self.epoch + 1))
+
+
+def stored_epoch(run_dir) -> int:
+    """The run's epoch as its run host's store says (0: none, or no store)."""
+    store = connect_store(run_dir)
+    if store is None or not store.check([EPOCH_KEY]):
+        return 0
+    return int(store.get(EPOCH_KEY))
 
 
 def begin(

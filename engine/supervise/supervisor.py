@@ -242,6 +242,7 @@ class Supervisor(InPlaceSteps):
         self._transition("launching", self.plan.summary())
         point = self._resume_point()
         env = {RESUME_DIR: str(point.path)} if point else {}
+        env |= self._in_place_env()  # survivors of a loss wait to re-form, where they can
         cenv, senv, cport = channel_env(self.spec.hardware.rendezvous_host)
         run = prepare_run(
             self.spec, self.plan, self.db, self.backend, self.run_id, {**env, **cenv}, senv
@@ -351,6 +352,7 @@ class Supervisor(InPlaceSteps):
         if asked is None or asked == self.stop_seen:
             return
         self.stop_seen = asked
+        self._stop_in_place()  # nothing re-forms once a stop is asked
         if self.attempt is None:
             msg = "stopped on request between two attempts; `jobctl resume` continues it"
             self._finish(Outcome(False, 0, msg, kind="stopped"))

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from jobctl.engine.core.env import (  # noqa: E402
+    IN_PLACE,
     NODE,
     RDZV_ENDPOINT,
     RESUME_DIR,
@@ -196,10 +197,20 @@ def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform 
     if decision is None or decision.step is None:
         return None
     print(f"rank {trainer.rank}: lost a peer; handed over step {decision.step}", flush=True)
-    reform = _await_reform(trainer)
+    reform = _await_reform(trainer) if os.environ.get(IN_PLACE) == "1" else None
     if reform is None:
         _leave(trainer)
     return reform
+
+
+def _stopped_by_peer(trainer: Trainer) -> bool:
+    """Did this rank stop (checkpointed) before the end because other ranks were told
+    to (preemption notices), not itself, where the supervisor re-forms in place?"""
+    ledger = getattr(trainer, "ledger", None)  # a Mobius rank's has none: it just ends
+    asked = trainer.stop_requested or _early_sigterm or trainer.freed
+    if ledger is None or asked or os.environ.get(IN_PLACE) != "1":
+        return False
+    return ledger.done < trainer.spec.training.steps
 
 
 def _await_reform(trainer: Trainer) -> Reform | None:
@@ -271,8 +282,12 @@ def main() -> int:
     mark("group")
     resume = os.environ.get(RESUME_DIR)
     trainer, reform = _train(spec, plan, run_dir, rank, Path(resume) if resume else None)
-    while reform is not None:  # re-formed in place after a lost node: train on
-        plan, rank = reform.plan, reform.rank
+    while True:
+        if reform is None and _stopped_by_peer(trainer):  # another node's notice
+            reform = _await_reform(trainer)
+        if reform is None:
+            break
+        plan, rank = reform.plan, reform.rank  # re-formed in place: train on
         trainer, reform = _train(spec, plan, run_dir, rank, reform.resume, reform)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)

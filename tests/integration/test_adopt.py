@@ -127,7 +127,7 @@ def test_resume_adopts_live_workers_after_supervisor_sigkill(tmp_path):
     assert [e["step"] for e in steps] == list(range(1, STEPS + 1))  # each loss once
     # The same worker processes reported every step, before and after the adoption.
     srcs = {e["src"] for e in events(run_dir) if "src" in e}
-    assert {int(s.rsplit("-", 1)[1]) for s in srcs} <= workers
+    assert {int(s.split("-")[2]) for s in srcs} <= workers  # rank-R-PID-EPOCH
     assert len({e["src"] for e in steps}) == 1
     _check_losses(spec, steps)
     assert row["loss"] == pytest.approx(steps[-1]["loss"])

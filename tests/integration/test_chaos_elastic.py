@@ -165,6 +165,7 @@ def test_sigterm_node_checkpoints_first_then_morphs(tmp_path):
     stopped_at = next(e for e in evs if e["kind"] == "stopped")["message"].split()[-1]
     resumed = json.loads(next(e for e in evs if e["kind"] == "resume")["data"])
     assert resumed["step"] == int(stopped_at)  # nothing lost: resumed at the SIGTERM step
+    assert resumed["in_place"]  # node 1's processes trained on, re-formed (#25)
     assert db.get_run(run_dir.name)["phase"] == "completed"
     _check_losses(spec, run_dir)
 

@@ -23,7 +23,7 @@ import subprocess
 import pytest
 
 from jobctl.engine.core.env import CHAOS
-from jobctl.engine.core.process import descendants
+from jobctl.engine.core.process import descendants, kill_tree
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 
@@ -79,7 +79,7 @@ def _check_each_step_once(spec, run_dir):
     recorded by both attempts), each with the single-process loss."""
     ref, _ = reference_train(spec)
     steps = [e for e in events(run_dir) if e["kind"] == "step"]
-    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in steps] == list(range(1, spec.training.steps + 1))
     for e in steps:
         assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e
 
@@ -124,6 +124,46 @@ def test_survivors_that_cannot_re_form_are_relaunched_from_their_step(tmp_path, 
     resumed = _data(db, run_id, "resume")
     assert resumed["step"] == handed["step"] and not resumed.get("in_place")
     assert _data(db, run_id, "recovery")["steps_lost"] == 0
+    _check_each_step_once(spec, run_dir)
+
+
+def _in_place(db, run_id) -> list[dict]:
+    return [json.loads(e["data"]) for e in db.events(run_id)
+            if e["kind"] == "resume" and json.loads(e["data"] or "{}").get("in_place")]  # fmt: skip
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_a_second_loss_re_forms_the_re_formed_survivors(tmp_path):
+    """3 single-process nodes, pure data parallel: node 2 is lost, the two left re-form
+    in place; then node 1: the one left, re-formed once already, hands over and re-forms
+    again (the next epoch's keys in the same run host's store). No step lost, twice."""
+    spec = _spec(**{
+        "hardware.nodes": 3, "hardware.processes_per_node": 1,
+        "parallelism.pipeline_stages": 1, "parallelism.data_parallel": 3,
+        "training.global_batch_size": 12, "training.steps": 60,
+        # rank 0 sleeps in every forward, so the run is still going when the test acts
+        "model.import": "tests.slowmodel:factory", "model.family": None,
+        "model.import_args": {"slow_rank": 0, "delay_s": 0.03},
+    })  # fmt: skip
+    home = tmp_path / "home"
+    proc = start_apply(write_spec(spec, tmp_path / "job.yaml"), home, output=True)
+    run_dir = wait_for(lambda: next((home / "runs").glob("*"), None) if (home / "runs").exists()
+                       else None, what="the run folder")  # fmt: skip
+    wait_for(lambda: any(e["kind"] == "checkpoint" for e in events(run_dir)), what="a checkpoint")
+    db = StateDB(home)
+    kill_tree(int(db.get_run(run_dir.name)["pids"].split(",")[2]), signal.SIGKILL)
+    wait_for(lambda: _in_place(db, run_dir.name), what="the first re-formation")
+    first = _in_place(db, run_dir.name)[0]["step"]
+    wait_for(lambda: db.get_run(run_dir.name)["step"] >= first + 2, what="training on")
+    kill_tree(int(db.get_run(run_dir.name)["pids"].split(",")[1]), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    resumes = _in_place(db, run_dir.name)
+    assert [r["epoch"] for r in resumes] == [1, 2] and db.get_run(run_dir.name)["devices"] == 1
+    lost = [json.loads(e["data"])["steps_lost"] for e in db.events(run_dir.name)
+            if e["kind"] == "recovery"]  # fmt: skip
+    assert lost == [0, 0]
     _check_each_step_once(spec, run_dir)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from jobctl.engine.planner.resolver import make_plan
-from jobctl.engine.supervise.reform import KEY, Reformation, survivor_layout
+from jobctl.engine.supervise.reform import KEY, Reformation, stored_epoch, survivor_layout
 from jobctl.engine.worker.reform import Reform, answer, await_word
 from tests.jobrun import tiny_spec
 
@@ -83,3 +83,14 @@ def test_leave_is_a_word_too(store, monkeypatch):
     monkeypatch.setenv("JOBCTL_EPOCH", "3")  # a later loss: its own epoch's key
     store.set(f"{KEY}3", json.dumps({"leave": "no layout fits"}))
     assert await_word(store, 0, lambda: False) is None
+
+
+def test_the_epoch_lives_in_the_run_hosts_store(store, tmp_path, monkeypatch):
+    import jobctl.engine.supervise.reform as reform
+
+    monkeypatch.setattr(reform, "connect_store", lambda run_dir: store)
+    assert stored_epoch(tmp_path) == 0  # fresh processes
+    Reformation(store, 0, {0: 0}, 4, 10.0, lambda: 0.0).commit()
+    assert stored_epoch(tmp_path) == 1  # what an adopting supervisor reads
+    monkeypatch.setattr(reform, "connect_store", lambda run_dir: None)
+    assert stored_epoch(tmp_path) == 0  # no run host: no re-formation to continue
