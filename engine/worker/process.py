@@ -19,6 +19,7 @@ _early_sigterm: list[int] = []
 # is still starting must mean "checkpoint at the first step end", not sudden death.
 signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
 
+import gc  # noqa: E402
 import logging  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
@@ -170,6 +171,9 @@ def _build(build, args: tuple, reformed: Reform | None) -> Trainer:
     from jobctl.engine.worker.reform import answer
     from jobctl.engine.worker.survival import lasting_store
 
+    gc.collect()  # the old trainer (its hooks refer back to it) before the new one
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     store = lasting_store()
     try:
         trainer = build(*args)
@@ -288,6 +292,7 @@ def main() -> int:
         if reform is None:
             break
         plan, rank = reform.plan, reform.rank  # re-formed in place: train on
+        trainer = None  # the old trainer's tensors go before the new one is built
         trainer, reform = _train(spec, plan, run_dir, rank, reform.resume, reform)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
