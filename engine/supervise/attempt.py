@@ -36,6 +36,8 @@ class Attempt:
     host_proc: subprocess.Popen | None = None
     host: RunHost | None = None
     start_step: int = 0  # the step it continues from
+    # The node script each node runs under, after a re-formation in place (None: its own).
+    script_nodes: list[int] | None = None
 
     def stop_host(self) -> None:
         """End the run host (the attempt is over: nobody joins its store any more)."""

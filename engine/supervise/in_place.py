@@ -35,9 +35,13 @@ class InPlaceSteps:
         # The attempt's run host keeps it: 0 for fresh processes, one more for each
         # re-formation they made (an adopting supervisor learns it there too).
         self.epoch = reform.stored_epoch(monitor.run.dir)
-        monitor.epoch = self.epoch
+        monitor.epoch, monitor.script_nodes = self.epoch, self.attempt.script_nodes
         monitor.keep_survivors = self.attempt.backend.name in reform.BACKENDS
         monitor.release_at_end = self.epoch > 0
+
+    def _handing_over(self) -> bool:
+        """Survivors handing a step over or re-forming: polled faster, they wait on it."""
+        return self.reforming is not None or self.monitor.handover is not None
 
     def _stop_in_place(self) -> None:
         """A stop was asked: no survivors are kept for a re-formation, and survivors
@@ -73,7 +77,10 @@ class InPlaceSteps:
         self.plan, (self.attempt, self.reforming) = after, started
         self.current, self.monitor = self.attempt.run, None
         self.db.update_run(self.run_id, pids=",".join(map(str, self.attempt.handles)))
-        return self._note_plan()
+        self._note_plan()
+        # Live processes are joining: as a launch, for `jobctl stop` and an adoption.
+        self._transition("launching", f"{self.plan.summary()} (re-forming in place)")
+        return self.phase
 
     def _await_reform(self) -> str:
         """The survivors' answers; once all built their trainers, train on (a failure:
@@ -90,8 +97,7 @@ class InPlaceSteps:
             self.db.add_event(self.run_id, "reform", f"re-forming in place failed: {why}")
             self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)
             self._close_attempt()
-            return self.phase  # planning: the relaunch comes next
-        done.commit()
+            return self._launch()  # from the same checkpoint
         n = len(self.attempt.handles)
         handed = (self.outcome.handover or {}).get("step")  # else the notice's checkpoint
         source = "emergency checkpoint" if handed == step else "checkpoint"
@@ -100,7 +106,7 @@ class InPlaceSteps:
         self.db.add_event(self.run_id, "resume", said, data)
         if self.loss is not None:
             self.loss = self.loss.resumed_at(step, handed)
-        self._transition("launching", f"{self.plan.summary()} (in place)")  # the legal way
         self._transition("training", f"re-formed in place on {n} node(s)")
         self._watch()
+        self.monitor.offset = done.offset  # its first records may predate the watch
         return self.phase

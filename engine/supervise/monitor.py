@@ -22,6 +22,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
 from jobctl.engine.supervise.crash import bug_ranks, failure_log, lost_process_nodes
 from jobctl.engine.supervise.handover import Handover
+from jobctl.engine.supervise.in_place_watch import InPlaceWatch
 from jobctl.engine.supervise.launch import Run, last_lines
 from jobctl.engine.supervise.records import AttemptRecords
 from jobctl.engine.supervise.recovery import Loss
@@ -47,7 +48,7 @@ class Outcome:
     resume_step: int | None = None  # the step they continue from (handed over, or stopped at)
 
 
-class Monitor:
+class Monitor(InPlaceWatch):
     """Follows one run's nodes and metrics until it ends."""
 
     def __init__(
@@ -82,9 +83,7 @@ class Monitor:
         self.released_handles: set[int] = set()  # handles that end on their own, exit 0
         self.left: set[int] = set()  # released handles seen ended
         self.handover: tuple[Handover, str] | None = None  # lost nodes, survivors writing
-        # Re-forming in place (engine/supervise/reform.py): the survivors are kept after
-        # a hand-over; the attempt's epoch; its agents released once every step trained.
-        self.keep_survivors, self.epoch, self.release_at_end = False, 0, False
+        self._init_in_place()
 
     STOP_EXIT_GRACE_S = 10.0  # agents may linger at torchrun's exit barrier
     # Every rank checkpointed and said so: what still runs is at most torchrun's exit
@@ -133,8 +132,7 @@ class Monitor:
         """Nodes packing freed go back to the backend once every rank on them has left
         (each wrote ``freed`` with the node script it ran under): their processes end on
         their own, which is expected."""
-        if self.release_at_end and self.records.finished and not self.released:
-            self._release(list(range(len(self.handles))), "every step trained")
+        self._release_at_end()
         if not self.records.freed_ranks:
             return
         per_node = self.run.ctx.nproc_per_node
@@ -333,32 +331,9 @@ class Monitor:
         lost = sorted(r.sigterm_nodes)
         return self._conclude("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
 
-    def _noticed_some(self, statuses: list[NodeStatus]) -> bool:
-        """Some nodes, not all, were told to stop (preemption notices) and every rank
-        checkpointed: the others stay, to re-form in place (engine/supervise/reform.py)."""
-        r, nodes = self.records, set(range(len(statuses)))
-        elastic = getattr(self.run.ctx.elasticity, "enabled", False)  # else no morph at all
-        if not (self.keep_survivors and elastic) or self.scale_to is not None or r.freed_ranks:
-            return False
-        if len(self.handles) != self.run.ctx.nnodes or not r.sigterm_nodes:
-            return False
-        everyone = len(r.stopped_ranks) >= self.run.plan.world_size
-        return everyone and not r.sigterm_nodes >= nodes and r.stopped_step is not None
-
-    def _survivors_of_notice(self, statuses: list[NodeStatus]) -> Outcome | None:
-        """The noticed nodes ended, the others kept waiting. Every rank's ``stopped``
-        came after its checkpoint part (and upload grace): what is left of the noticed
-        nodes is their agents' shutdown, which the re-formation need not wait for."""
-        r = self.records
-        lost = sorted(r.sigterm_nodes)
-        self.backend.cancel([self.handles[n] for n in lost if not statuses[n].done], 9)
-        out = self._conclude("preempted", 0, f"node(s) {lost} preempted after a checkpoint", lost)
-        out.survivors_wait, out.resume_step = True, r.stopped_step
-        return out
-
     def _consume_metrics(self) -> None:
         recs, self.offset = read_metrics(self.run.dir / "metrics.jsonl", self.offset)
-        for rec in recs:
+        for rec in self._this_epoch(recs):
             if not self.records.record(rec):
                 continue  # malformed: counted and logged, never fatal
             if self.activity is not None:  # after pruning and rebalancing had their say

@@ -57,6 +57,7 @@ class Reformation:
     epoch: int
     ranks: dict[int, int]  # old rank -> new rank
     step: int  # the step the survivors continue from
+    offset: int  # where the new attempt's records start in metrics.jsonl
     deadline: float
     clock: Callable[[], float]
 
@@ -74,11 +75,6 @@ class Reformation:
         if self.clock() > self.deadline:
             return f"{len(self.ranks) - ok} survivor(s) did not re-form in {WAIT_S:.0f} s"
         return None
-
-    def commit(self) -> None:
-        """The run is in the next epoch: said in the store too, which outlives this
-        supervisor (one that adopts the run reads it: ``stored_epoch``)."""
-        self.store.set(EPOCH_KEY, str(self.epoch + 1))
 
 
 def stored_epoch(run_dir) -> int:
@@ -107,12 +103,19 @@ def begin(
     run = Run(old.id, old.dir, ctx, old.rendered, plan)
     handles = [attempt.handles[n] for n in nodes]
     after = Attempt(run, attempt.backend, handles, attempt.host_proc, attempt.host, point.step)
+    scripts = attempt.script_nodes or list(range(len(attempt.handles)))
+    after.script_nodes = [scripts[n] for n in nodes]
+    metrics = old.dir / "metrics.jsonl"  # the new attempt's records start after the word
+    offset = metrics.stat().st_size if metrics.exists() else 0
     word = {
         "plan": str(old.dir / "plan.json"),
         "ranks": {str(o): n for o, n in ranks.items()},
         "prefix": f"reform-{epoch}-{uuid.uuid4().hex}",
         "resume": str(point.path),
     }
+    # The next epoch is the run's from the word on: the survivors move to it as they read
+    # it, and a supervisor that adopts the run meanwhile must not use this one's keys.
+    store.set(EPOCH_KEY, str(epoch + 1))
     store.set(f"{KEY}{epoch}", json.dumps(word))
-    return after, Reformation(store, epoch, ranks, point.step, clock() + WAIT_S, clock)
+    return after, Reformation(store, epoch, ranks, point.step, offset, clock() + WAIT_S, clock)
 

@@ -108,8 +108,8 @@ class Supervisor(InPlaceSteps):
         try:
             while not self.done:
                 self.step()
-                if self.monitor is not None:  # survivors handing over: the relaunch waits
-                    self.sleep(interval if self.monitor.handover is None else HANDOVER_POLL_S)
+                if self.monitor is not None or self.reforming is not None:  # survivors wait:
+                    self.sleep(HANDOVER_POLL_S if self._handing_over() else interval)
         except KeyboardInterrupt:  # a second Ctrl-C: leave the nodes running, adoptable
             self._detach()
             raise

@@ -178,12 +178,20 @@ def _build(build, args: tuple, reformed: Reform | None) -> Trainer:
     try:
         trainer = build(*args)
     except BaseException as e:
-        traceback.print_exc()
-        answer(store, reformed, f"rank {reformed.rank}: {type(e).__name__}: {e}")
-        sys.stdout.flush()
-        os._exit(1)
+        _unbuilt(store, reformed, e)
     answer(store, reformed)
     return trainer
+
+
+def _unbuilt(store, reform: Reform, e: BaseException) -> None:
+    """A re-formation failed in this rank: say why, and end (no error report: the
+    supervisor relaunches from the same checkpoint, where a bug shows and is reported)."""
+    from jobctl.engine.worker.reform import answer
+
+    traceback.print_exc()
+    answer(store, reform, f"rank {reform.rank}: {type(e).__name__}: {e}")
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform | None:
@@ -230,8 +238,11 @@ def _await_reform(trainer: Trainer) -> Reform | None:
     if word is None or _early_sigterm:
         return None
     mark("reform")
-    release(trainer)
-    rejoin(store, word)
+    try:
+        release(trainer)
+        rejoin(store, word)
+    except Exception as e:  # noqa: BLE001 - said to the supervisor, which relaunches
+        _unbuilt(store, word, e)
     print(f"rank {trainer.rank}: re-formed in place as rank {word.rank} of "
           f"{word.plan.summary()}", flush=True)  # fmt: skip
     _redirect_output(Path(os.environ[RUN_DIR]), word.rank)  # its log is the new rank's

@@ -11,9 +11,10 @@ trainer (its data readers, links and event client) and the broken process group,
 the new group, and the worker builds a new trainer from that checkpoint: checkpoints
 are layout-independent, so any layout of the survivors works. Once built, it says so
 (``ok/<rank>``) and trains on; the supervisor follows the same processes as the next
-attempt. The word ``leave``, no word in time, or this rank left out: it leaves as
-before, exit status 0. A failure before the new trainer is built: it posts
-``failed/<rank>`` and exits 1, and the supervisor relaunches from the same checkpoint.
+attempt. No word in time, or this rank left out of it (or a ``leave`` word): it leaves
+as before, exit status 0 (the supervisor ends survivors it does not re-form). A
+failure before the new trainer is built: it posts ``failed/<rank>`` and exits 1, and
+the supervisor relaunches from the same checkpoint.
 
 Each re-formation starts an epoch: the hand-over and re-formation keys of the next
 loss live under the next epoch's number (``JOBCTL_EPOCH``), never a stale one.
@@ -24,20 +25,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
-from jobctl.engine.core.env import EPOCH
+from jobctl.engine.checkpoint.upload import UPLOAD_THREAD
+from jobctl.engine.core.env import EPOCH, NODE
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
 from jobctl.engine.runtime.trainer import Trainer
 from jobctl.engine.worker.survival import epoch, wait_key
 
 KEY = "jobctl/reform/"  # engine/supervise/reform.py's
-WAIT_S = float(os.environ.get("JOBCTL_REFORM_WAIT_S", "30"))
+# As long as the supervisor waits for the answers (engine/supervise/reform.py): a slow
+# re-plan must not send survivors away that it is about to re-form.
+WAIT_S = float(os.environ.get("JOBCTL_REFORM_WAIT_S", "60"))
+UPLOAD_WAIT_S = 60.0  # the old trainer's checkpoint upload, which reports through its sink
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ def release(trainer: Trainer) -> None:
     when it trapped), data readers and event client (flushed first: the hand-over's
     records must reach the supervisor before the new attempt's)."""
     trainer._cut_links()
+    for thread in threading.enumerate():  # its records must not go into a closed sink
+        if thread.name == UPLOAD_THREAD and thread is not threading.current_thread():
+            thread.join(UPLOAD_WAIT_S)
     for source in (trainer.data, trainer.eval_data):
         with contextlib.suppress(Exception):  # a reader thread of a broken step
             getattr(source, "close", lambda: None)()
@@ -83,7 +92,10 @@ def rejoin(store, reform: Reform) -> None:
     world = reform.plan.world_size
     os.environ.update(RANK=str(reform.rank), WORLD_SIZE=str(world))
     os.environ[EPOCH] = str(reform.epoch + 1)
+    # The node it now is in the plan (packing reports it; the node script keeps its own).
+    os.environ[NODE] = str(reform.plan.rank(reform.rank).node)
     timeout = timedelta(seconds=pg_timeout_s())
+    store.set_timeout(timeout)  # a group met in a given store waits as long as it lets
     backend = "nccl" if reform.plan.device == "cuda" else "gloo"
     group_store = dist.PrefixStore(f"jobctl/pg/{reform.prefix}/", store)
     dist.init_process_group(

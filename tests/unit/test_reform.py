@@ -11,7 +11,13 @@ import pytest
 import torch.distributed as dist
 
 from jobctl.engine.planner.resolver import make_plan
-from jobctl.engine.supervise.reform import KEY, Reformation, stored_epoch, survivor_layout
+from jobctl.engine.supervise.reform import (
+    EPOCH_KEY,
+    KEY,
+    Reformation,
+    stored_epoch,
+    survivor_layout,
+)
 from jobctl.engine.worker.reform import Reform, answer, await_word
 from tests.jobrun import tiny_spec
 
@@ -65,17 +71,17 @@ def test_the_word_and_the_answers_meet_in_the_store(store, tmp_path, monkeypatch
     assert got == Reform(new, 1, tmp_path / "ckpt", "p", 0)
     assert await_word(store, 7, lambda: False) is None  # not a survivor: it leaves
     now = [0.0]
-    waiting = Reformation(store, 0, {0: 1, 1: 0}, 4, 10.0, lambda: now[0])
+    waiting = Reformation(store, 0, {0: 1, 1: 0}, 4, 0, 10.0, lambda: now[0])
     assert waiting.settled() is None
     answer(store, got)
     assert waiting.settled() is None  # rank 0 has not answered
     answer(store, Reform(new, 0, tmp_path, "p", 0))
     assert waiting.settled() == ""
     answer(store, Reform(new, 0, tmp_path, "p", 1), "rank 0: OSError: disk full")
-    later = Reformation(store, 1, {0: 1, 1: 0}, 4, 10.0, lambda: now[0])
+    later = Reformation(store, 1, {0: 1, 1: 0}, 4, 0, 10.0, lambda: now[0])
     assert later.settled() == "rank 0: OSError: disk full"  # a failure ends it at once
     now[0] = 11.0
-    late = Reformation(store, 2, {0: 0}, 4, 10.0, lambda: now[0])
+    late = Reformation(store, 2, {0: 0}, 4, 0, 10.0, lambda: now[0])
     assert "did not re-form" in late.settled()
 
 
@@ -90,7 +96,7 @@ def test_the_epoch_lives_in_the_run_hosts_store(store, tmp_path, monkeypatch):
 
     monkeypatch.setattr(reform, "connect_store", lambda run_dir: store)
     assert stored_epoch(tmp_path) == 0  # fresh processes
-    Reformation(store, 0, {0: 0}, 4, 10.0, lambda: 0.0).commit()
+    store.set(EPOCH_KEY, "1")  # set with a re-formation's word
     assert stored_epoch(tmp_path) == 1  # what an adopting supervisor reads
     monkeypatch.setattr(reform, "connect_store", lambda run_dir: None)
     assert stored_epoch(tmp_path) == 0  # no run host: no re-formation to continue
