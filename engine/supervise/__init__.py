@@ -8,7 +8,8 @@ DB, ``activity`` turns them into phases. ``crash`` tells a bug from a lost proce
 ``recovery`` times recoveries and counts the steps they lost, ``handover`` lets the
 survivors of a lost node write the step they hold before the rest is torn down,
 ``reform`` re-forms them in place (the re-planned layout on the surviving nodes, the
-word, their answers; ``in_place``: the supervisor's steps for it),
+word, their answers; ``in_place``: the supervisor's steps for it, ``in_place_watch``
+the monitor's),
 ``stragglers`` flags slow devices, ``scaling`` reads
 scale requests and plans the next attempt, ``budget`` holds a run to ``spec.budget``
 (stop at the total cap, morph down at the hourly cap), ``adoption`` re-attaches a run whose

@@ -100,3 +100,20 @@ def test_the_epoch_lives_in_the_run_hosts_store(store, tmp_path, monkeypatch):
     assert stored_epoch(tmp_path) == 1  # what an adopting supervisor reads
     monkeypatch.setattr(reform, "connect_store", lambda run_dir: None)
     assert stored_epoch(tmp_path) == 0  # no run host: no re-formation to continue
+
+
+def test_a_re_formed_attempt_reads_its_own_records():
+    """The old trainers' last records (an earlier epoch's sender) are the previous
+    attempt's; a node script's records name the script's node, mapped to the plan's."""
+    from jobctl.engine.supervise.in_place_watch import InPlaceWatch
+
+    watch = InPlaceWatch()
+    watch._init_in_place()
+    watch.epoch, watch.script_nodes = 1, [1, 2]  # node 0 lost: scripts 1, 2 are nodes 0, 1
+    recs = [
+        {"kind": "alive", "src": "rank-2-77-0", "node": 1},  # the old trainer's
+        {"kind": "step", "src": "rank-0-77-1", "step": 5},
+        {"kind": "node_sigterm", "node": 2},
+        {"kind": "node_sigterm", "node": 0},  # the lost node's script, ending
+    ]
+    assert watch._this_epoch(recs) == [recs[1], {"kind": "node_sigterm", "node": 1}]
