@@ -53,6 +53,14 @@ ProgressCallback = Callable[[int, int, int], None]
 UPLOAD_THREAD = "ckpt-upload"
 
 
+def wait_for_uploads(timeout: float | None = None) -> None:
+    """Wait for this process's checkpoint uploads still running (each thread up to
+    ``timeout`` seconds; None: to its end)."""
+    for thread in threading.enumerate():
+        if thread.name == UPLOAD_THREAD and thread is not threading.current_thread():
+            thread.join(timeout)
+
+
 @dataclass(frozen=True)
 class UploadJob:
     """One writer's files of one step, and optionally the commit to attempt after."""

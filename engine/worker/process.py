@@ -21,7 +21,6 @@ signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signu
 
 import gc  # noqa: E402
 import logging  # noqa: E402
-import threading  # noqa: E402
 import traceback  # noqa: E402
 import uuid  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -122,13 +121,10 @@ def _store(env: dict, timeout: timedelta) -> dist.Store:
 
 def _join_group(plan: Plan, rank: int) -> None:
     """Join the run's process group as ``rank`` (see ``_store`` for where it meets)."""
-    from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
+    from jobctl.engine.runtime.p2p.gloo import join_world, pg_timeout_s
 
-    timeout = timedelta(seconds=pg_timeout_s())
-    backend = "nccl" if plan.device == "cuda" else "gloo"
-    world = int(os.environ["WORLD_SIZE"])
-    store = _store(os.environ, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    store = _store(os.environ, timedelta(seconds=pg_timeout_s()))
+    join_world(store, rank, int(os.environ["WORLD_SIZE"]), plan.device)
 
 
 def _train(
@@ -209,7 +205,7 @@ def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform 
     if decision is None or decision.step is None:
         return None
     print(f"rank {trainer.rank}: lost a peer; handed over step {decision.step}", flush=True)
-    reform = _await_reform(trainer) if os.environ.get(IN_PLACE) == "1" else None
+    reform = _await_reform(trainer)
     if reform is None:
         _leave(trainer)
     return reform
@@ -217,21 +213,24 @@ def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform 
 
 def _stopped_by_peer(trainer: Trainer) -> bool:
     """Did this rank stop (checkpointed) before the end because other ranks were told
-    to (preemption notices), not itself, where the supervisor re-forms in place?"""
+    to (preemption notices), not itself?"""
     ledger = getattr(trainer, "ledger", None)  # a Mobius rank's has none: it just ends
     asked = trainer.stop_requested or _early_sigterm or trainer.freed
-    if ledger is None or asked or os.environ.get(IN_PLACE) != "1":
+    if ledger is None or asked:
         return False
     return ledger.done < trainer.spec.training.steps
 
 
 def _await_reform(trainer: Trainer) -> Reform | None:
     """The supervisor's word to re-form in place (engine/worker/reform.py), this rank
-    already in its new group, or None (leave). A SIGTERM from here on is a stop the
-    new trainer honours at its first step, or, before the word, a reason to leave."""
+    already in its new group, or None (leave; at once where no word can come). A
+    SIGTERM from here on is a stop the new trainer honours at its first step, or,
+    before the word, a reason to leave."""
     from jobctl.engine.worker.reform import await_word, rejoin, release
     from jobctl.engine.worker.survival import lasting_store
 
+    if os.environ.get(IN_PLACE) != "1":
+        return None
     signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
     store = lasting_store()
     word = await_word(store, trainer.rank, lambda: bool(_early_sigterm))
@@ -269,11 +268,9 @@ def _finish(trainer: Trainer) -> None:
     would have waited for: a checkpoint upload still running (a stopped run's, past
     its grace). Not for every non-daemon thread: an idle pool's workers (the data
     readers') wait for work forever; interpreter exit shuts their pools down first."""
-    from jobctl.engine.checkpoint.upload import UPLOAD_THREAD
+    from jobctl.engine.checkpoint.upload import wait_for_uploads
 
-    for thread in threading.enumerate():
-        if thread.name == UPLOAD_THREAD and thread is not threading.current_thread():
-            thread.join()
+    wait_for_uploads()
     _leave(trainer)
 
 

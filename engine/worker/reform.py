@@ -25,17 +25,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
-from jobctl.engine.checkpoint.upload import UPLOAD_THREAD
+from jobctl.engine.checkpoint.upload import wait_for_uploads
 from jobctl.engine.core.env import EPOCH, NODE
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.runtime.p2p.gloo import pg_timeout_s
+from jobctl.engine.runtime.p2p.gloo import join_world
 from jobctl.engine.runtime.trainer import Trainer
 from jobctl.engine.worker.survival import epoch, wait_key
 
@@ -73,9 +71,7 @@ def release(trainer: Trainer) -> None:
     when it trapped), data readers and event client (flushed first: the hand-over's
     records must reach the supervisor before the new attempt's)."""
     trainer._cut_links()
-    for thread in threading.enumerate():  # its records must not go into a closed sink
-        if thread.name == UPLOAD_THREAD and thread is not threading.current_thread():
-            thread.join(UPLOAD_WAIT_S)
+    wait_for_uploads(UPLOAD_WAIT_S)  # its records must not go into a closed sink
     for source in (trainer.data, trainer.eval_data):
         with contextlib.suppress(Exception):  # a reader thread of a broken step
             getattr(source, "close", lambda: None)()
@@ -94,13 +90,8 @@ def rejoin(store, reform: Reform) -> None:
     os.environ[EPOCH] = str(reform.epoch + 1)
     # The node it now is in the plan (packing reports it; the node script keeps its own).
     os.environ[NODE] = str(reform.plan.rank(reform.rank).node)
-    timeout = timedelta(seconds=pg_timeout_s())
-    store.set_timeout(timeout)  # a group met in a given store waits as long as it lets
-    backend = "nccl" if reform.plan.device == "cuda" else "gloo"
     group_store = dist.PrefixStore(f"jobctl/pg/{reform.prefix}/", store)
-    dist.init_process_group(
-        backend, store=group_store, rank=reform.rank, world_size=world, timeout=timeout
-    )
+    join_world(group_store, reform.rank, world, reform.plan.device)
 
 
 def answer(store, reform: Reform, failure: str | None = None) -> None:

@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 from collections import deque
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,16 @@ def comm_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def join_world(store, rank: int, world: int, device: str) -> None:
+    """Join the run's default process group in ``store`` as ``rank`` of ``world``: NCCL
+    for a CUDA plan, else gloo; the group and the store it meets in wait as long as
+    ``pg_timeout_s`` lets them."""
+    timeout = timedelta(seconds=pg_timeout_s())
+    store.set_timeout(timeout)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def send_meta(t: torch.Tensor, dst: int) -> None:
