@@ -22,7 +22,6 @@ from jobctl.engine.supervise.scaling import next_attempt
 class InPlaceSteps:
     """``Supervisor``'s in-place re-formation (see the module docstring)."""
 
-    epoch: int  # re-formations in place of the attempt's processes so far
     reforming: reform.Reformation | None  # the survivors' answers, while due
 
     def _in_place_env(self) -> dict[str, str]:
@@ -30,14 +29,13 @@ class InPlaceSteps:
         return {IN_PLACE: "1"} if self.backend in reform.BACKENDS else {}
 
     def _watch_in_place(self, monitor) -> None:
-        """A new monitor's part in re-forming: its epoch's keys; survivors kept where
-        their agents can be released at the end, and released then after a re-form."""
+        """A new monitor's part in re-forming: its epoch's keys and node scripts;
+        survivors kept where their agents can be released at the end."""
         # The attempt's run host keeps it: 0 for fresh processes, one more for each
         # re-formation they made (an adopting supervisor learns it there too).
-        self.epoch = reform.stored_epoch(monitor.run.dir)
-        monitor.epoch, monitor.script_nodes = self.epoch, self.attempt.script_nodes
+        monitor.epoch = reform.stored_epoch(monitor.run.dir)
+        monitor.script_nodes = self.attempt.script_nodes
         monitor.keep_survivors = self.attempt.backend.name in reform.BACKENDS
-        monitor.release_at_end = self.epoch > 0
 
     def _handing_over(self) -> bool:
         """Survivors handing a step over or re-forming: polled faster, they wait on it."""
@@ -63,7 +61,8 @@ class InPlaceSteps:
         started = None
         if point is not None and point.step == out.resume_step:
             started = reform.begin(
-                self.spec, self.attempt, after, out.lost_nodes, point, self.epoch, self.clock
+                self.spec, self.attempt, after, out.lost_nodes, point, self.monitor.epoch,
+                self.clock,
             )
         if started is None:  # the relaunch: the survivors are ended first
             self.attempt.backend.cancel(self.attempt.handles, signal.SIGKILL)

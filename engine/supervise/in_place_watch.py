@@ -26,9 +26,7 @@ class InPlaceWatch:
     def _init_in_place(self) -> None:
         self.keep_survivors = False  # kept after a hand-over or a partial notice
         self.epoch = 0  # the attempt's processes' re-formations so far
-        self.release_at_end = False  # their agents, once every step trained
         self.script_nodes: list[int] | None = None  # node k's script (None: k's own)
-        self.released_at_end = False
 
     def _this_epoch(self, recs: list[dict]) -> list[dict]:
         """The records of this attempt (see the module docstring), node scripts' in the
@@ -49,10 +47,10 @@ class InPlaceWatch:
         return out
 
     def _release_at_end(self) -> None:
-        """After a re-formation, every node not yet released, once every step trained."""
-        if not self.release_at_end or self.released_at_end or not self.records.finished:
+        """After a re-formation, every node not yet released, once every step trained
+        (a release marks its nodes released, tried or not: once)."""
+        if self.epoch == 0 or not self.records.finished:
             return
-        self.released_at_end = True
         left = [n for n in range(len(self.handles)) if n not in self.released]
         if left:
             self._release(left, "every step trained")

@@ -100,7 +100,7 @@ class Supervisor(InPlaceSteps):
         self.watched_at = 0.0  # when the running attempt was first polled (deadline_s)
         self.launched_at: float | None = None  # this process launched the attempt (time)
         self.done = False
-        self.epoch, self.reforming = 0, None  # re-formations in place (InPlaceSteps)
+        self.reforming = None  # the survivors' answers due (InPlaceSteps)
 
     # -- the loop ------------------------------------------------------------------
     def run_to_end(self, interval: float = 0.25) -> tuple[Run, Outcome]:
