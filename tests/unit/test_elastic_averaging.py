@@ -27,7 +27,8 @@ from jobctl.engine.supervise.figures import RunFigures, avg_distance, distance_s
 from jobctl.engine.supervise.report_data import RunSeries
 from jobctl.engine.views.report import charts
 from jobctl.engine.views.status import print_run
-from jobctl.spec import SpecError, load_spec_text
+from jobctl.spec import load_spec_text
+from tests.spec_texts import spec_error
 
 from .elastic_reference import elastic_train, sync_train
 
@@ -54,9 +55,7 @@ parallelism:
 
 
 def _error(text: str) -> str:
-    with pytest.raises(SpecError) as info:
-        load_spec_text(text, "jobs/avg.yaml")
-    return str(info.value)
+    return spec_error(text, "jobs/avg.yaml")
 
 
 def test_spec_config_alpha_auto_is_one_over_n() -> None:

@@ -19,8 +19,9 @@ from jobctl.engine.planner.elastic_tuning import (
     utilisation_scale,
 )
 from jobctl.engine.views.elastic_tuning import tuning_lines
-from jobctl.spec import SpecError, load_spec_text
+from jobctl.spec import load_spec_text
 from jobctl.spec.averaging import elastic_settings
+from tests.spec_texts import spec_error
 
 SPEC = """\
 name: avg
@@ -147,9 +148,7 @@ def test_spec_accepts_auto_and_a_fixed_m_resolves_without_profiling() -> None:
 
 
 def _error(text: str) -> str:
-    with pytest.raises(SpecError) as info:
-        load_spec_text(text, "jobs/avg.yaml")
-    return str(info.value)
+    return spec_error(text, "jobs/avg.yaml")
 
 
 @pytest.mark.parametrize(

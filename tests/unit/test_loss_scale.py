@@ -17,8 +17,9 @@ from jobctl.engine.runtime.loss_scale import (
     loss_scaler,
 )
 from jobctl.engine.runtime.step import autocast
-from jobctl.spec import SpecError, load_spec_text
+from jobctl.spec import load_spec_text
 from jobctl.spec.serialization import dump_yaml
+from tests.spec_texts import spec_error
 
 from ..jobrun import tiny_spec
 
@@ -146,9 +147,7 @@ parallelism:
 
 
 def _error(text: str) -> str:
-    with pytest.raises(SpecError) as info:
-        load_spec_text(text, "jobs/half.yaml")
-    return str(info.value)
+    return spec_error(text, "jobs/half.yaml")
 
 
 @pytest.mark.parametrize(
