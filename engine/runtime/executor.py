@@ -40,7 +40,9 @@ from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 class StepStats:
     """What one step measured on this rank."""
 
-    loss_sum: float = 0.0
+    # The last stage's loss sum stays on the device (float64) until the step's commit
+    # reads it: a float() per micro-batch would drain a GPU's queue before each backward.
+    loss_sum: float | torch.Tensor = 0.0
     fwd_s: list[float] = field(default_factory=list)
     bwd_s: list[float] = field(default_factory=list)
     order: list[Action] = field(default_factory=list)
@@ -241,7 +243,7 @@ class StepExecutor:
             torch.set_rng_state(s["rng"])
             self._graph_forward(i, s["x"], s["y"], s["batch"])
 
-    def _backward(self, i: int) -> tuple[float, float]:
+    def _backward(self, i: int) -> tuple[float | torch.Tensor, float]:
         """Back-propagate micro-batch ``i``; returns (its loss share, compute seconds).
 
         A split backward (``i`` has a W) computes the input gradient (and the
@@ -254,7 +256,7 @@ class StepExecutor:
         out = s["loss"] if grad is None else s["out"]
         if grad is None and self.scaler is not None:
             out = self.scaler.scaled(out)
-        loss = float(s["loss"].detach()) if grad is None else 0.0
+        loss = s["loss"].detach().double() if grad is None else 0.0  # no sync: StepStats
         t0 = time.perf_counter()
         if i in self.split:
             input_grads(out, grad, s["x"], self.in_b, self.weights, i)

@@ -49,14 +49,14 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def commit_step(
-    loss_sum: float, is_last: bool, group=None, found_inf: bool = False
+    loss_sum: float | torch.Tensor, is_last: bool, group=None, found_inf: bool = False
 ) -> tuple[float, bool]:
     """The step's commit (see the module docstring): every live rank's all-reduce of
     the last stage's loss sums; returns the global-batch mean loss and whether any
     rank found an inf/NaN gradient under fp16 (``runtime.loss_scale``: the flag rides
     in the same all-reduce, a sum of 0/1 that is positive where the MAX is 1, so an
     fp16 step costs no extra round trip)."""
-    part = loss_sum if is_last else 0.0
+    part = float(loss_sum) if is_last else 0.0  # the step's one read of the device sum
     total = torch.tensor([part, float(found_inf)], dtype=torch.float64, device=comm_device())
     dist.all_reduce(total, group=group)
     return float(total[0]), bool(total[1] > 0)

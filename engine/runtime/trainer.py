@@ -303,7 +303,7 @@ class Trainer:
             return None
         if step in self.ledger.losses:
             return self.ledger.losses[step]
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64, device=comm_device())
+        total = torch.tensor([float(stats.loss_sum)], dtype=torch.float64, device=comm_device())
         if topo.dp_group is not None:
             dist.all_reduce(total, group=topo.dp_group)
         return float(total)

@@ -87,7 +87,7 @@ class _Worker:
         )  # fmt: skip
         if not self.topo.is_last:
             return None
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64)
+        total = torch.tensor([float(stats.loss_sum)], dtype=torch.float64)
         if self.topo.dp_group is not None:
             dist.all_reduce(total, group=self.topo.dp_group)
         return float(total)

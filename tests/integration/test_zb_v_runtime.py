@@ -86,7 +86,7 @@ def _run(rank: int, port: int, spec, recompute: bool, out: str) -> None:
     losses = []
     for step in range(STEPS):
         stats, _ = train_step(ex, placed, opt, spec.training, step, rank)  # type: ignore[arg-type]
-        losses.append(stats.loss_sum)
+        losses.append(float(stats.loss_sum))
     weights = {
         n: p.detach() for st in stages for n, p in st.named_parameters(remove_duplicate=False)
     }

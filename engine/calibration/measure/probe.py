@@ -185,9 +185,8 @@ def _probe_steps(
             fields = compute_fields(stats, M)
             events.write(Kind.HEARTBEAT, step=step, rank=rank, **fields, **memory_fields(cpu))
             if topo.is_last:
-                events.write(
-                    Kind.STEP, step=step, loss=stats.loss_sum, step_time_s=t.updated - t.start
-                )
+                loss = float(stats.loss_sum)
+                events.write(Kind.STEP, step=step, loss=loss, step_time_s=t.updated - t.start)
             t4 = time.perf_counter()
             _pipeline_sync(rank, topo.P)  # as the trainer's stop vote: steps start together
             if step >= PROBE_WARMUP:
