@@ -16,6 +16,13 @@ nothing here: a rank computes on its threads without pause during an action, at 
 micro-batch size; what a small micro-batch loses is work per second (per-operator
 overheads), which this fraction measures (the paper's GPU utilisation, read by
 nvidia-smi, has a fixed 100 %; this one is measured on the same stage).
+
+Last, the stage alone at each candidate's micro-batch size (``job["sizes"]``, B / (D
+N M) over the settings the tuner predicts): a forward and backward, the best of
+``SIZE_REPEATS`` (``timed``: [size, seconds]), so ``planner.elastic_tuning`` takes
+the computation at another size from a measurement instead of eq. 2's assumption
+that a larger micro-batch only raises the utilisation (a CPU rank's fixed cost per
+micro-batch, Python and small GEMMs' efficiency, is what a larger one saves).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from jobctl.engine.schedule.checks import peak_activations
 BATCHES = 20  # the paper's twenty batches
 WARMUP = 3
 PEAK_REPEATS = 3
+SIZE_REPEATS = 5  # each candidate size: cheap next to the BATCHES
 
 
 class ProfiledExecutor(InterleavedExecutor):
@@ -108,6 +116,7 @@ def profile_rank(rank: int, job: dict) -> dict:
         ex.close()
     out.update(_memory(models, ref.stage))
     out.update(_peak(stage, topo, chans, make_data(spec), B))
+    out["timed"] = _timed_sizes(stage, topo, chans, make_data(spec), job["sizes"])
     out["peak"] = peak_activations(actions).full
     out["size"] = size
     return out
@@ -169,13 +178,37 @@ def _memory(models, ref: Stage) -> dict:
     return {"F_mod": total, "F_ref": _bytes(ref.parameters())}
 
 
+def _inputs(stage: Stage, topo: Topology, chans, data, size: int):
+    """A micro-batch of ``size`` samples for this stage: the data's tokens on the
+    first stage, else a random activation of the boundary's shape."""
+    x, y = data.batch(0, size)
+    if not topo.is_first:
+        x = torch.randn((size, *chans.in_shape[1:]), dtype=chans.in_dtype, requires_grad=True)
+    return x, y
+
+
+def _pass(stage: Stage, topo: Topology, x, y, pack) -> tuple[float, float]:
+    """One forward (saved tensors through ``pack``) and backward of the stage
+    alone; their seconds."""
+    t0 = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = stage(x, None)
+        loss = stage.loss(out, y, None) if topo.is_last else None
+    t1 = time.perf_counter()
+    if loss is not None:
+        loss.backward()
+    else:
+        torch.autograd.backward(out, torch.ones_like(out))
+    t2 = time.perf_counter()
+    stage.zero_grad(set_to_none=True)
+    return t1 - t0, t2 - t1
+
+
 def _peak(stage: Stage, topo: Topology, chans, data, B: int) -> dict:
     """Seconds per sample of a forward and a backward of ``B`` samples (the largest
     micro-batch: the stage's peak rate), the best of ``PEAK_REPEATS``, and the bytes
     autograd saves per sample (parameters aside)."""
-    x, y = data.batch(0, B)
-    if not topo.is_first:
-        x = torch.randn((B, *chans.in_shape[1:]), dtype=chans.in_dtype, requires_grad=True)
+    x, y = _inputs(stage, topo, chans, data, B)
     own = {p.data_ptr() for p in stage.parameters()}
     saved = [0]
 
@@ -187,19 +220,22 @@ def _peak(stage: Stage, topo: Topology, chans, data, B: int) -> dict:
     fwd, bwd = float("inf"), float("inf")
     for _ in range(PEAK_REPEATS):
         saved[0] = 0
-        t0 = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = stage(x, None)
-            loss = stage.loss(out, y, None) if topo.is_last else None
-        t1 = time.perf_counter()
-        if loss is not None:
-            loss.backward()
-        else:
-            torch.autograd.backward(out, torch.ones_like(out))
-        t2 = time.perf_counter()
-        fwd, bwd = min(fwd, t1 - t0), min(bwd, t2 - t1)
-        stage.zero_grad(set_to_none=True)
+        f, b = _pass(stage, topo, x, y, pack)
+        fwd, bwd = min(fwd, f), min(bwd, b)
     return {"v_F": fwd / B, "v_B": bwd / B, "dat_per_sample": saved[0] / B}
+
+
+def _timed_sizes(stage: Stage, topo: Topology, chans, data, sizes) -> list[list]:
+    """[size, seconds] per size: a forward and backward of a micro-batch of that
+    size, the stage alone, the best of ``SIZE_REPEATS`` (the best: the shared
+    host's other load only ever adds). One untimed pass first warms each shape."""
+    out = []
+    for size in sorted(set(sizes)):
+        x, y = _inputs(stage, topo, chans, data, size)
+        _pass(stage, topo, x, y, lambda t: t)
+        best = min(sum(_pass(stage, topo, x, y, lambda t: t)) for _ in range(SIZE_REPEATS))
+        out.append([size, best])
+    return out
 
 
 def main(tmp: Path) -> None:

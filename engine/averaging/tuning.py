@@ -37,7 +37,7 @@ from jobctl.spec.loader import load_spec_text
 from jobctl.spec.serialization import dump_yaml
 
 TIMEOUT_S = 600.0
-PROFILE_VERSION = 2  # in the cache key: what a profile holds
+PROFILE_VERSION = 3  # in the cache key: what a profile holds (3: the sizes timed)
 
 
 def settings(spec: JobSpec) -> list[tuple[int, int]]:
@@ -67,11 +67,12 @@ def resolve(spec: JobSpec, home: Path | None = None) -> tuple[JobSpec, Tuning | 
     if par.averaging != "elastic" or untouched:
         return spec, None
     options = settings(spec)
+    B = spec.training.global_batch_size // par.data_parallel
     if "auto" not in (par.micro_batches, par.parallel_pipelines):
         return concrete(spec, *options[0]), None
     n = min(N for _, N in options)
     m = max(M for M, N in options if n == N)
-    profile = cached_profile(spec, m, n, home)
+    profile = cached_profile(spec, m, n, home, sorted({B // (M * N) for M, N in options}))
     plan = make_plan(concrete(spec, m, n))
     tuning = tune(profile, options, spec.hardware.memory_gb * GB, peaks_for(plan))
     return concrete(spec, tuning.pick.M, tuning.pick.N), tuning
@@ -92,26 +93,28 @@ def peaks_for(plan):
     return peaks
 
 
-def cached_profile(spec: JobSpec, m: int, n: int, home: Path | None) -> Profile:
-    """The profile of (m, n), from the state home's cache or measured now."""
-    text = f"v{PROFILE_VERSION}\n{dump_yaml(concrete(spec, m, n))}"
+def cached_profile(spec: JobSpec, m: int, n: int, home: Path | None, sizes: list[int]) -> Profile:
+    """The profile of (m, n), with the stage alone timed at ``sizes`` (the
+    candidates' micro-batch sizes), from the state home's cache or measured now."""
+    text = f"v{PROFILE_VERSION}\n{sizes}\n{dump_yaml(concrete(spec, m, n))}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = Path(home or default_home()) / "cache" / "avgpipe" / f"{key}.json"
     if path.exists():
         return profile_from(json.loads(path.read_text()))
-    raw = measure_profile(concrete(spec, m, n), m, n)
+    raw = measure_profile(concrete(spec, m, n), m, n, sizes)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(raw))
     return profile_from(raw)
 
 
-def measure_profile(spec: JobSpec, m: int, n: int) -> dict:
-    """Run the P ranks of ``spec``'s plan (replica 0) for the profile; the raw
-    per-rank results with the setting."""
+def measure_profile(spec: JobSpec, m: int, n: int, sizes: list[int]) -> dict:
+    """Run the P ranks of ``spec``'s plan (replica 0) for the profile, each stage
+    also timed alone at ``sizes``; the raw per-rank results with the setting."""
     plan = make_plan(spec)
     B = spec.training.global_batch_size // plan.D
     job = {
         "spec": spec, "P": plan.P, "N": n, "size": plan.micro_batch_size, "B": B,
+        "sizes": sizes,
         "blocks": [s.blocks for s in plan.stages],
         "keep": [s.keep_blocks for s in plan.stages],
         "actions": [s.action_list() for s in plan.stages],
@@ -172,6 +175,7 @@ def profile_from(raw: dict) -> Profile:
                 T_gpu=sum(dt for dt, _ in phi), T=sent, phi=phi, T_upd=_mean(r["update"]),
                 F_mod=r["F_mod"], F_ref=r["F_ref"],
                 F_dat=r["dat_per_sample"] * r["size"] * r["peak"], peak=r["peak"],
+                timed=tuple((int(z), t) for z, t in r.get("timed", ())),
             )
         )  # fmt: skip
     return Profile(raw["m"], raw["n"], raw["B"], tuple(stages), raw["per_message"])

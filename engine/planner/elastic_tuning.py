@@ -15,6 +15,20 @@ What jobctl's runtime changes in the equations (each says so where it is used):
   assumption) the utilisation, scales by r = (m n) / (m* n*); the paper's N processes
   per GPU add their utilisations, r = (m n*) / (m* n). Eq. 2's form,
   (T_gpu)* = (T_gpu + int max(r phi - 1, 0) dt) / r, holds for either r.
+* Computation at another micro-batch size is measured where the profile timed the
+  stage alone at the candidates' sizes (``StageProfile.timed``: t(size), a forward
+  and backward of one micro-batch), and eq. 2 is the fallback where it did not. Eq.
+  2 holds the work's volume fixed and lets a larger micro-batch only raise the
+  utilisation; a CPU rank with one thread is busy at every size, and what a larger
+  micro-batch saves is a fixed cost per micro-batch (Python, the executor, small
+  GEMMs' efficiency), which no utilisation curve shows: a benchmark run
+  ranked the best measured setting (m = 8) sixth of seven. So a profiled
+  micro-batch's in-pipeline seconds c = T_gpu / K move by the stage-alone
+  difference, c* = c + t(size*) - t(size), and (T_gpu)* = K* c* (``measured``):
+  the in-pipeline overhead stays a cost per micro-batch, and c* never falls below
+  t(size*). A size not timed takes t from the least-squares line a + b size
+  through the timed ones. On a GPU, where the device's busy fraction is the
+  utilisation the paper means, a profile without ``timed`` keeps eq. 2.
 * One fill and one drain per step over K* = n* m* micro-batches: eqs. 3, 6 and 7
   divide by K* where the paper divides by m*.
 * Eq. 4's (T)*: a batch moves the activations of B / D samples at any (M, N), so
@@ -50,6 +64,7 @@ class StageProfile:
     F_ref: float  # bytes of the reference's weights
     F_dat: float  # bytes of activations at the list's peak
     peak: int  # micro-batches held at that peak
+    timed: tuple[tuple[int, float], ...] = ()  # (size, seconds): the stage alone
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,32 @@ def computation(T_gpu: float, phi: tuple[tuple[float, float], ...], r: float) ->
     return (T_gpu + over) / r
 
 
+def seconds_at(timed: tuple[tuple[int, float], ...], size: int) -> float:
+    """t(size): the stage alone's forward and backward of a micro-batch of ``size``,
+    as timed, else from the least-squares line a + b size through the timings (one
+    timing alone: proportional to size)."""
+    table = dict(timed)
+    if size in table:
+        return table[size]
+    if len(table) == 1:
+        ((s0, t0),) = table.items()
+        return t0 * size / s0
+    n = len(table)
+    mean_s, mean_t = sum(table) / n, sum(table.values()) / n
+    var = sum((x - mean_s) ** 2 for x in table)
+    b = sum((x - mean_s) * (t - mean_t) for x, t in table.items()) / var
+    return mean_t + b * (size - mean_s)
+
+
+def measured(T_gpu: float, K: int, K_star: int, size: int, size_star: int,
+             timed: tuple[tuple[int, float], ...]) -> float:  # fmt: skip
+    """(T_gpu)* = K* c* with c* = max(c + t(size*) - t(size), t(size*)) and
+    c = T_gpu / K: the profiled micro-batch's in-pipeline seconds moved by the
+    measured difference between the sizes (see the module docstring)."""
+    t, t_star = seconds_at(timed, size), seconds_at(timed, size_star)
+    return K_star * max(T_gpu / K + t_star - t, t_star)
+
+
 def communication(T_star: float, T_gpu_star: float, K_star: int) -> float:
     """Eqs. 3-4: the first micro-batch's messages block; the other K* - 1 block only
     by what their computation does not hide."""
@@ -123,7 +164,7 @@ def predict(p: Profile, m_star: int, n_star: int, peaks: list[int]) -> Predictio
     """Candidate (m*, n*) from profile ``p``; ``peaks``: the micro-batches each stage's
     list for K* = n* m* holds at once."""
     r, K_star = utilisation_scale(p.m, p.n, m_star, n_star), m_star * n_star
-    gpu = [computation(s.T_gpu, s.phi, r) for s in p.stages]
+    gpu = [_computation(s, p, m_star, n_star) for s in p.stages]
     scale = K_star / (p.m * p.n) if p.per_message else 1.0  # eq. 4's (T)*, see above
     T_star = [s.T * scale for s in p.stages]
     com = [communication(t, g, K_star) for t, g in zip(T_star, gpu, strict=True)]
@@ -134,6 +175,15 @@ def predict(p: Profile, m_star: int, n_star: int, peaks: list[int]) -> Predictio
     mem = max(footprint(s, p.n, n_star, r, pk) for s, pk in zip(p.stages, peaks, strict=True))
     size = p.B // (m_star * n_star)
     return Prediction(m_star, n_star, size, steps[k], gpu[k], com[k], bub[k], upd[k], mem)
+
+
+def _computation(s: StageProfile, p: Profile, m_star: int, n_star: int) -> float:
+    """Stage ``s``'s (T_gpu)* at (m*, n*): measured where the profile timed the
+    sizes, else eq. 2."""
+    K, K_star = p.m * p.n, m_star * n_star
+    if s.timed:
+        return measured(s.T_gpu, K, K_star, p.B // K, p.B // K_star, s.timed)
+    return computation(s.T_gpu, s.phi, utilisation_scale(p.m, p.n, m_star, n_star))
 
 
 @dataclass(frozen=True)

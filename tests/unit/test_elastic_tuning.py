@@ -4,6 +4,8 @@ and the plan table's width."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jobctl.engine.averaging.tuning import profile_from, resolve
@@ -14,7 +16,9 @@ from jobctl.engine.planner.elastic_tuning import (
     communication,
     computation,
     footprint,
+    measured,
     predict,
+    seconds_at,
     tune,
     utilisation_scale,
 )
@@ -54,6 +58,41 @@ def test_eq2_computation_scales_volume_and_charges_overuse() -> None:
     assert computation(1.0, phi, 0.5) == pytest.approx(2.0)  # never over: T / r
     # interleaved pipelines: micro-batches of B / (D N M); (m, n) = (8, 1) -> (2, 2)
     assert utilisation_scale(8, 1, 2, 2) == 2.0
+
+
+def test_stage_seconds_at_a_size_timed_else_from_the_least_squares_line() -> None:
+    timed = ((2, 0.06), (8, 0.15))
+    assert seconds_at(timed, 8) == 0.15  # timed: as measured
+    # the line through both: b = 0.09 / 6 = 0.015 per sample, a = 0.03
+    assert seconds_at(timed, 4) == pytest.approx(0.09)
+    assert seconds_at(timed, 16) == pytest.approx(0.27)
+    # three points off a line: mean size 13/3, mean t 0.1; deviations (-10/3, -1/3,
+    # 11/3) and (-0.07, 0, 0.07): b = 0.49 / (222 / 9), t(2) = 0.1 - b 7/3 = 0.05365
+    three = ((1, 0.03), (4, 0.1), (8, 0.17))
+    assert seconds_at(three, 2) == pytest.approx(0.05365, abs=1e-5)
+    assert seconds_at(((4, 0.1),), 2) == pytest.approx(0.05)  # one timing: per sample
+
+
+def test_measured_computation_keeps_the_pipeline_overhead_per_micro_batch() -> None:
+    timed = ((2, 0.06), (4, 0.09), (8, 0.15))
+    # profiled K = 4 micro-batches of 2 in 0.4 s: c = 0.1, of which 0.06 the stage alone
+    assert measured(0.4, 4, 1, 2, 8, timed) == pytest.approx(0.1 + 0.15 - 0.06)
+    assert measured(0.4, 4, 2, 2, 4, timed) == pytest.approx(2 * (0.1 + 0.09 - 0.06))
+    assert measured(0.4, 4, 4, 2, 2, timed) == pytest.approx(0.4)  # the profile itself
+    # a pipeline micro-batch never costs less than the stage alone at its size
+    assert measured(0.08, 4, 1, 2, 8, timed) == pytest.approx(0.15)
+
+
+def test_predict_takes_computation_from_the_timed_sizes_not_eq2() -> None:
+    timed = ((2, 0.06), (8, 0.15))
+    s = StageProfile(0.4, 0.0, ((0.4, 0.5),), 0.0, 100.0, 30.0, 40.0, 2, timed)
+    p = Profile(m=4, n=1, B=8, stages=(s,))
+    row = predict(p, 1, 1, [1])  # m = 8 samples: measured, c* = 0.1 + 0.09
+    assert row.T_gpu == pytest.approx(0.19)
+    # eq. 2 would say the volume at twice the utilisation: (0.4 + 0.4 * 1.0) / 4
+    assert computation(0.4, s.phi, 4.0) == pytest.approx(0.2)
+    untimed = Profile(m=4, n=1, B=8, stages=(dataclasses.replace(s, timed=()),))
+    assert predict(untimed, 1, 1, [1]).T_gpu == pytest.approx(0.2)
 
 
 def test_eq3_4_communication_hidden_behind_computation() -> None:
@@ -126,8 +165,9 @@ def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> Non
         "actions": [[("F", 0.02), ("B", 0.04)], [("F", 0.02), ("B", 0.04)]],
         "sent": [[0.01, 0.0], [0.01, 0.0]], "update": [0.1, 0.3], "v_F": 0.005,
         "v_B": 0.01, "F_mod": 10, "F_ref": 5, "dat_per_sample": 3.0, "peak": 2, "size": 2,
+        "timed": [[1, 0.004], [2, 0.006]],
     }  # fmt: skip
-    last = {**rank, "sent": [[0.0, 0.03], [0.0, 0.05]]}
+    last = {**rank, "sent": [[0.0, 0.03], [0.0, 0.05]], "timed": []}
     p = profile_from({"m": 4, "n": 1, "B": 8, "ranks": [rank, last], "per_message": True})
     first = p.stages[0]
     sent = [s.T for s in p.stages]  # its own sends and its neighbour's to it
@@ -135,6 +175,8 @@ def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> Non
     assert first.T_gpu == pytest.approx(0.06) and first.T_upd == pytest.approx(0.2)
     assert first.phi[:2] == pytest.approx([(0.01, 0.5), (0.02, 0.5)])  # 2 * 0.005 / 0.02
     assert first.F_dat == 3.0 * 2 * 2
+    assert first.timed == ((1, 0.004), (2, 0.006))  # the stage alone at each size
+    assert p.stages[1].timed == ()  # none timed: eq. 2
 
 
 def test_spec_accepts_auto_and_a_fixed_m_resolves_without_profiling() -> None:
