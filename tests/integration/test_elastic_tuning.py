@@ -9,6 +9,7 @@ import pytest
 
 from jobctl.engine.averaging.profile_rank import BATCHES
 from jobctl.engine.averaging.tuning import resolve, settings
+from jobctl.engine.planner.elastic_tuning import measured
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.views.elastic_tuning import tuning_lines
 from jobctl.spec import load_spec_text
@@ -50,6 +51,11 @@ def test_profile_measures_the_models_and_the_pick_plans(tmp_path) -> None:
         assert s.F_mod == 4 * s.F_ref > 0
         assert len(s.phi) == BATCHES * 2 * 8  # every F and B of every batch
         assert all(0 < phi <= 1 for _, phi in s.phi) and s.T_gpu > 0 and s.T_upd > 0
+        # the stage alone at every candidate's micro-batch size, B / (N M)
+        assert [z for z, _ in s.timed] == [1, 2, 4, 8] and all(t > 0 for _, t in s.timed)
+    for row in tuning.rows:  # computation from those timings (the slowest stage's)
+        gpu = [measured(s.T_gpu, 8, row.M * row.N, 1, row.size, s.timed) for s in p.stages]
+        assert row.T_gpu in gpu
     assert len(tuning.rows) == len(settings(spec)) == 10
     pick = tuning.pick
     assert tuned.parallelism.parallel_pipelines == pick.N
