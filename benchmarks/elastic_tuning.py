@@ -104,6 +104,9 @@ def report(tuning, rows: list, rates: dict, tuned_s: float) -> None:
     med = {key: statistics.median(v) for key, v in rates.items()}
     print(f"pick/best measured samples/s: {best[pick] / top:.3f} (best rounds), "
           f"{med[pick] / max(med.values()):.3f} (medians); target >= 0.95")  # fmt: skip
+    rounds = range(len(rates[pick]))
+    per_round = [rates[pick][i] / max(v[i] for v in rates.values()) for i in rounds]
+    print(f"pick/best within each round: {' '.join(f'{x:.3f}' for x in per_round)}")
 
 
 if __name__ == "__main__":

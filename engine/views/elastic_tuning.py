@@ -34,9 +34,12 @@ def tuning_lines(t: Tuning) -> list[str]:
         )
     why = f"pick M={t.pick.M} N={t.pick.N} (m={t.pick.size}): {t.reason}"
     out += textwrap.wrap(why, WIDTH)
+    timed = all(s.timed for s in p.stages)
+    gpu = "the stage timed alone at each m" if timed else "eq. 2's utilisation curve"
     note = (
         "m: samples per micro-batch, B / (D N M); step = the slowest stage's gpu + com + "
-        "bub + upd (AvgPipe eqs. 1-7; upd: the N optimizer steps and pulls); mem: the "
+        f"bub + upd (AvgPipe eqs. 1-7; gpu: the profiled pipeline's computation, moved "
+        f"to each m by {gpu}; upd: the N optimizer steps and pulls); mem: the "
         "largest stage's models and activations (eq. 8)."
     )
     return out + textwrap.wrap(note, WIDTH)

@@ -225,3 +225,10 @@ def test_plan_table_fits_80_columns_and_marks_the_pick() -> None:
     marked = [x for x in lines if x.endswith("<-")]
     assert len(marked) == 1 and marked[0].split()[:2] == [str(t.pick.M), str(t.pick.N)]
     assert sum(1 for x in lines if x[:4].strip().isdigit()) == 14
+    assert "eq. 2's utilisation curve" in " ".join(lines)  # no sizes timed
+    timed = dataclasses.replace(p.stages[0], timed=((1, 0.01), (16, 0.1)))
+    t = tune(dataclasses.replace(p, stages=(timed,) * 2), [(16, 1), (1, 1)], 2**30,
+             lambda K: [2, 1])  # fmt: skip
+    lines = tuning_lines(t)
+    assert "the stage timed alone at each m" in " ".join(lines)
+    assert max(map(len, lines)) <= 80
