@@ -35,7 +35,7 @@ def tuning_lines(t: Tuning) -> list[str]:
     why = f"pick M={t.pick.M} N={t.pick.N} (m={t.pick.size}): {t.reason}"
     out += textwrap.wrap(why, WIDTH)
     timed = all(s.timed for s in p.stages)
-    gpu = "the stage timed alone at each m" if timed else "eq. 2's utilisation curve"
+    gpu = "the stage alone timed at that m" if timed else "eq. 2's utilisation curve"
     note = (
         "m: samples per micro-batch, B / (D N M); step = the slowest stage's gpu + com + "
         f"bub + upd (AvgPipe eqs. 1-7; gpu: the profiled pipeline's computation, moved "

@@ -230,5 +230,5 @@ def test_plan_table_fits_80_columns_and_marks_the_pick() -> None:
     t = tune(dataclasses.replace(p, stages=(timed,) * 2), [(16, 1), (1, 1)], 2**30,
              lambda K: [2, 1])  # fmt: skip
     lines = tuning_lines(t)
-    assert "the stage timed alone at each m" in " ".join(lines)
+    assert "the stage alone timed at that m" in " ".join(lines)
     assert max(map(len, lines)) <= 80
