@@ -17,12 +17,15 @@ micro-batch size; what a small micro-batch loses is work per second (per-operato
 overheads), which this fraction measures (the paper's GPU utilisation, read by
 nvidia-smi, has a fixed 100 %; this one is measured on the same stage).
 
-Last, the stage alone at each candidate's micro-batch size (``job["sizes"]``, B / (D
-N M) over the settings the tuner predicts): a forward and backward, the best of
-``SIZE_REPEATS`` (``timed``: [size, seconds]), so ``planner.elastic_tuning`` takes
-the computation at another size from a measurement instead of eq. 2's assumption
-that a larger micro-batch only raises the utilisation (a CPU rank's fixed cost per
-micro-batch, Python and small GEMMs' efficiency, is what a larger one saves).
+And the stage alone at each candidate's micro-batch size (``job["sizes"]``, B / (D
+N M) over the settings the tuner predicts): a forward and backward, at least
+``SIZE_REPEATS`` times each, the sizes taken in turn before each profiled batch, so
+that they see the same load as the batches on a shared host (timed after them, a
+neighbour's job starting made them twice as slow as the batches); ``timed``:
+[size, median seconds]. ``planner.elastic_tuning`` takes the computation at another
+size from these instead of eq. 2's assumption that a larger micro-batch only raises
+the utilisation (a CPU rank's fixed cost per micro-batch, Python and small GEMMs'
+efficiency, is what a larger one saves).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,7 +58,7 @@ from jobctl.engine.schedule.checks import peak_activations
 BATCHES = 20  # the paper's twenty batches
 WARMUP = 3
 PEAK_REPEATS = 3
-SIZE_REPEATS = 5  # each candidate size: cheap next to the BATCHES
+SIZE_REPEATS = 3  # at least, each candidate size, spread over the BATCHES
 
 
 class ProfiledExecutor(InterleavedExecutor):
@@ -110,24 +114,29 @@ def profile_rank(rank: int, job: dict) -> dict:
     share = InterleavedShare(B, 1, size, N=n)
     iex = ProfiledExecutor(ex, [m.stage for m in models], share)
     try:
-        out = _batches(iex, actions, models, ref, spec.training, 1.0 / n)
+        timer = SizeTimer(stage, topo, chans, make_data(spec), job["sizes"])
+        out = _batches(iex, actions, models, ref, spec.training, 1.0 / n, timer)
     finally:
         ref.close(check=False)
         ex.close()
     out.update(_memory(models, ref.stage))
     out.update(_peak(stage, topo, chans, make_data(spec), B))
-    out["timed"] = _timed_sizes(stage, topo, chans, make_data(spec), job["sizes"])
+    out["timed"] = timer.timed()
     out["peak"] = peak_activations(actions).full
     out["size"] = size
     return out
 
 
-def _batches(iex, actions, models, ref, training, alpha: float) -> dict:
+def _batches(iex, actions, models, ref, training, alpha: float, timer) -> dict:
     """``BATCHES`` batches after ``WARMUP``: per batch, the computing actions'
     (kind, seconds), the sends' seconds and the N updates' seconds (each run, as
-    ``ElasticTrainer`` runs it with D = 1, right after its pipeline's last backward)."""
+    ``ElasticTrainer`` runs it with D = 1, right after its pipeline's last backward);
+    before each, ``timer``'s stage-alone passes (before: the batch's gradients stay
+    for ``_memory``)."""
     acts, sent, upd = [], [], []
     for step in range(WARMUP + BATCHES):
+        if step >= WARMUP - 1:
+            timer.run(warm=step < WARMUP)
         for model in models:
             model.opt.zero_grad(set_to_none=True)
         spent = [0.0]
@@ -225,17 +234,33 @@ def _peak(stage: Stage, topo: Topology, chans, data, B: int) -> dict:
     return {"v_F": fwd / B, "v_B": bwd / B, "dat_per_sample": saved[0] / B}
 
 
-def _timed_sizes(stage: Stage, topo: Topology, chans, data, sizes) -> list[list]:
-    """[size, seconds] per size: a forward and backward of a micro-batch of that
-    size, the stage alone, the best of ``SIZE_REPEATS`` (the best: the shared
-    host's other load only ever adds). One untimed pass first warms each shape."""
-    out = []
-    for size in sorted(set(sizes)):
-        x, y = _inputs(stage, topo, chans, data, size)
-        _pass(stage, topo, x, y, lambda t: t)
-        best = min(sum(_pass(stage, topo, x, y, lambda t: t)) for _ in range(SIZE_REPEATS))
-        out.append([size, best])
-    return out
+class SizeTimer:
+    """The stage alone at each size, a forward and backward, the sizes in turn:
+    ``run`` before each profiled batch, ``timed`` the medians."""
+
+    def __init__(self, stage: Stage, topo: Topology, chans, data, sizes) -> None:
+        self.stage, self.topo = stage, topo
+        self.inputs = {z: _inputs(stage, topo, chans, data, z) for z in sorted(set(sizes))}
+        self.seconds: dict[int, list[float]] = {z: [] for z in self.inputs}
+        self.per_batch = -(-SIZE_REPEATS * len(self.inputs) // BATCHES)  # ceil
+        self.turn = 0
+
+    def run(self, warm: bool = False) -> None:
+        """One pass at each size untimed (``warm``: first shapes allocate), else the
+        next ``per_batch`` sizes in turn, timed."""
+        sizes = list(self.inputs)
+        if warm:
+            for z in sizes:
+                _pass(self.stage, self.topo, *self.inputs[z], lambda t: t)
+            return
+        for _ in range(self.per_batch):
+            z = sizes[self.turn % len(sizes)]
+            self.turn += 1
+            self.seconds[z].append(sum(_pass(self.stage, self.topo, *self.inputs[z], lambda t: t)))
+
+    def timed(self) -> list[list]:
+        """[size, median seconds] per size."""
+        return [[z, statistics.median(v)] for z, v in self.seconds.items() if v]
 
 
 def main(tmp: Path) -> None:
