@@ -17,18 +17,21 @@ What jobctl's runtime changes in the equations (each says so where it is used):
   (T_gpu)* = (T_gpu + int max(r phi - 1, 0) dt) / r, holds for either r.
 * Computation at another micro-batch size is measured where the profile timed the
   stage alone at the candidates' sizes (``StageProfile.timed``: t(size), a forward
-  and backward of one micro-batch), and eq. 2 is the fallback where it did not. Eq.
-  2 holds the work's volume fixed and lets a larger micro-batch only raise the
-  utilisation; a CPU rank with one thread is busy at every size, and what a larger
-  micro-batch saves is a fixed cost per micro-batch (Python, the executor, small
-  GEMMs' efficiency), which no utilisation curve shows: a benchmark run
-  ranked the best measured setting (m = 8) sixth of seven. So a profiled
-  micro-batch's in-pipeline seconds c = T_gpu / K move by the stage-alone
-  difference, c* = c + t(size*) - t(size), and (T_gpu)* = K* c* (``measured``):
-  the in-pipeline overhead stays a cost per micro-batch, and c* never falls below
-  t(size*). A size not timed takes t from the least-squares line a + b size
-  through the timed ones. On a GPU, where the device's busy fraction is the
-  utilisation the paper means, a profile without ``timed`` keeps eq. 2.
+  and backward of one micro-batch, timed between the profiled batches so both see
+  one load); eq. 2 is the fallback where it did not. Eq. 2 holds the work's volume
+  fixed and lets a larger micro-batch only raise the utilisation (on a CPU the rate
+  achieved against the rate at B samples, ``averaging.profile_rank``): a micro-batch
+  r times larger takes the profiled one's seconds until that peak, whatever its
+  real cost between. What a larger micro-batch saves on a CPU rank is a fixed cost
+  per micro-batch (Python, the executor, small GEMMs' efficiency) beside a cost per
+  sample, and the curve missed it: a benchmark run ranked the best measured setting
+  (m = 8) sixth of seven. So a profiled micro-batch's in-pipeline seconds
+  c = T_gpu / K move by the stage-alone difference, c* = c + t(size*) - t(size),
+  and (T_gpu)* = K* c* (``measured``): the in-pipeline overhead stays a cost per
+  micro-batch, and c* never falls below t(size*). A size not timed takes t from the
+  least-squares line a + b size through the timed ones. On a GPU, where the
+  device's busy fraction is the utilisation the paper means, a profile without
+  ``timed`` keeps eq. 2.
 * One fill and one drain per step over K* = n* m* micro-batches: eqs. 3, 6 and 7
   divide by K* where the paper divides by m*.
 * Eq. 4's (T)*: a batch moves the activations of B / D samples at any (M, N), so
