@@ -44,6 +44,18 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return block_seed(seed, 1_000_000 + step * 4096 + rank)
 
 
+def seed_rng(seed: int, device: torch.device) -> None:
+    """``torch.manual_seed(seed)`` for a step on ``device``. On a CPU the CPU generator is
+    the only one the step draws from, and seeding it alone is the same stream:
+    ``torch.manual_seed`` also queues the seed for every accelerator backend (CUDA,
+    XPU, MTIA), each capturing the caller's traceback for its lazy start, which cost a
+    CPU worker 1.2-1.5 ms a step (cProfile, benchmarks/schedule_throughput's 1f1b)."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The compute context of a spec's ``training.precision`` (fp32 master weights and
     gradients either way; fp16 needs the loss scale of ``runtime.loss_scale`` too)."""
@@ -71,7 +83,7 @@ def train_step(
     (the gradient sum over replicas and tied stages; True: an overflow was found, the
     update is skipped on every rank), then the optimizer update."""
     start = time.perf_counter()
-    torch.manual_seed(step_seed(training.seed, step, rank))
+    seed_rng(step_seed(training.seed, step, rank), opt.param_groups[0]["params"][0].device)
     opt.zero_grad(set_to_none=True)
     run_start = time.perf_counter()
     with compute():
