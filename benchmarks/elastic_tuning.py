@@ -20,11 +20,15 @@ spread is mostly that load). Eq. 2 for computation at other micro-batch sizes, o
 quiet machine: run 1 picked (M=8, N=1), best in every round (1.000); run 2 picked
 otherwise, 0.920 / 0.870 (best rounds / medians), where (M=2, N=1, m=8) measured best
 and was predicted 6th of 7. With the stage timed alone at each candidate's size
-(``planner.elastic_tuning.measured``), ``--rounds 3``, load average 1-2:
+(``planner.elastic_tuning.measured``), ``--rounds 3``, load average 1-2.5, the
+timings taken after the profiled batches (runs 1-2) or between them (run 3):
 run 1 picked (M=2, N=1, m=8): best rounds 1.000, medians 0.870, per round 0.777 /
 1.000 / 0.869; (2, 1), (4, 1) and (8, 1) within 3 % of each other at their best.
 Run 2 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.948, per round 0.932 /
 0.641 / 1.000 (round 2 loaded: the pick 109 samples/s against its 144 and 237).
+Run 3 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.989, per round 0.781 /
+1.000 / 0.973; (1, 1) measured second (179), predicted 5th; the load swung single
+settings twofold between rounds ((16, 1): 176, 89, 85).
 Predicted steps against quiet measurements of one round (M=2/4/8/16, N=1): 78 / 79 /
 89 / 122 ms predicted, 82 / 83 / 90 / 112 ms measured (eq. 2 on the same profile:
 76 / 67 / 74 / 122 ms).
