@@ -29,7 +29,7 @@ Run 2 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.948, per round 0.932 
 Run 3 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.989, per round 0.781 /
 1.000 / 0.973; (1, 1) measured second (179), predicted 5th; the load swung single
 settings twofold between rounds ((16, 1): 176, 89, 85).
-Predicted steps against quiet measurements of one round (M=2/4/8/16, N=1): 78 / 79 /
+Predicted steps (runs 1-2 code) against quiet runs, one each (M=2/4/8/16, N=1): 78 / 79 /
 89 / 122 ms predicted, 82 / 83 / 90 / 112 ms measured (eq. 2 on the same profile:
 76 / 67 / 74 / 122 ms).
 """
