@@ -26,6 +26,17 @@ are off: PyTorch's schedules do not sum a tied weight's gradient across stages.
         [--jobctl zb_v,zb_h1,1f1b] [--torch zbv,interleaved_zb,interleaved_1f1b,1f1b]
 
 The machine has 2 cores shared with other work: absolute times are noisy.
+
+Last measured (#29, 2026-11-26, 2 cores, other load 0 % by the benchmark's count),
+``--rounds 2 --jobctl 1f1b,zb_h1,zb_v --torch 1f1b,zb_h1,zbv``, ms/step [per round]:
+jobctl 1f1b 43.6 [42.6 44.6], zb_h1 48.2 [43.2 53.3], zb_v 55.9 [53.6 58.3]; torch
+1f1b 49.0 [50.3 47.6], zb_h1 54.8, zbv 57.7; same schedule 1f1b 1.12x, zb_h1 1.15x,
+zb_v 1.04x; best vs best 1.12x [1.07-1.18]. The bare compute of the same step
+(``benchmarks.step_overhead``) bounds 1F1B at 34 ms. Cut for #29 from jobctl's own
+per-step costs: ``torch.manual_seed``'s accelerator seeding (0.3-0.4 ms quiet, 1.2-1.5
+ms under load), the heartbeat's RSS read, and the sleep in select before every message
+(a 2 ms poll where ranks have cores of their own; interleaved A/B of real runs without
+and with it, 4 rounds: 1f1b 1.12x [0.98-1.21], zb_h1 1.08x [1.04-1.11]).
 """
 
 from __future__ import annotations
