@@ -50,7 +50,7 @@ from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
-from jobctl.engine.runtime.p2p.shm import connect_neighbours
+from jobctl.engine.runtime.p2p.shm import connect_neighbours, poll_where_cores_allow
 from jobctl.engine.runtime.step import probe_channels
 from jobctl.engine.runtime.topology import Topology
 from jobctl.engine.schedule.checks import peak_activations
@@ -107,6 +107,7 @@ def profile_rank(rank: int, job: dict) -> dict:
     chans = probe_channels(stage, topo, size, spec.model.seq_len, cpu)
     actions = job["actions"][rank]
     links = connect_neighbours(topo, chans, cpu, lambda peer: True, 300.0, B // size)
+    poll_where_cores_allow(links, P)
     shard = Sharding(B, 1, size)
     ex = StepExecutor(stage, topo, make_data(spec), shard, chans, cpu, links=links)
     models = parallel_models(stage, opt, make_stage, spec.training, shard, n)

@@ -28,7 +28,7 @@ from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
 from jobctl.engine.runtime.loss_scale import agree_found_inf, attach_scaler, loss_scaler
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
-from jobctl.engine.runtime.p2p.shm import connect_neighbours, spin_budget
+from jobctl.engine.runtime.p2p.shm import connect_neighbours, poll_where_cores_allow
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
 from jobctl.engine.runtime.stop_vote import StopVote
 from jobctl.engine.runtime.topology import build_topology, tie_blocks
@@ -236,10 +236,7 @@ class Trainer:
         links = connect_neighbours(
             st.topo, chans, self.device, here, pg_timeout_s(), self.shard.micro_batches
         )
-        local = sum(here(r) for r in range(st.plan.world_size))
-        spin = spin_budget(local, torch.get_num_threads())  # a core each: poll, don't sleep
-        for link in (x for x in links.values() if x is not None):
-            link.poll_for(spin)
+        poll_where_cores_allow(links, sum(here(r) for r in range(st.plan.world_size)))
         # Varuna's deviations follow message arrival, which may differ between the T ranks
         # of a stage; their all-reduces need one order, so a T group keeps the schedule's
         varuna = self.spec.parallelism.schedule == "varuna" and st.plan.T == 1

@@ -142,7 +142,7 @@ def _run_pipeline(rank: int, job: dict, spec: JobSpec, stages: list[list[int]]) 
     from jobctl.engine.model.blocks import Stage, model_def
     from jobctl.engine.runtime.executor import StepExecutor
     from jobctl.engine.runtime.optim import build_optimizer
-    from jobctl.engine.runtime.p2p.shm import connect_neighbours
+    from jobctl.engine.runtime.p2p.shm import connect_neighbours, poll_where_cores_allow
     from jobctl.engine.runtime.step import probe_channels
     from jobctl.engine.schedule.generators import generate
 
@@ -152,6 +152,7 @@ def _run_pipeline(rank: int, job: dict, spec: JobSpec, stages: list[list[int]]) 
     topo, cpu = _probe_topology(rank, P), torch.device("cpu")
     chans = probe_channels(stage, topo, m, spec.model.seq_len, cpu)
     links = connect_neighbours(topo, chans, cpu, lambda peer: True, 300.0, M)  # as the runtime
+    poll_where_cores_allow(links, P)
     ex = StepExecutor(stage, topo, make_data(spec), Sharding(M * m, 1, m), chans, cpu, links=links)
     actions = generate("1f1b", P, M)[rank]
     reference = model_seconds(spec, stage, m, M) if P == 1 else None

@@ -161,6 +161,15 @@ class ShmLink:
         self.out.spin_s = self.into.spin_s = seconds
 
 
+def poll_where_cores_allow(links: dict, local_ranks: int) -> None:
+    """Let ``links`` poll before sleeping where every one of this machine's
+    ``local_ranks`` ranks has its cores (``spin_budget``): the trainer, the
+    calibration's probes and the (M, N) profile alike, so what is timed is what runs."""
+    spin = spin_budget(local_ranks, torch.get_num_threads())
+    for link in (x for x in links.values() if x is not None):
+        link.poll_for(spin)
+
+
 def spin_budget(local_ranks: int, threads: int) -> float:
     """``SPIN_S`` where every rank on this machine has cores of its own, else 0: a rank
     polling on a shared core would take it from the rank it waits for."""
