@@ -40,7 +40,9 @@ def _round(stages: dict[str, Stage], store: WeightStore, others: list, x0, times
         stage.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_(True)
         t0 = time.perf_counter()
+        store.recording = 0 if kind == "jobctl" else None
         out = stage(x)
+        store.recording = None
         g = torch.ones_like(out)
         t1 = time.perf_counter()
         if kind == "whole":

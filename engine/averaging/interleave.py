@@ -69,11 +69,11 @@ class InterleavedExecutor(StepExecutor):
         self.on_done: Callable[[int], None] | None = None
         self.left: Counter = Counter()
 
-    def begin(self, actions: list[Action], step: int) -> list[Action]:
+    def begin(self, actions: list[Action], step: int, fuse: bool = True) -> list[Action]:
         """Open the step; on a split-backward list every model's linear layers leave
         their weight gradients to W in the one store (it is keyed by layer)."""
         self.stage = self.stages[0]
-        actions = super().begin(actions, step)
+        actions = super().begin(actions, step, fuse)
         if self.split:
             self.in_bs = [self.in_b]
             for stage in self.stages[1:]:

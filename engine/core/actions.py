@@ -19,6 +19,7 @@ activations stay until ``W``. Without ``W``, ``B`` is the whole backward.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 
 
@@ -93,3 +94,13 @@ def recomputed(actions: list[Action]) -> set[int]:
 def weight_split(actions: list[Action]) -> set[int]:
     """Micro-batches whose backward is split into B (input gradient) and W (weights)."""
     return {a.micro_batch for a in actions if a.op is Op.WEIGHT}
+
+
+def weight_follows(actions: list[Action]) -> set[int]:
+    """Micro-batches whose W comes right after their B (or R, B) in ``actions``:
+    nothing runs in between, so a stage no one waits on gains nothing from the split."""
+    return {
+        b.micro_batch
+        for b, w in itertools.pairwise(actions)
+        if b.op is Op.BACKWARD and w.op is Op.WEIGHT and w.micro_batch == b.micro_batch
+    }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jobctl.engine.core.actions import Action, Op, recomputed, weight_split
+from jobctl.engine.core.actions import Action, Op, recomputed, weight_follows, weight_split
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import Stage
 from jobctl.engine.runtime.backward import (
@@ -100,14 +100,18 @@ class StepExecutor:
         self.finish()
         return stats
 
-    def begin(self, actions: list[Action], step: int) -> list[Action]:
+    def begin(self, actions: list[Action], step: int, fuse: bool = True) -> list[Action]:
         """Open step ``step``'s message boxes; returns the actions this replica runs
-        (``run``, or a rank hosting two stages, ``two_stage``, runs them with ``_do``)."""
+        (``run``, or a rank hosting two stages, ``two_stage``, runs them with ``_do``).
+        ``fuse``: on the first stage, a B whose W follows it directly runs as one
+        whole backward (see ``_fused``)."""
         self.step = step
         # Any D: this replica may run fewer micro-batches than the schedule's M. Every
         # stage of a replica drops the same ones, so the pipeline stays consistent.
         mine = self.shard.count(self.topo.replica)
         actions = [a for a in actions if a.micro_batch < mine]
+        fused = self._fused(actions) if fuse else set()
+        actions = [a for a in actions if not (a.op is Op.WEIGHT and a.micro_batch in fused)]
         self.rec, self.split = recomputed(actions), weight_split(actions)
         if self.split:  # linear layers leave their weight gradients to W
             self.weights = WeightStore()
@@ -133,6 +137,13 @@ class StepExecutor:
             self.acts_out = Outbox(t.next, 0)
         self.saved: dict[int, dict] = {}
         return actions
+
+    def _fused(self, actions: list[Action]) -> set[int]:
+        """Micro-batches whose B and W run as one backward: on the first stage no
+        stage waits for an input gradient, so a W right after its B (ZB-H1's first
+        stage, every micro-batch) only pays the split's per-layer Python costs. The
+        arithmetic is the same either way; the stage's time is B's plus W's."""
+        return weight_follows(actions) if self.topo.prev is None else set()
 
     def finish(self) -> None:
         """Wait until this step's sends have left."""
@@ -231,7 +242,13 @@ class StepExecutor:
     ) -> torch.Tensor:
         if x.is_floating_point():
             x.requires_grad_(True)
-        out = self.stage(x, batch)
+        if i in self.split:  # its linear layers record what B and W need
+            self.weights.recording = i
+        try:
+            out = self.stage(x, batch)
+        finally:
+            if self.split:
+                self.weights.recording = None
         last = self.topo.is_last
         loss = self.stage.loss(out, y, batch) * self.shard.loss_scale if last else None
         self.saved[i] = {"x": x, "out": out, "loss": loss, "graph": True}

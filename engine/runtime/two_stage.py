@@ -129,7 +129,10 @@ class TwoStageExecutor:
         forward and backward times and losses go into one ``StepStats``."""
         runs = set()
         for s, ex in self.by_stage.items():
-            runs |= {Placed(s, a) for a in ex.begin([a for t, a in placed if t == s], step)}
+            # unfused: the device list may put the other stage's actions between a B
+            # and its W, where the V schedule placed that W on purpose
+            mine = [a for t, a in placed if t == s]
+            runs |= {Placed(s, a) for a in ex.begin(mine, step, fuse=False)}
         self._hand_over()
         stats = StepStats()
         for p in placed:

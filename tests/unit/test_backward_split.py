@@ -47,7 +47,9 @@ def _split(stage: Stage, x: torch.Tensor, last: bool):
     deferred = defer_linear_weights(stage, store)
     stage.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_(x.is_floating_point())
+    store.recording = 0  # as the executor does around a split micro-batch's forward
     root, grad = _root(stage, x, last)
+    store.recording = None
     others = [p for p in stage.parameters() if p not in deferred]
     input_grads(root, grad, x, others, store, 0)
     # Between B and W exactly the linear layers' weights wait for their gradients.
@@ -95,7 +97,9 @@ def test_w_accumulates_across_micro_batches() -> None:
     stage.zero_grad(set_to_none=True)
     for i in range(2):
         xi = x.clone().requires_grad_(True)
+        store.recording = i
         out, grad = _root(stage, xi, last=False)
+        store.recording = None
         input_grads(out, grad, xi, others, store, i)
     weight_grads(store, 1)
     weight_grads(store, 0)

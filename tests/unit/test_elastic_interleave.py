@@ -15,7 +15,7 @@ from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedS
 from jobctl.engine.averaging.models import PipelineShare
 from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.calibration.cache import model_hash
-from jobctl.engine.core.actions import Op
+from jobctl.engine.core.actions import Op, weight_follows
 from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.planner.resolver import make_plan
@@ -77,13 +77,19 @@ def _grads(stage: Stage) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("schedule", "options"),
-    [("advance_forward", {}), ("1f1b", {"recompute": True}), ("zb_h1", {}), ("gpipe", {})],
+    ("schedule", "options", "k"),
+    [
+        ("advance_forward", {}, 0),
+        ("1f1b", {"recompute": True}, 0),
+        ("zb_h1", {}, 0),  # every W right after its B: whole backwards (fused)
+        ("zb_h1", {}, -1),  # the last stage's list: W(i) after B(i+1), split
+        ("gpipe", {}, 0),
+    ],
 )
-def test_each_models_gradient_equals_its_pipeline_run_alone(schedule, options) -> None:
-    """A 4-stage schedule's first-stage list (the most interleaved order) run by one
-    process holding the whole model: forwards of later pipelines run before the
-    backwards of earlier ones."""
+def test_each_models_gradient_equals_its_pipeline_run_alone(schedule, options, k) -> None:
+    """A 4-stage schedule's first-stage list (the most interleaved order; or stage
+    ``k``'s) run by one process holding the whole model: forwards of later pipelines
+    run before the backwards of earlier ones."""
     torch.set_num_threads(1)
     N = 2
     spec = tiny_spec(**{"training.global_batch_size": B, "training.micro_batch_size": m})
@@ -92,10 +98,14 @@ def test_each_models_gradient_equals_its_pipeline_run_alone(schedule, options) -
     first = Stage(mdef, range(mdef.num_blocks))
     models = [copy.deepcopy(first) for _ in range(N)]
     share = InterleavedShare(B, 1, m, N=N)
-    actions = generate(schedule, 4, share.micro_batches, **options)[0]
+    actions = generate(schedule, 4, share.micro_batches, **options)[k]
     ex = InterleavedExecutor(_executor(models[0], share, data), models, share)
     stats = ex.run(actions, 3)
-    assert len(stats.order) == len(actions)
+    fused = weight_follows(actions)  # no stage before this one waits for B's output
+    assert stats.order == [
+        a for a in actions if a.op is not Op.WEIGHT or a.micro_batch not in fused
+    ]
+    assert (len(fused) == share.micro_batches) == (schedule == "zb_h1" and k == 0)
     losses = 0.0
     for i, model in enumerate(models):
         alone = copy.deepcopy(first)
