@@ -16,6 +16,6 @@ model that a thread per rank keeps.
   with the same or another N.
 * ``tuning``: the (M, N) tuner of sec. 5.2 for a spec: profile one setting, predict
   all (``planner.elastic_tuning``), resolve ``auto`` N and M; ``profile_rank``: one
-  rank of the profile, the runtime's own parts for twenty batches, then the stage
-  alone timed at each candidate's micro-batch size.
+  rank of the profile, the runtime's own parts for twenty batches, and before each
+  of them the stage alone timed at each candidate's micro-batch size.
 """

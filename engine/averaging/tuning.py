@@ -40,18 +40,22 @@ TIMEOUT_S = 600.0
 PROFILE_VERSION = 3  # in the cache key: what a profile holds (3: the sizes timed)
 
 
+def replica_batch(spec: JobSpec) -> int:
+    """B: the samples one replica's N pipelines share per step (global / D)."""
+    return spec.training.global_batch_size // spec.parallelism.data_parallel
+
+
 def settings(spec: JobSpec) -> list[tuple[int, int]]:
     """The (M, N) the spec allows (``spec.averaging.elastic_settings``)."""
     par, t = spec.parallelism, spec.training
     fixed = [v if isinstance(v, int) else None for v in (par.micro_batches, par.parallel_pipelines)]
     size = t.micro_batch_size if isinstance(t.micro_batch_size, int) else None
-    B = t.global_batch_size // par.data_parallel
-    return elastic_settings(B, TUNED_N_MAX, *fixed, size)
+    return elastic_settings(replica_batch(spec), TUNED_N_MAX, *fixed, size)
 
 
 def concrete(spec: JobSpec, M: int, N: int) -> JobSpec:
-    """``spec`` at (M, N): N and the micro-batch size B / (D N M) written out."""
-    size = spec.training.global_batch_size // (spec.parallelism.data_parallel * N * M)
+    """``spec`` at (M, N): N and the micro-batch size B / (N M) written out."""
+    size = replica_batch(spec) // (N * M)
     overrides = {
         "parallelism.parallel_pipelines": N,
         "parallelism.micro_batches": None,
@@ -67,12 +71,12 @@ def resolve(spec: JobSpec, home: Path | None = None) -> tuple[JobSpec, Tuning | 
     if par.averaging != "elastic" or untouched:
         return spec, None
     options = settings(spec)
-    B = spec.training.global_batch_size // par.data_parallel
     if "auto" not in (par.micro_batches, par.parallel_pipelines):
         return concrete(spec, *options[0]), None
     n = min(N for _, N in options)
     m = max(M for M, N in options if n == N)
-    profile = cached_profile(spec, m, n, home, sorted({B // (M * N) for M, N in options}))
+    sizes = sorted({replica_batch(spec) // (M * N) for M, N in options})
+    profile = cached_profile(spec, m, n, home, sizes)
     plan = make_plan(concrete(spec, m, n))
     tuning = tune(profile, options, spec.hardware.memory_gb * GB, peaks_for(plan))
     return concrete(spec, tuning.pick.M, tuning.pick.N), tuning
@@ -111,7 +115,7 @@ def measure_profile(spec: JobSpec, m: int, n: int, sizes: list[int]) -> dict:
     """Run the P ranks of ``spec``'s plan (replica 0) for the profile, each stage
     also timed alone at ``sizes``; the raw per-rank results with the setting."""
     plan = make_plan(spec)
-    B = spec.training.global_batch_size // plan.D
+    B = replica_batch(spec)
     job = {
         "spec": spec, "P": plan.P, "N": n, "size": plan.micro_batch_size, "B": B,
         "sizes": sizes,

@@ -167,7 +167,7 @@ def predict(p: Profile, m_star: int, n_star: int, peaks: list[int]) -> Predictio
     """Candidate (m*, n*) from profile ``p``; ``peaks``: the micro-batches each stage's
     list for K* = n* m* holds at once."""
     r, K_star = utilisation_scale(p.m, p.n, m_star, n_star), m_star * n_star
-    gpu = [_computation(s, p, m_star, n_star) for s in p.stages]
+    gpu = [_computation(s, p, m_star, n_star, r) for s in p.stages]
     scale = K_star / (p.m * p.n) if p.per_message else 1.0  # eq. 4's (T)*, see above
     T_star = [s.T * scale for s in p.stages]
     com = [communication(t, g, K_star) for t, g in zip(T_star, gpu, strict=True)]
@@ -180,13 +180,13 @@ def predict(p: Profile, m_star: int, n_star: int, peaks: list[int]) -> Predictio
     return Prediction(m_star, n_star, size, steps[k], gpu[k], com[k], bub[k], upd[k], mem)
 
 
-def _computation(s: StageProfile, p: Profile, m_star: int, n_star: int) -> float:
+def _computation(s: StageProfile, p: Profile, m_star: int, n_star: int, r: float) -> float:
     """Stage ``s``'s (T_gpu)* at (m*, n*): measured where the profile timed the
-    sizes, else eq. 2."""
+    sizes, else eq. 2 with the utilisation scale ``r``."""
     K, K_star = p.m * p.n, m_star * n_star
     if s.timed:
         return measured(s.T_gpu, K, K_star, p.B // K, p.B // K_star, s.timed)
-    return computation(s.T_gpu, s.phi, utilisation_scale(p.m, p.n, m_star, n_star))
+    return computation(s.T_gpu, s.phi, r)
 
 
 @dataclass(frozen=True)
