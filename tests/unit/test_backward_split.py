@@ -128,3 +128,29 @@ def test_split_backward_under_autocast_keeps_fp32_weight_gradients(dtype) -> Non
         assert split[name].dtype == torch.float32, name
         # the same half products and casts as autograd's: seen bit-equal
         torch.testing.assert_close(split[name], g, rtol=0, atol=0, msg=name)
+
+
+def test_w_reaches_a_layer_whose_input_needs_no_gradient() -> None:
+    """A frozen embedding feeds a linear layer: B asks autograd for no input before
+    it, so only the recorded output edge makes autograd hand back that layer's output
+    gradient (without it, B pruned the layer and its weights got no gradient)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN)
+    )
+    model[0].weight.requires_grad_(False)
+    tokens = torch.randint(0, VOCAB, (2, SEQ))
+    model(tokens).square().sum().backward()
+    whole = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    store = WeightStore()
+    deferred = defer_linear_weights(model, store)
+    store.recording = 0
+    root = model(tokens).square().sum()
+    store.recording = None
+    input_grads(root, None, tokens, [p for p in model.parameters() if p not in deferred], store, 0)
+    assert model[1].weight.grad is None and len(store.pending[0]) == 1
+    weight_grads(store, 0)
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, whole[n], rtol=1e-5, atol=1e-6, msg=n)
