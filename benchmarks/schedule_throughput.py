@@ -18,8 +18,8 @@ the median and the spread (min-max) over rounds. jobctl's CPU stages
 on one machine pass activations through shared memory, PyTorch's through gloo TCP: the
 schedules both runtimes have also run in jobctl with ``JOBCTL_P2P=gloo`` ("jobctl gloo
 ..."), so the gain of the schedule and runtime (gloo against gloo) and the gain of the
-transport (shared memory against gloo, in jobctl) are printed apart; a ZB-V rank runs
-on gloo always (``runtime.two_stage``). Tied embeddings
+transport (shared memory against gloo, in jobctl) are printed apart (a ZB-V rank has
+a shared-memory link per stage boundary, ``runtime.two_stage``). Tied embeddings
 are off: PyTorch's schedules do not sum a tied weight's gradient across stages.
 
     python -m benchmarks.schedule_throughput [--stages 2] [--micro-batches 8] [--rounds 2]
@@ -73,7 +73,7 @@ JOBCTL = [  # (label, schedule, recompute)
 # its MULTI with a placement host two stages per rank, on a partition into 2P stages.
 TORCH = ["gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv"]
 SAME = {"gpipe": "gpipe", "1f1b": "1f1b", "zb_h1": "zb_h1", "zb_v": "zbv"}  # jobctl: torch
-GLOO = ["gpipe", "1f1b", "zb_h1"]  # also run on gloo in jobctl (zb_v always is)
+GLOO = ["gpipe", "1f1b", "zb_h1", "zb_v"]  # also run on gloo in jobctl
 
 
 def _spec(P: int, M: int, m: int, steps: int, schedule: str, recompute: str):
@@ -208,7 +208,7 @@ def _ratios(step: dict[str, float], results: dict[str, list[float]]) -> None:
                      ("shifted_critical_path", "1f1b"), ("zb_h1", "1f1b"),
                      ("zb_v", "1f1b"), ("zb_v", "zb_h1")]
     ))  # fmt: skip
-    gloo = ", ".join(f"{x} {speed(f'jobctl gloo {x}', f'torch {x}')}" for x in GLOO)
+    gloo = ", ".join(f"{x} {speed(f'jobctl gloo {x}', f'torch {SAME[x]}')}" for x in GLOO)
     shm = ", ".join(f"{x} {speed(f'jobctl {x}', f'jobctl gloo {x}')}" for x in GLOO)
     print(f"schedule + runtime, both on gloo (jobctl gloo vs torch): {gloo}")
     print(f"transport, in jobctl (shared memory vs gloo): {shm}")

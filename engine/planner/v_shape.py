@@ -9,7 +9,7 @@ takes the chosen layout (``objective.choose``): under ``parallelism.schedule: zb
 (searched as ``zb_h1``: the same B/W split and, per device, the same peak of P whole
 stages' activations) it becomes the V variant; under ``auto`` the V variant wins when
 its simulated step is shorter and it fits memory (never where CPU workers share one
-host's cores: a V rank talks gloo only, and its step is priced without core sharing);
+host's cores: its step is priced without ``contention``'s core sharing);
 otherwise the search's answer stands as it was. The step
 is ``simulator.devices``' (sends between the two stages of one device are free),
 without send jitter or the core-sharing model of ``contention``; a device's memory

@@ -28,7 +28,7 @@ from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
 from jobctl.engine.runtime.loss_scale import agree_found_inf, attach_scaler, loss_scaler
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr, sync_gradients, tied_names
 from jobctl.engine.runtime.p2p.gloo import comm_device, pg_timeout_s
-from jobctl.engine.runtime.p2p.shm import connect_neighbours, poll_where_cores_allow
+from jobctl.engine.runtime.p2p.shm import connect, connect_neighbours, poll_where_cores_allow
 from jobctl.engine.runtime.step import StepTimes, autocast, probe_channels, train_step
 from jobctl.engine.runtime.stop_vote import StopVote
 from jobctl.engine.runtime.topology import build_topology, tie_blocks
@@ -219,14 +219,8 @@ class Trainer:
         shared-memory links to the neighbours on this machine (replacing any earlier)."""
         st = self.state
         seq_len = self.spec.model.seq_len
-        if isinstance(st.stage, RankStages):  # two stages on this rank (ZB-V): gloo only
-            if self.executor is not None:
-                self.executor.close()
-            self.executor = v_executor(
-                st.stage, self.data, self.shard, seq_len, self.device, self._compute
-            )  # type: ignore[assignment]
-            attach_scaler(self.executor, st.scaler)
-            return self.executor
+        if isinstance(st.stage, RankStages):  # two stages on this rank (ZB-V)
+            return self._v_executor(st.stage, seq_len)
         chans = probe_channels(
             st.stage, st.topo, self.shard.micro_batch, seq_len, self.device, self._compute
         )
@@ -245,6 +239,25 @@ class Trainer:
             opportunistic=varuna, links=links,
         )  # fmt: skip
         attach_scaler(self.executor, st.scaler)
+        return self.executor
+
+    def _v_executor(self, whole: RankStages, seq_len: int):  # noqa: ANN202 - TwoStageExecutor
+        """``make_executor`` for a rank hosting two stages: a link per stage boundary."""
+        if self.executor is not None:
+            self.executor.close()
+        here = same_machine(self.spec.hardware, self.state.plan, self.rank)
+        timeout, M = pg_timeout_s(), self.shard.micro_batches
+
+        def link(peer: int, shape: tuple, dtype: torch.dtype):  # noqa: ANN202
+            return connect(peer, shape, dtype, self.device, here(peer), timeout, M)
+
+        self.executor = v_executor(
+            whole, self.data, self.shard, seq_len, self.device, self._compute, link
+        )  # type: ignore[assignment]
+        local = sum(here(r) for r in range(self.state.plan.world_size))
+        for ex in self.executor.by_stage.values():
+            poll_where_cores_allow(ex.links, local)
+        attach_scaler(self.executor, self.state.scaler)
         return self.executor
 
     def evaluate(self, done: int) -> None:

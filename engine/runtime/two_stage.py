@@ -7,18 +7,20 @@ rank's one list of ``Placed`` actions in order, each on its stage. Where the two
 stages are neighbours (stages P-1 and P, on the last rank) the activation and the
 gradient between them are handed over in memory (``Handover``), not sent.
 
-Across ranks the gloo channels stay as they are: between ranks d and d+1 the
-activations of the stages going down and the gradients of those coming up travel in
-the same direction, told apart by their tags (even: activation, odd: gradient).
-Backends that ignore tags (NCCL) would mix them up, so this runs on gloo only (no
-shared-memory links either).
+Across ranks, ranks d and d+1 share two stage boundaries: the V's down leg (stages
+d, d+1) and its up leg (2P-2-d, 2P-1-d). On one machine each boundary gets its own
+shared-memory link (``v_links``), as a one-stage rank's neighbours do. Over gloo the
+activations going down and the gradients coming up travel in the same direction,
+told apart by their tags (even: activation, odd: gradient); backends that ignore
+tags (NCCL) would mix them up, so a V plan runs on CPU ranks only.
 
 In a job (a plan with a ``placement``), ``v_state`` builds the rank's ``StageState``:
 its two stages as one ``RankStages`` module (every block under the unsplit model's
 name, so the optimizer, the gradient sum and the per-block checkpoints see one stage
 and a checkpoint loads under any other layout), the topology of its second stage (on
 rank 0 the last stage: the rank that reports the loss) and its placed list;
-``v_executor`` probes the two stages' channels and builds the ``TwoStageExecutor``.
+``v_executor`` probes the two stages' channels, connects their links and builds the
+``TwoStageExecutor``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ from jobctl.engine.schedule.placement import Placed, parse_placed
 from jobctl.spec.sections import TrainingSpec
 
 __all__ = [
+    "Connect",
     "Handover",
     "RankStages",
     "TwoStageExecutor",
     "share_ties",
     "v_executor",
+    "v_links",
     "v_state",
     "v_topology",
 ]
@@ -186,6 +190,30 @@ def v_state(
     return StageState(plan, whole, named, opt, topos[1], placed)  # type: ignore[arg-type]
 
 
+Connect = Callable[[int, tuple, torch.dtype], object]  # (peer, shape, dtype) -> link | None
+
+
+def v_links(topos: list[Topology], chans: list[Channels], connect: Connect) -> list[dict]:
+    """Each stage's links by peer rank, one per stage boundary this rank shares with
+    another (``connect``: ``p2p.shm.connect`` bound to the machine; None: gloo).
+
+    Both ranks of a boundary must meet in the same handshake, and ranks d and d+1
+    meet twice: every rank connects its boundaries in order of the boundary's lower
+    stage, so the lowest boundary not yet connected is the next one on both its
+    ranks, and no two handshakes wait on each other in a cycle.
+    """
+    wanted = []  # (the boundary's lower stage, which stage of this rank, peer, shape, dtype)
+    for k, (t, c) in enumerate(zip(topos, chans, strict=True)):
+        if t.prev is not None:
+            wanted.append((t.stage - 1, k, t.prev, c.in_shape, c.in_dtype))
+        if t.next is not None:
+            wanted.append((t.stage, k, t.next, c.out_shape, c.out_dtype))
+    links: list[dict] = [{} for _ in topos]
+    for _, k, peer, shape, dtype in sorted(wanted, key=lambda w: w[0]):
+        links[k][peer] = connect(peer, shape, dtype)
+    return links
+
+
 def v_executor(
     whole: RankStages,
     data: TokenData,
@@ -193,8 +221,10 @@ def v_executor(
     seq_len: int,
     device: torch.device,
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    connect: Connect | None = None,
 ) -> TwoStageExecutor:
-    """Probe both stages' message shapes down the V, then the rank's executor."""
+    """Probe both stages' message shapes down the V, connect the stages' links
+    (``connect``; without it, gloo), then the rank's executor."""
     (down, up), (t_down, t_up) = whole.parts, whole.topos
     c_down = probe_channels(down, t_down, shard.micro_batch, seq_len, device, compute)
     if t_up.prev is not None:
@@ -206,8 +236,8 @@ def v_executor(
         if t_up.next is not None:
             send_meta(out, t_up.next)
         c_up = Channels(c_down.out_shape, c_down.out_dtype, tuple(out.shape), out.dtype)
-    executors = [
-        StepExecutor(st, t, data, shard, c, device)
-        for st, t, c in ((down, t_down, c_down), (up, t_up, c_up))
-    ]
+    chans = [c_down, c_up]
+    links = v_links([t_down, t_up], chans, connect) if connect else [{}, {}]
+    parts = zip((down, up), (t_down, t_up), chans, links, strict=True)
+    executors = [StepExecutor(st, t, data, shard, c, device, links=ln) for st, t, c, ln in parts]
     return TwoStageExecutor(executors)

@@ -5,6 +5,8 @@ Real worker processes (torch.multiprocessing, gloo on 127.0.0.1) run the runtime
 parts: a ``StepExecutor`` per stage, ``TwoStageExecutor`` over a rank's ``zb_v`` list
 (the hand-over between stages 1 and 2 on rank 1 in memory), ``train_step`` with the
 optimizer over both stages; the tied embedding and head share one Parameter on rank 0.
+Between the ranks, gloo, or a shared-memory link per stage boundary (``v_links``: the
+V's down leg and up leg each have their own between ranks 0 and 1).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.runtime.executor import Channels, StepExecutor
 from jobctl.engine.runtime.optim import build_optimizer
+from jobctl.engine.runtime.p2p.shm import connect
 from jobctl.engine.runtime.step import train_step
-from jobctl.engine.runtime.two_stage import TwoStageExecutor, share_ties, v_topology
+from jobctl.engine.runtime.two_stage import TwoStageExecutor, share_ties, v_links, v_topology
 from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.engine.worker.reference import reference_train
 
@@ -50,7 +53,7 @@ def _spec():
     )
 
 
-def _executor(spec, rank: int) -> tuple[TwoStageExecutor, list[Stage]]:
+def _executor(spec, rank: int, shm: bool) -> tuple[TwoStageExecutor, list[Stage]]:
     mdef = model_def(spec.model, spec.training.seed)
     t = spec.training
     shard, data = Sharding(t.global_batch_size, 1, t.micro_batch_size), make_data(spec)
@@ -58,27 +61,29 @@ def _executor(spec, rank: int) -> tuple[TwoStageExecutor, list[Stage]]:
     stages = [Stage(mdef, BLOCKS[topo.stage]) for topo in topos]
     share_ties(stages, mdef.ties)
     act = (t.micro_batch_size, spec.model.seq_len, spec.model.hidden)  # every boundary
+    cpu, M = torch.device("cpu"), shard.micro_batches
+    chans = [
+        Channels(act if topo.stage else None, torch.float32, act, torch.float32) for topo in topos
+    ]
+    links = [{}, {}]
+    if shm:
+        links = v_links(topos, chans, lambda peer, sh, dt: connect(peer, sh, dt, cpu, True, 60, M))
+        rings = [link for ln in links for link in ln.values()]
+        assert len(rings) == 2 and all(rings) and rings[0] is not rings[1]  # one per boundary
     executors = [
-        StepExecutor(
-            stage,
-            topo,
-            data,
-            shard,
-            Channels(act if topo.stage else None, torch.float32, act, torch.float32),
-            torch.device("cpu"),
-        )
-        for stage, topo in zip(stages, topos, strict=True)
+        StepExecutor(stage, topo, data, shard, c, cpu, links=ln)
+        for stage, topo, c, ln in zip(stages, topos, chans, links, strict=True)
     ]
     return TwoStageExecutor(executors), stages
 
 
-def _run(rank: int, port: int, spec, recompute: bool, out: str) -> None:
+def _run(rank: int, port: int, spec, recompute: bool, shm: bool, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
-    ex, stages = _executor(spec, rank)
+    ex, stages = _executor(spec, rank, shm)
     params = list({id(p): p for st in stages for p in st.parameters()}.values())
     opt = build_optimizer(params, spec.training)
     M = spec.training.global_batch_size // spec.training.micro_batch_size
@@ -92,6 +97,7 @@ def _run(rank: int, port: int, spec, recompute: bool, out: str) -> None:
     }
     torch.save(weights, Path(out) / f"weights-{rank}.pt")
     (Path(out) / f"losses-{rank}.json").write_text(json.dumps(losses))
+    ex.close()
     dist.destroy_process_group()
 
 
@@ -102,12 +108,18 @@ def _free_port() -> int:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("recompute", [False, True])
-def test_zb_v_two_stages_per_rank_equal_one_process(tmp_path: Path, recompute: bool) -> None:
+@pytest.mark.parametrize(
+    ("recompute", "shm"),
+    [(False, False), (False, True), (True, True)],
+    ids=["gloo", "shm", "shm-R"],
+)
+def test_zb_v_two_stages_per_rank_equal_one_process(
+    tmp_path: Path, recompute: bool, shm: bool
+) -> None:
     spec = _spec()
     mp.start_processes(
         _run,
-        args=(_free_port(), spec, recompute, str(tmp_path)),
+        args=(_free_port(), spec, recompute, shm, str(tmp_path)),
         nprocs=P,
         join=True,
         start_method="spawn",

@@ -11,7 +11,7 @@ from jobctl.engine.core.actions import B, F, W
 from jobctl.engine.planner.search import schedule_options
 from jobctl.engine.planner.simulator.devices import simulate_devices
 from jobctl.engine.planner.simulator.simulation import CostModel, simulate
-from jobctl.engine.runtime.two_stage import v_topology
+from jobctl.engine.runtime.two_stage import v_links, v_topology
 from jobctl.engine.schedule.checks import peak_activations
 from jobctl.engine.schedule.generators import generate, one_f_one_b
 from jobctl.engine.schedule.placement import (
@@ -163,3 +163,31 @@ def test_v_topology_links_each_stage_to_its_neighbours_ranks() -> None:
         2: (12, 11, None, False, False),
         3: (12, None, 11, False, False),
     }
+
+
+def test_v_links_one_per_boundary_in_one_order_on_every_rank() -> None:
+    """P=3 on ranks 10, 11, 12: each rank connects its boundaries in order of the
+    boundary's lower stage, so the two ends of every boundary meet in the same
+    handshake (a rank pair shares two boundaries: the V's down and up legs), and the
+    handshakes, played out in that order, never wait on each other in a cycle."""
+    calls: dict[int, list] = {}
+    links = {}
+    for d in range(3):
+        topos = v_topology(3, d, lambda d: 10 + d)
+        chans = [SimpleNamespace(in_shape=(t.stage,), in_dtype=None, out_shape=(t.stage + 1,),
+                                 out_dtype=None) for t in topos]  # fmt: skip
+        mine = calls.setdefault(10 + d, [])
+        links[d] = v_links(topos, chans, lambda p, sh, dt, mine=mine: mine.append((p, sh)) or sh)
+    # the boundary (s, s+1) is named by its shape here: (s + 1,)
+    assert calls == {
+        10: [(11, (1,)), (11, (5,))],
+        11: [(10, (1,)), (12, (2,)), (12, (4,)), (10, (5,))],
+        12: [(11, (2,)), (11, (4,))],
+    }
+    assert links[1] == [{10: (1,), 12: (2,)}, {12: (4,), 10: (5,)}]  # stages 1 and 4
+    pending = {r: list(c) for r, c in calls.items()}  # play the handshakes out
+    while any(pending.values()):
+        ready = [r for r, c in pending.items() if c and pending[c[0][0]][:1] == [(r, c[0][1])]]
+        assert ready, pending  # someone can always meet its peer
+        for r in ready:
+            pending[r].pop(0)
