@@ -29,6 +29,10 @@ Run 2 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.948, per round 0.932 
 Run 3 picked (M=4, N=1, m=4): best rounds 1.000, medians 0.989, per round 0.781 /
 1.000 / 0.973; (1, 1) measured second (179), predicted 5th; the load swung single
 settings twofold between rounds ((16, 1): 176, 89, 85).
+Quiet machine (load average under 1.5, nothing else running), 2026-11-26, three runs
+of ``--rounds 3``: each picked (M=4, N=1, m=4) and each measured it best, by best
+rounds and by medians: pick/best 1.000 / 1.000 in all three; per round 1.000 1.000
+1.000, 0.810 1.000 1.000, 1.000 1.000 1.000.
 Predicted steps (runs 1-2 code) against quiet runs, one each (M=2/4/8/16, N=1): 78 / 79 /
 89 / 122 ms predicted, 82 / 83 / 90 / 112 ms measured (eq. 2 on the same profile:
 76 / 67 / 74 / 122 ms).

@@ -27,6 +27,20 @@ are off: PyTorch's schedules do not sum a tied weight's gradient across stages.
 
 The machine has 2 cores shared with other work: absolute times are noisy.
 
+Measured 2026-11-26 (second session; 2 cores, other load 0 % by the benchmark's
+count, yet one configuration's step moved 30-60 % between rounds; the kernel's steal
+counter stayed flat), after the split backward's rework (edges, not an
+``autograd.Function``; the first stage's B and adjacent W fused) and ZB-V on shared
+memory: full default set, ``--rounds 3``: best vs best per round 1.29x [1.23-1.63]
+(jobctl 1f1b 38.4 ms vs torch 1f1b 47.9 ms by median); same schedule, medians: gpipe
+1.41x, 1f1b 1.21x, zb_h1 1.36x, zb_v 1.09x (one round of 1f1b 0.98x). ``--rounds 5
+--jobctl 1f1b,zb_h1,gpipe`` (every torch schedule): best vs best 1.31x [1.25-1.55];
+same schedule gpipe 1.34x, 1f1b 1.25x, zb_h1 1.43x (single rounds 0.99x and 0.91x:
+the round where jobctl's 1f1b, zb_h1 and gpipe all took 58-60 ms). ``--rounds 3
+--jobctl 1f1b,zb_h1,zb_v --torch 1f1b,zbv``: best vs best 1.21x [0.85-1.24] (round 3:
+torch 1f1b 33.1 ms, its other ten rounds this session 46-64 ms); zb_v on shared
+memory 43.9 ms vs gloo 52.0 ms.
+
 Last measured (#29, 2026-11-26, 2 cores, other load 0 % by the benchmark's count),
 ``--rounds 2 --jobctl 1f1b,zb_h1,zb_v --torch 1f1b,zb_h1,zbv``, ms/step [per round]:
 jobctl 1f1b 43.6 [42.6 44.6], zb_h1 48.2 [43.2 53.3], zb_v 55.9 [53.6 58.3]; torch
