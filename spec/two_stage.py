@@ -5,7 +5,11 @@ of a pipeline (``engine.runtime.two_stage``). What does not compose with that ye
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
 move or reshape one stage per rank (pruning, rebalancing, an elastic morph, AvgPipe's
 N models), the eval pass, Merak's per-stage ratios, imported models (their traced
-boundaries carry several tensors) and a model too short for 2P stages.
+boundaries carry several tensors) and a model too short for 2P stages. And CUDA:
+between ranks d and d+1 the V's down-leg activations and up-leg gradients travel in
+the same direction, told apart by their tags on gloo (or by a shared-memory link
+each); NCCL ignores tags and would match them by posting order, handing a stage
+another stage's tensor of the same shape -- a silently wrong run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
         return
     fix = lambda path: _FIX + f"turn off {path}"  # noqa: E731
     yield from refusals(one_stage_features(spec), "zb_v (two stages per rank)", fix)
+    if spec.hardware.device == "cuda":
+        yield Violation(
+            "hardware.device",
+            "zb_v's two stages per rank send activations and gradients the same way "
+            "between two ranks, told apart by tags, which NCCL ignores",
+            _FIX + "run it on CPU workers (hardware.device: cpu)",
+        )
     blocks, P = spec.model.num_blocks, par.pipeline_stages
     if isinstance(P, int) and blocks is not None and blocks < 2 * P:
         yield Violation(

@@ -101,12 +101,32 @@ def test_auto_planner_never_picks_zb_v_on_shared_cores() -> None:
     assert not any("zb_v" in line for line in plan.explanation)
 
 
-def test_auto_planner_picks_zb_v_on_gpus_where_faster() -> None:
-    # 8 blocks on P = 2 GPUs, M = 8: the V variant halves ZB-H1's bubble.
+def test_zb_v_is_refused_on_cuda_and_auto_never_picks_it_there() -> None:
+    """NCCL ignores the tags that tell the V's two legs apart between two ranks."""
+    gpu = "hardware:\n  device: cuda\n  accelerator: h100-sxm-80gb\n"
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(P=2, extra=gpu), "jobs/zbv.yaml")
+    (issue,) = info.value.errors
+    assert (issue.path, issue.line) == ("hardware.device", 11)
+    assert "NCCL" in issue.message and "zb_h1" in issue.fix
+    # where the V variant would be faster on GPUs (8 blocks, P = 2, M = 8: it halves
+    # ZB-H1's bubble), auto keeps the search's one-stage answer
     spec = tiny_spec(**{
         "parallelism.schedule": "auto", "parallelism.data_parallel": 1,
         "model.layers": 6, "hardware.device": "cuda", "hardware.accelerator": "h100-sxm-80gb",
         "hardware.nodes": 1, "hardware.processes_per_node": 2,
+    })  # fmt: skip
+    plan, _ = plan_and_simulate(spec, calibration=_cal(spec))
+    assert plan.schedule != "zb_v" and plan.placement is None
+
+
+def test_auto_planner_picks_zb_v_where_faster() -> None:
+    # 8 blocks of 256 on P = 2 CPU ranks of a Slurm cluster (no cores shared), M = 8:
+    # the V variant's smaller bubble outweighs its sends (at hidden 64 it does not)
+    spec = tiny_spec(**{
+        "parallelism.schedule": "auto", "parallelism.data_parallel": 1,
+        "model.layers": 6, "model.hidden": 256, "hardware.nodes": 2,
+        "hardware.processes_per_node": 1, "hardware.backend": "slurm",
     })  # fmt: skip
     plan, sim = plan_and_simulate(spec, calibration=_cal(spec))
     alts = {a.schedule: a for a in plan.alternatives if a.step_time_s is not None}
