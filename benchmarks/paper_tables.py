@@ -30,51 +30,43 @@
    Varuna's (the allreduce check below); recompute everywhere but on
    the last stage (Varuna's ``pipeline.py``); Varuna's
    Megatron-LM commit (28cd66e) has the fused scale-mask-softmax and bias-GeLU
-   kernels the device model prices. One fact was wrong: the V100's cuBLAS share was
-   taken of the PCIe card's 112 TFLOP/s, but Markidis et al. measured their 83 on
-   the 125 TFLOP/s card (``spec/devices.py``); with it the device model went from
-   median 18.8 % / max 26.5 % to 12.0 % / 20.6 %, and with fp32 gradients (below)
-   to 10.8 % / 17.7 %, every row still fast. What
-   remains, unexplained by a public figure: (a) compute per layer: real steps cost
-   a near-constant ~23 ms per 8.3B layer per micro-batch at P = 18, 24 and 36
-   (F + R + B), about 1.2 x the model's, while the model's P = 36 bottleneck, the
-   last stage (two layers and the 50257-wide head without recompute), needs the
-   real head to be cheaper than modelled; (b) the D trend at fixed P (the
-   allreduce check, below). The same device model is 25 % SLOW
-   on another public V100 measurement (``megatron_check``: Megatron-LM v1.0's 1.2B
-   GPT-2 on one 450 W DGX-2H V100), so (a) is no missing term common to V100 layers:
-   the share of the peak a step sustains follows the card's power budget (250 W PCIe
-   here, 300 W SXM2 for Markidis' share, 450 W there) and software, and no public
-   figure gives it for the PCIe card under training load.
+   kernels the device model prices (jobctl's GPT runs SDPA instead). History: the
+   V100's cuBLAS share taken of the card Markidis et al. measured (``spec/devices``),
+   18.8 % / 26.5 % -> 12.0 % / 20.6 %; gradients priced in fp32, 10.8 % / 17.7 %, every
+   row fast; then (2026-11-27) what jobctl's runtime does around the kernels under
+   autocast (``analytic_device``): per micro-batch each weight's half gradient cast
+   back and added into the fp32 ``.grad`` (18 bytes a weight, was priced 6), the
+   weights cast again per recomputed micro-batch (the recompute's autocast exit clears
+   the cast cache), the embedding in fp32, the loss on fp32 logits pass by pass:
+   5.2 % / 12.1 %, rows on both sides. Those are jobctl's costs, not Varuna's (apex O2
+   keeps fp16 weights and gradients): the P = 36 rows, whose last stage's tied
+   50257 x 3072 head pays 18 bytes a weight per micro-batch, are now slow. The same
+   change moved the model toward real H100 runs recorded before it (``h100_check``:
+   median |error| 17 -> 9 %), a check on jobctl's own runtime. Left: the P = 18 rows
+   fast (~23 ms per 8.3B layer per micro-batch measured, ~21 priced), the D trend at
+   fixed P (below), and Megatron-LM v1.0's 1.2B GPT-2 on one 450 W DGX-2H V100 priced
+   27 % slow (``megatron_check``): the share of the peak a step sustains follows the
+   card's power budget (250 W here, 300 W SXM2 for Markidis' share, 450 W there), and
+   no public figure gives it under training load.
 
    The allreduce, checked against Varuna's code (github.com/microsoft/varuna) and
-   public measurements. Varuna's placement: ``launcher.py`` puts stage i on ranks i,
-   i + P, ... and a VM's 4 GPUs on consecutive ranks (pipeline-major), so a VM
-   carries 4 stages' rings at once, as its calibration measures (k = 4 allreduces
-   in flight, sec. 4.3) and the model prices. What it reduces: ``varuna.py``
-   ``all_reduce_dp_grads`` copies apex O2's fp32 master gradients, scaled by 1 / D,
-   into one flat fp16 buffer (fp16 on the wire); the tied embedding goes over a
-   2-rank group per replica in fp32 (``share_weight_grads``). Overlap: none; the
-   paper simulates "N_m micro-batches followed by the all reduce" (sec. 4.4, Fig. 8)
-   and ``step()`` runs the pipeline, then the tied sum, then the ring, as the model
-   does. Sends on the NIC meanwhile: a VM's stages end within a few micro-batches
-   of each other, so a few 6 MB sends against GBs of gradients: ignored. NCCL over
-   TCP: nccl-tests issue 83 (Azure, 4 V100-PCIE-16GB per VM, i.e. NC24s_v3, NCCL
-   2.9.6 sockets) reached 1.7 GB/s bus bandwidth where NTTTCP measured 25 Gbit/s
-   one way and 21 both ways (65 %); NVIDIA/nccl issue 209: under 60 % of wire
-   speed at 32 Gbit/s. Neither is at 10 Gbit/s (no public socket figure there, so
-   no efficiency is applied), and issue 83's 13.6 Gbit/s per 4-GPU VM would make
-   the ring faster than 10 Gbit/s prices it, not slower (the paper gives 10 Gbit/s
-   for the 1-GPU VM). Left unexplained: after the fp32 fix the rows still grow with
-   D as if the ring ran 1.2-1.9 x slower than 10 Gbit/s / 4 (2.3-3.7 x on Varuna's
-   fp16 wire); Varuna's own estimates, priced from the allreduce it measured on
-   those VMs, imply a ring 2-8 x slower than 10 Gbit/s / 4 on fp16 (X sim 6-14 s
-   against 1.8-3.2 s), so the slowness is the cluster's (the paper's "bottleneck
-   switches"; replicas waiting for the slowest spot VM), with no public figure.
+   public measurements. ``launcher.py`` puts stage i on ranks i, i + P, ... and a
+   VM's 4 GPUs on consecutive ranks, so a VM carries 4 stages' rings at once (its
+   calibration's k = 4, sec. 4.3), as the model prices. ``all_reduce_dp_grads``
+   reduces apex O2's master gradients as one flat fp16 buffer; the tied embedding
+   goes over a 2-rank group in fp32 (``share_weight_grads``); no overlap: ``step()``
+   runs the pipeline, the tied sum, then the ring ("N_m micro-batches followed by
+   the all reduce", sec. 4.4). Sends meanwhile (a few 6 MB against GBs): ignored.
+   NCCL over TCP: nccl-tests issue 83 (NC24s_v3, NCCL 2.9.6 sockets) 1.7 GB/s bus
+   bandwidth on a 25 Gbit/s link; NVIDIA/nccl issue 209: under 60 % of wire speed at
+   32 Gbit/s; none at 10 Gbit/s, so no efficiency is applied. Left unexplained: the
+   rows grow with D as if the ring ran 1.2-1.9 x slower than 10 Gbit/s / 4 (2.3-3.7 x
+   on Varuna's fp16 wire); Varuna's own estimates, priced from the allreduce it
+   measured, imply 2-8 x on fp16 (X sim 6-14 s against 1.8-3.2 s): the cluster's
+   ("bottleneck switches", the slowest spot VM), with no public figure.
 
-   A second, FITTED diagnostic (never the target) keeps the former calibration: one
-   sustained share of the device model's kernel rates, each row's from the 11 other
-   rows (leave-one-out) or from the other model's rows.
+   A FITTED diagnostic (never the target): one sustained share of the kernel rates
+   from the 11 other rows or the other model's (1 where none slows the rows' fit).
 2. Simulator speed at m = 1 in sec. 7.2's setting (128 GPUs, batch 8192, P = 18, 24,
    36, D = G // P, M = ceil(8192 / D)): the steady-state simulation and the full one,
    interleaved, strict and opportunistic.
@@ -95,6 +87,7 @@ import time
 from pathlib import Path
 
 from benchmarks.decision_quality import SUMMARY, read_summary
+from benchmarks.h100_check import h100_check
 from benchmarks.megatron_check import megatron_check
 from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint, derate
 from jobctl.engine.calibration.cache import model_hash
@@ -398,6 +391,7 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         table7(folder)
     megatron_check()
+    h100_check()
     simulator_speed(args.repeat)
     decisions()
 

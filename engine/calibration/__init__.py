@@ -2,9 +2,11 @@
 
 ``record`` is the record itself (block, link, allreduce, host and runtime costs),
 ``analytic`` derives one from the spec alone (``analytic_device``: a GPT block on a
-known accelerator, from public device facts; ``derate``: its kernels at the share of
-their isolated rates a whole step sustains), ``cache`` finds and stores measured ones,
-``startup`` keeps this machine's measured launch-to-first-step time.
+known accelerator, from public device facts, with what the runtime adds around its
+kernels under autocast: the fp32 gradient path, re-casts, the fp32 loss; ``derate``:
+its kernels at the share of their isolated rates a whole step sustains), ``cache``
+finds and stores measured ones, ``startup`` keeps this machine's measured
+launch-to-first-step time.
 Measuring (``measure/``, which runs the trainer) sits in a higher layer.
 
 In layer 2 of ``engine.LAYERS``: it may import the layers below (core to model, schedule

@@ -14,11 +14,23 @@ runs it, with no constant fitted to any measured step time:
   the copies of the attention heads, cross-entropy, the optimizer): their bytes read
   and written at the measured achievable bandwidth (``stream``);
 * a launch cost per kernel;
-* the gradient accumulation of every micro-batch: autograd adds each weight's fresh
-  gradient into ``.grad`` (reads both, writes one: three passes over the weights),
-  and an embedding's dense backward first zero-fills a vocabulary x hidden gradient.
-  Per micro-batch, not per step, so it weighs most at small micro-batches (a 3072-wide
-  GPT-2 layer moves 0.7 GB of it per micro-batch in fp16, 11 % of its backward at m = 1).
+* what jobctl's runtime adds around the kernels under mixed precision
+  (``runtime.step.autocast``: fp32 master weights and gradients under
+  ``torch.autocast``). Per micro-batch, each weight's half-precision gradient is cast
+  back to fp32 (autograd's ``ToCopyBackward``: read half, write fp32) and added into
+  the fp32 ``.grad`` (``AccumulateGrad``: read two, write one): 18 bytes a weight at
+  fp16/bf16, 12 at fp32 (a 3072-wide GPT-2 layer moves 2.0 GB of it per micro-batch
+  at fp16, 24 % of its backward at m = 1 on a V100). The casts of the weights
+  themselves are cached for the whole step (one autocast region), except on a rank
+  that recomputes: a recompute runs on autograd's device thread, whose autocast exit
+  clears the process-wide cast cache, so each recomputed micro-batch casts the
+  weights again (read fp32, write half), priced on its first forward. The embedding is not
+  autocast: its lookup, its dense zero-filled vocabulary x hidden gradient and that
+  gradient's accumulation run in fp32. The loss runs as ``runtime``'s ``lm_loss``
+  does: the logits cast to fp32, ``log_softmax`` (three reads and a write: max, sum
+  of exponentials, output), and back (the gradient zero-filled by ``nll_loss``,
+  ``log_softmax``'s backward: two reads of the gradient, one of the output, a write;
+  the cast back to half).
 
 Backward runs two matrix multiplies per forward one (input and weight gradients) and
 moves about twice the forward's element-wise bytes. ``TILE`` is cuBLAS's common 128 x
@@ -29,11 +41,12 @@ GEMM in CUDA": 128 x 128 thread-block tiles).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobctl.spec.devices import DeviceFacts
 
 TILE = 128
+MASTER_BYTES = 4  # fp32 master weights and gradients under autocast
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -79,9 +92,24 @@ class Roofline:
         """Seconds of element-wise kernels that read and write ``elements`` in all."""
         return elements * self.elt / self.bandwidth + kernels * self.launch_s
 
+    @property
+    def half(self) -> bool:
+        """Whether compute runs below the fp32 master weights (autocast)."""
+        return self.elt < MASTER_BYTES
+
     def accumulate(self, weights: float) -> float:
-        """Seconds to add one micro-batch's gradient of ``weights`` into ``.grad``."""
-        return self.stream(3 * weights, 1)
+        """Seconds to add one micro-batch's gradient of ``weights`` into the fp32
+        ``.grad``: under autocast first cast back from half (read half, write fp32),
+        then added in place (read two fp32, write one)."""
+        cast = self.elt + MASTER_BYTES if self.half else 0
+        kernels = 2 if self.half else 1
+        return weights * (cast + 3 * MASTER_BYTES) / self.bandwidth + kernels * self.launch_s
+
+    def cast(self, weights: float) -> float:
+        """Seconds to cast fp32 master ``weights`` to the compute precision (0 at fp32)."""
+        if not self.half:
+            return 0.0
+        return weights * (MASTER_BYTES + self.elt) / self.bandwidth + self.launch_s
 
 
 @dataclass(frozen=True)
@@ -121,19 +149,25 @@ def layer_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
 
 
 def embed_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
-    """Token + position embedding: a gather and an add forward, a scatter-add back
-    into a zero-filled dense vocabulary x hidden gradient, accumulated."""
+    """Token + position embedding, in fp32 (autocast leaves the lookup in its weight's
+    dtype): a gather and an add forward, a scatter-add back into a zero-filled dense
+    vocabulary x hidden gradient, accumulated."""
+    f32 = replace(r, elt=MASTER_BYTES)
     n, table = m * g.t * g.h, g.v * g.h
-    return r.stream(3 * n, 2), r.stream(3 * n + table, 3) + r.accumulate(table)
+    return f32.stream(3 * n, 2), f32.stream(3 * n + table, 3) + f32.accumulate(table)
 
 
 def head_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
-    """Final layer norm, the vocabulary projection and the cross-entropy (fp32 logits:
-    read, exponentiate, normalise, write; twice the elements at half precision)."""
+    """Final layer norm, the vocabulary projection and ``lm_loss``'s cross-entropy on
+    fp32 logits: forward the cast up (half read, fp32 written) and ``log_softmax``'s
+    four fp32 passes; backward ``nll_loss``'s zero-filled gradient, ``log_softmax``'s
+    four passes and the cast back down."""
     n = m * g.t
-    logits = n * g.v * (4 / r.elt)
-    fwd = r.gemm(n, g.v, g.h) + r.stream(2 * n * g.h + 3 * logits, 4)
-    bwd = r.gemm(n, g.h, g.v) + r.gemm(g.h, g.v, n) + r.stream(2 * n * g.h + 2 * logits, 4)
+    cast = r.elt + MASTER_BYTES if r.half else 0
+    loss_fwd = n * g.v * (cast + 4 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
+    loss_bwd = n * g.v * (cast + 5 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
+    fwd = r.gemm(n, g.v, g.h) + r.stream(2 * n * g.h, 2) + loss_fwd
+    bwd = r.gemm(n, g.h, g.v) + r.gemm(g.h, g.v, n) + r.stream(2 * n * g.h, 2) + loss_bwd
     return fwd, bwd + r.accumulate(g.v * g.h + 2 * g.h)
 
 

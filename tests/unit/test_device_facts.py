@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from jobctl.engine.calibration.analytic_device import Roofline
+from jobctl.engine.calibration.analytic_device import GptShape, Roofline, embed_times, head_times
 from jobctl.spec.devices import DEVICES, device_facts
 
 
@@ -51,3 +53,68 @@ def test_v100_gemm_share_is_of_the_card_markidis_measured():
     assert pcie.gemm(n, n, n) == pytest.approx(2 * n**3 / (112e12 * 83 / 125) / occupancy + 5e-6)
     assert 2 * n**3 / 83e12 == pytest.approx(13.25e-3, rel=1e-3)
     assert 2 * n**3 / (112e12 * 83 / 125) == pytest.approx(14.78e-3, rel=1e-3)
+
+
+def test_autocast_gradient_path_bytes_per_weight():
+    """Per micro-batch under autocast a weight's half gradient is cast back (read 2 B,
+    write 4 B) and added into the fp32 .grad (read 4 + 4, write 4): 18 B; at fp32 only
+    the add, 12 B. Casting a weight down reads 4 and writes 2: 6 B (nothing at fp32).
+    On the V100 (750 GB/s achievable), 1e9 weights: 24 ms, 16 ms and 8 ms."""
+    half = Roofline.of(device_facts("v100-pcie-16gb"), "fp16")
+    full = Roofline.of(device_facts("v100-pcie-16gb"), "fp32")
+    assert half.accumulate(1e9) == pytest.approx(18e9 / 750e9 + 2 * 5e-6)
+    assert full.accumulate(1e9) == pytest.approx(12e9 / 750e9 + 5e-6)
+    assert half.cast(1e9) == pytest.approx(6e9 / 750e9 + 5e-6)
+    assert full.cast(1e9) == 0.0
+
+
+def test_embedding_is_priced_in_fp32_at_every_precision():
+    """Autocast leaves the lookup in its weight's dtype: the embedding's traffic is the
+    same at fp16 as at fp32 (its gradient zero-filled, scattered and added in fp32)."""
+    g = GptShape(1024, 1920, 20, 50257, True)
+    half = Roofline.of(device_facts("v100-pcie-16gb"), "fp16")
+    full = Roofline.of(device_facts("v100-pcie-16gb"), "fp32")
+    assert embed_times(half, g, 2) == pytest.approx(embed_times(full, g, 2))
+    table = 50257 * 1920  # zero-fill 4 B, scatter 3 n h, then the 12 B add
+    n = 2 * 1024 * 1920
+    assert embed_times(half, g, 2)[1] == pytest.approx(
+        (3 * n + table) * 4 / 750e9 + 3 * 5e-6 + full.accumulate(table)
+    )
+
+
+def test_loss_on_fp32_logits_pass_by_pass():
+    """lm_loss at fp16, n = 1024 tokens x v = 50257: forward the cast up (2 + 4 B) and
+    log_softmax's three reads and a write (16 B) = 22 B per logit; backward nll_loss's
+    zero-fill (4), log_softmax's two reads of the gradient, one of the output and a
+    write (16), the cast down (4 + 2) = 26 B. The head's tied weight adds 18 B each."""
+    g = GptShape(1024, 3072, 32, 50257, False)
+    r = Roofline.of(device_facts("v100-pcie-16gb"), "fp16")
+    n, v, h = 1024, 50257, 3072
+    fwd, bwd = head_times(r, g, 1)
+    ln = r.stream(2 * n * h, 2)
+    assert fwd - r.gemm(n, v, h) - ln == pytest.approx(22 * n * v / 750e9 + 3 * 5e-6)
+    loss_bwd = 26 * n * v / 750e9 + 3 * 5e-6
+    rest = bwd - r.gemm(n, h, v) - r.gemm(h, v, n) - ln - loss_bwd
+    assert rest == pytest.approx(r.accumulate(v * h + 2 * h))
+
+
+def test_a_recomputed_micro_batch_casts_the_weights_again():
+    """The first forward of a micro-batch recomputed later carries one cast of the
+    block's weights (the recompute's autocast exit clears the cast cache); the
+    embedding's lookup is fp32 and casts nothing; fp32 runs cast nothing at all."""
+    from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
+    from jobctl.engine.calibration.cache import model_hash
+    from jobctl.spec import load_spec
+
+    quick = Path(__file__).parents[2] / "jobs" / "quickstart.yaml"
+    for precision, per_weight in (("fp16", 6.0), ("fp32", 0.0)):
+        spec = load_spec(quick, overrides={
+            "hardware.device": "cuda", "hardware.accelerator": "v100-pcie-16gb",
+            "training.precision": precision,
+        })  # fmt: skip
+        cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+        embed, layer = cal.blocks[0], cal.blocks[1]
+        assert embed.forward_nograd[1].median == embed.forward[1].median
+        extra = layer.forward_nograd[1].median - layer.forward[1].median
+        launch = 5e-6 if per_weight else 0.0
+        assert extra == pytest.approx(layer.params * per_weight / 750e9 + launch)

@@ -204,5 +204,5 @@ def test_jobctl_plan_says_mobius_is_faster(tmp_path):
     r = CliRunner().invoke(app, ["plan", str(spec_file), "--home", "/nonexistent-home"])
     assert r.exit_code == 0, r.output
     why = next(line for line in r.output.splitlines() if line.startswith("mobius: faster"))
-    assert why.startswith("mobius: faster than P x D's 0.0632 s: S=2/N=1, sim ") and len(why) <= 80
+    assert why.startswith("mobius: faster than P x D's 0.0633 s: S=2/N=1, sim ") and len(why) <= 80
     assert "schedule mobius" in r.output

@@ -1,8 +1,9 @@
 """Varuna's Table 7 from the analytic source (``benchmarks.paper_tables``).
 
-The device model alone prices isolated kernels, so it must be optimistic on every
-row; with the sustained share calibrated on the other rows only (leave-one-out),
-each held-out row is predicted from specs that state the paper's hardware.
+The device model alone prices the kernels and what jobctl's runtime adds around them;
+the diagnostic's sustained share is calibrated on the other rows only (leave-one-out),
+each held-out row predicted from specs that state the paper's hardware. The same model
+against real H100 runs recorded before its gradient path was priced: ``h100_check``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import statistics
 import pytest
 
 from benchmarks import paper_tables as pt
+from benchmarks.h100_check import h100_check
 from jobctl.engine.calibration.analytic import derate
 from jobctl.spec import load_spec
 
@@ -49,16 +51,17 @@ def test_table7_left_one_out(tmp_path):
         device.append(sum(lines[i]) / row[4] - 1)
         share = pt.calibrate(lines, [j for j in range(len(pt.TABLE7)) if j != i])
         held_out.append(abs(pt.predict(tmp_path, row, share)[1].step_time / row[4] - 1))
-    assert max(device) < 0  # isolated kernels: faster than every measured step
     # The device model alone (the target, nothing fitted): 12.0 % / 20.6 % since the
     # V100's cuBLAS share is taken of the card Markidis et al. measured (was 18.8 / 26.5);
-    # 10.8 % / 17.7 % since gradients are priced fp32, as the runtime sums them.
-    assert statistics.median(abs(e) for e in device) <= 0.109
-    assert max(abs(e) for e in device) <= 0.178
-    # The fitted share (a diagnostic) now corrects compute alone: 6.6 % / 8.4 % (was
-    # 4.1 / 10.1 with the allreduce at fp16, when one share also absorbed part of it).
-    assert statistics.median(held_out) <= 0.067
-    assert max(held_out) <= 0.085  # the issue's target is 0.10: see the benchmark
+    # 10.8 % / 17.7 % since gradients are priced fp32, as the runtime sums them, every
+    # row fast; 5.2 % / 12.1 % since autocast's gradient path is priced (analytic_device),
+    # rows on both sides: the P = 36 ones slow, the P = 18 ones fast.
+    assert statistics.median(abs(e) for e in device) <= 0.053
+    assert max(abs(e) for e in device) <= 0.122
+    assert min(device) < -0.03 and max(device) > 0.10
+    # The fitted share (a diagnostic) can only slow kernels: no share helps now.
+    assert statistics.median(held_out) <= 0.053
+    assert max(held_out) <= 0.122  # the issue's target is 0.10: see the benchmark
 
 
 def test_least_squares_solves_two_unknowns_exactly():
@@ -89,8 +92,20 @@ def test_allreduce_check_recovers_a_slower_ring(monkeypatch):
 
 def test_device_model_sits_between_two_public_v100_measurements(tmp_path):
     """Slower than Megatron-LM v1.0's published 1.2B iteration on a 450 W DGX-2H V100,
-    faster than Varuna's 250 W PCIe V100s on every Table 7 row: the share of the peak a
+    faster than Varuna's 250 W PCIe V100s on the P = 18 rows: the share of the peak a
     step sustains follows the card's power budget, which the device facts leave out."""
     assert 1.0 < pt.megatron_check() < 1.35
     row = pt.TABLE7[5]  # 8.3B 18x6, the row the device model misses most
     assert pt.predict(tmp_path, row, 1.0)[1].step_time < row[4]
+
+
+def test_h100_runs_recorded_before_the_change_are_predicted_closer():
+    """The analytic plan against gpu_accuracy's one-GPU runs on a lent H100 (NOTES.md,
+    2026-11-26), never fitted: median |error| 17 % before the autocast gradient path was
+    priced (-39, -22, -17, -10, -10 %), 9 % after; never slower than the run, whose eager
+    per-action host cost the device model does not price."""
+    errors = h100_check()
+    assert len(errors) == 5
+    assert statistics.median(abs(e) for e in errors) <= 0.10
+    assert all(e <= 0.02 for e in errors)
+    assert errors[0] == min(errors)  # m = 1: the most actions per sample
