@@ -97,7 +97,7 @@ def weight_split(actions: list[Action]) -> set[int]:
 
 
 def weight_follows(actions: list[Action]) -> set[int]:
-    """Micro-batches whose W comes right after their B (or R, B) in ``actions``:
+    """Micro-batches whose W comes right after their B in ``actions``:
     nothing runs in between, so a stage no one waits on gains nothing from the split."""
     return {
         b.micro_batch

@@ -86,8 +86,8 @@ def input_grads(
     leaves = ([x] if x.requires_grad else []) + [p for p in params if p.requires_grad]
     inputs = leaves + [e for _, _, e in edges]
     grads = torch.autograd.grad(root, inputs, grad, allow_unused=True) if inputs else ()
-    for leaf, g in zip(leaves, grads, strict=False):
-        _accumulate(leaf, g)
+    for leaf, g in zip(leaves, grads[: len(leaves)], strict=True):
+        _accumulate(leaf, g, fresh=False)
     outs = grads[len(leaves) :]
     store.pending[i] = [
         (m, xi, g) for (m, xi, _), g in zip(edges, outs, strict=True) if g is not None
@@ -100,7 +100,7 @@ def weight_grads(store: WeightStore, i: int) -> None:
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         _add_product(layer.weight, g2, x2)
         if layer.bias is not None:
-            _add_new(layer.bias, g2.sum(0))
+            _accumulate(layer.bias, g2.sum(0), fresh=True)
 
 
 def _add_product(w: nn.Parameter, g2: torch.Tensor, x2: torch.Tensor) -> None:
@@ -113,27 +113,19 @@ def _add_product(w: nn.Parameter, g2: torch.Tensor, x2: torch.Tensor) -> None:
     if same and w.grad is not None:
         w.grad.addmm_(g2.t(), x2)
     else:
-        _add_new(w, g2.t().mm(x2))
+        _accumulate(w, g2.t().mm(x2), fresh=True)
 
 
-def _add_new(t: torch.Tensor, g: torch.Tensor) -> None:
-    """Add ``g``, a tensor W just computed (no one else holds it), to ``t.grad``."""
-    if not t.requires_grad:
-        return
-    g = g.to(t.dtype)  # W's products under the step's autocast come out in half
-    if t.grad is None:
-        t.grad = g
-    else:
-        t.grad += g
-
-
-def _accumulate(t: torch.Tensor, g: torch.Tensor | None) -> None:
-    """Add B's ``g`` to ``t.grad``; autograd may hand back a tensor it shares (the
-    received gradient itself), so a first one is copied."""
+def _accumulate(t: torch.Tensor, g: torch.Tensor | None, fresh: bool) -> None:
+    """Add ``g`` to ``t.grad``. ``fresh``: a tensor W just computed, which no one else
+    holds; else B's, where autograd may hand back a tensor it shares (the received
+    gradient itself), so a weight's first one is copied."""
     if g is None or not t.requires_grad:
         return
-    g = g.to(t.dtype)
-    if t.grad is None:  # a weight's gradient is its own tensor, as autograd leaves it
-        t.grad = g.detach().clone() if isinstance(t, nn.Parameter) else g.detach()
-    else:
+    g = g.to(t.dtype)  # products under the step's autocast come out in half
+    if t.grad is not None:
         t.grad += g
+    elif fresh:
+        t.grad = g
+    else:  # a weight's gradient is its own tensor, as autograd leaves it
+        t.grad = g.detach().clone() if isinstance(t, nn.Parameter) else g.detach()
