@@ -95,7 +95,7 @@ def test_device_model_sits_between_two_public_v100_measurements(tmp_path):
     faster than Varuna's 250 W PCIe V100s on the P = 18 rows: the share of the peak a
     step sustains follows the card's power budget, which the device facts leave out."""
     assert 1.0 < pt.megatron_check() < 1.35
-    row = pt.TABLE7[5]  # 8.3B 18x6, the row the device model misses most
+    row = pt.TABLE7[5]  # 8.3B 18x6: the P = 18 rows are the ones priced fast
     assert pt.predict(tmp_path, row, 1.0)[1].step_time < row[4]
 
 
