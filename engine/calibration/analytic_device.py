@@ -24,10 +24,10 @@ runs it, with no constant fitted to any measured step time:
   themselves are cached for the whole step (one autocast region), except on a rank
   that recomputes: a recompute runs on autograd's device thread, whose autocast exit
   clears the process-wide cast cache, so each recomputed micro-batch casts the
-  weights again (read fp32, write half), priced on its first forward. The embedding is not
-  autocast: its lookup, its dense zero-filled vocabulary x hidden gradient and that
-  gradient's accumulation run in fp32. The loss runs as ``runtime``'s ``lm_loss``
-  does: the logits cast to fp32, ``log_softmax`` (three reads and a write: max, sum
+  weights again (read fp32, write half), priced on its first forward. The embedding
+  is not autocast: its lookup, its dense zero-filled vocabulary x hidden gradient and
+  that gradient's accumulation run in fp32. The loss runs as ``runtime``'s
+  ``lm_loss`` does: the logits cast to fp32, ``log_softmax`` (three reads and a write: max, sum
   of exponentials, output), and back (the gradient zero-filled by ``nll_loss``,
   ``log_softmax``'s backward: two reads of the gradient, one of the output, a write;
   the cast back to half).
@@ -97,19 +97,25 @@ class Roofline:
         """Whether compute runs below the fp32 master weights (autocast)."""
         return self.elt < MASTER_BYTES
 
+    @property
+    def cast_bytes(self) -> int:
+        """Bytes per element of a cast between fp32 and the compute precision, either
+        way (one read, one write); 0 at fp32, where nothing is cast."""
+        return self.elt + MASTER_BYTES if self.half else 0
+
     def accumulate(self, weights: float) -> float:
         """Seconds to add one micro-batch's gradient of ``weights`` into the fp32
         ``.grad``: under autocast first cast back from half (read half, write fp32),
         then added in place (read two fp32, write one)."""
-        cast = self.elt + MASTER_BYTES if self.half else 0
         kernels = 2 if self.half else 1
-        return weights * (cast + 3 * MASTER_BYTES) / self.bandwidth + kernels * self.launch_s
+        per_weight = self.cast_bytes + 3 * MASTER_BYTES
+        return weights * per_weight / self.bandwidth + kernels * self.launch_s
 
     def cast(self, weights: float) -> float:
         """Seconds to cast fp32 master ``weights`` to the compute precision (0 at fp32)."""
         if not self.half:
             return 0.0
-        return weights * (MASTER_BYTES + self.elt) / self.bandwidth + self.launch_s
+        return weights * self.cast_bytes / self.bandwidth + self.launch_s
 
 
 @dataclass(frozen=True)
@@ -163,9 +169,8 @@ def head_times(r: Roofline, g: GptShape, m: int) -> tuple[float, float]:
     four fp32 passes; backward ``nll_loss``'s zero-filled gradient, ``log_softmax``'s
     four passes and the cast back down."""
     n = m * g.t
-    cast = r.elt + MASTER_BYTES if r.half else 0
-    loss_fwd = n * g.v * (cast + 4 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
-    loss_bwd = n * g.v * (cast + 5 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
+    loss_fwd = n * g.v * (r.cast_bytes + 4 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
+    loss_bwd = n * g.v * (r.cast_bytes + 5 * MASTER_BYTES) / r.bandwidth + 3 * r.launch_s
     fwd = r.gemm(n, g.v, g.h) + r.stream(2 * n * g.h, 2) + loss_fwd
     bwd = r.gemm(n, g.h, g.v) + r.gemm(g.h, g.v, n) + r.stream(2 * n * g.h, 2) + loss_bwd
     return fwd, bwd + r.accumulate(g.v * g.h + 2 * g.h)

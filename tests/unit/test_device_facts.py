@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.calibration.analytic_device import GptShape, Roofline, embed_times, head_times
+from jobctl.engine.calibration.cache import model_hash
+from jobctl.spec import load_spec
 from jobctl.spec.devices import DEVICES, device_facts
+from tests.jobrun import QUICKSTART
 
 
 @pytest.mark.parametrize("name", sorted(DEVICES))
@@ -102,13 +104,8 @@ def test_a_recomputed_micro_batch_casts_the_weights_again():
     """The first forward of a micro-batch recomputed later carries one cast of the
     block's weights (the recompute's autocast exit clears the cast cache); the
     embedding's lookup is fp32 and casts nothing; fp32 runs cast nothing at all."""
-    from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-    from jobctl.engine.calibration.cache import model_hash
-    from jobctl.spec import load_spec
-
-    quick = Path(__file__).parents[2] / "jobs" / "quickstart.yaml"
     for precision, per_weight in (("fp16", 6.0), ("fp32", 0.0)):
-        spec = load_spec(quick, overrides={
+        spec = load_spec(QUICKSTART, overrides={
             "hardware.device": "cuda", "hardware.accelerator": "v100-pcie-16gb",
             "training.precision": precision,
         })  # fmt: skip
