@@ -10,6 +10,7 @@ state home, keyed by its fingerprint, and ``jobctl plan`` reuses it for any G.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,12 @@ MAX_MICRO_BATCH = 32
 MAX_SIZES = 10
 PROBE_MICRO_BATCHES = 4  # of the pipeline probe (calibration_probe)
 BUSY_PROBE_STAGES = 4  # the probe's pipeline when the group has that many ranks
-COMPUTE_PASSES = 2  # block timings taken this many times; the least disturbed kept
+# Block timings are taken in this many passes, 2 x ``repeats`` timed runs per block and
+# m spread over them; per micro-batch size the least disturbed pass is kept. Six
+# shorter passes were tried (``python -m benchmarks.calibration_noise --compare 6``):
+# the blocks' times agreed better between calibrations (spread 0.67x) but the plans
+# did not (predicted step spread 1.97x, the order's Kendall tau 0.73 -> 0.74).
+COMPUTE_PASSES = 2
 
 
 def micro_batch_sizes(spec: JobSpec, max_m: int = MAX_MICRO_BATCH) -> list[int]:
@@ -79,13 +85,14 @@ def calibrate(
     repeats: int = 15,
     threads: int = DEFAULT_THREADS,
     progress: Progress | None = None,
+    passes: int = COMPUTE_PASSES,
 ) -> tuple[Calibration, Path]:
     """Measure the spec's model on this machine; returns the record and its cache path."""
     start = time.time()
     ms = micro_batch_sizes(spec)
     report = progress or (lambda _what, _done: None)
     with _threads(threads):
-        blocks, data, speed = _measure_compute(spec, ms, repeats, report)
+        blocks, data, speed = _measure_compute(spec, ms, repeats, report, passes)
     report("communication and core sharing (process group)", 0.65)
     probe = _probes(spec, blocks, data, ms[0])
     link, allreduce, host, samples = _comm(spec, blocks, ms, threads, probe)
@@ -115,11 +122,11 @@ def calibrate(
 
 
 def _measure_compute(
-    spec: JobSpec, ms: list[int], repeats: int, report: Progress
+    spec: JobSpec, ms: list[int], repeats: int, report: Progress, passes: int
 ) -> tuple[list[BlockCalibration], dict[int, Stat], list[float]]:
-    """The data fetch, and the blocks timed ``COMPUTE_PASSES`` times (the least disturbed
-    pass kept); on CPU the whole model's speed after each pass, which the probes' times
-    are brought to (their runtime is the CPU one)."""
+    """The data fetch, and the blocks timed in ``passes`` passes (``COMPUTE_PASSES``; the
+    least disturbed kept per m); on CPU the whole model's speed after each pass, which
+    the probes' times are brought to (their runtime is the CPU one)."""
     device = torch.device("cuda", 0) if spec.hardware.device == "cuda" else torch.device("cpu")
     report("data loading", 0.0)
     data = measure_data(spec, ms, repeats)
@@ -128,20 +135,21 @@ def _measure_compute(
             spec, ms, device, repeats, progress=lambda what, f: report(what, 0.05 + 0.6 * f)
         )
         return blocks, data, []
-    passes, speed = [], []
-    for k in range(COMPUTE_PASSES):
-        passes.append(
+    timed, speed = [], []
+    per_pass = max(3, math.ceil(2 * repeats / passes))
+    for k in range(passes):
+        timed.append(
             measure_blocks(
                 spec,
                 ms,
                 device,
-                repeats,
-                progress=lambda what, f, k=k: report(what, 0.05 + 0.3 * (k + f)),
+                per_pass,
+                progress=lambda what, f, k=k: report(what, 0.05 + 0.6 * (k + f) / passes),
             )
         )
         if device.type == "cpu":
-            speed.append(_model_speed(spec, ms[0], repeats))
-    return least_disturbed(passes, ms), data, speed
+            speed.append(_model_speed(spec, ms[0], per_pass))
+    return least_disturbed(timed, ms), data, speed
 
 
 def _model_speed(spec: JobSpec, m: int, repeats: int) -> float:
