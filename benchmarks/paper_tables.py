@@ -65,8 +65,8 @@
    measured, imply 2-8 x on fp16 (X sim 6-14 s against 1.8-3.2 s): the cluster's
    ("bottleneck switches", the slowest spot VM), with no public figure.
 
-   A FITTED diagnostic (never the target): one sustained share of the kernel rates
-   from the 11 other rows or the other model's (1 where none slows the rows' fit).
+   Then the same rows at the planner's own micro-batch size (what ``jobctl plan``
+   would run), from the same device model.
 2. Simulator speed at m = 1 in sec. 7.2's setting (128 GPUs, batch 8192, P = 18, 24,
    36, D = G // P, M = ceil(8192 / D)): the steady-state simulation and the full one,
    interleaved, strict and opportunistic.
@@ -89,7 +89,7 @@ from pathlib import Path
 from benchmarks.decision_quality import SUMMARY, read_summary
 from benchmarks.h100_check import h100_check
 from benchmarks.megatron_check import megatron_check
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint, derate
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.calibration.cache import model_hash
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
@@ -115,7 +115,6 @@ TABLE7 = [  # model, P, D, Varuna's estimate, measured (s per mini-batch)
     ("2.5B", 9, 7, 68.9, 70.1),
     ("2.5B", 6, 10, 77.5, 75.2),
 ]
-PROBE = 0.5  # each row is also planned at this sustained share (``curves``)
 VARUNA_SIM_MS = {18: 391.0, 24: 376.0, 36: 660.0}  # sec. 7.2
 TARGETS = "targets: median |error| <= 5 %, max <= 10 %"
 SPEC = """\
@@ -146,51 +145,18 @@ def write_spec(folder: Path, name: str, P: int, D: int, m: int | str) -> Path:
     return path
 
 
-def analytic(spec: JobSpec, share: float = 1.0) -> Calibration:
-    """The analytic calibration of ``spec`` with its kernels at ``share`` of the device
-    model's rates (``calibration.analytic.derate``; 1: the device model as is)."""
-    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
-    return cal if share == 1.0 else derate(cal, share)
+def analytic(spec: JobSpec) -> Calibration:
+    """The analytic calibration of ``spec`` (its device model)."""
+    return analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
 
 
-def predict(
-    folder: Path, row: tuple, share: float, m: int | str = 1
-) -> tuple[Plan, SimResult, Candidate]:
+def predict(folder: Path, row: tuple, m: int | str = 1) -> tuple[Plan, SimResult, Candidate]:
     """The planner's plan, simulated step and chosen layout (its stage costs) of one
-    Table 7 row at ``share``."""
+    Table 7 row at micro-batch size ``m`` (``"auto"``: the planner's own)."""
     name, P, D = row[:3]
     spec = load_spec(write_spec(folder, name, P, D, m))
-    plan, sim, choice = plan_priced(spec, calibration=analytic(spec, share))
+    plan, sim, choice = plan_priced(spec, calibration=analytic(spec))
     return plan, sim, choice.found.ranked[0]
-
-
-def curves(folder: Path) -> list[tuple[float, float]]:
-    """Per row, (a, b) with step(k) ~ a + b / k: compute scales with 1 / share, links
-    and allreduces do not. From two plans, at share 1 and at ``PROBE``."""
-    out = []
-    for row in TABLE7:
-        one = predict(folder, row, 1.0)[1].step_time
-        probe = predict(folder, row, PROBE)[1].step_time
-        b = (probe - one) / (1 / PROBE - 1)
-        out.append((one - b, b))
-    return out
-
-
-def calibrate(lines: list[tuple[float, float]], rows: list[int]) -> float:
-    """The share at which the median predicted / measured ratio over ``rows`` (only
-    those: the rows it is tested on are left out) is 1, by bisection (every ratio
-    falls as the share grows); 1 where the device model is already slow enough."""
-
-    def ratio(k: float) -> float:
-        return statistics.median((lines[i][0] + lines[i][1] / k) / TABLE7[i][4] for i in rows)
-
-    lo, hi = 0.05, 1.0
-    if ratio(hi) >= 1.0:
-        return hi
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ratio(mid) > 1.0 else (lo, mid)
-    return (lo + hi) / 2
 
 
 def device_table(folder: Path) -> tuple[list[float], list[tuple]]:
@@ -208,7 +174,7 @@ def device_table(folder: Path) -> tuple[list[float], list[tuple]]:
     errors, tails = [], []
     for row in TABLE7:
         name, P, D, _, real = row
-        _, sim, cand = predict(folder, row, 1.0)
+        _, sim, cand = predict(folder, row)
         c, s = cand.costs, max(range(P), key=lambda i: sim.busy[i])
         err = sim.step_time / real - 1
         errors.append(abs(err))
@@ -271,63 +237,32 @@ def _least_squares(a: list[float], b: list[float], y: list[float]) -> tuple[floa
     return (ay * bb - by * ab) / det, (aa * by - ab * ay) / det
 
 
-def table7(folder: Path) -> dict[str, list[float]]:
-    """Table 7: the device model alone (the target), the allreduce against the D trend;
-    then, as a diagnostic only (fitted to Table 7, so never the target), one sustained
-    share calibrated on the 11 other rows (leave-one-out) and by model. Returns the
-    |errors| by kind."""
-    device, tails = device_table(folder)
-    allreduce_check(tails)
-    print("\ndiagnostic, FITTED to Table 7 (not the target): one sustained share k of the")
-    print("device model's kernel rates, calibrated on the 11 other rows (leave-one-out):")
-    print(f"{'model':<5} {'PxD':>5} {'real':>6} {'k=1':>6} {'err':>6} {'share':>5} "
-          f"{'pred':>6} {'err':>6} {'busy':>6} {'idle':>5} {'tail':>5}")  # fmt: skip
-    lines = curves(folder)
-    errors: dict[str, list[float]] = {"device": device, "loo": [], "own": [], "model": []}
-    everyone = range(len(TABLE7))
-    for i, row in enumerate(TABLE7):
+def own_m(folder: Path) -> list[float]:
+    """The rows at the planner's own micro-batch size (Varuna's rule, ``jobctl plan``'s
+    pick: the smallest m at which F(m)/m stops improving), device model alone; returns
+    the |errors|."""
+    print("\nthe same rows at the planner's own micro-batch size (what jobctl plan runs):")
+    errors, cells = [], []
+    for row in TABLE7:
         name, P, D, _, real = row
-        k = calibrate(lines, [j for j in everyone if j != i])
-        _, sim, _ = predict(folder, row, k)
-        device = lines[i][0] + lines[i][1]
-        e0, e1 = device / real - 1, sim.step_time / real - 1
-        errors["loo"].append(abs(e1))
-        own = predict(folder, row, k, "auto")[0].prediction.step_time_s
-        errors["own"].append(abs(own / real - 1))
-        busy = max(sim.busy)
-        print(f"{name:<5} {P:>2}x{D:<2} {real:>6.1f} {device:>6.1f} {100 * e0:>+5.1f}% "
-              f"{k:>5.3f} {sim.step_time:>6.1f} {100 * e1:>+5.1f}% {busy:>6.1f} "
-              f"{sim.pipeline_time - busy:>5.1f} {sim.step_time - sim.pipeline_time:>5.1f}",
-              flush=True)  # fmt: skip
-    print("busy: the busiest stage's compute; idle: its bubble; tail: allreduce + optimizer")
-    by_model(folder, lines, errors["model"])
-    print_errors(errors)
+        plan = predict(folder, row, "auto")[0]
+        err = plan.prediction.step_time_s / real - 1
+        errors.append(abs(err))
+        cells.append(f"{name} {P}x{D} m={plan.micro_batch_size} {100 * err:+.0f}%")
+    for i in range(0, len(cells), 3):
+        print("  " + "  ".join(f"{c:<22}" for c in cells[i : i + 3]).rstrip())
+    med, worst = 100 * statistics.median(errors), 100 * max(errors)
+    print(f"planner's own m: median |error| {med:.1f} %, max {worst:.1f} %")
+    print("(Varuna measured m = 1; a larger m runs faster)")
     return errors
 
 
-def print_errors(errors: dict[str, list[float]]) -> None:
-    """Median and max |error| of each way of predicting Table 7, the target first."""
-    for key, label in (
-        ("device", "device model alone (share 1)"),
-        ("loo", "FITTED share left-one-out, m = 1"),
-        ("own", "FITTED share l-o-o, planner's m"),
-        ("model", "FITTED share from other model"),
-    ):
-        med, worst = statistics.median(errors[key]), max(errors[key])
-        print(f"{label:<34}: median |error| {100 * med:4.1f} %, max {100 * worst:4.1f} %")
-    print(f"({TARGETS}, device model alone;")
-    print(" Varuna's own simulator: 5.6 % max)")
-
-
-def by_model(folder: Path, lines: list[tuple[float, float]], errors: list[float]) -> None:
-    """The share calibrated on one model's rows, the errors on the other model's."""
-    for source, target in (("2.5B", "8.3B"), ("8.3B", "2.5B")):
-        k = calibrate(lines, [i for i, r in enumerate(TABLE7) if r[0] == source])
-        rows = [r for r in TABLE7 if r[0] == target]
-        errs = [abs(predict(folder, r, k)[1].step_time / r[4] - 1) for r in rows]
-        errors += errs
-        print(f"share from the {source} rows {k:.3f}: {target} rows median |error| "
-              f"{100 * statistics.median(errs):.1f} %, max {100 * max(errs):.1f} %")
+def table7(folder: Path) -> dict[str, list[float]]:
+    """Table 7: the device model alone at m = 1 (the target), the allreduce against the
+    D trend, the rows at the planner's own m. Returns the |errors| by kind."""
+    device, tails = device_table(folder)
+    allreduce_check(tails)
+    return {"device": device, "own": own_m(folder)}
 
 
 def best_ms(run, repeat: int) -> float:
@@ -343,7 +278,7 @@ def best_ms(run, repeat: int) -> float:
 def simulator_speed(repeat: int) -> None:
     """Sec. 7.2's setting at m = 1: steady-state and full simulation, interleaved."""
     print("\nsimulator at m = 1, 128 GPUs, batch 8192 (Varuna sec. 7.2), best of "
-          f"{repeat}; schedules generated beforehand:")  # fmt: skip
+          f"{repeat};\nschedules generated beforehand:")  # fmt: skip
     print(f"{'P':>3} {'D':>2} {'M':>5} {'mode':<9} {'steady':>8} {'full':>8} {'same':>5} "
           f"{'Varuna':>7}")  # fmt: skip
     worst = 0.0
@@ -376,7 +311,7 @@ def decisions() -> None:
         return
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["created"]))
     print(f"  {when}, {found['configs']} configs: regret {100 * found['regret']:.1f} % "
-          f"(target <= 3 %), Kendall tau {found['tau']:.2f} (target >= 0.8), "
+          f"(target <= 3 %),\n  Kendall tau {found['tau']:.2f} (target >= 0.8), "
           f"absolute |error| median {100 * found['median_error']:.1f} %, max "
           f"{100 * found['max_error']:.1f} %")  # fmt: skip
 

@@ -3,8 +3,7 @@
 ``record`` is the record itself (block, link, allreduce, host and runtime costs),
 ``analytic`` derives one from the spec alone (``analytic_device``: a GPT block on a
 known accelerator, from public device facts, with what the runtime adds around its
-kernels under autocast: the fp32 gradient path, re-casts, the fp32 loss; ``derate``:
-its kernels at the share of their isolated rates a whole step sustains), ``cache``
+kernels under autocast: the fp32 gradient path, re-casts, the fp32 loss), ``cache``
 finds and stores measured ones, ``startup`` keeps this machine's measured
 launch-to-first-step time.
 Measuring (``measure/``, which runs the trainer) sits in a higher layer.

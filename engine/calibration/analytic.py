@@ -168,37 +168,6 @@ def device_blocks(spec: JobSpec, blocks: list[BlockCalibration]) -> list[BlockCa
     return out
 
 
-def derate(cal: Calibration, share: float) -> Calibration:
-    """``cal`` with every device kernel at ``share`` of the rates it was priced at.
-
-    ``analytic_device`` prices each kernel in isolation (cuBLAS's measured large-GEMM
-    share of the peak, the measured copy bandwidth). A whole training step sustains
-    less of them: clocks under a sustained power cap, host-side stalls between
-    kernels (Python, synchronising copies and ``.item()``), communication kernels
-    sharing the SMs. No published figure gives that share for a given software
-    stack, so it is measured: ``benchmarks.paper_tables`` calibrates it on some of
-    Varuna's Table 7 rows and reports the error on the others. Forward, backward and
-    optimizer times are divided by ``share``; links, allreduces and the data fetch
-    are not device kernels and stay as they are.
-    """
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"a sustained share must be in (0, 1], got {share}")
-
-    def slower(times: dict[int, Stat]) -> dict[int, Stat]:
-        return {
-            m: Stat(median=x.median / share, iqr=x.iqr / share, n=x.n) for m, x in times.items()
-        }
-
-    blocks = [
-        b.model_copy(update={
-            "forward": slower(b.forward), "forward_nograd": slower(b.forward_nograd),
-            "backward": slower(b.backward), "optimizer": slower({0: b.optimizer})[0],
-        })
-        for b in cal.blocks
-    ]  # fmt: skip
-    return cal.model_copy(update={"blocks": blocks})
-
-
 def _tied_param_bytes(m: ModelSpec, n: int) -> list[float]:
     """Bytes of the tied embedding on the first and last block (builtin GPT only)."""
     tied = [0.0] * n

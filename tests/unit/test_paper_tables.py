@@ -1,9 +1,9 @@
 """Varuna's Table 7 from the analytic source (``benchmarks.paper_tables``).
 
-The device model alone prices the kernels and what jobctl's runtime adds around them;
-the diagnostic's sustained share is calibrated on the other rows only (leave-one-out),
-each held-out row predicted from specs that state the paper's hardware. The same model
-against real H100 runs recorded before its gradient path was priced: ``h100_check``.
+The device model alone prices the kernels and what jobctl's runtime adds around them,
+from specs that state the paper's hardware; nothing is fitted to the table. The same
+model against real H100 runs recorded before its gradient path was priced:
+``h100_check``.
 """
 
 from __future__ import annotations
@@ -14,54 +14,28 @@ import pytest
 
 from benchmarks import paper_tables as pt
 from benchmarks.h100_check import h100_check
-from jobctl.engine.calibration.analytic import derate
-from jobctl.spec import load_spec
 
 
-def test_derate_slows_device_kernels_only(tmp_path):
-    cal = pt.analytic(load_spec(pt.write_spec(tmp_path, "2.5B", 9, 7, 1)))
-    half = derate(cal, 0.5)
-    for was, now in ((cal.blocks[1], half.blocks[1]), (cal.blocks[-1], half.blocks[-1])):
-        assert now.forward[1].median == pytest.approx(2 * was.forward[1].median)
-        assert now.forward_nograd[8].median == pytest.approx(2 * was.forward_nograd[8].median)
-        assert now.backward[4].median == pytest.approx(2 * was.backward[4].median)
-        assert now.optimizer.median == pytest.approx(2 * was.optimizer.median)
-    # Links and allreduces are not device kernels.
-    assert half.p2p_inter == cal.p2p_inter and half.allreduce_inter == cal.allreduce_inter
-    for bad in (0.0, 1.5):
-        with pytest.raises(ValueError, match="share"):
-            derate(cal, bad)
-
-
-def test_calibrate_never_reads_the_held_out_row(monkeypatch):
-    lines = [(1.0, 0.8 * (real - 1.0)) for *_, real in pt.TABLE7]  # exact at share 0.8
-    others = list(range(1, len(pt.TABLE7)))
-    assert pt.calibrate(lines, others) == pytest.approx(0.8, abs=1e-6)
-    table = list(pt.TABLE7)
-    table[0] = (*table[0][:4], 10 * table[0][4])  # row 0's measurement changes
-    monkeypatch.setattr(pt, "TABLE7", table)
-    assert pt.calibrate(lines, others) == pytest.approx(0.8, abs=1e-6)
-    assert pt.calibrate(lines, [0]) < 0.5  # ... which moves a share that does read it
-
-
-def test_table7_left_one_out(tmp_path):
-    lines = pt.curves(tmp_path)
-    device, held_out = [], []
-    for i, row in enumerate(pt.TABLE7):
-        device.append(sum(lines[i]) / row[4] - 1)
-        share = pt.calibrate(lines, [j for j in range(len(pt.TABLE7)) if j != i])
-        held_out.append(abs(pt.predict(tmp_path, row, share)[1].step_time / row[4] - 1))
-    # The device model alone (the target, nothing fitted): 12.0 % / 20.6 % since the
-    # V100's cuBLAS share is taken of the card Markidis et al. measured (was 18.8 / 26.5);
-    # 10.8 % / 17.7 % since gradients are priced fp32, as the runtime sums them, every
-    # row fast; 5.2 % / 12.1 % since autocast's gradient path is priced (analytic_device),
-    # rows on both sides: the P = 36 ones slow, the P = 18 ones fast.
+def test_table7_from_the_device_model_alone(tmp_path):
+    """The target rows at m = 1, nothing fitted. 12.0 % / 20.6 % since the V100's
+    cuBLAS share is taken of the card Markidis et al. measured (was 18.8 / 26.5);
+    10.8 % / 17.7 % since gradients are priced fp32, as the runtime sums them, every
+    row fast; 5.2 % / 12.1 % since autocast's gradient path is priced (analytic_device),
+    rows on both sides: the P = 36 ones slow, the P = 18 ones fast."""
+    device = [pt.predict(tmp_path, row)[1].step_time / row[4] - 1 for row in pt.TABLE7]
     assert statistics.median(abs(e) for e in device) <= 0.053
-    assert max(abs(e) for e in device) <= 0.122
+    assert max(abs(e) for e in device) <= 0.122  # the issue's target is 0.10: see the benchmark
     assert min(device) < -0.03 and max(device) > 0.10
-    # The fitted share (a diagnostic) can only slow kernels: no share helps now.
-    assert statistics.median(held_out) <= 0.053
-    assert max(held_out) <= 0.122  # the issue's target is 0.10: see the benchmark
+
+
+def test_the_planners_own_m_runs_faster_than_the_m_1_rows(tmp_path):
+    """At its own micro-batch size the planner predicts every row faster than Varuna's
+    m = 1 measurement (a larger m sustains more of the device), each with its m."""
+    errors = pt.own_m(tmp_path)
+    assert len(errors) == len(pt.TABLE7)
+    for row in pt.TABLE7:
+        plan = pt.predict(tmp_path, row, "auto")[0]
+        assert plan.micro_batch_size > 1 and plan.prediction.step_time_s < row[4]
 
 
 def test_least_squares_solves_two_unknowns_exactly():
@@ -96,7 +70,7 @@ def test_device_model_sits_between_two_public_v100_measurements(tmp_path):
     step sustains follows the card's power budget, which the device facts leave out."""
     assert 1.0 < pt.megatron_check() < 1.35
     row = pt.TABLE7[5]  # 8.3B 18x6: the P = 18 rows are the ones priced fast
-    assert pt.predict(tmp_path, row, 1.0)[1].step_time < row[4]
+    assert pt.predict(tmp_path, row)[1].step_time < row[4]
 
 
 def test_h100_runs_recorded_before_the_change_are_predicted_closer():
