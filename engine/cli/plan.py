@@ -60,10 +60,11 @@ def plan(
     Uses the cached calibration of this model and machine (`jobctl calibrate`) if one
     matches, else costs derived from the hardware spec; the plan says which.
     """
+    loaded = load_or_exit(spec_file)  # a bad spec fails before the planner (torch) loads
     from jobctl.engine.calibration.cache import calibration_for
     from jobctl.engine.planner.resolver import plan_priced
 
-    spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home, show=not as_json)
+    spec = tuned_or_exit(loaded, spec_file, home, show=not as_json)
     planned = for_devices(spec, devices)  # once: it says so when it re-plans P x D
     cal = calibration_for(planned, home)
     if _plan_mobius(spec_file, planned, devices, as_json, gantt, cal):
