@@ -31,8 +31,7 @@ import torch
 from benchmarks import jobbench
 from benchmarks.jobbench import job_spec, layout, measure_best
 from benchmarks.simulator_accuracy import calibrate_quietly
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.cache import analytic_for
 from jobctl.engine.planner.resolver import make_plan
 
 MODEL = {  # ~230 M parameters: the GPU's matrix units, not kernel launches, set the step
@@ -81,7 +80,7 @@ def analytic_step(spec) -> float | None:
     """The analytic plan's step for the same layout, from public device facts alone."""
     if spec.hardware.accelerator is None:
         return None
-    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    cal = analytic_for(spec)
     return make_plan(spec, calibration=cal).prediction.step_time_s
 
 

@@ -89,8 +89,7 @@ from pathlib import Path
 from benchmarks.decision_quality import SUMMARY, read_summary
 from benchmarks.h100_check import h100_check
 from benchmarks.megatron_check import megatron_check
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.cache import analytic_for
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.resolver import plan_priced
@@ -147,7 +146,7 @@ def write_spec(folder: Path, name: str, P: int, D: int, m: int | str) -> Path:
 
 def analytic(spec: JobSpec) -> Calibration:
     """The analytic calibration of ``spec`` (its device model)."""
-    return analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    return analytic_for(spec)
 
 
 def predict(folder: Path, row: tuple, m: int | str = 1) -> tuple[Plan, SimResult, Candidate]:

@@ -135,4 +135,9 @@ def calibration_for(spec: JobSpec, home: Path | None = None) -> Calibration:
     found = find_cached(spec, home)
     if found is not None:
         return found[0]
+    return analytic_for(spec)
+
+
+def analytic_for(spec: JobSpec) -> Calibration:
+    """The analytic calibration of ``spec``, fingerprinted with its model's hash."""
     return analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
 from jobctl.engine.calibration.analytic_device import GptShape, Roofline, embed_times, head_times
-from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.cache import analytic_for
 from jobctl.spec import load_spec
 from jobctl.spec.devices import DEVICES, device_facts
 from tests.jobrun import QUICKSTART
@@ -109,7 +108,7 @@ def test_a_recomputed_micro_batch_casts_the_weights_again():
             "hardware.device": "cuda", "hardware.accelerator": "v100-pcie-16gb",
             "training.precision": precision,
         })  # fmt: skip
-        cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+        cal = analytic_for(spec)
         embed, layer = cal.blocks[0], cal.blocks[1]
         assert embed.forward_nograd[1].median == embed.forward[1].median
         extra = layer.forward_nograd[1].median - layer.forward[1].median

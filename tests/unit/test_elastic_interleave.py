@@ -13,8 +13,7 @@ import torch
 
 from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
 from jobctl.engine.averaging.models import PipelineShare
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.cache import analytic_for
 from jobctl.engine.core.actions import Op, weight_follows
 from jobctl.engine.data.dataset import Sharding, make_data
 from jobctl.engine.model.blocks import Stage, model_def
@@ -137,7 +136,7 @@ def _plan(n: int, **extra):
     if n > 1:
         over |= {"parallelism.averaging": "elastic", "parallelism.parallel_pipelines": n}
     spec = tiny_spec(**over)
-    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    cal = analytic_for(spec)
     return make_plan(spec, calibration=cal), cal
 
 

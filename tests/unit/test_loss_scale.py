@@ -181,15 +181,14 @@ def test_memory_model_counts_what_an_fp16_step_keeps(optimizer) -> None:
     # fp16 computes in half, but the weights, their gradients and the optimizer's
     # slots stay fp32: the planner's state bytes must be the tensors a real fp16 step
     # (autocast, scaled backward, unscale, update) leaves on a stage, byte for byte.
-    from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-    from jobctl.engine.calibration.cache import model_hash
+    from jobctl.engine.calibration.cache import analytic_for
     from jobctl.engine.model.blocks import Stage, model_def
     from jobctl.engine.runtime.optim import build_optimizer
 
     torch.set_num_threads(1)
     over = {"training.optimizer": optimizer, "training.momentum": 0.9 * (optimizer == "sgd")}
     spec = tiny_spec(**over, **{"training.precision": "fp16"})
-    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    cal = analytic_for(spec)
     stage = Stage(model_def(spec.model, 0, 2), [1, 2])  # two transformer layers
     opt = build_optimizer(list(stage.parameters()), spec.training)
     scaler = loss_scaler(spec.training)

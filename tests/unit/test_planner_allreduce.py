@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.calibration.cache import model_hash
+from jobctl.engine.calibration.cache import analytic_for
 from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.stage_costs import BlockTimes, stage_costs
 from jobctl.spec import load_spec_text
@@ -35,7 +34,7 @@ LAYER_PARAMS = 12 * 256**2 + 13 * 256  # 4 weight matrices + biases + 2 layer no
 
 def _cal(precision: str):
     spec = load_spec_text(SPEC.format(precision=precision))
-    return analytic_calibration(spec, analytic_fingerprint(spec.hardware, model_hash(spec)))
+    return analytic_for(spec)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
