@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from jobctl.backends import BackendError
-from jobctl.engine.cli.backend import exit_with, render_or_exit
 from jobctl.engine.cli.common import (
     BackendOpt,
     DevicesOpt,
@@ -25,21 +23,16 @@ from jobctl.engine.cli.common import (
     tuned_or_exit,
 )
 from jobctl.engine.core.home import require_run_id
-from jobctl.engine.core.plan import Plan
-from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.launch import Run
-from jobctl.engine.supervise.monitor import Outcome
-from jobctl.engine.supervise.service import (
-    ApplyOptions,
-    CtrlC,
-    credentials_problem,
-    fail_launch,
-    fail_refused,
-    launch,
-    unfinished_run,
-)
-from jobctl.engine.views import tables as views
-from jobctl.spec import JobSpec
+
+# The supervisor, the planner and the backends (torch, jinja2) load once the spec is
+# read: a broken spec is refused in half a second, as `jobctl validate` refuses it.
+if TYPE_CHECKING:
+    from jobctl.engine.core.plan import Plan
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.supervise.launch import Run
+    from jobctl.engine.supervise.monitor import Outcome
+    from jobctl.engine.supervise.service import ApplyOptions
+    from jobctl.spec import JobSpec
 
 
 def _checked_run_id(value: str | None) -> str | None:
@@ -75,15 +68,13 @@ def apply(
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    spec = tuned_or_exit(load_or_exit(spec_file), spec_file, home)
-    p = plan_or_exit(spec, spec_file, devices, home)
-    views.print_plan(console, p, spec.training.steps)
+    spec, p = _planned(spec_file, devices, home)
     if dry_run:
         _print_dry_run(spec, p, spec_file, backend)
         return
-    db = StateDB(home)
-    if run_id is None and (run_id := unfinished_run(db, spec.name, fresh, resume_dir)):
-        console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
+    from jobctl.engine.supervise.service import ApplyOptions
+
+    db, run_id = _run_to_continue(home, spec.name, fresh, resume_dir, run_id)
     opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
     if detach:
         _detach(spec_file, spec.name, db, devices, opts)
@@ -91,8 +82,35 @@ def apply(
     _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
 
 
+def _planned(spec_file: Path, devices: int | None, home: Path | None) -> tuple[JobSpec, Plan]:
+    """The spec, tuned, and its plan, printed; a broken spec exits before the planner and
+    the supervisor load."""
+    loaded = load_or_exit(spec_file)
+    from jobctl.engine.views import tables as views
+
+    spec = tuned_or_exit(loaded, spec_file, home)
+    p = plan_or_exit(spec, spec_file, devices, home)
+    views.print_plan(console, p, spec.training.steps)
+    return spec, p
+
+
+def _run_to_continue(
+    home: Path | None, name: str, fresh: bool, resume_dir: Path | None, run_id: str | None
+) -> tuple[StateDB, str | None]:
+    """The state DB and the run to go on with: ``run_id``, else the job's unfinished run
+    (said; none with ``fresh``), else none (a new run)."""
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.supervise.service import unfinished_run
+
+    db = StateDB(home)
+    if run_id is None and (run_id := unfinished_run(db, name, fresh, resume_dir)):
+        console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
+    return db, run_id
+
+
 def _print_dry_run(spec: JobSpec, p: Plan, spec_file: Path, backend: str | None) -> None:
     """Every file the backend would write for the run, printed instead of started."""
+    from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import run_context
 
     ctx = run_context(spec, p, f"{spec.name}-dry-run", Path("<run-dir>"))
@@ -155,6 +173,10 @@ def resume(
 ) -> None:
     """Continue a run: adopt its nodes if they still train (the supervisor died), else
     from its newest complete checkpoint, re-planned for the devices available now."""
+    from jobctl.engine.state.db import StateDB
+    from jobctl.engine.supervise.service import ApplyOptions
+    from jobctl.engine.views import tables as views
+
     db = StateDB(home)
     row = find_run(db, run)
     if row["phase"] == "completed":  # nothing to continue: say so before any planning
@@ -191,6 +213,8 @@ def _detached(db: StateDB, ref: str) -> None:
 def _check_credentials(spec: JobSpec, spec_path: str | None) -> None:
     """Exit 2 with the fix, before any run is recorded or node started, when the run's
     object store needs credentials that are not there."""
+    from jobctl.engine.supervise.service import credentials_problem
+
     problem = credentials_problem(spec)
     if problem is not None:
         err.print(f"error: {spec_path}: {problem}. Nothing was started.", highlight=False,
@@ -202,7 +226,10 @@ def _launch_and_report(
     spec: JobSpec, p: Plan, db: StateDB, spec_path: str | None, opts: ApplyOptions
 ) -> None:
     """Supervise the run in the foreground and say how it ended (exit 1 if it failed)."""
+    from jobctl.backends import BackendError
+    from jobctl.engine.cli.backend import exit_with
     from jobctl.engine.supervise.adoption import AdoptError
+    from jobctl.engine.supervise.service import CtrlC, fail_launch, fail_refused, launch
 
     _check_credentials(spec, spec_path)
     t0 = time.monotonic()

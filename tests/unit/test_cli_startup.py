@@ -64,14 +64,15 @@ def test_light_commands_never_import_torch(args, tmp_path, monkeypatch):
     assert _imported(args) == []
 
 
-def test_plan_of_a_bad_spec_fails_before_the_planner_loads(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", [["plan"], ["apply"], ["apply", "--dry-run"]])
+def test_a_bad_spec_is_refused_before_the_planner_loads(command, tmp_path, monkeypatch):
     """The spec is checked first: a broken one is refused in half a second, without
-    torch (the planner loaded first took 2.7 s to say the same)."""
+    torch (the planner and the supervisor loaded first took 2.7-3 s to say the same)."""
     monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
     bad = tmp_path / "job.yaml"
     bad.write_text(QUICKSTART.read_text().replace("source: synthetic", "source: tokens"))
     assert "source: tokens" in bad.read_text()
-    assert _imported(["plan", str(bad)]) == []
+    assert _imported([*command, str(bad)], [*HEAVY, "jobctl.engine.supervise"]) == []
 
 
 @pytest.mark.parametrize(
