@@ -111,6 +111,13 @@ class Monitor(InPlaceWatch):
             outcome.loss = self.records.lost.loss(outcome.lost_nodes)
         return outcome
 
+    def trained_by_end(self) -> int:
+        """The newest step any rank completed in this attempt, read once its host has
+        stopped: a survivor's last heartbeats can land after the attempt was judged
+        ended (the lost node's own records of those steps died with it)."""
+        self._consume_metrics()
+        return self.records.lost.newest
+
     def _conclude(
         self, kind: str, code: int, message: str, lost: list[int] | None = None
     ) -> Outcome:

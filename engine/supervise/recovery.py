@@ -37,6 +37,10 @@ class Loss:
         source = "emergency checkpoint" if handed_over == step else "checkpoint"
         return replace(self, resumed=step, source=source)
 
+    def with_trained(self, step: int) -> Loss:
+        """This loss, knowing that ``step`` was trained before it (the newest counts)."""
+        return replace(self, trained=max(self.trained, step))
+
     @property
     def steps_lost(self) -> int | None:
         """Completed steps trained again (None before the resume is known)."""

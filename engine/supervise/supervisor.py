@@ -26,7 +26,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -333,7 +332,7 @@ class Supervisor(InPlaceSteps):
         self.outcome = outcome
         if outcome.kind == "preempted":  # recovery is timed from the loss itself
             loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
-            self.loss = replace(loss, trained=max(loss.trained, self._trained(outcome)))
+            self.loss = loss.with_trained(self._trained(outcome))
         self._transition("morphing", outcome.message.splitlines()[0])
         if outcome.survivors_wait:
             return self._reform_in_place()
@@ -341,8 +340,7 @@ class Supervisor(InPlaceSteps):
         return self.phase
 
     def _trained(self, outcome: Outcome) -> int:
-        """The newest step trained before a loss (the survivors' handed-over step
-        counts: its record may still be on its way)."""
+        """The newest step trained before a loss, the survivors' handed-over one included."""
         handed = (outcome.handover or {}).get("step") or 0
         return max(self.db.get_run(self.run_id)["step"] or 0, handed)
 
@@ -379,6 +377,8 @@ class Supervisor(InPlaceSteps):
             self.progress.stop()
         if self.attempt is not None:
             self.attempt.stop_host()
+        if self.loss is not None and self.monitor is not None:  # its survivors' last steps
+            self.loss = self.loss.with_trained(self.monitor.trained_by_end())
         self.progress, self.monitor, self.attempt = None, None, None
 
     # -- bookkeeping ---------------------------------------------------------------

@@ -124,6 +124,20 @@ def test_steps_lost_count_completed_steps_trained_again():
     assert (handed.steps_lost, handed.source) == (0, "emergency checkpoint")
 
 
+def test_steps_a_survivor_reports_after_the_loss_was_taken_still_count():
+    """The loss is taken when the attempt is judged ended; a survivor's heartbeats of
+    the steps it finished meanwhile (the lost node's own records died with it) land
+    later and are folded in when the attempt closes (``Monitor.trained_by_end``): a
+    clean-clone CI saw 0 steps lost said where 2 (steps 7 and 8) were trained again."""
+    clock = LossClock()
+    clock.saw(1, 100.0)
+    clock.stepped(6)
+    loss = clock.loss([1])
+    later = loss.with_trained(8).with_trained(7)  # the newest counts, never lowered
+    assert (loss.trained, later.trained) == (6, 8)
+    assert later.resumed_at(6, handed_over=None).steps_lost == 2
+
+
 def test_each_recovery_says_its_steps_lost():
     evs = [
         {"kind": "recovery", "data": json.dumps({"seconds": 3.9})},  # before #25
