@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib
 
-import click
 import typer
-from typer.core import TyperGroup
+
+# typer >= 0.27 carries its own click (typer._click) and no longer installs click:
+# every class here is typer's, so the placeholders and the loaded commands are one kind.
+from typer.core import TyperCommand, TyperGroup
 
 # name -> (module under jobctl.engine.cli, attribute, short help); an attribute that is
 # a Typer app is a command group.
@@ -93,8 +95,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str) -> click.Command:
-    """The click command ``name`` runs, its module imported now."""
+def load_command(name: str) -> TyperCommand | TyperGroup:
+    """The command ``name`` runs, its module imported now."""
     module, attr, _ = COMMANDS[name]
     target = getattr(importlib.import_module(f"jobctl.engine.cli.{module}"), attr)
     if isinstance(target, typer.Typer):
@@ -107,7 +109,7 @@ def load_command(name: str) -> click.Command:
     return cmd
 
 
-class _Placeholder(click.Command):
+class _Placeholder(TyperCommand):
     """What ``jobctl --help`` and completion list for a command not loaded yet."""
 
 
@@ -121,8 +123,8 @@ class LazyGroup(TyperGroup):
             self.commands.setdefault(name, _Placeholder(name, help=short, short_help=short))
 
     def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
+        self, ctx: typer.Context, args: list[str]
+    ) -> tuple[str | None, TyperCommand | TyperGroup | None, list[str]]:
         """The command to run (or complete the options of), its module imported now;
         listing the commands (``--help``, completing a name) never resolves one."""
         name, cmd, rest = super().resolve_command(ctx, args)
