@@ -18,12 +18,14 @@ from .k8s_manifests import RUN_LABEL, k8s_name, options
 from .ssh import hosts_of, ssh_argv
 
 # What the nodes' pids are waited for with, as the local backend's default does.
-_WAIT = "\n".join([
-    "status=0",
-    'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done',
-    'echo "run ended with status $status; logs in $run_dir/logs"',
-    'exit "$status"',
-])  # fmt: skip
+_WAIT = "\n".join(
+    [
+        "status=0",
+        'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done',
+        'echo "run ended with status $status; logs in $run_dir/logs"',
+        'exit "$status"',
+    ]
+)
 
 
 def by_hand_command(backend: str, ctx: RunContext) -> str:
@@ -52,8 +54,10 @@ def _ssh(ctx: RunContext) -> str:
     ]
     for k, host in enumerate(hosts_of(ctx)):
         script = f"scripts/node-{k}.sh"
-        remote = (f"set -e; mkdir -p {q(run_dir)}/logs; tar -x -f - -C {q(run_dir)}; "
-                  f"cd {q(run_dir)}; exec bash {script}")  # fmt: skip
+        remote = (
+            f"set -e; mkdir -p {q(run_dir)}/logs; tar -x -f - -C {q(run_dir)}; "
+            f"cd {q(run_dir)}; exec bash {script}"
+        )
         ssh = shlex.join(ssh_argv(ctx.hardware.ssh, host, remote))
         lines += [
             f"tar -c -f - {' '.join(map(q, sorted(ctx.inputs)))} {script} | {ssh} "
@@ -69,18 +73,20 @@ def _kubernetes(ctx: RunContext) -> str:
     q, opts = shlex.quote, options(ctx)
     ns, selector = q(opts.namespace), q(f"{RUN_LABEL}={k8s_name(ctx.run_id)}")
     pods = f"kubectl get pods -n {ns} -l {selector}"
-    return "\n".join([
-        "kubectl apply -f scripts/manifests.yaml",
-        f'echo "applied; follow the pods with: {pods} -w"',
-        "phases=''",
-        "while :; do",
-        f"  phases=\"$({pods} -o jsonpath='{{.items[*].status.phase}}')\"",
-        "  if [ -n \"$phases\" ] && ! grep -qE 'Pending|Running|Unknown' <<<\"$phases\"; then",
-        "    break",
-        "  fi",
-        "  sleep 5",
-        "done",
-        'echo "the pods ended: $phases; remove the run with: '
-        'kubectl delete -f $run_dir/scripts/manifests.yaml"',
-        "if grep -q Failed <<<\"$phases\"; then exit 1; fi",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "kubectl apply -f scripts/manifests.yaml",
+            f'echo "applied; follow the pods with: {pods} -w"',
+            "phases=''",
+            "while :; do",
+            f"  phases=\"$({pods} -o jsonpath='{{.items[*].status.phase}}')\"",
+            '  if [ -n "$phases" ] && ! grep -qE \'Pending|Running|Unknown\' <<<"$phases"; then',
+            "    break",
+            "  fi",
+            "  sleep 5",
+            "done",
+            'echo "the pods ended: $phases; remove the run with: '
+            'kubectl delete -f $run_dir/scripts/manifests.yaml"',
+            'if grep -q Failed <<<"$phases"; then exit 1; fi',
+        ]
+    )

@@ -169,8 +169,12 @@ def rendezvous(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
     except ValueError:  # a DNS name: the Service is an alias for it
         spec = {"type": "ExternalName", "externalName": host, "ports": [_port(port)]}
         return [{"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}]
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-               "spec": {"ports": [{**_port(port), "targetPort": port}]}}  # fmt: skip
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {"ports": [{**_port(port), "targetPort": port}]},
+    }
     slice_meta = _meta(f"{name}-rdzv", opts, name)
     slice_meta["labels"]["kubernetes.io/service-name"] = f"{name}-rdzv"
     endpoints = {
@@ -188,10 +192,8 @@ def _port(port: int) -> dict:
     return {"name": PORT_NAME, "protocol": "TCP", "port": port}
 
 
-def pod_template(
-    ctx: RunContext, opts: KubernetesSpec, name: str, restart: str, container_name: str
-) -> dict:
-    """One node's pod: the pod script in a container sized for the node's processes."""
+def _container(ctx: RunContext, opts: KubernetesSpec, name: str, container_name: str) -> dict:
+    """The node's container: its script, its resources (the node's processes), mounts."""
     nproc, hw = ctx.nproc_per_node[0], ctx.hardware
     memory = f"{math.ceil(hw.memory_gb * 1024 * nproc)}Mi"
     limits = {"memory": memory}
@@ -206,22 +208,36 @@ def pod_template(
         if has_channel(ctx)
         else [],
         "envFrom": [{"secretRef": {"name": s}} for s in opts.secrets],
-        "resources": {"requests": {"cpu": str(nproc * ctx.threads), "memory": memory},
-                      "limits": limits},
-        "volumeMounts": [{"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True},
-                         {"name": "run", "mountPath": RUN_ROOT}],
-    }  # fmt: skip
+        "resources": {
+            "requests": {"cpu": str(nproc * ctx.threads), "memory": memory},
+            "limits": limits,
+        },
+        "volumeMounts": [
+            {"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_ROOT},
+        ],
+    }
     for key in ("env", "envFrom"):
         if not container[key]:
             del container[key]
+    return container
+
+
+def pod_template(
+    ctx: RunContext, opts: KubernetesSpec, name: str, restart: str, container_name: str
+) -> dict:
+    """One node's pod: the pod script in a container sized for the node's processes."""
+    container = _container(ctx, opts, name, container_name)
     run_volume = (
         {"name": "run", "persistentVolumeClaim": {"claimName": opts.volume_claim}}
         if opts.volume_claim
         else {"name": "run", "emptyDir": {}}
     )
-    spec: dict = {"restartPolicy": restart, "containers": [container],
-                  "volumes": [{"name": "inputs", "configMap": {"name": f"{name}-inputs"}},
-                              run_volume]}  # fmt: skip
+    spec: dict = {
+        "restartPolicy": restart,
+        "containers": [container],
+        "volumes": [{"name": "inputs", "configMap": {"name": f"{name}-inputs"}}, run_volume],
+    }
     if opts.node_selector:
         spec["nodeSelector"] = dict(opts.node_selector)
     if opts.service_account:
@@ -243,8 +259,11 @@ def pytorchjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> dict:
         "maxRestarts": ctx.max_restarts,
     }
     # the training operator requires the container name "pytorch"
-    worker = {"replicas": ctx.nnodes, "restartPolicy": "OnFailure",
-              "template": pod_template(ctx, opts, name, "OnFailure", "pytorch")}  # fmt: skip
+    worker = {
+        "replicas": ctx.nnodes,
+        "restartPolicy": "OnFailure",
+        "template": pod_template(ctx, opts, name, "OnFailure", "pytorch"),
+    }
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -273,16 +292,18 @@ def indexed_job(ctx: RunContext, opts: KubernetesSpec, name: str, container: str
 def jobset(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
     """A JobSet with one indexed Job of ``nnodes`` pods (no elastic range)."""
     job = indexed_job(ctx, opts, name, "pytorch")
-    return [{
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": _meta(name, opts, name),
-        "spec": {
-            "failurePolicy": {"maxRestarts": ctx.max_restarts},
-            "successPolicy": {"operator": "All"},
-            "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}],
-        },
-    }]  # fmt: skip
+    return [
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": _meta(name, opts, name),
+            "spec": {
+                "failurePolicy": {"maxRestarts": ctx.max_restarts},
+                "successPolicy": {"operator": "All"},
+                "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}],
+            },
+        }
+    ]
 
 
 def runtime_name(ctx: RunContext, opts: KubernetesSpec) -> str:
@@ -296,11 +317,19 @@ def trainjob(ctx: RunContext, opts: KubernetesSpec, name: str) -> list[dict]:
     ``torch`` policy: the pod script starts torchrun itself, at jobctl's rendezvous,
     so the plugin's PET_* settings would only be overridden."""
     runtime, labels = runtime_name(ctx, opts), _meta(name, opts, name)["labels"]
-    node = {"name": "node", "replicas": 1,
-            "template": {"metadata": {"labels": dict(TRAINER_STEP)},
-                         "spec": indexed_job(ctx, opts, name, "node")}}  # fmt: skip
-    template = {"failurePolicy": {"maxRestarts": ctx.max_restarts},
-                "successPolicy": {"operator": "All"}, "replicatedJobs": [node]}  # fmt: skip
+    node = {
+        "name": "node",
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": dict(TRAINER_STEP)},
+            "spec": indexed_job(ctx, opts, name, "node"),
+        },
+    }
+    template = {
+        "failurePolicy": {"maxRestarts": ctx.max_restarts},
+        "successPolicy": {"operator": "All"},
+        "replicatedJobs": [node],
+    }
     cluster_runtime = {
         "apiVersion": f"{TRAINER_GROUP}/v1alpha1",
         "kind": "ClusterTrainingRuntime",

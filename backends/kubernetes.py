@@ -64,8 +64,10 @@ class KubernetesBackend(RemoteBackend):
         if SECRET_SCRIPT in rendered.files:
             secret = ctx.secret_env.get(CHANNEL_SECRET)
             if not secret:
-                raise BackendError(f"the pods need the run's channel secret, but {CHANNEL_SECRET} "
-                                   "was not handed to the backend")  # fmt: skip
+                raise BackendError(
+                    f"the pods need the run's channel secret, but {CHANNEL_SECRET} "
+                    "was not handed to the backend"
+                )
             env = {**os.environ, CHANNEL_SECRET: secret}
             run_command(["bash", str(folder / SECRET_SCRIPT)], env=env)
         run_command(["kubectl", "apply", "-f", str(folder / "manifests.yaml")])
@@ -78,8 +80,17 @@ class KubernetesBackend(RemoteBackend):
 
     def _status(self, handle: str) -> NodeStatus:
         namespace, kind, name = split_handle(handle)
-        argv = ["kubectl", "get", RESOURCES[kind], name, "-n", namespace, "-o", "json",
-                "--ignore-not-found"]  # fmt: skip
+        argv = [
+            "kubectl",
+            "get",
+            RESOURCES[kind],
+            name,
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            "--ignore-not-found",
+        ]
         out = run_command(argv, timeout=30)
         if not out.strip():
             return self._ended(handle, None, f"{kind} {name} no longer exists")
@@ -92,8 +103,16 @@ class KubernetesBackend(RemoteBackend):
         for handle in handles:
             namespace, kind, name = split_handle(handle)
             owned = f"{RESOURCES[kind]},{OWNED}{EXTRA.get(kind, '')}"
-            argv = ["kubectl", "delete", owned, "-n", namespace,
-                    "-l", f"{RUN_LABEL}={name}", "--wait=false"]  # fmt: skip
+            argv = [
+                "kubectl",
+                "delete",
+                owned,
+                "-n",
+                namespace,
+                "-l",
+                f"{RUN_LABEL}={name}",
+                "--wait=false",
+            ]
             if sig == signal.SIGKILL:
                 argv += ["--grace-period=0", "--force"]
             run_command(argv)
@@ -111,8 +130,17 @@ class KubernetesBackend(RemoteBackend):
         paths = []
         for handle in handles:
             namespace, _, name = split_handle(handle)
-            argv = ["kubectl", "logs", "-n", namespace, "-l", f"{RUN_LABEL}={name}",
-                    "--all-containers", "--prefix", "--max-log-requests=64"]  # fmt: skip
+            argv = [
+                "kubectl",
+                "logs",
+                "-n",
+                namespace,
+                "-l",
+                f"{RUN_LABEL}={name}",
+                "--all-containers",
+                "--prefix",
+                "--max-log-requests=64",
+            ]
             path = run_dir / "remote-logs" / f"{name}.log"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(run_command(argv, timeout=120))

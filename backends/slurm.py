@@ -176,10 +176,20 @@ def _tell_to_leave(job: str, host: str, pid_file: str) -> None:
     with open(pid_file) as f:
         pid = int(f.read().strip())
     run_command(
-        ["srun", f"--jobid={job}", "--overlap", f"--nodelist={host}", "--nodes=1",
-         "--ntasks=1", "--output=/dev/null", "kill", "-USR1", str(pid)],
+        [
+            "srun",
+            f"--jobid={job}",
+            "--overlap",
+            f"--nodelist={host}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--output=/dev/null",
+            "kill",
+            "-USR1",
+            str(pid),
+        ],
         timeout=60,
-    )  # fmt: skip
+    )
 
 
 def job_fields(job_id: str) -> dict[str, str]:
@@ -248,10 +258,15 @@ def _squeue(job_id: str) -> tuple[str, int, int, str] | None:
     """(state, exit code, signal, reason) while slurmctld holds the job record, else None."""
     try:
         out = run_command(
-            ["squeue", "--noheader", "--states=all", f"--jobs={job_id}",
-             "--Format=JobID:32|,State:32|,exit_code:16|,Reason:128"],
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                f"--jobs={job_id}",
+                "--Format=JobID:32|,State:32|,exit_code:16|,Reason:128",
+            ],
             timeout=30,
-        )  # fmt: skip
+        )
     except BackendError as e:
         if "Invalid job id" in str(e):
             return None  # the record aged out of slurmctld's memory (MinJobAge)
@@ -267,10 +282,16 @@ def _sacct(job_id: str) -> tuple[str, int, int, str] | None:
     """(state, exit code, signal, "") from the accounting database, or None without one."""
     try:
         out = run_command(
-            ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}",
-             "--format=JobID,State,ExitCode"],
+            [
+                "sacct",
+                "--noheader",
+                "--parsable2",
+                "--allocations",
+                f"--jobs={job_id}",
+                "--format=JobID,State,ExitCode",
+            ],
             timeout=30,
-        )  # fmt: skip
+        )
     except BackendError:
         return None
     for line in out.splitlines():

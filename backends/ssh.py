@@ -241,11 +241,16 @@ def ssh_argv(opts: SshSpec, host: str, command: str, control: Path | None = None
     """ssh reaching ``host`` non-interactively and running ``command`` there, sharing
     one connection per host through sockets in ``control`` when given."""
     argv = [
-        "ssh", "-p", str(opts.port),
-        "-o", "BatchMode=yes",
-        "-o", f"ConnectTimeout={opts.connect_timeout_s}",
-        "-o", f"StrictHostKeyChecking={opts.strict_host_key_checking}",
-    ]  # fmt: skip
+        "ssh",
+        "-p",
+        str(opts.port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={opts.connect_timeout_s}",
+        "-o",
+        f"StrictHostKeyChecking={opts.strict_host_key_checking}",
+    ]
     if opts.identity_file:
         argv += ["-i", opts.identity_file, "-o", "IdentitiesOnly=yes"]
     if opts.known_hosts_file:
@@ -253,8 +258,14 @@ def ssh_argv(opts: SshSpec, host: str, command: str, control: Path | None = None
     if opts.user:
         argv += ["-l", opts.user]
     if control is not None:
-        argv += ["-o", "ControlMaster=auto", "-o", "ControlPersist=60",
-                 "-o", f"ControlPath={control}/%C"]  # fmt: skip
+        argv += [
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            "ControlPersist=60",
+            "-o",
+            f"ControlPath={control}/%C",
+        ]
     return [*argv, "--", host, command]
 
 
@@ -262,8 +273,11 @@ def start_command(run_dir: str, node: int) -> str:
     """Remote shell command: unpack stdin into the run folder, start node ``node``
     detached in its own session, print its pid."""
     q = shlex.quote
-    script, log, exit_file = (f"scripts/node-{node}.sh", f"logs/node-{node}.log",
-                              f"logs/node-{node}.exit")  # fmt: skip
+    script, log, exit_file = (
+        f"scripts/node-{node}.sh",
+        f"logs/node-{node}.log",
+        f"logs/node-{node}.exit",
+    )
     return (
         f"set -e; mkdir -p {q(run_dir)}/logs {q(run_dir)}/scripts; "
         f"tar -x -f - -C {q(run_dir)}; cd {q(run_dir)}; rm -f {exit_file}; "

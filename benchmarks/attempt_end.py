@@ -55,8 +55,14 @@ def _tree_env(tree: Path, work: Path) -> dict[str, str]:
 
 
 def _once(tree: Path, env: dict[str, str]) -> tuple[float, float, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD], cwd=tree, env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT")), None)
     if line is None or line.split()[1] != "True":
         raise SystemExit(f"{tree}: the run failed\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
@@ -82,11 +88,15 @@ def main() -> None:
             print(f"{name:<6} {startup:>17.2f} {end:>18.2f} {total:>7.2f}", flush=True)
     med = {n: [statistics.median(x[i] for x in got[n]) for i in range(3)] for n in got}
     for name, (startup, end, total) in med.items():
-        print(f"median {name}: launch->step 1 {startup:.2f} s, ckpt->completed {end:.2f} s, "
-              f"run {total:.2f} s")  # fmt: skip
+        print(
+            f"median {name}: launch->step 1 {startup:.2f} s, ckpt->completed {end:.2f} s, "
+            f"run {total:.2f} s"
+        )
     if "other" in med:
-        print(f"ckpt->completed this/other: {med['this'][1] / med['other'][1]:.2f}; "
-              f"run this/other: {med['this'][2] / med['other'][2]:.2f}")  # fmt: skip
+        print(
+            f"ckpt->completed this/other: {med['this'][1] / med['other'][1]:.2f}; "
+            f"run this/other: {med['this'][2] / med['other'][2]:.2f}"
+        )
 
 
 if __name__ == "__main__":

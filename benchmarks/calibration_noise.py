@@ -62,8 +62,14 @@ def predictions(cal: Calibration) -> list[float]:
     """Predicted step seconds of every configuration of ``simulator_accuracy``."""
     out = []
     for P, D, m, batch, schedule, extra in CONFIGS:
-        spec = job_spec(**MODEL, **{"training.steps": 30, "training.global_batch_size": batch,
-                                    **layout(P, D, m, schedule, **extra)})  # fmt: skip
+        spec = job_spec(
+            **MODEL,
+            **{
+                "training.steps": 30,
+                "training.global_batch_size": batch,
+                **layout(P, D, m, schedule, **extra),
+            },
+        )
         out.append(make_plan(spec, calibration=cal).prediction.step_time_s)
     return out
 
@@ -102,18 +108,27 @@ def summarise(name: str, cals: list[Calibration]) -> dict[str, float]:
     }
     shown = " ".join(f"m={m} {100 * s:.0f}%" for m, s in per_m.items())
     print(f"{name}:\n  whole-model time spread per m: {shown}")
-    print(f"  predicted step spread over {len(CONFIGS)} configs: median "
-          f"{100 * out['pred']:.0f} %, max {100 * out['pred_max']:.0f} %")  # fmt: skip
-    print(f"  Kendall tau between calibrations' orders: median {out['tau']:.2f}, "
-          f"min {out['tau_min']:.2f} ({len(taus)} pairs); {out['seconds']:.0f} s each")  # fmt: skip
+    print(
+        f"  predicted step spread over {len(CONFIGS)} configs: median "
+        f"{100 * out['pred']:.0f} %, max {100 * out['pred_max']:.0f} %"
+    )
+    print(
+        f"  Kendall tau between calibrations' orders: median {out['tau']:.2f}, "
+        f"min {out['tau_min']:.2f} ({len(taus)} pairs); {out['seconds']:.0f} s each"
+    )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibrations", type=int, default=4, help="per way (at least 2)")
-    parser.add_argument("--compare", type=int, default=None, metavar="PASSES",
-                        help="also calibrate with this many block-timing passes")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        type=int,
+        default=None,
+        metavar="PASSES",
+        help="also calibrate with this many block-timing passes",
+    )
     args = parser.parse_args()
     if args.calibrations < 2:
         parser.error("--calibrations must be at least 2: the noise is between calibrations")
@@ -125,10 +140,12 @@ def main() -> None:
     found = [summarise(name, cals[name]) for name in ways]
     if len(found) == 2:
         base, other = found
-        print(f"{args.compare} passes / shipped: block spread "
-              f"{other['block'] / base['block']:.2f}x, predicted spread "
-              f"{other['pred'] / base['pred']:.2f}x, tau {base['tau']:.2f} -> "
-              f"{other['tau']:.2f}")  # fmt: skip
+        print(
+            f"{args.compare} passes / shipped: block spread "
+            f"{other['block'] / base['block']:.2f}x, predicted spread "
+            f"{other['pred'] / base['pred']:.2f}x, tau {base['tau']:.2f} -> "
+            f"{other['tau']:.2f}"
+        )
 
 
 if __name__ == "__main__":

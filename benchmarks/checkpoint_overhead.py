@@ -72,8 +72,13 @@ def one_run(steps: int, interval: int, remote: str | None, batch: int, coalesce:
             skipped=len(_steps_of(recs, "checkpoint_skipped")),
             # An upload's last progress event has every byte sent (``uploaded`` events
             # only name the newest committed step a rank saw, not every one).
-            uploaded=len({e["step"] for e in recs
-                          if e["kind"] == "upload" and e["bytes_done"] >= e["bytes_total"]}),
+            uploaded=len(
+                {
+                    e["step"]
+                    for e in recs
+                    if e["kind"] == "upload" and e["bytes_done"] >= e["bytes_total"]
+                }
+            ),
         )
 
 
@@ -116,10 +121,14 @@ def main() -> None:
             for name, coalesce in (("coalesce on", True), ("coalesce off", False)):
                 remote = f"{url}/{k}-{coalesce}"
                 got[name].append(one_run(args.steps, 1, remote, args.global_batch, coalesce))
-    print(f"global batch {args.global_batch}, remote {args.remote}, {args.steps} steps x "
-          f"{args.repeats} runs; checkpoint counts summed, step times in ms after warm-up")
-    print(f"{'':<13}{'asked':>5} {'wrote':>5} {'skip':>5} {'up':>5} "
-          f"{'median':>7} {'mean':>6} {'p95':>6} {'ms/ckpt':>8}")  # fmt: skip
+    print(
+        f"global batch {args.global_batch}, remote {args.remote}, {args.steps} steps x "
+        f"{args.repeats} runs; checkpoint counts summed, step times in ms after warm-up"
+    )
+    print(
+        f"{'':<13}{'asked':>5} {'wrote':>5} {'skip':>5} {'up':>5} "
+        f"{'median':>7} {'mean':>6} {'p95':>6} {'ms/ckpt':>8}"
+    )
     base = report("baseline", got["baseline"], 0.0, 0)
     on = report("coalesce on", got["coalesce on"], base, 1)
     off = report("coalesce off", got["coalesce off"], base, 1)

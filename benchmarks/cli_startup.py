@@ -69,8 +69,13 @@ def time_once(args: list[str], env: dict) -> tuple[float, float]:
     """Wall and CPU seconds of one fresh ``jobctl ARGS`` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "jobctl.engine.cli.app", *args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "jobctl.engine.cli.app", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -115,8 +120,10 @@ def main() -> None:
             base, base_cpu = sorted(by["base"])[len(by["base"]) // 2]
             line += f" {base:>7.3f} {base_cpu:>6.3f} {wall / base:>6.2f}"
         print(line)
-    print(f"slowest median {max(medians):.3f} s; mean of medians "
-          f"{statistics.mean(medians):.3f} s (target {TARGET_S} s)")  # fmt: skip
+    print(
+        f"slowest median {max(medians):.3f} s; mean of medians "
+        f"{statistics.mean(medians):.3f} s (target {TARGET_S} s)"
+    )
 
 
 if __name__ == "__main__":

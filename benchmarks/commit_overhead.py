@@ -72,8 +72,10 @@ def main() -> None:
             got["base"].append(median_period(Path(tmp) / f"base{k}", args.steps, shim))
             got["this"].append(median_period(Path(tmp) / f"this{k}", args.steps, None))
     for name, xs in got.items():
-        print(f"{name:<5} median step period {1e3 * statistics.median(xs):7.2f} ms  "
-              f"{[round(1e3 * x, 2) for x in xs]}")  # fmt: skip
+        print(
+            f"{name:<5} median step period {1e3 * statistics.median(xs):7.2f} ms  "
+            f"{[round(1e3 * x, 2) for x in xs]}"
+        )
     ratio = statistics.median(got["this"]) / statistics.median(got["base"])
     print(f"this / base: {ratio:.3f}")
 

@@ -108,8 +108,10 @@ def main() -> None:
             subprocess.run([*JOBCTL, "calibrate", str(spec_file)], env=cli_env(home), check=True)
         rows = [("quickstart (2x2)", *quickstart(home, args.steps))]
         rows.append(("fleet (2 x 1x2)", *fleet(home, args.steps, work)))
-    print(f"{args.steps} steps at ${PRICE:g} per device-hour; measured = device-hours in "
-          f"training phases x price ({QUICKSTART.name})")  # fmt: skip
+    print(
+        f"{args.steps} steps at ${PRICE:g} per device-hour; measured = device-hours in "
+        f"training phases x price ({QUICKSTART.name})"
+    )
     print(f"{'job':<18}{'predicted $':>13}{'measured $':>12}{'ratio':>7}  prediction")
     for name, pred, got, source in rows:
         print(f"{name:<18}{pred:>13.6f}{got:>12.6f}{got / pred:>7.2f}  {source}")

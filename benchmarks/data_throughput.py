@@ -47,8 +47,15 @@ def moto_bucket(nice: int) -> Iterator[str]:
     """``s3://bucket/prefix`` on a moto server in its own process at ``nice`` (19: the
     server takes only idle CPU, as remote storage would; 0: it competes with training)."""
     port = free_port()
-    cmd = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1",
-           "-p", str(port)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from moto.server import main; main()",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(nice)
     )
@@ -88,8 +95,11 @@ def step_times(sources: dict[str, dict], steps: int, rounds: int, home: Path) ->
             spec = job_spec(**{"training.steps": steps, **sources[name]})
             m = measure(spec, make_plan(spec), home / f"{name}-{r}", deadline_s=1200.0)
             got[name].append(m.step_s)
-            print(f"round {r} {name:<10} {m.step_s * 1000:8.1f} ms/step "
-                  f"(other load {m.interference:.0%})", flush=True)  # fmt: skip
+            print(
+                f"round {r} {name:<10} {m.step_s * 1000:8.1f} ms/step "
+                f"(other load {m.interference:.0%})",
+                flush=True,
+            )
     return got
 
 

@@ -85,8 +85,10 @@ def report(plans: dict, times: dict, other: dict, m: int) -> None:
     """The table: ratios on the best round (other work on the shared CPU only adds
     time), the median beside it, and each round's step time below."""
     print(f"P=2 D=1 advance_forward B={B} m={m}; ratios on the best round's samples/s")
-    print(f"{'mode':12}{'B':>3}{'median s':>9}{'best s':>7}{'pred s':>7}{'smp/s':>7}"
-          f"{'vs B':>7}{'vs B/N':>7}{'bubble':>7}{'other':>6}")  # fmt: skip
+    print(
+        f"{'mode':12}{'B':>3}{'median s':>9}{'best s':>7}{'pred s':>7}{'smp/s':>7}"
+        f"{'vs B':>7}{'vs B/N':>7}{'bubble':>7}{'other':>6}"
+    )
     best = {mode: min(ts) for mode, ts in times.items()}
     rate = {mode: plans[mode][0].training.global_batch_size / t for mode, t in best.items()}
     for mode, ts in times.items():
@@ -94,10 +96,12 @@ def report(plans: dict, times: dict, other: dict, m: int) -> None:
         n, pred = spec.parallelism.parallel_pipelines, plan.prediction
         alone = rate["sync B" if n == 1 else f"sync B/{n}"]
         per_model = f"{rate[mode] / alone:.2f}x" if mode.startswith("elastic") else "-"
-        print(f"{mode:12}{spec.training.global_batch_size:>3}{statistics.median(ts):>9.3f}"
-              f"{best[mode]:>7.3f}{pred.step_time_s:>7.3f}{rate[mode]:>7.1f}"
-              f"{rate[mode] / rate['sync B']:>6.2f}x{per_model:>7}"
-              f"{pred.bubble_ratio:>7.3f}{statistics.median(other[mode]):>6.2f}")  # fmt: skip
+        print(
+            f"{mode:12}{spec.training.global_batch_size:>3}{statistics.median(ts):>9.3f}"
+            f"{best[mode]:>7.3f}{pred.step_time_s:>7.3f}{rate[mode]:>7.1f}"
+            f"{rate[mode] / rate['sync B']:>6.2f}x{per_model:>7}"
+            f"{pred.bubble_ratio:>7.3f}{statistics.median(other[mode]):>6.2f}"
+        )
     for mode, ts in times.items():
         print(f"  {mode:12}" + ", ".join(f"{t:.3f}" for t in ts))
 

@@ -110,22 +110,28 @@ def report(tuning, rows: list, rates: dict, tuned_s: float) -> None:
     """The table, then the pick's ratio to the best measured setting."""
     p = tuning.profile
     print(f"P=2 D=1 advance_forward B=16; profiled M={p.m} N={p.n}, tuning {tuned_s:.0f} s")
-    print(f"{'M':>3}{'N':>3}{'m':>4}{'pred ms':>9}{'pred#':>6}{'best smp/s':>11}"
-          f"{'median':>8}{'meas#':>6}  rounds")  # fmt: skip
+    print(
+        f"{'M':>3}{'N':>3}{'m':>4}{'pred ms':>9}{'pred#':>6}{'best smp/s':>11}"
+        f"{'median':>8}{'meas#':>6}  rounds"
+    )
     pred_rank = {id(r): i + 1 for i, r in enumerate(sorted(rows, key=lambda r: r.step_s))}
     best = {key: max(v) for key, v in rates.items()}
     meas_rank = {key: i + 1 for i, key in enumerate(sorted(best, key=best.get, reverse=True))}
     for r in sorted(rows, key=lambda r: r.step_s):
         key = (r.M, r.N)
         mark = " <- pick" if r is tuning.pick else ""
-        print(f"{r.M:>3}{r.N:>3}{r.size:>4}{1e3 * r.step_s:>9.1f}{pred_rank[id(r)]:>6}"
-              f"{best[key]:>11.1f}{statistics.median(rates[key]):>8.1f}{meas_rank[key]:>6}"
-              f"  {' '.join(f'{x:.0f}' for x in rates[key])}{mark}")  # fmt: skip
+        print(
+            f"{r.M:>3}{r.N:>3}{r.size:>4}{1e3 * r.step_s:>9.1f}{pred_rank[id(r)]:>6}"
+            f"{best[key]:>11.1f}{statistics.median(rates[key]):>8.1f}{meas_rank[key]:>6}"
+            f"  {' '.join(f'{x:.0f}' for x in rates[key])}{mark}"
+        )
     pick = (tuning.pick.M, tuning.pick.N)
     top = max(best.values())
     med = {key: statistics.median(v) for key, v in rates.items()}
-    print(f"pick/best measured samples/s: {best[pick] / top:.3f} (best rounds), "
-          f"{med[pick] / max(med.values()):.3f} (medians); target >= 0.95")  # fmt: skip
+    print(
+        f"pick/best measured samples/s: {best[pick] / top:.3f} (best rounds), "
+        f"{med[pick] / max(med.values()):.3f} (medians); target >= 0.95"
+    )
     rounds = range(len(rates[pick]))
     per_round = [rates[pick][i] / max(v[i] for v in rates.values()) for i in rounds]
     print(f"pick/best within each round: {' '.join(f'{x:.3f}' for x in per_round)}")

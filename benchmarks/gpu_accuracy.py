@@ -119,8 +119,10 @@ def report(runs: list, rounds: int) -> None:
         if anal is not None:
             analytic.append(abs(anal - real) / real)
         spread = (max(x.step_s for x in seen) - min(x.step_s for x in seen)) / real
-        print(f"{plan.summary()[:39]:<40}{1e3 * real:>6.1f}ms{1e3 * pred:>6.1f}ms"
-              f"{100 * (pred - real) / real:>+6.1f}%{a_col}")  # fmt: skip
+        print(
+            f"{plan.summary()[:39]:<40}{1e3 * real:>6.1f}ms{1e3 * pred:>6.1f}ms"
+            f"{100 * (pred - real) / real:>+6.1f}%{a_col}"
+        )
         print(f"    {tag or 'defaults'}; rounds spread {100 * spread:.1f} %")
     print(
         f"measured calibration, {len(errors)} configs (median of {rounds} runs each): "
@@ -139,16 +141,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="steps per real run")
     parser.add_argument("--rounds", type=int, default=2, help="real runs per config")
     parser.add_argument(
-        "--budget-s", type=float, default=150.0,
+        "--budget-s",
+        type=float,
+        default=150.0,
         help="start no run after this many seconds of runs (each run is ~25 s of start-up "
         "on a lent H100 machine); the report covers what ran",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_accuracy needs a CUDA device (python -m benchmarks.gpu_accuracy)")
     jobbench.QUIET_PATIENCE_S = 0.0  # the quiet-CPU wait is for the 2-core VM: start at once
-    print(f"device: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, "
-          f"accelerator {accelerator()}, torch {torch.__version__}")  # fmt: skip
+    print(
+        f"device: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, "
+        f"accelerator {accelerator()}, torch {torch.__version__}"
+    )
     with tempfile.TemporaryDirectory(prefix="jobctl-gpu-accuracy-") as tmp:
         home = Path(tmp)
         runs = plan_all(home, args)
@@ -159,9 +165,12 @@ def main() -> None:
                     break
                 seen.append(measure_best(spec, plan, home, attempts=1))
                 real, pred = seen[-1].step_s, plan.prediction.step_time_s
-                print(f"round {k + 1}: {plan.summary()[:34]:<35}{1e3 * real:>6.1f} ms, "
-                      f"predicted {1e3 * pred:.1f} ({100 * (pred - real) / real:+.1f} %), "
-                      f"analytic {1e3 * (anal or 0):.1f}", flush=True)  # fmt: skip
+                print(
+                    f"round {k + 1}: {plan.summary()[:34]:<35}{1e3 * real:>6.1f} ms, "
+                    f"predicted {1e3 * pred:.1f} ({100 * (pred - real) / real:+.1f} %), "
+                    f"analytic {1e3 * (anal or 0):.1f}",
+                    flush=True,
+                )
         report([r for r in runs if r[4]], args.rounds)
 
 

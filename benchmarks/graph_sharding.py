@@ -42,8 +42,9 @@ print(json.dumps({"imports": t1 - t0, "build": t2 - t1, "subgraphs": len(g.shard
 
 def _child(home: str) -> dict:
     env = {**os.environ, "JOBCTL_HOME": home}
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -57,19 +58,22 @@ def main() -> None:
             cold.append(_child(home))
             warm.append(_child(home))
     first = cold[0]
-    print(f"GPT-2 config: {first['params'] / 1e9:.2f}B parameters, "
-          f"{first['subgraphs']} subgraphs")
+    print(f"GPT-2 config: {first['params'] / 1e9:.2f}B parameters, {first['subgraphs']} subgraphs")
     print(f"{'':10}{'median s':>10}{'min s':>8}{'imports s':>11}{'peak RSS MB':>13}{'target':>9}")
     for name, rows, target in (("uncached", cold, 10.0), ("cached", warm, 1.0)):
         build = [r["build"] for r in rows]
         imports = statistics.median(r["imports"] for r in rows)
         rss = max(r["rss_mb"] for r in rows)
         med = statistics.median(build)
-        print(f"{name:10}{med:>10.2f}{min(build):>8.2f}{imports:>11.2f}{rss:>13.0f}"
-              f"{'<' + str(target):>9}")
-    print("Merak Table 2 (1.4B): 375 s uncached, 11.4 s cached; "
-          f"here {statistics.median(r['build'] for r in cold):.1f} s / "
-          f"{statistics.median(r['build'] for r in warm):.2f} s")
+        print(
+            f"{name:10}{med:>10.2f}{min(build):>8.2f}{imports:>11.2f}{rss:>13.0f}"
+            f"{'<' + str(target):>9}"
+        )
+    print(
+        "Merak Table 2 (1.4B): 375 s uncached, 11.4 s cached; "
+        f"here {statistics.median(r['build'] for r in cold):.1f} s / "
+        f"{statistics.median(r['build'] for r in warm):.2f} s"
+    )
 
 
 if __name__ == "__main__":

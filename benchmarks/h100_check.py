@@ -48,6 +48,8 @@ def h100_check() -> list[float]:
     for tag, real, pred in rows:
         errors.append(pred / real - 1)
         print(f"  {tag:<18} {real:>7.1f}ms {pred:>7.1f}ms {100 * errors[-1]:>+6.0f}%")
-    print(f"  median |error| {100 * statistics.median(abs(e) for e in errors):.0f} %; the "
-          "rest is eager PyTorch's host cost per action")  # fmt: skip
+    print(
+        f"  median |error| {100 * statistics.median(abs(e) for e in errors):.0f} %; the "
+        "rest is eager PyTorch's host cost per action"
+    )
     return errors

@@ -56,8 +56,10 @@ def _rank(rank: int, port: int, rounds: int) -> None:
             print(f"{k:>20}: {v * 1e6:8.0f} us")
         added = med["unscale+check"] + med["flag"]
         n = sum(p.numel() for p in params)
-        print(f"{n} parameters; the loss scale adds {added * 1e6:.0f} us, "
-              f"{added / med['gradient all-reduce']:.2f}x the gradient all-reduce")  # fmt: skip
+        print(
+            f"{n} parameters; the loss scale adds {added * 1e6:.0f} us, "
+            f"{added / med['gradient all-reduce']:.2f}x the gradient all-reduce"
+        )
     dist.destroy_process_group()
 
 

@@ -40,6 +40,8 @@ def megatron_check() -> float:
     step += optimizer_time(r, params, "fp16")
     print("\nthe same device model vs Megatron-LM v1.0's 1.2B GPT-2, batch 8, on one")
     print(f"DGX-2H V100 (450 W): measured {1e3 * real:.0f} ms per iteration, predicted")
-    print(f"{1e3 * step:.0f} ms on the 300 W SXM2 facts ({100 * (step / real - 1):+.1f} %, "
-          "with jobctl's fp32 gradient path)")  # fmt: skip
+    print(
+        f"{1e3 * step:.0f} ms on the 300 W SXM2 facts ({100 * (step / real - 1):+.1f} %, "
+        "with jobctl's fp32 gradient path)"
+    )
     return step / real

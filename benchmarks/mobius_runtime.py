@@ -84,11 +84,15 @@ MB = 2**20
 
 def _spec(args):
     shape = {
-        "model.layers": args.layers, "model.hidden": args.hidden, "model.heads": 4,
-        "model.seq_len": args.seq_len, "model.vocab": 256, "training.optimizer": "adamw",
+        "model.layers": args.layers,
+        "model.hidden": args.hidden,
+        "model.heads": 4,
+        "model.seq_len": args.seq_len,
+        "model.vocab": 256,
+        "training.optimizer": "adamw",
         "training.global_batch_size": args.micro_batch * args.micro_batches,
         "training.micro_batch_size": args.micro_batch,
-    }  # fmt: skip
+    }
     return load_spec(ROOT / "jobs" / "quickstart.yaml", overrides=shape)
 
 
@@ -142,16 +146,21 @@ def _traffic(runner: MobiusRunner, devices: list[int]) -> None:
     )
     print(f"parameters P = G = {P / MB:.1f} MiB, activations offloaded A = {A / MB:.2f} MiB")
     print(f"{'per step':<44}{'MiB':>10}{'x P':>8}")
-    print(f"{'measured: params up + acts + grads down':<44}{measured / MB:>10.1f}"
-          f"{measured / P:>8.2f}")  # fmt: skip
-    print(f"{'eq. (1) Mobius: 2P + 2A + G':<44}{(3 * P + 2 * A) / MB:>10.1f}"
-          f"{(3 * P + 2 * A) / P:>8.2f}")  # fmt: skip
+    print(
+        f"{'measured: params up + acts + grads down':<44}{measured / MB:>10.1f}{measured / P:>8.2f}"
+    )
+    print(
+        f"{'eq. (1) Mobius: 2P + 2A + G':<44}{(3 * P + 2 * A) / MB:>10.1f}"
+        f"{(3 * P + 2 * A) / P:>8.2f}"
+    )
     for N in devices:
         eq2 = 2 * N * P + 2 * A + N * P
-        print(f"{f'eq. (2) ZeRO-offload, N = {N}: 2NP + 2A + NG':<44}{eq2 / MB:>10.1f}"
-              f"{eq2 / P:>8.2f}")  # fmt: skip
-    print(f"{'measured: the update on upload (not in eq. 1)':<44}{optim / MB:>10.1f}"
-          f"{optim / P:>8.2f}")  # fmt: skip
+        print(
+            f"{f'eq. (2) ZeRO-offload, N = {N}: 2NP + 2A + NG':<44}{eq2 / MB:>10.1f}{eq2 / P:>8.2f}"
+        )
+    print(
+        f"{'measured: the update on upload (not in eq. 1)':<44}{optim / MB:>10.1f}{optim / P:>8.2f}"
+    )
 
 
 def _best_s(fn, n: int) -> float:
@@ -199,11 +208,17 @@ def _swap_stages(args, runner: MobiusRunner) -> list[SwapStage]:
         opt = build_optimizer(list(mod.parameters()), spec.training)
         opt.step()  # the slots exist from here on
         upd = _best_s(opt.step, args.probe)
-        out.append(SwapStage(
-            fwd, bwd - (fwd if last else 0.0), lay.n * 4,
-            optim_bytes=len(lay.slots) * lay.n * 4, update_s=upd,
-            input_bytes=x.nbytes if j else 0, boundary_bytes=nxt.nbytes,
-        ))  # fmt: skip
+        out.append(
+            SwapStage(
+                fwd,
+                bwd - (fwd if last else 0.0),
+                lay.n * 4,
+                optim_bytes=len(lay.slots) * lay.n * 4,
+                update_s=upd,
+                input_bytes=x.nbytes if j else 0,
+                boundary_bytes=nxt.nbytes,
+            )
+        )
         x = nxt
     return out
 
@@ -240,9 +255,11 @@ def _partitions(args) -> tuple[list[int], list[int], MobiusConfig, list]:
     cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "bench"))
     layers = layer_costs(cal, args.micro_batch, args.micro_batches)
     cfg = MobiusConfig(
-        devices=1, memory_bytes=args.memory_mb * MB, tier_Bps=args.tier_gbps * 1e9,
+        devices=1,
+        memory_bytes=args.memory_mb * MB,
+        tier_Bps=args.tier_gbps * 1e9,
         micro_batches=args.micro_batches,
-    )  # fmt: skip
+    )
     mip = mobius_partition(layers, cfg).sizes
     return mip, even_sizes(len(layers), len(mip)), cfg, layers
 
@@ -260,12 +277,16 @@ def _partition_quality(args, tmp: Path) -> None:
     for name, sizes, got in (("MIP", mip, a), ("even", even, b)):
         shown = ",".join(map(str, sizes))
         q = statistics.quantiles(got, n=4)
-        print(f"{name:<10}{shown:<30}{step_time(layers, sizes, cfg):>9.3f}"
-              f"{statistics.median(got):>10.3f}{f'{q[0]:.3f}-{q[2]:.3f}':>14}")  # fmt: skip
+        print(
+            f"{name:<10}{shown:<30}{step_time(layers, sizes, cfg):>9.3f}"
+            f"{statistics.median(got):>10.3f}{f'{q[0]:.3f}-{q[2]:.3f}':>14}"
+        )
     pairs = sorted(y / x for x, y in zip(a, b, strict=True))  # each round's even / MIP
-    print(f"even / MIP (measured median): {statistics.median(b) / statistics.median(a):.3f}; "
-          f"per round: median {statistics.median(pairs):.3f}, "
-          f"range {pairs[0]:.3f}-{pairs[-1]:.3f} over {len(pairs)} rounds")
+    print(
+        f"even / MIP (measured median): {statistics.median(b) / statistics.median(a):.3f}; "
+        f"per round: median {statistics.median(pairs):.3f}, "
+        f"range {pairs[0]:.3f}-{pairs[-1]:.3f} over {len(pairs)} rounds"
+    )
     for runner in runners:
         runner.close()
 
@@ -302,8 +323,10 @@ def main() -> None:
         on.tier.drain()
         S = on.S
         tier = "cold (disk)" if args.cold else "page-cached"
-        print(f"S = {S} stages on N = 1 device, M = {args.micro_batches}, AdamW, "
-              f"{tier} tier, {args.rounds} rounds")  # fmt: skip
+        print(
+            f"S = {S} stages on N = 1 device, M = {args.micro_batches}, AdamW, "
+            f"{tier} tier, {args.rounds} rounds"
+        )
         ma, mb = statistics.median(a), statistics.median(b)
         print(f"step, prefetch:    median {ma * 1e3:8.1f} ms   best {min(a) * 1e3:8.1f} ms")
         print(f"step, no prefetch: median {mb * 1e3:8.1f} ms   best {min(b) * 1e3:8.1f} ms")
@@ -313,8 +336,10 @@ def main() -> None:
         print(f"{'':<13}{'predicted':>10}{'median':>10}{'best':>10}{'/ median':>10}{'/ best':>10}")
         for name, p, got in (("prefetch", pa, a), ("no prefetch", pb, b)):
             m, lo = statistics.median(got), min(got)
-            print(f"{name:<13}{p * 1e3:>8.1f}ms{m * 1e3:>8.1f}ms{lo * 1e3:>8.1f}ms"
-                  f"{p / m:>10.3f}{p / lo:>10.3f}")  # fmt: skip
+            print(
+                f"{name:<13}{p * 1e3:>8.1f}ms{m * 1e3:>8.1f}ms{lo * 1e3:>8.1f}ms"
+                f"{p / m:>10.3f}{p / lo:>10.3f}"
+            )
         print(f"{'off / on':<13}{pb / pa:>10.3f}{mb / ma:>10.3f}{min(b) / min(a):>10.3f}")
         _traffic(on, [1, 2, 4])
         on.close()

@@ -139,8 +139,9 @@ def write_spec(folder: Path, name: str, P: int, D: int, m: int | str) -> Path:
     L, h, a = MODELS[name]
     path = folder / f"varuna-{name}-{P}x{D}-m{m}.yaml"
     nodes = math.ceil(P * D / 4)
-    path.write_text(SPEC.format(name=name.replace(".", "-").lower(), P=P, D=D, L=L, h=h,
-                                a=a, m=m, nodes=nodes))  # fmt: skip
+    path.write_text(
+        SPEC.format(name=name.replace(".", "-").lower(), P=P, D=D, L=L, h=h, a=a, m=m, nodes=nodes)
+    )
     return path
 
 
@@ -168,8 +169,10 @@ def device_table(folder: Path) -> tuple[list[float], list[tuple]]:
     optimizer step (s). Returns the |errors| and, per row, (M, D, AR, idle + opt) for
     ``allreduce_check``."""
     print(f"Varuna Table 7, analytic source, device model alone, m = 1\n(specs: {folder})")
-    print(f"{'model':<5} {'PxD':<5} {'real':>6} {'pred':>6} {'err':>6} {'st':>2} "
-          f"{'F':>5} {'R':>5} {'B':>5} {'send':>5} {'idle':>5} {'AR':>5} {'opt':>4}")  # fmt: skip
+    print(
+        f"{'model':<5} {'PxD':<5} {'real':>6} {'pred':>6} {'err':>6} {'st':>2} "
+        f"{'F':>5} {'R':>5} {'B':>5} {'send':>5} {'idle':>5} {'AR':>5} {'opt':>4}"
+    )
     errors, tails = [], []
     for row in TABLE7:
         name, P, D, _, real = row
@@ -180,10 +183,12 @@ def device_table(folder: Path) -> tuple[list[float], list[tuple]]:
         idle = sim.pipeline_time - max(sim.busy)
         tails.append((cand.layout.M, D, max(c.ar), idle + max(c.opt)))
         ms = [1e3 * x for x in (c.fetch[s] + c.nograd[s], c.graph[s], c.b[s], max(c.sends))]
-        print(f"{name:<5} {P:>2}x{D:<2} {real:>6.1f} {sim.step_time:>6.1f} {100 * err:>+5.1f}% "
-              f"{s:>2} {ms[0]:>5.1f} {ms[1]:>5.1f} {ms[2]:>5.1f} {ms[3]:>5.1f} "
-              f"{idle:>5.1f} {max(c.ar):>5.2f} {max(c.opt):>4.2f}",
-              flush=True)  # fmt: skip
+        print(
+            f"{name:<5} {P:>2}x{D:<2} {real:>6.1f} {sim.step_time:>6.1f} {100 * err:>+5.1f}% "
+            f"{s:>2} {ms[0]:>5.1f} {ms[1]:>5.1f} {ms[2]:>5.1f} {ms[3]:>5.1f} "
+            f"{idle:>5.1f} {max(c.ar):>5.2f} {max(c.opt):>4.2f}",
+            flush=True,
+        )
     print("F R B send: ms per micro-batch on stage st; idle AR opt: s per step")
     med, worst = statistics.median(errors), max(errors)
     print(f"device model alone: median |error| {100 * med:.1f} %, max {100 * worst:.1f} %")
@@ -203,8 +208,10 @@ def allreduce_check(tails: list[tuple]) -> list[tuple]:
     three rows, so it is rough): nothing here feeds a prediction. Returns, per group,
     (model, P, c, X real, X model, X sim)."""
     print("\nallreduce vs the D trend (real - idle - opt = M c + 2 (D-1)/D X):")
-    print(f"{'model':<5} {'P':>3} {'D':<8} {'c ms':>6} {'X real':>7} {'X sim':>6} "
-          f"{'X model':>8} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'model':<5} {'P':>3} {'D':<8} {'c ms':>6} {'X real':>7} {'X sim':>6} "
+        f"{'X model':>8} {'ratio':>6}"
+    )
     groups: dict[tuple, list[int]] = {}
     out = []
     for i, (name, P, *_rest) in enumerate(TABLE7):
@@ -219,8 +226,10 @@ def allreduce_check(tails: list[tuple]) -> list[tuple]:
         model = statistics.mean(tails[i][2] / kk for i, kk in zip(rows, k, strict=True) if kk)
         ds = ",".join(str(tails[i][1]) for i in rows)
         out.append((name, P, c, X, model, sim))
-        print(f"{name:<5} {P:>3} {ds:<8} {1e3 * c:>6.1f} {X:>6.1f}s {sim:>5.1f}s "
-              f"{model:>7.1f}s {X / model:>6.2f}")  # fmt: skip
+        print(
+            f"{name:<5} {P:>3} {ds:<8} {1e3 * c:>6.1f} {X:>6.1f}s {sim:>5.1f}s "
+            f"{model:>7.1f}s {X / model:>6.2f}"
+        )
     print("X model: jobctl's runtime, fp32 gradients, 4 rings on a VM's 10 Gbit/s NIC;")
     print("Varuna's ring carries fp16 (all_reduce_dp_grads): on its wire, ratio x 2")
     return out
@@ -228,6 +237,7 @@ def allreduce_check(tails: list[tuple]) -> list[tuple]:
 
 def _least_squares(a: list[float], b: list[float], y: list[float]) -> tuple[float, float]:
     """(u, v) minimising sum (a u + b v - y)^2 (the normal equations, 2 x 2)."""
+
     def dot(x: list[float], z: list[float]) -> float:
         return sum(p * q for p, q in zip(x, z, strict=True))
 
@@ -276,10 +286,14 @@ def best_ms(run, repeat: int) -> float:
 
 def simulator_speed(repeat: int) -> None:
     """Sec. 7.2's setting at m = 1: steady-state and full simulation, interleaved."""
-    print("\nsimulator at m = 1, 128 GPUs, batch 8192 (Varuna sec. 7.2), best of "
-          f"{repeat};\nschedules generated beforehand:")  # fmt: skip
-    print(f"{'P':>3} {'D':>2} {'M':>5} {'mode':<9} {'steady':>8} {'full':>8} {'same':>5} "
-          f"{'Varuna':>7}")  # fmt: skip
+    print(
+        "\nsimulator at m = 1, 128 GPUs, batch 8192 (Varuna sec. 7.2), best of "
+        f"{repeat};\nschedules generated beforehand:"
+    )
+    print(
+        f"{'P':>3} {'D':>2} {'M':>5} {'mode':<9} {'steady':>8} {'full':>8} {'same':>5} "
+        f"{'Varuna':>7}"
+    )
     worst = 0.0
     for P, varuna_ms in VARUNA_SIM_MS.items():
         D = 128 // P
@@ -288,16 +302,20 @@ def simulator_speed(repeat: int) -> None:
         # below fills the cache): this times the simulator.
         make = lambda n, P=P: generated("varuna", P, n, ())  # noqa: E731
         for mode in ("strict", "opportun."):
-            costs = CostModel.uniform(P, comm=0.2, ar=(5.0,) * P, opt=(1.0,) * P,
-                                      opportunistic=mode != "strict")  # fmt: skip
+            costs = CostModel.uniform(
+                P, comm=0.2, ar=(5.0,) * P, opt=(1.0,) * P, opportunistic=mode != "strict"
+            )
             fast = steady_simulate(make, M, costs)
             full = simulate(make(M), costs)
             steady_ms = best_ms(lambda m=make, c=costs, M=M: steady_simulate(m, M, c), repeat)
             full_ms = best_ms(lambda m=make, c=costs, M=M: simulate(m(M), c), max(1, repeat // 2))
             same = abs(fast.step_time - full.step_time) <= 1e-9 * full.step_time
             worst = max(worst, steady_ms)
-            print(f"{P:>3} {D:>2} {M:>5} {mode:<9} {steady_ms:>6.1f}ms {full_ms:>6.0f}ms "
-                  f"{'yes' if same else 'NO':>5} {varuna_ms:>5.0f}ms", flush=True)  # fmt: skip
+            print(
+                f"{P:>3} {D:>2} {M:>5} {mode:<9} {steady_ms:>6.1f}ms {full_ms:>6.0f}ms "
+                f"{'yes' if same else 'NO':>5} {varuna_ms:>5.0f}ms",
+                flush=True,
+            )
     print(f"slowest steady-state simulation {worst:.1f} ms (target 20 ms)")
 
 
@@ -309,10 +327,12 @@ def decisions() -> None:
         print(f"  no summary at {SUMMARY}: run python -m benchmarks.simulator_accuracy")
         return
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["created"]))
-    print(f"  {when}, {found['configs']} configs: regret {100 * found['regret']:.1f} % "
-          f"(target <= 3 %),\n  Kendall tau {found['tau']:.2f} (target >= 0.8), "
-          f"absolute |error| median {100 * found['median_error']:.1f} %, max "
-          f"{100 * found['max_error']:.1f} %")  # fmt: skip
+    print(
+        f"  {when}, {found['configs']} configs: regret {100 * found['regret']:.1f} % "
+        f"(target <= 3 %),\n  Kendall tau {found['tau']:.2f} (target >= 0.8), "
+        f"absolute |error| median {100 * found['median_error']:.1f} %, max "
+        f"{100 * found['max_error']:.1f} %"
+    )
 
 
 def main() -> None:

@@ -65,8 +65,14 @@ def cold_call(G: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best is kept)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(TARGETS_S),
-                        choices=list(TARGETS_S), help="pool sizes G to plan for")  # fmt: skip
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=list(TARGETS_S),
+        choices=list(TARGETS_S),
+        help="pool sizes G to plan for",
+    )
     args = parser.parse_args()
     spec = load_spec_text(GPT_8B)
     ratios = []
@@ -87,10 +93,14 @@ def main() -> None:
             f">= {simulated} layouts simulated"
         )
         ratios.append(f"G={G}: {target / cold:.2f}x (best {target / best:.2f}x)")
-    print("cold: first make_plan in a fresh process (imports apart); best: of "
-          f"{args.repeat} in this one")  # fmt: skip
-    print("planner full search, cold, under its target (1 s G=1024, 10 s G=8192): "
-          + ", ".join(ratios))  # fmt: skip
+    print(
+        "cold: first make_plan in a fresh process (imports apart); best: of "
+        f"{args.repeat} in this one"
+    )
+    print(
+        "planner full search, cold, under its target (1 s G=1024, 10 s G=8192): "
+        + ", ".join(ratios)
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,12 @@ from .jobbench import Interference, job_spec, wait_quiet
 LAYERS, HIDDEN, SEQ, MICRO, BATCH = 8, 256, 64, 4, 16
 START, FREQ, END, TAIL, HOLD = 3, 8, 19, 9, 3  # prunes at 3, 11, 19
 PRUNES = list(range(START, END + 1, FREQ))
-BALANCERS = [("partition", "time"), ("diffusion", "time"), ("partition", "params"),
-             ("diffusion", "params")]  # fmt: skip
+BALANCERS = [
+    ("partition", "time"),
+    ("diffusion", "time"),
+    ("partition", "params"),
+    ("diffusion", "params"),
+]
 
 
 def _model(model: str) -> dict:
@@ -69,8 +73,12 @@ def _model(model: str) -> dict:
     args = {"layers": LAYERS, "hidden": HIDDEN, "heads": 4, "seq_len": SEQ, "vocab": 256}
     if model == "builtin":
         return {f"model.{k}": v for k, v in args.items()}
-    return {"model.import": "benchmarks.rebalance_model:factory", "model.import_args": args,
-            "model.family": None, "model.seq_len": SEQ}  # fmt: skip
+    return {
+        "model.import": "benchmarks.rebalance_model:factory",
+        "model.import_args": args,
+        "model.family": None,
+        "model.seq_len": SEQ,
+    }
 
 
 def spec_for(kind: str, by: str = "time", model: str = "scenario"):
@@ -130,9 +138,13 @@ def run_one(name: str, spec, home: Path) -> Run:
     t0 = time.monotonic()
     with Interference() as other:
         run, outcome = launch(
-            spec, make_plan(spec), StateDB(home), None,
-            ApplyOptions(show_progress=False), Console(quiet=True),
-        )  # fmt: skip
+            spec,
+            make_plan(spec),
+            StateDB(home),
+            None,
+            ApplyOptions(show_progress=False),
+            Console(quiet=True),
+        )
     if not outcome.ok:
         raise SystemExit(f"{name}: run failed: {outcome.message}")
     return Run(name, events_of(run.dir), other.fraction, time.monotonic() - t0)
@@ -209,20 +221,32 @@ def row(run: Run, static: Run, devices: int) -> list[str]:
     cost = " ".join(f"{x:.2f}{'*' if m else ''}" for x, m in overheads(run, mean))
     sps, base = BATCH / median_step(run, win[-1][1]), BATCH / median_step(static, win[-1][1])
     return [
-        run.name, *cells, f"{sps:.1f}", f"{sps / base:.3f}", " ".join(gains) or "-",
-        cost or "-", f"{sps / devices:.1f}", f"{sps / devices / (base / 2):.3f}",
+        run.name,
+        *cells,
+        f"{sps:.1f}",
+        f"{sps / base:.3f}",
+        " ".join(gains) or "-",
+        cost or "-",
+        f"{sps / devices:.1f}",
+        f"{sps / devices / (base / 2):.3f}",
         f"{100 * run.others:.0f} %",
-    ]  # fmt: skip
+    ]
 
 
 def table(static: Run, runs: list[Run], packed: Run | None, title: str) -> Table:
     """DynPipe Fig. 4.2 (idle per sparsity level), Fig. 4.1 (throughput), Table 4.1
     (rebalancing cost), Fig. 4.3 (throughput per device after packing), in one table."""
-    t = Table(title=f"rebalancing after global pruning, measured (2 stages, this machine): "
-                    f"{title}")  # fmt: skip
+    t = Table(title=f"rebalancing after global pruning, measured (2 stages, this machine): {title}")
     cols = ["run"] + [f"idle % at {s}" for s in ("52 %", "85 %", "90 %")]
-    cols += ["samples/s", "vs static", "in-run", "cost (iters)", "per device", "vs static",
-             "others' CPU"]  # fmt: skip
+    cols += [
+        "samples/s",
+        "vs static",
+        "in-run",
+        "cost (iters)",
+        "per device",
+        "vs static",
+        "others' CPU",
+    ]
     for c in cols:
         t.add_column(c, justify="left" if c == "run" else "right")
     for run in [static, *runs, *([packed] if packed else [])]:
@@ -247,8 +271,11 @@ def describe(console: Console, static: Run, cross: dict) -> None:
     console.print(f"CSR crossover per linear shape (out x in @ tokens): {shown}", highlight=False)
 
 
-CONFIGS = [("static", "static", "time"), *((f"{b} by {by}", b, by) for b, by in BALANCERS),
-           ("packed to 1", "pack", "time")]  # fmt: skip
+CONFIGS = [
+    ("static", "static", "time"),
+    *((f"{b} by {by}", b, by) for b, by in BALANCERS),
+    ("packed to 1", "pack", "time"),
+]
 BUILTIN = [("static", "static", "time"), ("partition by time", "partition", "time")]
 SCENARIO_NOTE = (
     "scenario: built for this benchmark (benchmarks.rebalance_model): a GPT whose weights "
@@ -268,8 +295,11 @@ def measure_all(home: Path, budget_s: float, configs, model: str) -> dict[str, R
     for name, kind, by in configs:
         done[name] = run_one(name, spec_for(kind, by, model), home)
     while time.monotonic() - t0 < budget_s:
-        worst = max((r for r in done.values() if r.name not in retried), key=lambda r: r.others,
-                    default=None)  # fmt: skip
+        worst = max(
+            (r for r in done.values() if r.name not in retried),
+            key=lambda r: r.others,
+            default=None,
+        )
         if worst is None or worst.others < 0.15:
             break
         retried.add(worst.name)
@@ -287,10 +317,16 @@ def report(console: Console, model: str, done: dict[str, Run], cross: dict) -> N
     first = _map([s.blocks for s in make_plan(spec_for("static", model=model)).stages])
     console.print(SCENARIO_NOTE if model == "scenario" else BUILTIN_NOTE, highlight=False)
     for run in done.values():
-        moves = [f"after step {r['moved_at']}: {_map(r['stages_after'])}"
-                 for r in run.recs if r["kind"] in ("rebalanced", "packed")]  # fmt: skip
-        console.print(f"{run.name}: {run.wall_s:.0f} s; blocks {first} at first, "
-                      f"{', '.join(moves) or 'never moved'}", highlight=False)  # fmt: skip
+        moves = [
+            f"after step {r['moved_at']}: {_map(r['stages_after'])}"
+            for r in run.recs
+            if r["kind"] in ("rebalanced", "packed")
+        ]
+        console.print(
+            f"{run.name}: {run.wall_s:.0f} s; blocks {first} at first, "
+            f"{', '.join(moves) or 'never moved'}",
+            highlight=False,
+        )
     describe(console, static, cross)
     console.print(table(static, runs, packed, model))
 
@@ -298,10 +334,18 @@ def report(console: Console, model: str, done: dict[str, Run], cross: dict) -> N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["both", "scenario", "builtin"], default="both")
-    ap.add_argument("--patience", type=float, default=15.0,
-                    help="seconds to wait for a quiet CPU before each run")  # fmt: skip
-    ap.add_argument("--budget", type=float, default=240.0,
-                    help="seconds after which disturbed runs are no longer repeated")  # fmt: skip
+    ap.add_argument(
+        "--patience",
+        type=float,
+        default=15.0,
+        help="seconds to wait for a quiet CPU before each run",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=240.0,
+        help="seconds after which disturbed runs are no longer repeated",
+    )
     ap.add_argument("--home", type=Path, default=None, help="keep the runs here (default: temp)")
     args = ap.parse_args()
     jobbench.QUIET_PATIENCE_S = args.patience

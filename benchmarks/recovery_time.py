@@ -220,8 +220,11 @@ def _once(tmp: Path, k: int, tree: str) -> dict[str, list]:
     for sig in (signal.SIGKILL, signal.SIGTERM):
         r = recovery(tmp / f"{sig.name}{k}", sig)
         got[sig.name] = [r]
-        print(f"{tree:<6} {sig.name:<8} {r['recovery']:>8.2f}s {r['relaunch']:>8.2f}s "
-              f"{r['step']:>6.3f}s {str(r['lost']):>5} {r['path']}", flush=True)  # fmt: skip
+        print(
+            f"{tree:<6} {sig.name:<8} {r['recovery']:>8.2f}s {r['relaunch']:>8.2f}s "
+            f"{r['step']:>6.3f}s {str(r['lost']):>5} {r['path']}",
+            flush=True,
+        )
     got["fresh"] = [fresh_start(tmp / f"fresh{k}")]
     return got
 
@@ -238,9 +241,11 @@ def _report(name: str, got: dict[str, list]) -> dict[str, float]:
         relaunch = statistics.median(r["relaunch"] for r in runs)
         target = TARGET_S + step
         verdict = "met" if med[sig] <= target else f"missed by {med[sig] - target:.2f} s"
-        print(f"{sig}: recovery {med[sig]:.2f} s (relaunch {relaunch:.2f} s, "
-              f"{relaunch / fresh:.2f}x a fresh start), steps lost "
-              f"{[r['lost'] for r in runs]}, path {sorted({r['path'] for r in runs})}")  # fmt: skip
+        print(
+            f"{sig}: recovery {med[sig]:.2f} s (relaunch {relaunch:.2f} s, "
+            f"{relaunch / fresh:.2f}x a fresh start), steps lost "
+            f"{[r['lost'] for r in runs]}, path {sorted({r['path'] for r in runs})}"
+        )
         print(f"  target 2 s + one step ({step:.3f} s) = {target:.2f} s: {verdict}")
         names = dict.fromkeys(n for n, _ in PARTS + IN_PLACE_PARTS)
         parts = {n: statistics.median(r["parts"].get(n, 0.0) for r in runs) for n in names}
@@ -257,8 +262,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jobctl-recovery-") as tmp:
         paths = {n: _tree_path(t.resolve(), Path(tmp) / f"tree-{n}") for n, t in trees.items()}
         got: dict[str, dict[str, list]] = {n: {} for n in trees}
-        print(f"{'tree':<6} {'signal':<8} {'recovery':>9} {'relaunch':>9} {'step':>7} "
-              f"{'lost':>5} path")  # fmt: skip
+        print(
+            f"{'tree':<6} {'signal':<8} {'recovery':>9} {'relaunch':>9} {'step':>7} "
+            f"{'lost':>5} path"
+        )
         for k in range(args.repeats):
             for name in list(trees) if k % 2 == 0 else list(reversed(trees)):  # interleaved
                 os.environ["PYTHONPATH"] = paths[name]  # the supervisor and workers inherit it

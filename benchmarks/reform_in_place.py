@@ -65,8 +65,11 @@ def rank_main(rank: int, port: int) -> None:
     want = float(sum(range(1, len(survivors) + 1)))
     if x.tolist() != [want] * 3:
         raise SystemExit(f"rank {rank}: the new group summed {x.tolist()}, not {want}")
-    print(f"rank {rank} -> {new_rank}: collective failed after {failed:.3f} s, destroy "
-          f"{t2 - t1:.3f} s, new group + first all-reduce {t3 - t2:.3f} s", flush=True)  # fmt: skip
+    print(
+        f"rank {rank} -> {new_rank}: collective failed after {failed:.3f} s, destroy "
+        f"{t2 - t1:.3f} s, new group + first all-reduce {t3 - t2:.3f} s",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -77,7 +80,7 @@ def main() -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "benchmarks.reform_in_place", str(r), str(store.port)], cwd=here
-        )  # fmt: skip
+        )
         for r in range(WORLD)
     ]
     try:

@@ -216,12 +216,21 @@ def _ratios(step: dict[str, float], results: dict[str, list[float]]) -> None:
     def speed(a: str, b: str) -> str:
         return _spread(_per_round(results, a, b)) if a in step and b in step else "-"
 
-    print("schedules (throughput ratio, median [min-max] over rounds): " + ", ".join(
-        f"{a}/{b} {speed(f'jobctl {a}', f'jobctl {b}')}"
-        for a, b in [("varuna", "gpipe"), ("varuna", "1f1b"), ("varuna", "gpipe+R"),
-                     ("shifted_critical_path", "1f1b"), ("zb_h1", "1f1b"),
-                     ("zb_v", "1f1b"), ("zb_v", "zb_h1")]
-    ))  # fmt: skip
+    print(
+        "schedules (throughput ratio, median [min-max] over rounds): "
+        + ", ".join(
+            f"{a}/{b} {speed(f'jobctl {a}', f'jobctl {b}')}"
+            for a, b in [
+                ("varuna", "gpipe"),
+                ("varuna", "1f1b"),
+                ("varuna", "gpipe+R"),
+                ("shifted_critical_path", "1f1b"),
+                ("zb_h1", "1f1b"),
+                ("zb_v", "1f1b"),
+                ("zb_v", "zb_h1"),
+            ]
+        )
+    )
     gloo = ", ".join(f"{x} {speed(f'jobctl gloo {x}', f'torch {SAME[x]}')}" for x in GLOO)
     shm = ", ".join(f"{x} {speed(f'jobctl {x}', f'jobctl gloo {x}')}" for x in GLOO)
     print(f"schedule + runtime, both on gloo (jobctl gloo vs torch): {gloo}")

@@ -90,8 +90,16 @@ PROBE_P = (1, 2, BUSY_PROBE_STAGES)  # the calibration's pipeline probes, D = 1
 def sample_tag(P: int, D: int, m: int, probe_m: int, width: bool) -> str:
     """'in' for a configuration like the probes the runtime costs were fitted on, else
     what differs from them (P, m, D, width)."""
-    differs = [name for name, other in (("P", P not in PROBE_P), ("m", m != probe_m),
-                                         ("D", D != 1), ("width", width)) if other]  # fmt: skip
+    differs = [
+        name
+        for name, other in (
+            ("P", P not in PROBE_P),
+            ("m", m != probe_m),
+            ("D", D != 1),
+            ("width", width),
+        )
+        if other
+    ]
     return "in" if not differs else "out:" + "+".join(differs)
 
 
@@ -167,9 +175,11 @@ def main() -> None:
         "config's prediction moves between calibrations (the calibration's own noise)",
     )
     parser.add_argument(
-        "--no-width", dest="width", action="store_false",
+        "--no-width",
+        dest="width",
+        action="store_false",
         help="skip the other model width (its calibration and WIDTH_CONFIGS)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     jobbench.QUIET_PATIENCE_S = args.patience
     base = job_spec(**MODEL, **{"training.steps": args.steps})
@@ -266,11 +276,15 @@ def main() -> None:
     )
     parts = [
         f"{name} {100 * statistics.median(g):.1f} % median, {100 * max(g):.1f} % max "
-        f"({len(g)} configs)" if g else f"{name}: none run"
+        f"({len(g)} configs)"
+        if g
+        else f"{name}: none run"
         for name, g in (("in-sample", groups["in"]), ("out-of-sample", groups["out"]))
     ]
-    print("simulator vs real runtime |error|, in-sample (the probes' P and m, this model) "
-          "vs out-of-sample (other P, m, D or width): " + "; ".join(parts))  # fmt: skip
+    print(
+        "simulator vs real runtime |error|, in-sample (the probes' P and m, this model) "
+        "vs out-of-sample (other P, m, D or width): " + "; ".join(parts)
+    )
 
 
 if __name__ == "__main__":

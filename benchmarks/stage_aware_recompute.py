@@ -61,24 +61,32 @@ def main() -> None:
             for mode, (spec, plan) in plans.items():
                 times[mode].append(measure(spec, plan, Path(tmp) / f"{mode}-{r}").step_s)
     B = SHAPE["training.micro_batch_size"] * plans["all"][1].micro_batches
-    print(f"memory cap {cap * 1024:.1f} MiB per process (half-way from full recomputation "
-          "to none)")
-    print(f"{'recompute':12}{'keep/blocks':>14}{'step s':>9}{'samples/s':>11}{'pred s':>9}"
-          f"{'MiB/stage':>20}")
+    print(f"memory cap {cap * 1024:.1f} MiB per process (half-way from full recomputation to none)")
+    print(
+        f"{'recompute':12}{'keep/blocks':>14}{'step s':>9}{'samples/s':>11}{'pred s':>9}"
+        f"{'MiB/stage':>20}"
+    )
     for mode, (_, plan) in plans.items():
         keep = " ".join(
-            f"{s.keep_blocks}/{len(s.blocks)}" if s.keep_blocks is not None else "0/" +
-            str(len(s.blocks)) for s in plan.stages)
+            f"{s.keep_blocks}/{len(s.blocks)}"
+            if s.keep_blocks is not None
+            else "0/" + str(len(s.blocks))
+            for s in plan.stages
+        )
         step = statistics.median(times[mode])
         mem = " ".join(f"{x * 1024:.1f}" for x in plan.prediction.memory_per_stage_gb)
-        print(f"{mode:12}{keep:>14}{step:>9.3f}{B / step:>11.1f}"
-              f"{plan.prediction.step_time_s:>9.3f}{mem:>20}")
+        print(
+            f"{mode:12}{keep:>14}{step:>9.3f}{B / step:>11.1f}"
+            f"{plan.prediction.step_time_s:>9.3f}{mem:>20}"
+        )
     ratio = statistics.median(times["all"]) / statistics.median(times["stage_aware"])
     pred = plans["all"][1].prediction.step_time_s / plans["stage_aware"][1].prediction.step_time_s
     spread = [a / s for a, s in zip(times["all"], times["stage_aware"], strict=True)]
-    print(f"stage-aware / full recomputation, samples/s: {ratio:.2f}x measured "
-          f"(per round {', '.join(f'{x:.2f}' for x in spread)}), {pred:.2f}x predicted; "
-          "Merak: 1.02-1.21x")
+    print(
+        f"stage-aware / full recomputation, samples/s: {ratio:.2f}x measured "
+        f"(per round {', '.join(f'{x:.2f}' for x in spread)}), {pred:.2f}x predicted; "
+        "Merak: 1.02-1.21x"
+    )
 
 
 if __name__ == "__main__":

@@ -98,20 +98,32 @@ def main() -> None:
     for k in range(3):
         bare.step(k)  # warm-up
     for k in range(args.rounds):
-        rows.append((*bare.step(k), _per_call_us(lambda: torch.manual_seed(1234)),
-                     _per_call_us(lambda: seed_rng(1234, CPU)), _per_call_us(_pathlib_rss),
-                     _per_call_us(vitals._rss_mb)))  # fmt: skip
+        rows.append(
+            (
+                *bare.step(k),
+                _per_call_us(lambda: torch.manual_seed(1234)),
+                _per_call_us(lambda: seed_rng(1234, CPU)),
+                _per_call_us(_pathlib_rss),
+                _per_call_us(vitals._rss_mb),
+            )
+        )
     s0, s1, upd, seed_old, seed_new, rss_old, rss_new = (
         statistics.median(col) for col in zip(*rows, strict=True)
     )
     bound = max(s0, s1) * (M + P - 1) / M + upd / 2
     print(f"P={P} M={M} m={m}, one thread, median of {args.rounds} rounds:")
-    print(f"  bare compute per step: stage 0 {1e3 * s0:.1f} ms, stage 1 {1e3 * s1:.1f} ms,"
-          f"\n  updates {1e3 * upd:.1f} ms; 1F1B bound {1e3 * bound:.1f} ms/step")  # fmt: skip
-    print(f"  step seed: torch.manual_seed {seed_old:.0f} us, seed_rng {seed_new:.0f} us "
-          f"({seed_old / seed_new:.0f}x)")  # fmt: skip
-    print(f"  heartbeat RSS: pathlib {rss_old:.1f} us, kept statm {rss_new:.1f} us "
-          f"({rss_old / rss_new:.0f}x)")  # fmt: skip
+    print(
+        f"  bare compute per step: stage 0 {1e3 * s0:.1f} ms, stage 1 {1e3 * s1:.1f} ms,"
+        f"\n  updates {1e3 * upd:.1f} ms; 1F1B bound {1e3 * bound:.1f} ms/step"
+    )
+    print(
+        f"  step seed: torch.manual_seed {seed_old:.0f} us, seed_rng {seed_new:.0f} us "
+        f"({seed_old / seed_new:.0f}x)"
+    )
+    print(
+        f"  heartbeat RSS: pathlib {rss_old:.1f} us, kept statm {rss_new:.1f} us "
+        f"({rss_old / rss_new:.0f}x)"
+    )
 
 
 if __name__ == "__main__":

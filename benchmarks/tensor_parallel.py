@@ -46,9 +46,16 @@ KEYS = ("T=1", "T=2", "T=2 no comm", "T=2 sub", "T=2 sub no comm")
 
 
 def _graph(args) -> GraphModel:
-    config = {"n_layer": args.layers, "n_embd": args.width, "n_head": 8, "vocab_size": 512,
-              "n_positions": args.seq, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-              "attn_pdrop": 0.0}  # fmt: skip
+    config = {
+        "n_layer": args.layers,
+        "n_embd": args.width,
+        "n_head": 8,
+        "vocab_size": 512,
+        "n_positions": args.seq,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
     cfg = GraphModelConfig(hf_class="GPT2LMHeadModel", hf_config=config, seq_len=args.seq)
     return GraphModel(cfg, MICRO)
 
@@ -78,8 +85,13 @@ def _no_comm(x, group=None, async_op=False):
 
 def _worker(rank: int, port: int, args) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=600))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=600),
+    )
     graph = _graph(args)
     mesh = tp_stage.tp_mesh(1, 1, 2)
     plan = discover(graph, 2)
@@ -111,9 +123,11 @@ def _worker(rank: int, port: int, args) -> None:
     if rank == 0:
         _print({k: statistics.median(v) for k, v in rounds.items()}, args)
         ratios = [p / s for p, s in zip(rounds["T=2"], rounds["T=2 sub"], strict=True)]
-        print(f"sub/plain (plain T=2 step / sub-pipelined): median "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] "
-              f"over {len(ratios)} rounds")  # fmt: skip
+        print(
+            f"sub/plain (plain T=2 step / sub-pipelined): median "
+            f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] "
+            f"over {len(ratios)} rounds"
+        )
     dist.destroy_process_group()
 
 
@@ -127,17 +141,23 @@ def _skipping_comm(blocks, batch, steps: int) -> float:
 
 
 def _print(t: dict, args) -> None:
-    print(f"GPT-2 {args.layers} layers, width {args.width}, seq {args.seq}, micro-batch "
-          f"{MICRO}; median of {args.rounds} rounds x {args.steps} steps (F+B)")  # fmt: skip
+    print(
+        f"GPT-2 {args.layers} layers, width {args.width}, seq {args.seq}, micro-batch "
+        f"{MICRO}; median of {args.rounds} rounds x {args.steps} steps (F+B)"
+    )
     print(f"{'layout':<18}{'step ms':>10}{'vs T=1':>10}")
     for k in KEYS:
         print(f"{k:<18}{1e3 * t[k]:>10.1f}{t['T=1'] / t[k]:>9.2f}x")
     comm = t["T=2"] - t["T=2 no comm"]
-    print(f"T=2 all-reduces: {1e3 * comm:.1f} ms a step ({comm / t['T=2']:.0%} of it; "
-          f"compute {1e3 * t['T=2 no comm']:.1f} ms)")  # fmt: skip
+    print(
+        f"T=2 all-reduces: {1e3 * comm:.1f} ms a step ({comm / t['T=2']:.0%} of it; "
+        f"compute {1e3 * t['T=2 no comm']:.1f} ms)"
+    )
     sub_comm = t["T=2 sub"] - t["T=2 sub no comm"]
-    print(f"T=2 sub: halves' compute {1e3 * t['T=2 sub no comm']:.1f} ms, exposed "
-          f"all-reduce {1e3 * sub_comm:.1f} ms a step")  # fmt: skip
+    print(
+        f"T=2 sub: halves' compute {1e3 * t['T=2 sub no comm']:.1f} ms, exposed "
+        f"all-reduce {1e3 * sub_comm:.1f} ms a step"
+    )
 
 
 def main() -> None:

@@ -42,20 +42,26 @@ LAYOUTS = [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1)]  # (T, P, D)
 
 def job_yaml(args) -> str:
     """jobs/quickstart.yaml as a traced GPT-2 on one node of 4 processes, T/P/D auto."""
-    gpt2 = (f"  huggingface:\n    class: GPT2LMHeadModel\n    config: {{n_layer: {args.layers}, "
-            f"n_embd: {args.width}, n_head: 4, vocab_size: 256, n_positions: {args.seq}, "
-            "resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}")  # fmt: skip
+    gpt2 = (
+        f"  huggingface:\n    class: GPT2LMHeadModel\n    config: {{n_layer: {args.layers}, "
+        f"n_embd: {args.width}, n_head: 4, vocab_size: 256, n_positions: {args.seq}, "
+        "resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"
+    )
     edits = [
-        ("  family: gpt\n  layers: 4        # transformer blocks; with embedding and head, "
-         "6 splittable blocks\n  hidden: 64       # must be divisible by heads\n  heads: 4\n",
-         gpt2 + "\n"),
+        (
+            "  family: gpt\n  layers: 4        # transformer blocks; with embedding and head, "
+            "6 splittable blocks\n  hidden: 64       # must be divisible by heads\n  heads: 4\n",
+            gpt2 + "\n",
+        ),
         ("  seq_len: 32", f"  seq_len: {args.seq}"),
         ("  steps: 60", f"  steps: {args.steps}"),
         ("  nodes: 2\n  processes_per_node: 2", f"  nodes: 1\n  processes_per_node: {WORLD}"),
-        ("  pipeline_stages: 2\n  data_parallel: 2",
-         "  pipeline_stages: auto\n  data_parallel: auto\n  tensor_parallel: auto"),
+        (
+            "  pipeline_stages: 2\n  data_parallel: 2",
+            "  pipeline_stages: auto\n  data_parallel: auto\n  tensor_parallel: auto",
+        ),
         ("  interval: 30", "  interval: 100000"),
-    ]  # fmt: skip
+    ]
     text = QUICKSTART.read_text()
     for old, new in edits:
         if old not in text:
@@ -67,16 +73,18 @@ def job_yaml(args) -> str:
 def fixed(spec, T: int, P: int, D: int):
     """``spec`` with T, P and D fixed."""
     par = with_T(spec, T).parallelism.model_copy(update={"pipeline_stages": P, "data_parallel": D})
-    return spec.model_copy(update={"parallelism": par})  # fmt: skip
+    return spec.model_copy(update={"parallelism": par})
 
 
 def plans(spec, home: Path) -> tuple[tuple, dict]:
     """The planner's pick (T, P, D) and a plan per layout to run."""
     auto = make_plan(spec, home=home)
     pick = (auto.T, auto.P, auto.D)
-    print(f"planner's pick: T={auto.T} P={auto.P} D={auto.D} m={auto.micro_batch_size} "
-          f"{auto.schedule} ({auto.prediction.source}: {auto.prediction.step_time_s:.4g} "
-          "s/step)")  # fmt: skip
+    print(
+        f"planner's pick: T={auto.T} P={auto.P} D={auto.D} m={auto.micro_batch_size} "
+        f"{auto.schedule} ({auto.prediction.source}: {auto.prediction.step_time_s:.4g} "
+        "s/step)"
+    )
     for line in auto.t_search:
         print(line)
     out = {}
@@ -101,8 +109,11 @@ def run_rounds(planned: dict, home: Path, rounds: int) -> dict:
             spec, plan = planned[k]
             got = measure(spec, plan, home)
             seen[k].append(got.step_s)
-            print(f"  round {r + 1} {label(k)}: {1e3 * got.step_s:.1f} ms (others took "
-                  f"{100 * got.interference:.0f} % of the CPU)", flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1} {label(k)}: {1e3 * got.step_s:.1f} ms (others took "
+                f"{100 * got.interference:.0f} % of the CPU)",
+                flush=True,
+            )
     return {k: statistics.median(v) for k, v in seen.items()}
 
 
@@ -110,16 +121,20 @@ def report(pick: tuple, planned: dict, measured: dict) -> None:
     keys = list(planned)
     pred = [1 / planned[k][1].prediction.step_time_s for k in keys]
     real = [1 / measured[k] for k in keys]
-    print(f"{'layout':<14}{'devices':>8}{'predicted ms':>14}{'measured ms':>13}"
-          f"{'pred rank':>11}{'meas rank':>11}")  # fmt: skip
+    print(
+        f"{'layout':<14}{'devices':>8}{'predicted ms':>14}{'measured ms':>13}"
+        f"{'pred rank':>11}{'meas rank':>11}"
+    )
     rank_p = {k: i + 1 for i, k in enumerate(sorted(keys, key=lambda k: -pred[keys.index(k)]))}
     rank_m = {k: i + 1 for i, k in enumerate(sorted(keys, key=lambda k: measured[k]))}
     for k in keys:
         plan = planned[k][1]
         mark = " <- pick" if k == pick else ""
-        print(f"{label(k):<14}{plan.world_size:>8}"
-              f"{1e3 * plan.prediction.step_time_s:>14.2f}{1e3 * measured[k]:>13.2f}"
-              f"{rank_p[k]:>11}{rank_m[k]:>11}{mark}")  # fmt: skip
+        print(
+            f"{label(k):<14}{plan.world_size:>8}"
+            f"{1e3 * plan.prediction.step_time_s:>14.2f}{1e3 * measured[k]:>13.2f}"
+            f"{rank_p[k]:>11}{rank_m[k]:>11}{mark}"
+        )
     best = min(keys, key=lambda k: measured[k])
     ratio = measured[best] / measured[pick]
     print(

@@ -151,8 +151,10 @@ def report(total_mb: int, shards: int, workers: int, rounds: int, s: dict[str, f
         print(f"{label:32s} {s[key]:6.3f} s  {total_mb / s[key]:7.1f} MiB/s")
     print(f"ratio raw files / plain:          {s['plain'] / s['raw']:.2f}x")
     print(f"ratio Uploader alone / plain:     {s['plain'] / s['published']:.2f}x")
-    print(f"ratio (Uploader incl. publish-time sha256 / plain throughput): "
-          f"{s['plain'] / s['published+hash']:.2f}x")  # fmt: skip
+    print(
+        f"ratio (Uploader incl. publish-time sha256 / plain throughput): "
+        f"{s['plain'] / s['published+hash']:.2f}x"
+    )
 
 
 def main() -> None:

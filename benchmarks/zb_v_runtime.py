@@ -94,7 +94,7 @@ def worker(job: dict) -> None:
                 shard,
                 Channels(act if topo.stage else None, torch.float32, act, torch.float32),
                 torch.device("cpu"),
-            )  # fmt: skip
+            )
             for st, topo in zip(stages, topos, strict=True)
         ]
     )

@@ -32,17 +32,19 @@ class AveragingFields(SpecModel):
     averaging: Literal["none", "elastic"] = Field(
         "none", description="AvgPipe elastic averaging over N parallel pipelines, or none."
     )
-    parallel_pipelines: Annotated[int, Field(ge=1, le=MAX_PARALLEL_PIPELINES)] | Literal[
-        "auto"
-    ] = Field(
-        1, description="N: parallel pipelines (models) per device group (averaging: "
-        "elastic); auto: tuned with M by profiling (AvgPipe sec. 5.2).",
-    )  # fmt: skip
+    parallel_pipelines: Annotated[int, Field(ge=1, le=MAX_PARALLEL_PIPELINES)] | Literal["auto"] = (
+        Field(
+            1,
+            description="N: parallel pipelines (models) per device group (averaging: "
+            "elastic); auto: tuned with M by profiling (AvgPipe sec. 5.2).",
+        )
+    )
     micro_batches: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
-        None, description="M: micro-batches per parallel pipeline, batch and replica "
+        None,
+        description="M: micro-batches per parallel pipeline, batch and replica "
         "(averaging: elastic; a micro-batch holds B / (D N M) samples); auto: tuned with "
         "N; null: training.micro_batch_size decides.",
-    )  # fmt: skip
+    )
     alpha: float | Literal["auto"] = Field(
         "auto", description="Elastic pull towards the reference in [0, 1]; auto: 1/N."
     )

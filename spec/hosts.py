@@ -161,9 +161,14 @@ def ssh_violations(ssh: SshSpec, backend: str) -> list[Violation]:
     if os.path.isfile(found) and os.access(found, os.R_OK):
         return []
     why = "is not a readable file" if os.path.exists(found) else "does not exist"
-    return [Violation("hardware.ssh.identity_file", f"{path} {why} on this machine",
-                      "point it at your private key (ssh -i's file), or remove it to use "
-                      "ssh's own configuration")]  # fmt: skip
+    return [
+        Violation(
+            "hardware.ssh.identity_file",
+            f"{path} {why} on this machine",
+            "point it at your private key (ssh -i's file), or remove it to use "
+            "ssh's own configuration",
+        )
+    ]
 
 
 HostName = Annotated[str, AfterValidator(require_host)]

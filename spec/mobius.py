@@ -52,11 +52,14 @@ def mobius_violations(spec: Any) -> Iterator[Violation]:
 def _unsupported(spec: Any) -> Iterator[Violation]:
     par = spec.parallelism
     features = [
-        ("parallelism.data_parallel", par.data_parallel not in (1, "auto"),
-         "data parallelism (D > 1)"),
+        (
+            "parallelism.data_parallel",
+            par.data_parallel not in (1, "auto"),
+            "data parallelism (D > 1)",
+        ),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
         *one_stage_features(spec),
-    ]  # fmt: skip
+    ]
     yield from refusals(
         features,
         "mobius (stages swapped through host memory or disk)",

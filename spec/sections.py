@@ -80,12 +80,16 @@ class ModelSpec(SpecModel):
         None, description="What a traced model learns (batches and labels); null infers it."
     )
     loss: LossName = Field(
-        "auto", description="A traced model's loss: 'auto' (its own, given labels), "
-        "'next_token', 'cross_entropy', or 'pkg.module:fn' called as fn(logits, batch)."
+        "auto",
+        description="A traced model's loss: 'auto' (its own, given labels), "
+        "'next_token', 'cross_entropy', or 'pkg.module:fn' called as fn(logits, batch).",
     )
     subgraphs: int | None = Field(
-        None, ge=2, le=MAX_LAYERS, description="Subgraphs a traced model is sharded into "
-        "(the planner's cut points, Merak Alg. 2's k); null: 2 per layer + 2."
+        None,
+        ge=2,
+        le=MAX_LAYERS,
+        description="Subgraphs a traced model is sharded into "
+        "(the planner's cut points, Merak Alg. 2's k); null: 2 per layer + 2.",
     )
 
     @model_validator(mode="before")
@@ -370,17 +374,29 @@ class HardwareSpec(TopologyFields):
 class ParallelismSpec(AveragingFields, TensorParallelFields):
     """Pipeline (P), data (D) and tensor (T) parallelism, the schedule and averaging."""
 
-    pipeline_stages: PositiveIntOrAuto = Field("auto", description="P: stages, or 'auto'; "
-                                               "mobius: S, above the devices N.")
+    pipeline_stages: PositiveIntOrAuto = Field(
+        "auto", description="P: stages, or 'auto'; mobius: S, above the devices N."
+    )
     data_parallel: PositiveIntOrAuto = Field(
         "auto", description="D: data-parallel pipeline replicas, or 'auto'."
     )
-    schedule: Literal["gpipe", "1f1b", "varuna", "shifted_critical_path", "advance_forward",
-        "zb_h1", "zb_v", "mobius", "auto"] = Field("1f1b", description="Pipeline schedule "
-                                                   "(zb_*: zero bubble; mobius: sec. 3 of Mobius).")
+    schedule: Literal[
+        "gpipe",
+        "1f1b",
+        "varuna",
+        "shifted_critical_path",
+        "advance_forward",
+        "zb_h1",
+        "zb_v",
+        "mobius",
+        "auto",
+    ] = Field(
+        "1f1b", description="Pipeline schedule (zb_*: zero bubble; mobius: sec. 3 of Mobius)."
+    )
     recompute: Literal["none", "all", "auto", "stage_aware"] = Field(
-        "none", description="Activation recomputation policy; stage_aware: Merak's per-stage "
-        "non-recompute ratios alpha_i, filled up to hardware.memory_gb (1f1b, gpipe)."
+        "none",
+        description="Activation recomputation policy; stage_aware: Merak's per-stage "
+        "non-recompute ratios alpha_i, filled up to hardware.memory_gb (1f1b, gpipe).",
     )
     advance_num: int | None = Field(
         None, ge=0, description="Forwards run in advance (schedule 'advance_forward' only)."

@@ -34,47 +34,67 @@ FIELD = "parallelism.tensor_parallel"
 #: over and the run resumes from its newest checkpoint, re-planned with T
 #: (tests/integration/test_chaos_tensor_parallel.py).
 NOT_WITH_T = (
-    ("parallelism.averaging", lambda s: s.parallelism.averaging != "none",
-     "AvgPipe's N parallel models deepcopy a stage, and a split stage holds its "
-     "T group's process group"),
-    ("parallelism.schedule", lambda s: s.parallelism.schedule == "zb_v",
-     "ZB-V hosts two stages per rank, which are not split over T ranks yet"),
-    ("pruning.enabled", lambda s: s.pruning.enabled,
-     "pruning's masks and re-planning see whole weights, not a rank's shard"),
-    ("rebalancing.enabled", lambda s: s.rebalancing.enabled,
-     "moving layers between stages does not move T shards yet"),
-)  # fmt: skip
+    (
+        "parallelism.averaging",
+        lambda s: s.parallelism.averaging != "none",
+        "AvgPipe's N parallel models deepcopy a stage, and a split stage holds its "
+        "T group's process group",
+    ),
+    (
+        "parallelism.schedule",
+        lambda s: s.parallelism.schedule == "zb_v",
+        "ZB-V hosts two stages per rank, which are not split over T ranks yet",
+    ),
+    (
+        "pruning.enabled",
+        lambda s: s.pruning.enabled,
+        "pruning's masks and re-planning see whole weights, not a rank's shard",
+    ),
+    (
+        "rebalancing.enabled",
+        lambda s: s.rebalancing.enabled,
+        "moving layers between stages does not move T shards yet",
+    ),
+)
 
 
 TensorParallel = Annotated[
     Annotated[int, Field(ge=1, le=MAX_TENSOR_PARALLEL)] | Literal["auto"],
-    WrapValidator(one_error(
-        "tensor_parallel", f"an integer 1..{MAX_TENSOR_PARALLEL} or 'auto'",
-        fix="set parallelism.tensor_parallel to 1 (off), a divisor of "
-        "hardware.processes_per_node, or auto (the planner searches T)",
-    )),
-]  # fmt: skip
+    WrapValidator(
+        one_error(
+            "tensor_parallel",
+            f"an integer 1..{MAX_TENSOR_PARALLEL} or 'auto'",
+            fix="set parallelism.tensor_parallel to 1 (off), a divisor of "
+            "hardware.processes_per_node, or auto (the planner searches T)",
+        )
+    ),
+]
 TPSubpipeline = Annotated[
     Literal["auto"] | StrictBool,
-    WrapValidator(one_error(
-        "tp_subpipeline", "auto, true or false",
-        fix="set parallelism.tp_subpipeline to auto (the planner decides), true or false",
-    )),
-]  # fmt: skip
+    WrapValidator(
+        one_error(
+            "tp_subpipeline",
+            "auto, true or false",
+            fix="set parallelism.tp_subpipeline to auto (the planner decides), true or false",
+        )
+    ),
+]
 
 
 class TensorParallelFields(SpecModel):
     """``parallelism.tensor_parallel`` (T, or ``auto``: the planner's search)."""
 
     tensor_parallel: TensorParallel = Field(
-        1, description="T: processes that split each stage's linears (Megatron TMP); 1: "
+        1,
+        description="T: processes that split each stage's linears (Megatron TMP); 1: "
         "off; auto: the planner searches T x P x D (engine.planner.tp_search)",
-    )  # fmt: skip
+    )
     tp_subpipeline: TPSubpipeline = Field(
-        "auto", description="Merak 5.3: each micro-batch of a split stage as two halves, "
+        "auto",
+        description="Merak 5.3: each micro-batch of a split stage as two halves, "
         "one all-reducing while the other computes; auto: where engine.planner.tp_overlap "
         "predicts a gain",
-    )  # fmt: skip
+    )
 
 
 def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
@@ -94,9 +114,10 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
     for field, on, why in NOT_WITH_T:
         if on(spec):
             yield Violation(
-                field, f"does not run with tensor_parallel {T}: {why}",
+                field,
+                f"does not run with tensor_parallel {T}: {why}",
                 f"turn {field} off or set parallelism.tensor_parallel: 1",
-            )  # fmt: skip
+            )
     hw = spec.hardware
     if hw.processes_per_node % T:
         yield Violation(
@@ -124,15 +145,21 @@ def _subpipeline_violations(spec: Any, T: int | str) -> Iterator[Violation]:
         return
     field, m = "parallelism.tp_subpipeline", spec.training.micro_batch_size
     if T == 1:
-        yield Violation(field, "true needs tensor_parallel > 1: no split stage to "
-                        "sub-pipeline", "set parallelism.tp_subpipeline: auto (or false), "
-                        "or parallelism.tensor_parallel > 1")  # fmt: skip
+        yield Violation(
+            field,
+            "true needs tensor_parallel > 1: no split stage to sub-pipeline",
+            "set parallelism.tp_subpipeline: auto (or false), or parallelism.tensor_parallel > 1",
+        )
     if isinstance(m, int) and m % 2:
-        yield Violation(field, f"true splits each micro-batch in two halves, but "
-                        f"training.micro_batch_size is {m}", "set an even training."
-                        "micro_batch_size or parallelism.tp_subpipeline: auto")  # fmt: skip
+        yield Violation(
+            field,
+            f"true splits each micro-batch in two halves, but training.micro_batch_size is {m}",
+            "set an even training.micro_batch_size or parallelism.tp_subpipeline: auto",
+        )
     if spec.parallelism.schedule == "zb_h1":
-        yield Violation(field, "true runs the halves' backward by hand, which ZB-H1's "
-                        "split of the backward into B and W does not take", "set "
-                        "parallelism.tp_subpipeline: auto (or false), or another "
-                        "parallelism.schedule")  # fmt: skip
+        yield Violation(
+            field,
+            "true runs the halves' backward by hand, which ZB-H1's "
+            "split of the backward into B and W does not take",
+            "set parallelism.tp_subpipeline: auto (or false), or another parallelism.schedule",
+        )

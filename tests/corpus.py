@@ -10,7 +10,6 @@ import numpy as np
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats sleep in warm sun"
 
 
-
 def corpus(n: int, seed: int = 0) -> list[str]:
     """``n`` documents of 5-29 words drawn from ``WORDS``."""
     rng = np.random.default_rng(seed)

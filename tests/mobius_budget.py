@@ -49,9 +49,12 @@ def main(folder: Path, optimizer: str, steps: int) -> dict:
     reserved = sum(b.numel() * 4 for b in runner.reserved.buffers)
     runner.close()
     return {
-        "state_bytes": state_bytes, "budget": budget, "peak": peak, "reserved": reserved,
+        "state_bytes": state_bytes,
+        "budget": budget,
+        "peak": peak,
+        "reserved": reserved,
         "losses": losses,
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

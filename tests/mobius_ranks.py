@@ -31,11 +31,19 @@ def spec_for(optimizer: str, steps: int):
     return tiny_spec(**{"model.layers": 4, "training.steps": steps, **OPTIMIZERS[optimizer]})
 
 
-def main(rank: int, world: int, port: int, out: Path, optimizer: str, steps: int,
-         placement: tuple[int, ...] | None) -> None:  # fmt: skip
+def main(
+    rank: int,
+    world: int,
+    port: int,
+    out: Path,
+    optimizer: str,
+    steps: int,
+    placement: tuple[int, ...] | None,
+) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     spec = spec_for(optimizer, steps)
     mdef = model_def(spec.model, spec.training.seed, 2)
     stages = tuple((i,) for i in range(mdef.num_blocks))

@@ -82,9 +82,17 @@ class Cluster:
         subprocess.run(["scancel", "--full", user], env=env, capture_output=True, timeout=30)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = subprocess.run(["squeue", "--noheader", "--states=CONFIGURING,PENDING,RUNNING,"
-                                  "COMPLETING,SUSPENDED"], env=env, capture_output=True,
-                                 text=True, timeout=30)  # fmt: skip
+            out = subprocess.run(
+                [
+                    "squeue",
+                    "--noheader",
+                    "--states=CONFIGURING,PENDING,RUNNING,COMPLETING,SUSPENDED",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if out.returncode or not out.stdout.strip():
                 return
             time.sleep(0.5)
@@ -188,11 +196,16 @@ def _multi_node(conf: str, root: Path, nodes: int) -> str:
     (node_line,) = [x for x in conf.splitlines() if x.startswith("NodeName=")]
     resources = node_line.split(" CPUs=", 1)[1]
     host = socket.gethostname()
-    lines += [f"SlurmdSpoolDir={root}/spool/%n", f"SlurmdPidFile={root}/slurmd-%n.pid",
-              f"SlurmdLogFile={root}/slurmd-%n.log"]  # fmt: skip
+    lines += [
+        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmdLogFile={root}/slurmd-%n.log",
+    ]
     for k in range(nodes):
-        lines.append(f"NodeName=n{k} NodeHostname={host} NodeAddr=127.0.0.1 "
-                     f"Port={free_port()} CPUs={resources}")  # fmt: skip
+        lines.append(
+            f"NodeName=n{k} NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port={free_port()} CPUs={resources}"
+        )
     partition = next(i for i, x in enumerate(lines) if x.startswith("PartitionName="))
     lines.append(lines.pop(partition))  # after the nodes it names
     return "\n".join(lines) + "\n"
@@ -202,13 +215,23 @@ def _start_daemons(cluster: Cluster, nodes: int = 1) -> None:
     root, env = cluster.root, {**os.environ, **cluster.env}
     munge = root / "munge"
     commands = [
-        ["munged", "--foreground", "--force", f"--socket={munge}/munge.sock",
-         f"--key-file={munge}/munge.key", f"--pid-file={munge}/munged.pid",
-         f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"],
+        [
+            "munged",
+            "--foreground",
+            "--force",
+            f"--socket={munge}/munge.sock",
+            f"--key-file={munge}/munge.key",
+            f"--pid-file={munge}/munged.pid",
+            f"--log-file={munge}/munged.log",
+            f"--seed-file={munge}/munged.seed",
+        ],
         ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
-    ]  # fmt: skip
-    commands += [["slurmd", "-D", "-f", str(cluster.conf)]] if nodes == 1 else [
-        ["slurmd", "-D", "-N", f"n{k}", "-f", str(cluster.conf)] for k in range(nodes)]  # fmt: skip
+    ]
+    commands += (
+        [["slurmd", "-D", "-f", str(cluster.conf)]]
+        if nodes == 1
+        else [["slurmd", "-D", "-N", f"n{k}", "-f", str(cluster.conf)] for k in range(nodes)]
+    )
     for cmd in commands:
         name = cmd[0] + (f"-{cmd[3]}" if "-N" in cmd else "")
         log = open(root / f"{name}.out", "wb")  # noqa: SIM115 - handed to the daemon
@@ -220,7 +243,7 @@ def _start_daemons(cluster: Cluster, nodes: int = 1) -> None:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         )
         log.close()
         if cmd[0] == "munged":
@@ -232,9 +255,12 @@ def _wait_idle(cluster: Cluster, timeout: float) -> None:
 
     def idle() -> bool:
         out = subprocess.run(
-            ["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True, env=env,
+            ["sinfo", "--noheader", "--format=%t"],
+            capture_output=True,
+            text=True,
+            env=env,
             timeout=10,
-        )  # fmt: skip
+        )
         return out.returncode == 0 and set(out.stdout.split()) == {"idle"}
 
     _wait_for(idle, timeout, "an idle Slurm node", cluster)

@@ -50,9 +50,19 @@ class Sshd:
         control = control_dir()
         for host in hosts if control else ():
             subprocess.run(
-                ["ssh", "-p", str(self.port), "-o", f"ControlPath={control}/%C", "-O", "exit",
-                 host], capture_output=True, timeout=15,
-            )  # fmt: skip
+                [
+                    "ssh",
+                    "-p",
+                    str(self.port),
+                    "-o",
+                    f"ControlPath={control}/%C",
+                    "-O",
+                    "exit",
+                    host,
+                ],
+                capture_output=True,
+                timeout=15,
+            )
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
@@ -81,8 +91,9 @@ def start(timeout: float = START_TIMEOUT_S) -> Sshd:
     for name in ("host_key", "client_key"):
         subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)],
-            check=True, timeout=30,
-        )  # fmt: skip
+            check=True,
+            timeout=30,
+        )
     shutil.copy(root / "client_key.pub", root / "authorized_keys")
     port = free_port()
     (root / "sshd_config").write_text(_config(root, port))
@@ -90,9 +101,11 @@ def start(timeout: float = START_TIMEOUT_S) -> Sshd:
     log = open(root / "sshd.log", "wb")  # noqa: SIM115 - handed to the daemon
     proc = subprocess.Popen(
         [shutil.which("sshd") or "sshd", "-D", "-e", "-f", str(root / "sshd_config")],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     log.close()
     server = Sshd(root, port, root / "client_key", root / "known_hosts", proc)
     try:
@@ -122,11 +135,22 @@ LogLevel ERROR
 
 def _wait_for_login(server: Sshd, timeout: float) -> None:
     argv = [
-        "ssh", "-p", str(server.port), "-i", str(server.key), "-o", "BatchMode=yes",
-        "-o", f"UserKnownHostsFile={server.known_hosts}",
-        "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=5",
-        "127.0.0.1", "true",
-    ]  # fmt: skip
+        "ssh",
+        "-p",
+        str(server.port),
+        "-i",
+        str(server.key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={server.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "ConnectTimeout=5",
+        "127.0.0.1",
+        "true",
+    ]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:

@@ -86,10 +86,18 @@ class ProfiledExecutor(InterleavedExecutor):
 def topology(rank: int, P: int) -> Topology:
     """Rank ``rank`` of one P-stage pipeline (one replica, no tied group)."""
     return Topology(
-        rank=rank, stage=rank, replica=0, P=P, D=1,
-        prev=None if rank == 0 else rank - 1, next=None if rank == P - 1 else rank + 1,
-        dp_ranks=[rank], dp_group=None, tied_ranks=[], tied_group=None,
-    )  # fmt: skip
+        rank=rank,
+        stage=rank,
+        replica=0,
+        P=P,
+        D=1,
+        prev=None if rank == 0 else rank - 1,
+        next=None if rank == P - 1 else rank + 1,
+        dp_ranks=[rank],
+        dp_group=None,
+        tied_ranks=[],
+        tied_group=None,
+    )
 
 
 def profile_rank(rank: int, job: dict) -> dict:

@@ -117,12 +117,16 @@ def measure_profile(spec: JobSpec, m: int, n: int, sizes: list[int]) -> dict:
     plan = make_plan(spec)
     B = replica_batch(spec)
     job = {
-        "spec": spec, "P": plan.P, "N": n, "size": plan.micro_batch_size, "B": B,
+        "spec": spec,
+        "P": plan.P,
+        "N": n,
+        "size": plan.micro_batch_size,
+        "B": B,
         "sizes": sizes,
         "blocks": [s.blocks for s in plan.stages],
         "keep": [s.keep_blocks for s in plan.stages],
         "actions": [s.action_list() for s in plan.stages],
-    }  # fmt: skip
+    }
     with tempfile.TemporaryDirectory(prefix="jobctl-avgpipe-") as tmp:
         ranks = _run_ranks(job, Path(tmp))
     return {"m": m, "n": n, "B": B, "ranks": ranks, "per_message": spec.hardware.one_machine}
@@ -135,9 +139,13 @@ def _run_ranks(job: dict, tmp: Path) -> list[dict]:
     procs = []
     for rank in range(job["P"]):
         env = {
-            **os.environ, "RANK": str(rank), "WORLD_SIZE": str(job["P"]),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-        }  # fmt: skip
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(job["P"]),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         cmd = [sys.executable, "-m", "jobctl.engine.averaging.profile_rank", str(tmp)]
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
     errors = []
@@ -176,12 +184,17 @@ def profile_from(raw: dict) -> Profile:
         )
         stages.append(
             StageProfile(
-                T_gpu=sum(dt for dt, _ in phi), T=sent, phi=phi, T_upd=_mean(r["update"]),
-                F_mod=r["F_mod"], F_ref=r["F_ref"],
-                F_dat=r["dat_per_sample"] * r["size"] * r["peak"], peak=r["peak"],
+                T_gpu=sum(dt for dt, _ in phi),
+                T=sent,
+                phi=phi,
+                T_upd=_mean(r["update"]),
+                F_mod=r["F_mod"],
+                F_ref=r["F_ref"],
+                F_dat=r["dat_per_sample"] * r["size"] * r["peak"],
+                peak=r["peak"],
                 timed=tuple((int(z), t) for z, t in r.get("timed", ())),
             )
-        )  # fmt: skip
+        )
     return Profile(raw["m"], raw["n"], raw["B"], tuple(stages), raw["per_message"])
 
 

@@ -99,9 +99,7 @@ def analytic_calibration(spec: JobSpec, fingerprint: Fingerprint) -> Calibration
     # it is (``runtime.optim.allreduce_grads``), as the measured record counts them
     # (numel x element_size); only activations and sends are half at fp16 / bf16.
     tied = _tied_param_bytes(spec.model, costs.num_blocks)
-    blocks = [
-        _block(costs, i, overhead, tied[i], device, scale) for i in range(costs.num_blocks)
-    ]
+    blocks = [_block(costs, i, overhead, tied[i], device, scale) for i in range(costs.num_blocks)]
     if spec.hardware.accelerator and not spec.model.import_:
         blocks = device_blocks(spec, blocks)
     return Calibration(

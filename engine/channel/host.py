@@ -84,9 +84,14 @@ def read_host(run_dir: Path) -> RunHost | None:
     d = json.loads(path.read_text())
     sup = int(d.get("supervisor", 0))
     return RunHost(
-        int(d["pid"]), d["rdzv_endpoint"], d["channel_url"], Path(run_dir), sup,
-        d.get("token"), d.get("supervisor_token"),
-    )  # fmt: skip
+        int(d["pid"]),
+        d["rdzv_endpoint"],
+        d["channel_url"],
+        Path(run_dir),
+        sup,
+        d.get("token"),
+        d.get("supervisor_token"),
+    )
 
 
 def spawn_run_host(

@@ -191,8 +191,9 @@ def read_batch(data: bytes) -> Batch:
             invalid.append((i, why))
     if invalid and not good:
         i, why = invalid[0]
-        raise ValueError(f"event {i}: {why}" + (f" (and {len(invalid) - 1} more)"
-                                                if len(invalid) > 1 else ""))  # fmt: skip
+        raise ValueError(
+            f"event {i}: {why}" + (f" (and {len(invalid) - 1} more)" if len(invalid) > 1 else "")
+        )
     return Batch(src, seq, good, invalid)
 
 
@@ -213,8 +214,14 @@ class _Server(ThreadingHTTPServer):
             self.invalid_events += len(invalid)
             n = self.invalid_events
         i, why = invalid[0]
-        log.warning("channel: set aside %d malformed event(s) from %s, event %d: %s "
-                    "(%d so far)", len(invalid), client, i, why[:200], n)  # fmt: skip
+        log.warning(
+            "channel: set aside %d malformed event(s) from %s, event %d: %s (%d so far)",
+            len(invalid),
+            client,
+            i,
+            why[:200],
+            n,
+        )
 
     def note_malformed(self, client: str, why: str) -> None:
         with self._lock:
@@ -251,9 +258,11 @@ class ChannelServer:
         # supervisor waits for the run host to be gone at every attempt's end, a
         # recovery's teardown included, so that wait was up to 0.5 s of it.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(SHUTDOWN_POLL_S,), name="jobctl-channel",
+            target=self._server.serve_forever,
+            args=(SHUTDOWN_POLL_S,),
+            name="jobctl-channel",
             daemon=True,
-        )  # fmt: skip
+        )
 
     @property
     def url(self) -> str:

@@ -125,10 +125,13 @@ def load_blocks(
         state = payload["optim"].get(source)
         if state and opt is not None:
             opt.state[p] = {
-                k: (_reshard(local, name, v, saved).to(p.device)
-                    if torch.is_tensor(v) and v.dim() else v)
+                k: (
+                    _reshard(local, name, v, saved).to(p.device)
+                    if torch.is_tensor(v) and v.dim()
+                    else v
+                )
                 for k, v in state.items()
-            }  # fmt: skip
+            }
 
 
 def load_masks(ckpt_dir: Path, names: list[str], ties: list[Tie]) -> dict[str, torch.Tensor]:

@@ -63,8 +63,11 @@ def decide(plan: Plan, held: dict[int, dict]) -> Decision:
     if missing:
         return Decision(None, f"no live replica of stage(s) {missing}")
     step = max(h["committed"] for h in held.values())
-    behind = [r for r, h in held.items() if h["done"] < step - 1 or (
-        h["done"] == step - 1 and not h["ready"])]  # fmt: skip
+    behind = [
+        r
+        for r, h in held.items()
+        if h["done"] < step - 1 or (h["done"] == step - 1 and not h["ready"])
+    ]
     if behind:
         return Decision(None, f"rank(s) {sorted(behind)} cannot reach step {step}")
     if step == 0:
@@ -77,8 +80,9 @@ def _deal(plan: Plan, survivors: list[int]) -> dict[int, list[int]]:
     """Each stage's blocks dealt over its surviving replicas (lowest replica first)."""
     out: dict[int, list[int]] = {}
     for s, stage in enumerate(plan.stages):
-        mine = sorted((r for r in survivors if plan.rank(r).stage == s),
-                      key=lambda r: plan.rank(r).replica)  # fmt: skip
+        mine = sorted(
+            (r for r in survivors if plan.rank(r).stage == s), key=lambda r: plan.rank(r).replica
+        )
         for k, block in enumerate(stage.blocks):
             out.setdefault(mine[k % len(mine)], []).append(block)
     return out

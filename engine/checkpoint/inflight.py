@@ -49,8 +49,13 @@ class InflightMarkers:
 
     def mark(self, step: int, part: str) -> None:
         """Record that ``part`` of ``step`` is being uploaded now."""
-        record = {"step": step, "part": part, "ts": self.clock(),
-                  "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+        record = {
+            "step": step,
+            "part": part,
+            "ts": self.clock(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
         self.store.fs.pipe_file(f"{self._dir(step)}/{part}.json", json.dumps(record).encode())
 
     def clear(self, step: int, part: str) -> None:

@@ -28,10 +28,14 @@ def _print_version(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_print_version, is_eager=True,
-                     help="print jobctl's version and exit"),
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print jobctl's version and exit",
+        ),
     ] = False,
-) -> None:  # fmt: skip
+) -> None:
     """The commands live in jobctl.engine.cli.lazy.COMMANDS, imported when they run."""
 
 

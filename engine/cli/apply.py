@@ -142,9 +142,12 @@ def _detach(
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     _await_row(db, run_id, proc, log)
     console.print(
         f"run {run_id} supervised in the background by pid {proc.pid} (log {log}); "
@@ -217,8 +220,9 @@ def _check_credentials(spec: JobSpec, spec_path: str | None) -> None:
 
     problem = credentials_problem(spec)
     if problem is not None:
-        err.print(f"error: {spec_path}: {problem}. Nothing was started.", highlight=False,
-                  markup=False)  # fmt: skip
+        err.print(
+            f"error: {spec_path}: {problem}. Nothing was started.", highlight=False, markup=False
+        )
         raise typer.Exit(2)
 
 
@@ -246,8 +250,9 @@ def _launch_and_report(
         raise typer.Exit(2) from None
     except Exception as e:  # never leave a ghost run `launching` behind
         where = fail_launch(db, spec.name, opts.run_id, e)
-        err.print(f"error: the launch failed: {type(e).__name__}: {e}", highlight=False,
-                  markup=False)  # fmt: skip
+        err.print(
+            f"error: the launch failed: {type(e).__name__}: {e}", highlight=False, markup=False
+        )
         err.print(f"the run is marked failed; traceback in {where}", markup=False)
         raise typer.Exit(1) from None
     _report(db, run, outcome, time.monotonic() - t0, ctrl_c.interrupted)

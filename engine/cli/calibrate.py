@@ -34,4 +34,3 @@ def calibrate(
 
         cal, path = measure(spec, home, repeats=repeats, progress=report)
     views.print_calibration(console, cal, path)
-

@@ -97,9 +97,7 @@ def for_devices(spec: JobSpec, devices: int | None) -> JobSpec:
     return spec.model_copy(update={"parallelism": par})
 
 
-def plan_or_exit(
-    spec: JobSpec, path: Path, devices: int | None, home: Path | None = None
-) -> Plan:
+def plan_or_exit(spec: JobSpec, path: Path, devices: int | None, home: Path | None = None) -> Plan:
     """The plan of ``spec`` for ``devices`` (see ``for_devices``), priced by the measured
     calibration under ``home`` where one matches; exit 2 when none fits."""
     from jobctl.engine.planner.resolver import PlanError, make_plan

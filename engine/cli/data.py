@@ -53,7 +53,10 @@ def prepare(
 
 def _bar() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("chunks, {task.fields[tokens]:,} tokens"), TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("chunks, {task.fields[tokens]:,} tokens"),
+        TimeRemainingColumn(),
         console=err,
-    )  # fmt: skip
+    )

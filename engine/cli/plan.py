@@ -109,9 +109,13 @@ def _wrote(path: Path, as_json: bool) -> None:
 
 
 def _plan_mobius(
-    spec_file: Path, spec: JobSpec, devices: int | None, as_json: bool, gantt: Path | None,
+    spec_file: Path,
+    spec: JobSpec,
+    devices: int | None,
+    as_json: bool,
+    gantt: Path | None,
     cal: Calibration,
-) -> bool:  # fmt: skip
+) -> bool:
     """A Mobius plan (forced, or auto where nothing else fits): the plan, why, its
     simulated step with the swaps; False where the search plans ``spec``."""
     if spec.parallelism.schedule not in ("mobius", "auto"):
@@ -131,9 +135,13 @@ def _plan_mobius(
 
 
 def _faster_mobius(
-    spec: JobSpec, devices: int | None, base: Plan, as_json: bool, gantt: Path | None,
+    spec: JobSpec,
+    devices: int | None,
+    base: Plan,
+    as_json: bool,
+    gantt: Path | None,
     cal: Calibration,
-) -> bool:  # fmt: skip
+) -> bool:
     """Auto's Mobius plan where it is simulated faster than ``base`` (the search's),
     shown as ``_plan_mobius`` shows one; False where ``base`` stands."""
     from jobctl.engine.planner.mobius_step import faster_mobius
@@ -189,6 +197,19 @@ def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> 
     print_rebalancing(console, preview_rebalancing(spec, p, home))
 
 
+def _write_start(start: Path, backend: str, ctx) -> Path:
+    """``start.sh``: starts the run's nodes as `jobctl apply` would, and waits."""
+    from jobctl.backends import by_hand_command
+    from jobctl.templates import render as render_template
+
+    command = by_hand_command(backend, ctx)
+    fields = {"run_id": ctx.run_id, "backend": backend, "run_dir": str(ctx.run_dir)}
+    fields |= {"rdzv_endpoint": ctx.rdzv_endpoint, "python": ctx.python, "nnodes": ctx.nnodes}
+    start.write_text(render_template("by-hand.sh.j2", **fields, command=command))
+    start.chmod(0o755)
+    return start
+
+
 def render(
     spec_file: SpecArg,
     out: Annotated[Path, typer.Option("--out", help="output folder")],
@@ -201,10 +222,8 @@ def render(
     the backend's files in scripts/); OUT/start.sh starts the run by hand: the
     rendezvous host, then the nodes (local, ssh), sbatch or kubectl apply, and waits.
     """
-    from jobctl.backends import by_hand_command
     from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import new_run_id, run_context
-    from jobctl.templates import render as render_template
 
     spec = load_or_exit(spec_file)
     p = plan_or_exit(spec, spec_file, devices)
@@ -218,12 +237,5 @@ def render(
         (ctx.run_dir / file).write_text(text)
     for path in rendered.write(ctx.run_dir / "scripts"):
         console.print(f"wrote {path}")
-    command = by_hand_command(name, ctx)  # start the nodes as apply would, and wait
-    start = out / "start.sh"
-    start.write_text(render_template(
-        "by-hand.sh.j2", run_id=ctx.run_id, backend=name, run_dir=str(ctx.run_dir),
-        rdzv_endpoint=ctx.rdzv_endpoint, python=ctx.python, nnodes=ctx.nnodes,
-        command=command,
-    ))  # fmt: skip
-    start.chmod(0o755)
+    start = _write_start(out / "start.sh", name, ctx)
     console.print(f"wrote {start}: `bash {start}` starts the run without jobctl")

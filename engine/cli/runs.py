@@ -82,8 +82,9 @@ def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
     rows = db.list_runs() if run is None else [db.get_run(run)]
     rows = [_supervision(r) for r in rows]
     recs = tail_records(rows[0]["run_dir"]) if run is not None else []
-    figures = {r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else []))
-               for r in rows}  # fmt: skip
+    figures = {
+        r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else [])) for r in rows
+    }
     if as_json:
         print(json.dumps(views.runs_json(rows, figures, now), indent=2, default=str))
     elif run is None:

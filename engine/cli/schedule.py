@@ -192,4 +192,3 @@ def leases(home: HomeOpt = None) -> None:
     """Table of job leases: who may launch each job, and until when."""
     now = time.time()
     print_leases(console, Leases(StateDB(home)).all(), now)
-

@@ -78,8 +78,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "step_s_after": "number",
     },
     Kind.FREED: {"rank": "index", "host_node": "index"},
-    Kind.TP_SUBPIPELINE: {"rank": "index", "stage": "index", "subpipelined": "list",
-                          "plain": "list"},  # fmt: skip
+    Kind.TP_SUBPIPELINE: {
+        "rank": "index",
+        "stage": "index",
+        "subpipelined": "list",
+        "plain": "list",
+    },
 }
 KINDS = frozenset(kind.value for kind in Kind)
 TYPE_WORDS = {

@@ -140,9 +140,10 @@ class Plan(_Frozen):
     D: int = Field(description="data-parallel replicas")
     T: int = Field(1, description="tensor-parallel ranks per stage (Merak 4.1), consecutive")
     tp_subpipeline: bool = Field(
-        False, description="sub-pipelined TMP (Merak 5.3): each micro-batch of a split stage "
+        False,
+        description="sub-pipelined TMP (Merak 5.3): each micro-batch of a split stage "
         "as two halves, one all-reducing while the other computes (planner.tp_overlap)",
-    )  # fmt: skip
+    )
     t_search: list[str] = Field(
         default_factory=list,
         description="how T was chosen (tensor_parallel auto: each T's best, or why only T=1)",

@@ -133,8 +133,12 @@ def make_data(spec: JobSpec) -> Samples:
     remote = d.source == "tokens" and is_url(d.path or "")
     return PackedData(
         lambda: split(open_stream(spec, d.path), m.seq_len, fraction)[0],
-        d.seed, d.shuffle, remote=remote, block_mb=d.block_mb, window=d.shuffle_window,
-    )  # fmt: skip
+        d.seed,
+        d.shuffle,
+        remote=remote,
+        block_mb=d.block_mb,
+        window=d.shuffle_window,
+    )
 
 
 def make_eval_data(spec: JobSpec) -> PackedData | None:

@@ -136,12 +136,15 @@ def over_budget(fp: FleetPlan) -> SpecIssue | None:
     found = re.search(r"^max_total_usd\s*:", text, re.MULTILINE)
     line = text.count("\n", 0, found.start()) + 1 if found else None
     return SpecIssue(
-        str(fp.fleet.path), line, 1 if found else None, "max_total_usd",
+        str(fp.fleet.path),
+        line,
+        1 if found else None,
+        "max_total_usd",
         f"the members are predicted to cost ${total:.4g} to finish, over max_total_usd "
         f"${cap:g} (dearest: {shown})",
         fix="raise max_total_usd, drop members, or give members a cheaper plan "
         "(planner.objective: cost, fewer training.steps)",
-    )  # fmt: skip
+    )
 
 
 def record_fleet(fleets: FleetDB, fp: FleetPlan, now: float) -> None:

@@ -44,8 +44,9 @@ def snapshot(runner: MobiusRunner, ties: list[Tie]) -> Snapshot:
         _bound(runner, j)
         blocks = list(runner.cfg.stages[j])
         snap.update(snapshot_blocks(runner.mods[j], runner.opts[j], blocks, ties))
-        resident.release(runner.mods[j], runner.layouts[j], runner.opts[j],
-                         runner.reserved.placeholder)  # fmt: skip
+        resident.release(
+            runner.mods[j], runner.layouts[j], runner.opts[j], runner.reserved.placeholder
+        )
     return snap
 
 

@@ -217,10 +217,15 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
         from jobctl.engine.model.graph.source import GraphModelConfig
 
         cfg = GraphModelConfig(
-            hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
-            hf_config_path=hf.config_path, pretrained=localized(hf.pretrained), task=m.task,
+            hf_class=hf.class_,
+            hf_config=dict(hf.config or {}) or None,
+            hf_config_path=hf.config_path,
+            pretrained=localized(hf.pretrained),
+            task=m.task,
             loss=m.loss,
-            seq_len=m.seq_len, subgraphs=m.subgraphs, seed=seed,
+            seq_len=m.seq_len,
+            subgraphs=m.subgraphs,
+            seed=seed,
         )
         return graph_model_def(cfg, micro_batch)
     if m.import_:

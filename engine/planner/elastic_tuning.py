@@ -130,8 +130,14 @@ def seconds_at(timed: tuple[tuple[int, float], ...], size: int) -> float:
     return mean_t + b * (size - mean_s)
 
 
-def measured(T_gpu: float, K: int, K_star: int, size: int, size_star: int,
-             timed: tuple[tuple[int, float], ...]) -> float:  # fmt: skip
+def measured(
+    T_gpu: float,
+    K: int,
+    K_star: int,
+    size: int,
+    size_star: int,
+    timed: tuple[tuple[int, float], ...],
+) -> float:
     """(T_gpu)* = K* c* with c* = max(c + t(size*) - t(size), t(size*)) and
     c = T_gpu / K: the profiled micro-batch's in-pipeline seconds moved by the
     measured difference between the sizes (see the module docstring)."""
@@ -201,9 +207,11 @@ class Tuning:
 
 
 def tune(
-    p: Profile, settings: list[tuple[int, int]], cap: float,
+    p: Profile,
+    settings: list[tuple[int, int]],
+    cap: float,
     peaks_of: Callable[[int], list[int]],
-) -> Tuning:  # fmt: skip
+) -> Tuning:
     """Predict every (M, N) of ``settings`` and pick the fastest whose memory fits
     ``cap`` bytes (sec. 5.2.3's constraint); ValueError when none fits."""
     rows = tuple(predict(p, M, n, peaks_of(M * n)) for M, n in settings)

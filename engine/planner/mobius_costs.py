@@ -153,15 +153,32 @@ def _same(a: LayerCost, b: LayerCost) -> bool:
 
 
 def _fields(c: LayerCost) -> tuple[float, ...]:
-    return (c.forward_s, c.backward_s, c.upload_f, c.upload_b, c.memory_f, c.memory_b,
-            c.update_s, c.recompute_s, c.grad_down, c.boundary, c.reload)  # fmt: skip
+    return (
+        c.forward_s,
+        c.backward_s,
+        c.upload_f,
+        c.upload_b,
+        c.memory_f,
+        c.memory_b,
+        c.update_s,
+        c.recompute_s,
+        c.grad_down,
+        c.boundary,
+        c.reload,
+    )
 
 
 def _sum(group: list[LayerCost]) -> LayerCost:
     """The layers as one: sums, the last one's output and the first one's input."""
     sums = [sum(x) for x in zip(*(_fields(c) for c in group), strict=True)]
-    return LayerCost(*sums[:6], update_s=sums[6], recompute_s=sums[7], grad_down=sums[8],
-                     boundary=group[-1].boundary, reload=group[0].reload)  # fmt: skip
+    return LayerCost(
+        *sums[:6],
+        update_s=sums[6],
+        recompute_s=sums[7],
+        grad_down=sums[8],
+        boundary=group[-1].boundary,
+        reload=group[0].reload,
+    )
 
 
 def as_run(stages: list[LayerCost], tier_Bps: float) -> list[LayerCost]:  # noqa: N803
@@ -177,8 +194,10 @@ def as_run(stages: list[LayerCost], tier_Bps: float) -> list[LayerCost]:  # noqa
             backward_s=s.backward_s + (s.recompute_s if j < last else 0.0),
             upload_f=s.upload_f + s.update_s * tier_Bps,
             upload_b=s.upload_b + s.reload + s.grad_down,
-            memory_f=s.memory_f, memory_b=s.memory_b, boundary=s.boundary,
-        )  # fmt: skip
+            memory_f=s.memory_f,
+            memory_b=s.memory_b,
+            boundary=s.boundary,
+        )
         for j, s in enumerate(stages)
     ]
 

@@ -53,9 +53,12 @@ def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
     M = spec.training.global_batch_size // m
     layers = layer_costs(cal, m, M)
     cfg = MobiusConfig(
-        devices=N, memory_bytes=spec.hardware.memory_gb * GB,
-        tier_Bps=TIER_BPS[spec.hardware.device], micro_batches=M, max_units=max(16, S),
-    )  # fmt: skip
+        devices=N,
+        memory_bytes=spec.hardware.memory_gb * GB,
+        tier_Bps=TIER_BPS[spec.hardware.device],
+        micro_batches=M,
+        max_units=max(16, S),
+    )
     try:
         part = mobius_partition(layers, cfg, S)
     except ValueError as err:
@@ -93,12 +96,16 @@ def mapped_topology(spec: JobSpec, N: int) -> Topology | None:
 def _mapping_note(spec: JobSpec, lay: MobiusLayout) -> str:
     """The explanation's words on where the stages run."""
     if mapped_topology(spec, lay.N) is not None:
-        return (f"; cross mapping (sec. 3.3) {lay.ranks}: eq. 13 contention "
-                f"{lay.contention:.3g} vs {lay.sequential:.3g} for j % N")  # fmt: skip
+        return (
+            f"; cross mapping (sec. 3.3) {lay.ranks}: eq. 13 contention "
+            f"{lay.contention:.3g} vs {lay.sequential:.3g} for j % N"
+        )
     if spec.hardware.topology is not None:
         nodes = spec.hardware.nodes
-        return ("; hardware.topology not applied (the cross mapping maps one node's "
-                f"devices, this run has {lay.N} ranks on {nodes} nodes): j % N")  # fmt: skip
+        return (
+            "; hardware.topology not applied (the cross mapping maps one node's "
+            f"devices, this run has {lay.N} ranks on {nodes} nodes): j % N"
+        )
     return "; stage j on rank j % N"
 
 
@@ -113,29 +120,48 @@ def _layout(spec: JobSpec, part: MobiusPartition, N: int) -> MobiusLayout:
         ranks = list(mapping.stage_devices)
         costs = (float(mapping.contention), float(contention(plain, topology)))
     return MobiusLayout(
-        S=len(part.stages), stages=[list(r) for r in part.stages], ranks=ranks,
-        step_time_s=part.step_time_s, optimal=part.optimal,
-        contention=costs[0], sequential=costs[1],
-    )  # fmt: skip
+        S=len(part.stages),
+        stages=[list(r) for r in part.stages],
+        ranks=ranks,
+        step_time_s=part.step_time_s,
+        optimal=part.optimal,
+        contention=costs[0],
+        sequential=costs[1],
+    )
 
 
 def _plan(spec: JobSpec, cal: Calibration, lay: MobiusLayout, m: int, pred) -> Plan:
     N, ppn = lay.N, spec.hardware.processes_per_node
-    ranks = [RankPlan(rank=r, node=r // ppn, local_rank=r % ppn, stage=r, replica=0)
-             for r in range(N)]  # fmt: skip
+    ranks = [
+        RankPlan(rank=r, node=r // ppn, local_rank=r % ppn, stage=r, replica=0) for r in range(N)
+    ]
     stages = [
-        StagePlan(index=r, blocks=[b for j in lay.hosted(r) for b in lay.stages[j]],
-                  ranks=[r], recompute=True, actions="")
+        StagePlan(
+            index=r,
+            blocks=[b for j in lay.hosted(r) for b in lay.stages[j]],
+            ranks=[r],
+            recompute=True,
+            actions="",
+        )
         for r in range(N)
-    ]  # fmt: skip
+    ]
     sizes = [len(s) for s in lay.stages]
     mapped = _mapping_note(spec, lay)
     return Plan(
-        P=N, D=1, micro_batch_size=m, micro_batches=spec.training.global_batch_size // m,
-        global_batch_size=spec.training.global_batch_size, schedule="mobius",
-        nodes=max(r.node for r in ranks) + 1, processes_per_node=min(ppn, N),
-        device=spec.hardware.device, block_names=cal.names, stages=stages, ranks=ranks,
-        prediction=pred, mobius=lay,
+        P=N,
+        D=1,
+        micro_batch_size=m,
+        micro_batches=spec.training.global_batch_size // m,
+        global_batch_size=spec.training.global_batch_size,
+        schedule="mobius",
+        nodes=max(r.node for r in ranks) + 1,
+        processes_per_node=min(ppn, N),
+        device=spec.hardware.device,
+        block_names=cal.names,
+        stages=stages,
+        ranks=ranks,
+        prediction=pred,
+        mobius=lay,
         explanation=[
             f"mobius: S = {lay.S} stages on N = {N} ranks, swapped through the tier below "
             f"{spec.hardware.memory_gb} GB per device",
@@ -143,7 +169,7 @@ def _plan(spec: JobSpec, cal: Calibration, lay: MobiusLayout, m: int, pred) -> P
             f"{lay.step_time_s:.4g} s/step{'' if lay.optimal else ' (time limit hit)'}"
             f"{mapped}",
         ],
-    )  # fmt: skip
+    )
 
 
 def _sections(spec: JobSpec) -> int:
@@ -168,11 +194,12 @@ def _prediction(
     samples = spec.training.global_batch_size / step
     price = run_price(spec.hardware) * N
     return Prediction(
-        step_time_s=step, samples_per_s=samples,
+        step_time_s=step,
+        samples_per_s=samples,
         memory_per_stage_gb=[2 * max(records[j] for j in lay.hosted(r)) / GB for r in range(N)],
         bubble_ratio=max(0.0, 1.0 - compute / (N * step)),
         cost_per_1k_samples=price / 3600.0 / samples * 1000.0,
         source="calibration" if cal.source == "measured" else "analytic",
         samples_per_s_per_device=samples / N,
         calibration=cal.fingerprint.key if cal.source == "measured" else None,
-    )  # fmt: skip
+    )

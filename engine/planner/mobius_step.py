@@ -112,8 +112,10 @@ def why_mobius(
     assert lay is not None
     ratio = state_ratio(spec, cal, lay.N)
     if reason == "faster":
-        return (f"mobius: faster than P x D's {base_s:.3g} s: S={lay.S}/N={lay.N}, "
-                f"sim {step_s:.3g} s/step")  # fmt: skip
+        return (
+            f"mobius: faster than P x D's {base_s:.3g} s: S={lay.S}/N={lay.N}, "
+            f"sim {step_s:.3g} s/step"
+        )
     head = {"forced": "schedule mobius", "memory": "no P x D fits"}[reason]
     return (
         f"mobius: {head} (state {ratio:.1f}x N x memory_gb): "
@@ -154,9 +156,11 @@ def best_stages(spec: JobSpec, cal: Calibration, G: int) -> int:
     m = micro_batch(spec, G)
     M = spec.training.global_batch_size // m
     cfg = MobiusConfig(
-        devices=G, memory_bytes=spec.hardware.memory_gb * GB,
-        tier_Bps=TIER_BPS[spec.hardware.device], micro_batches=M,
-    )  # fmt: skip
+        devices=G,
+        memory_bytes=spec.hardware.memory_gb * GB,
+        tier_Bps=TIER_BPS[spec.hardware.device],
+        micro_batches=M,
+    )
     try:
         part = mobius_partition(layer_costs(cal, m, M), cfg)
     except ValueError as err:
@@ -213,9 +217,11 @@ def even_estimate(spec: JobSpec, cal: Calibration, G: int) -> tuple[float, int]:
     and its S (inf, 0: the model has at most G blocks)."""
     m = micro_batch(spec, G)
     cfg = MobiusSimConfig(
-        devices=G, micro_batches=spec.training.global_batch_size // m,
-        tier_Bps=TIER_BPS[spec.hardware.device], link_Bps=_link_Bps(cal, m),
-    )  # fmt: skip
+        devices=G,
+        micro_batches=spec.training.global_batch_size // m,
+        tier_Bps=TIER_BPS[spec.hardware.device],
+        link_Bps=_link_Bps(cal, m),
+    )
     best = (float("inf"), 0)
     for S in cheap_stages(G, cal.num_blocks):
         bounds = even_bounds(cal.num_blocks, S)

@@ -68,9 +68,7 @@ def _fits_with_last(costs: list[float], tail: list[float], parts: int, cap: floa
     return j < n and _fits(costs[:j], parts - 1, cap)
 
 
-def partition(
-    costs: list[float], parts: int, last: list[float] | None = None
-) -> list[list[int]]:
+def partition(costs: list[float], parts: int, last: list[float] | None = None) -> list[list[int]]:
     """Split indices ``0..n-1`` into ``parts`` non-empty contiguous runs, min-max optimal
     (the last run priced by ``last`` when given).
 

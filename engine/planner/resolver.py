@@ -95,9 +95,11 @@ def plan_priced(
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
     if spec.parallelism.schedule == "mobius":
-        raise PlanError("a mobius job has no pipeline-schedule simulation to show here: "
-                        "`jobctl plan` simulates its swaps (planner.mobius_step) and "
-                        "`jobctl apply` runs it")  # fmt: skip
+        raise PlanError(
+            "a mobius job has no pipeline-schedule simulation to show here: "
+            "`jobctl plan` simulates its swaps (planner.mobius_step) and "
+            "`jobctl apply` runs it"
+        )
     cal = calibration or calibration_for(spec, home)
     whole_cal = cal  # before the T search prices one rank of a group
 
@@ -136,9 +138,13 @@ def tp_groups(spec: JobSpec, G: int) -> tuple[JobSpec, int]:
     per_node = spec.hardware.processes_per_node // T
     hw = spec.hardware
     spot = None if hw.spot_price_per_hour is None else hw.spot_price_per_hour * T
-    hardware = hw.model_copy(update={
-        "processes_per_node": per_node, "price_per_hour": hw.price_per_hour * T,
-        "spot_price_per_hour": spot})  # fmt: skip
+    hardware = hw.model_copy(
+        update={
+            "processes_per_node": per_node,
+            "price_per_hour": hw.price_per_hour * T,
+            "spot_price_per_hour": spot,
+        }
+    )
     return spec.model_copy(update={"hardware": hardware}), G // T
 
 
@@ -148,20 +154,32 @@ def with_tensor_parallel(plan: Plan, T: int) -> Plan:
     if T == 1:
         return plan
     if plan.placement is not None:
-        raise PlanError("parallelism.tensor_parallel > 1 runs one stage per rank; "
-                        "set parallelism.schedule to one other than zb_v")  # fmt: skip
+        raise PlanError(
+            "parallelism.tensor_parallel > 1 runs one stage per rank; "
+            "set parallelism.schedule to one other than zb_v"
+        )
     ranks = [
-        r.model_copy(update={"rank": r.rank * T + t, "local_rank": r.local_rank * T + t,
-                             "tp_rank": t})
-        for r in plan.ranks for t in range(T)
-    ]  # fmt: skip
+        r.model_copy(
+            update={"rank": r.rank * T + t, "local_rank": r.local_rank * T + t, "tp_rank": t}
+        )
+        for r in plan.ranks
+        for t in range(T)
+    ]
     stages = [st.model_copy(update={"ranks": [r * T for r in st.ranks]}) for st in plan.stages]
-    return plan.model_copy(update={
-        "T": T, "ranks": ranks, "stages": stages, "prediction": _per_rank(plan.prediction, T),
-        "processes_per_node": plan.processes_per_node * T,
-        "explanation": [*plan.explanation, f"T = {T}: each stage split over {T} "
-                        "consecutive ranks (a group priced as one of its ranks)"],
-    })  # fmt: skip
+    return plan.model_copy(
+        update={
+            "T": T,
+            "ranks": ranks,
+            "stages": stages,
+            "prediction": _per_rank(plan.prediction, T),
+            "processes_per_node": plan.processes_per_node * T,
+            "explanation": [
+                *plan.explanation,
+                f"T = {T}: each stage split over {T} "
+                "consecutive ranks (a group priced as one of its ranks)",
+            ],
+        }
+    )
 
 
 def describe(cal: Calibration, spec: JobSpec | None = None) -> str:

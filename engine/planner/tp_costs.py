@@ -120,8 +120,9 @@ def link_source(cal: Calibration, T: int) -> str:
     if any(p.ring == T for p in ring.points):
         why = f"the calibration's measured intra-node all-reduces at ring {T}"
     else:
-        why = (f"the ring model fitted to this machine's measured all-reduces (ring {T} "
-               "not measured)")  # fmt: skip
+        why = (
+            f"the ring model fitted to this machine's measured all-reduces (ring {T} not measured)"
+        )
     # A record from before tp_allreduce, or one whose spec admitted no T > 1 then.
     return f"{why}; no tensor-parallel all-reduce at T = {T} in the calibration"
 
@@ -131,10 +132,13 @@ def _times(cal: Calibration, b: BlockCalibration, fact: TPBlock, tp: TPCosts, ke
     table: dict[int, Stat] = getattr(b, key)
     o, slow = overhead(table), cal.host.factor(tp.T) if tp.share_cores else 1.0
     return {
-        m: Stat(median=slow * split_time(s.median, o, fact.phi, tp.T)
-                + comm_time(cal, fact, tp.T, m), iqr=s.iqr, n=s.n)
+        m: Stat(
+            median=slow * split_time(s.median, o, fact.phi, tp.T) + comm_time(cal, fact, tp.T, m),
+            iqr=s.iqr,
+            n=s.n,
+        )
         for m, s in table.items()
-    }  # fmt: skip
+    }
 
 
 def rank_block(cal: Calibration, b: BlockCalibration, fact: TPBlock, tp: TPCosts):
@@ -143,17 +147,23 @@ def rank_block(cal: Calibration, b: BlockCalibration, fact: TPBlock, tp: TPCosts
     keep = 1.0 - fact.phi + fact.phi / T  # parameters, gradients, optimizer state
     acts = 1.0 - fact.psi + fact.psi / T
     state = b.state_bytes * keep
-    return b.model_copy(update={
-        "params": int(round(b.params * keep)), "param_bytes": b.param_bytes * keep,
-        "state_bytes": state, "act_bytes": b.act_bytes * acts,
-        "forward": _times(cal, b, fact, tp, "forward"),
-        "forward_nograd": _times(cal, b, fact, tp, "forward_nograd"),
-        "backward": _times(cal, b, fact, tp, "backward"),
-        "optimizer": Stat(median=b.optimizer.median * keep, iqr=b.optimizer.iqr * keep,
-                          n=b.optimizer.n),
-        "peak_bytes": {m: state + max(0.0, p - b.state_bytes) * acts
-                       for m, p in b.peak_bytes.items()},
-    })  # fmt: skip
+    return b.model_copy(
+        update={
+            "params": int(round(b.params * keep)),
+            "param_bytes": b.param_bytes * keep,
+            "state_bytes": state,
+            "act_bytes": b.act_bytes * acts,
+            "forward": _times(cal, b, fact, tp, "forward"),
+            "forward_nograd": _times(cal, b, fact, tp, "forward_nograd"),
+            "backward": _times(cal, b, fact, tp, "backward"),
+            "optimizer": Stat(
+                median=b.optimizer.median * keep, iqr=b.optimizer.iqr * keep, n=b.optimizer.n
+            ),
+            "peak_bytes": {
+                m: state + max(0.0, p - b.state_bytes) * acts for m, p in b.peak_bytes.items()
+            },
+        }
+    )
 
 
 def group_host(host: HostCalibration, T: int) -> HostCalibration:
@@ -169,11 +179,14 @@ def shared_nic(cal: Calibration, T: int) -> dict:
     """The inter-node link and all-reduce as each of T ranks gets them when all T send
     at once: 1/T of the fitted bandwidth (measured points were one sender's: dropped)."""
     return {
-        name: getattr(cal, name).model_copy(update={
-            "bandwidth_Bps": getattr(cal, name).bandwidth_Bps / T,
-            "points": type(getattr(cal, name).points)()})
+        name: getattr(cal, name).model_copy(
+            update={
+                "bandwidth_Bps": getattr(cal, name).bandwidth_Bps / T,
+                "points": type(getattr(cal, name).points)(),
+            }
+        )
         for name in ("p2p_inter", "allreduce_inter")
-    }  # fmt: skip
+    }
 
 
 def calibration(cal: Calibration, tp: TPCosts) -> Calibration:
@@ -181,8 +194,9 @@ def calibration(cal: Calibration, tp: TPCosts) -> Calibration:
     if tp.T == 1:
         return cal
     if len(tp.blocks) != cal.num_blocks:
-        raise ValueError(f"{len(tp.blocks)} tensor-parallel block facts for "
-                         f"{cal.num_blocks} calibrated blocks")  # fmt: skip
+        raise ValueError(
+            f"{len(tp.blocks)} tensor-parallel block facts for {cal.num_blocks} calibrated blocks"
+        )
     blocks = [rank_block(cal, b, f, tp) for b, f in zip(cal.blocks, tp.blocks, strict=True)]
     update: dict = {"blocks": blocks, **shared_nic(cal, tp.T)}
     if tp.share_cores:
@@ -208,8 +222,9 @@ def facts(graph, plan, traced_m: int = 1) -> tuple[TPBlock, ...]:
     for shard in graph.shards:
         sizes = {t: graph.shapes[graph.original(t)] for t in shard.params}
         total = sum(math.prod(s[0]) for s in sizes.values() if s[2]) or 1
-        split = sum(math.prod(s[0]) for t, s in sizes.items()
-                    if s[2] and graph.original(t) in split_names)  # fmt: skip
+        split = sum(
+            math.prod(s[0]) for t, s in sizes.items() if s[2] and graph.original(t) in split_names
+        )
         values = {n: _value_bytes(nodes[n]) for n in shard.nodes if n in nodes}
         kept = sum(values.values()) or 1.0
         held = sum(v for n, v in values.items() if n in plan.sharded)

@@ -92,8 +92,12 @@ def gain(layer: LayerTimes, hidden: float = 1.0) -> float:
     return plain(layer.T_m, layer.T_a, K) - split
 
 
-def layers(compute: list[float], reduces: list[float], counts: list[int],
-           overheads: list[float] | None = None) -> LayerTimes | None:  # fmt: skip
+def layers(
+    compute: list[float],
+    reduces: list[float],
+    counts: list[int],
+    overheads: list[float] | None = None,
+) -> LayerTimes | None:
     """A stage's ``LayerTimes`` from its split blocks' forward compute, forward
     all-reduce seconds and number of g's (two per transformer layer); None without
     any g."""
@@ -121,8 +125,9 @@ def machine_ranks(hardware, ranks: int | None = None) -> int:
     return hardware.processes_per_node
 
 
-def stage_layers(cal: Calibration, facts, blocks: list[int], T: int, m: int,
-                 last: int, keep: int | None = None) -> LayerTimes | None:  # fmt: skip
+def stage_layers(
+    cal: Calibration, facts, blocks: list[int], T: int, m: int, last: int, keep: int | None = None
+) -> LayerTimes | None:
     """One stage's ``LayerTimes`` from the whole-model calibration: its split blocks
     but the model's last (whose mean loss runs as plain TMP) and those past ``keep``
     (stage-aware recomputation reruns them in backward: plain TMP, ``tp_stage``)."""
@@ -145,8 +150,11 @@ def resolve(spec, cal: Calibration, plan: Plan) -> Plan:
     if plan.T == 1:
         if want is not True:
             return plan
-        lines = [*plan.explanation, "sub-pipelined TMP off: parallelism.tp_subpipeline is "
-                 "true but the plan's T is 1: no split layer to overlap"]  # fmt: skip
+        lines = [
+            *plan.explanation,
+            "sub-pipelined TMP off: parallelism.tp_subpipeline is "
+            "true but the plan's T is 1: no split layer to overlap",
+        ]
         return plan.model_copy(update={"explanation": lines})
     on, why = _decide(spec, cal, plan, want)
     lines = [*plan.explanation, f"sub-pipelined TMP {'on' if on else 'off'}: {why}"]
@@ -172,5 +180,7 @@ def _decide(spec, cal: Calibration, plan: Plan, want) -> tuple[bool, str]:
     for st in plan.stages:
         layer = stage_layers(cal, facts, st.blocks, plan.T, m, len(facts) - 1, st.keep_blocks)
         saved += gain(layer, hidden) if layer is not None else 0.0
-    return saved > 0, (f"predicted {1e3 * saved:+.2f} ms a micro-batch over the stages "
-                       f"(Merak 5.3's T_m/T_a overlap, {hidden:.0%} of T_a hideable)")  # fmt: skip
+    return saved > 0, (
+        f"predicted {1e3 * saved:+.2f} ms a micro-batch over the stages "
+        f"(Merak 5.3's T_m/T_a overlap, {hidden:.0%} of T_a hideable)"
+    )

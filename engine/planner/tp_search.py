@@ -70,8 +70,10 @@ def options(spec: JobSpec, G: int) -> tuple[list[int], str]:
     Ts = [t for t in range(1, min(per_node, G) + 1) if per_node % t == 0]
     Ts = [t for t in Ts if not divisor_problems(model, t, features)[0]]
     if Ts == [1]:
-        return Ts, (f"no T > 1 divides both hardware.processes_per_node ({per_node}, a "
-                    "group stays in one node) and the model's heads and widths")  # fmt: skip
+        return Ts, (
+            f"no T > 1 divides both hardware.processes_per_node ({per_node}, a "
+            "group stays in one node) and the model's heads and widths"
+        )
     return Ts, ""
 
 
@@ -84,11 +86,14 @@ def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
 
     graph = model_def(spec.model, spec.training.seed).graph
     if graph is None:  # validate refuses this; make_plan may be called without it
-        raise PlanError(f"parallelism.tensor_parallel {T} splits a traced model's linears; "
-                        "use model.huggingface (or model.import) or set it to 1")  # fmt: skip
+        raise PlanError(
+            f"parallelism.tensor_parallel {T} splits a traced model's linears; "
+            "use model.huggingface (or model.import) or set it to 1"
+        )
     hw = spec.hardware
-    tp = tp_costs.TPCosts(T, tp_costs.facts(graph, discover(graph, T)),
-                          hw.one_machine and hw.device == "cpu")  # fmt: skip
+    tp = tp_costs.TPCosts(
+        T, tp_costs.facts(graph, discover(graph, T)), hw.one_machine and hw.device == "cpu"
+    )
     return overlapped(spec, cal, tp, tp_costs.calibration(cal, tp))
 
 
@@ -107,8 +112,9 @@ def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Ca
     hidden = tp_overlap.hidden_share(hw.device, cal.host.cores, tp_overlap.machine_ranks(hw))
     blocks = list(ranked.blocks)
     for i, fact in enumerate(tp.blocks[:-1]):
-        saved = {m: _saving(cal, i, fact, tp.T, m, hidden) for m in cal.micro_batch_sizes
-                 if m % 2 == 0}  # fmt: skip
+        saved = {
+            m: _saving(cal, i, fact, tp.T, m, hidden) for m in cal.micro_batch_sizes if m % 2 == 0
+        }
         if want == "auto":
             saved = {m: s for m, s in saved.items() if s[0] + s[1] > 0}
         if saved:
@@ -134,13 +140,16 @@ def _less(block, saved: dict):
     """``block`` with ``saved[m]`` = (forward, backward) seconds taken off its times."""
 
     def minus(table, k):
-        return {m: s.model_copy(update={"median": s.median - saved[m][k]}) if m in saved
-                else s for m, s in table.items()}  # fmt: skip
+        return {
+            m: s.model_copy(update={"median": s.median - saved[m][k]}) if m in saved else s
+            for m, s in table.items()
+        }
 
     # forward_nograd stays whole: a no-grad forward (eval, the first forward of a
     # recomputed micro-batch) runs plain TMP (``SubPipeline.run``)
-    return block.model_copy(update={
-        "forward": minus(block.forward, 0), "backward": minus(block.backward, 1)})
+    return block.model_copy(
+        update={"forward": minus(block.forward, 0), "backward": minus(block.backward, 1)}
+    )
 
 
 def _score(spec: JobSpec, choice: Choice) -> float:

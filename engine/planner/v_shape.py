@@ -59,10 +59,16 @@ def v_candidate(spec: JobSpec, cal: Calibration, base: Candidate) -> VCandidate:
     per_stage = stage_memory(cal, stages, [peak_activations(a) for a in actions], lay.m)
     memory = [per_stage[a] + per_stage[b] for a, b in v_placement(P)]
     cand = VCandidate(
-        replace(lay, schedule="zb_v"), stages, base.hosting, costs, base.note,
-        memory=memory, actions=actions, sim=simulate_devices(placed, model),  # type: ignore[arg-type]
+        replace(lay, schedule="zb_v"),
+        stages,
+        base.hosting,
+        costs,
+        base.note,
+        memory=memory,
+        actions=actions,
+        sim=simulate_devices(placed, model),  # type: ignore[arg-type]
         placed=placed,
-    )  # fmt: skip
+    )
     worst = max(range(P), key=lambda d: memory[d])
     if memory[worst] > spec.hardware.memory_gb * GB:
         cand.why_not = (
@@ -122,8 +128,9 @@ def consider(spec: JobSpec, cal: Calibration, found: Search) -> Search:
 
 def _refused(spec: JobSpec) -> bool:
     """Would ``schedule: zb_v`` be refused with this spec (``spec.two_stage``)?"""
-    as_v = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(
-        update={"schedule": "zb_v"})})  # fmt: skip
+    as_v = spec.model_copy(
+        update={"parallelism": spec.parallelism.model_copy(update={"schedule": "zb_v"})}
+    )
     return any(True for _ in two_stage_violations(as_v))
 
 
@@ -133,9 +140,12 @@ def v_stage_plans(win: VCandidate, by_device: list[list[int]]) -> tuple[list[Sta
     host = {s: d for d, pair in enumerate(v_placement(P)) for s in pair}
     stages = [
         StagePlan(
-            index=s, blocks=blocks, ranks=by_device[host[s]], recompute=win.layout.recompute,
+            index=s,
+            blocks=blocks,
+            ranks=by_device[host[s]],
+            recompute=win.layout.recompute,
             actions=" ".join(map(str, win.actions[s])),
-        )  # fmt: skip
+        )
         for s, blocks in enumerate(win.stages)
     ]
     fields = {

@@ -237,8 +237,9 @@ class Pruner:
             return lambda mod, mask: _sparsity(mask) > limit
         cross = self.crossovers  # after a resume: what the cache holds, nothing measured
         if cross is None:
-            cross = resolve(self._shapes(), self._per_step(), device=self._device(),
-                            measure_missing=False)  # fmt: skip
+            cross = resolve(
+                self._shapes(), self._per_step(), device=self._device(), measure_missing=False
+            )
 
         def choose(mod: nn.Linear, mask: torch.Tensor) -> bool:
             x = cross.get(shape_key(self._shape(mod)))

@@ -165,16 +165,12 @@ class Rebalancer(StepHook):
         stages = [list(s.blocks) for s in plan.stages]
         cal = calibration_for(spec)
         lay = layout_of(plan)
-        d = rebalance(
-            costs, stages, cfg.balancer, cfg.by, cfg.tolerance,
-            memory_model(spec, cal, lay), memory_cap(spec.hardware),
-        )  # fmt: skip
+        mem = (memory_model(spec, cal, lay), memory_cap(spec.hardware))
+        d = rebalance(costs, stages, cfg.balancer, cfg.by, cfg.tolerance, *mem)
         new_stages, pack = d.stages, None
         if cfg.pack:
-            pack = choose_pack(
-                spec, cal, plan, times, new_stages, cfg.tolerance, cfg.target_devices,
-                cfg.balancer, costs,
-            )  # fmt: skip
+            knobs = (cfg.tolerance, cfg.target_devices, cfg.balancer)
+            pack = choose_pack(spec, cal, plan, times, new_stages, *knobs, costs)
             if pack is not None:
                 new_stages = pack.stages
         before = simulate_stages(spec, cal, lay, stages, times)

@@ -204,9 +204,16 @@ def _predict_step(
     pack = None
     if cfg.pack:
         got = choose_pack(
-            spec, b.cal, plan, secs, d.stages, cfg.tolerance, cfg.target_devices,
-            cfg.balancer, costs,
-        )  # fmt: skip
+            spec,
+            b.cal,
+            plan,
+            secs,
+            d.stages,
+            cfg.tolerance,
+            cfg.target_devices,
+            cfg.balancer,
+            costs,
+        )
         pack = got.P if got is not None else None
     static = simulate_stages(spec, b.cal, b.lay, stages, secs)
     balanced = simulate_stages(spec, b.cal, b.lay, d.stages, secs)
@@ -222,7 +229,7 @@ def _predict_step(
         static.step_time,
         balanced.step_time,
         pack,
-    )  # fmt: skip
+    )
 
 
 def predict(spec: JobSpec, plan: Plan, home: Path | None = None) -> list[Row]:

@@ -120,9 +120,7 @@ class _Reuse(ModelDef):
     """A ModelDef that hands back the modules a rank keeps instead of building them."""
 
     def __init__(self, mdef: ModelDef, kept: dict[int, nn.Module]):
-        super().__init__(
-            mdef.num_blocks, mdef.build, mdef.ties, mdef.seed, mdef.names, mdef.graph
-        )
+        super().__init__(mdef.num_blocks, mdef.build, mdef.ties, mdef.seed, mdef.names, mdef.graph)
         self.kept = kept
 
     def block(self, i: int) -> nn.Module:

@@ -78,8 +78,15 @@ def _one_stage(
         # its start-up, a relaunch after a lost node included, for T = 1 too.
         from jobctl.engine.model.graph.tp_stage import StageShards
 
-        tp = StageShards(mdef.graph, plan.T, topo.tp_group, topo.tp_ranks, device.type,
-                         subpipeline=plan.tp_subpipeline, m=plan.micro_batch_size)  # fmt: skip
+        tp = StageShards(
+            mdef.graph,
+            plan.T,
+            topo.tp_group,
+            topo.tp_ranks,
+            device.type,
+            subpipeline=plan.tp_subpipeline,
+            m=plan.micro_batch_size,
+        )
         tp.apply(stage)
         if (line := tp.outcome()) is not None:  # a fallback to plain TMP is never silent
             print(f"rank {rank} stage {me.index}: {line}", flush=True)
@@ -235,9 +242,15 @@ class Trainer:
         # of a stage; their all-reduces need one order, so a T group keeps the schedule's
         varuna = self.spec.parallelism.schedule == "varuna" and st.plan.T == 1
         self.executor = StepExecutor(
-            st.stage, st.topo, self.data, self.shard, chans, self.device,
-            opportunistic=varuna, links=links,
-        )  # fmt: skip
+            st.stage,
+            st.topo,
+            self.data,
+            self.shard,
+            chans,
+            self.device,
+            opportunistic=varuna,
+            links=links,
+        )
         attach_scaler(self.executor, st.scaler)
         return self.executor
 
@@ -284,10 +297,16 @@ class Trainer:
         # A T group shares one seed: dropout outside the split layers is the same on all
         seed_rank = self.rank // st.plan.T
         return train_step(
-            _Recorded(self.executor, self.ledger), st.actions, st.opt, self.spec.training,
-            step, seed_rank, compute=self._compute, hooks=self.hooks,
+            _Recorded(self.executor, self.ledger),
+            st.actions,
+            st.opt,
+            self.spec.training,
+            step,
+            seed_rank,
+            compute=self._compute,
+            hooks=self.hooks,
             sync=lambda: self._sync_and_commit(step + 1),
-        )  # fmt: skip
+        )
 
     def _sync_and_commit(self, step: int) -> bool:
         """Sum gradients over replicas and tied stages, then the step's commit (which
@@ -332,10 +351,15 @@ class Trainer:
         plan = self.state.plan
         me = plan.rank(self.rank)
         self.events.write(
-            Kind.HEARTBEAT, step=step, rank=self.rank, stage=me.stage, node=me.node,
-            **compute_fields(stats, plan.micro_batches), **memory_fields(self.device),
+            Kind.HEARTBEAT,
+            step=step,
+            rank=self.rank,
+            stage=me.stage,
+            node=me.node,
+            **compute_fields(stats, plan.micro_batches),
+            **memory_fields(self.device),
             **self.heartbeat_extras(),
-        )  # fmt: skip
+        )
         samples_per_s = plan.global_batch_size / seconds
         skipped = getattr(self.state.scaler, "skipped", False)  # fp16: an overflow
         if step % self.spec.training.log_every == 0:
@@ -346,11 +370,15 @@ class Trainer:
             return
         self.ledger.reported = step
         self.events.write(
-            Kind.STEP, step=step, loss=loss, step_time_s=seconds,
-            samples_per_s=samples_per_s, deviations=stats.deviations,
+            Kind.STEP,
+            step=step,
+            loss=loss,
+            step_time_s=seconds,
+            samples_per_s=samples_per_s,
+            deviations=stats.deviations,
             epoch=self.data.epoch((step - 1) * plan.global_batch_size),
             **({"skipped": True} if skipped else {}),
-        )  # fmt: skip
+        )
 
 
 class _Recorded:

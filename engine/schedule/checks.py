@@ -43,12 +43,15 @@ def peak_activations(stage_actions: list[Action]) -> ActivationPeak:
     split = weight_split(stage_actions) if wgt in ops else set()
     # Running sums of +1/-1 per action (one pass in C, the planner calls this a lot).
     full = [
-        (a.micro_batch not in rec) if a.op is fwd
-        else 1 if a.op is rcp
-        else -1 if a.op is wgt or a.micro_batch not in split
+        (a.micro_batch not in rec)
+        if a.op is fwd
+        else 1
+        if a.op is rcp
+        else -1
+        if a.op is wgt or a.micro_batch not in split
         else 0
         for a in stage_actions
-    ]  # fmt: skip
+    ]
     stashed = (
         [(a.op is fwd and a.micro_batch in rec) - (a.op is rcp) for a in stage_actions]
         if rec

@@ -29,12 +29,33 @@ READ_WAIT_S = 2.0  # a reader's bound on waiting for another process's write loc
 # The columns of ``runs`` this version reads (``engine.state.db.runs``; a unit test
 # keeps the two equal). A DB lacking one is read through StateDB, which adds it.
 RUN_COLUMNS = (
-    "id", "name", "phase", "spec_path", "spec_hash", "run_dir", "created_at",
-    "updated_at", "step", "total_steps", "loss", "samples_per_s", "devices", "plan",
-    "last_checkpoint", "last_upload", "stragglers", "exit_code", "message", "pids",
-    "backend", "supervisor_pid", "stop_requested", "recovery_s", "uploading_step",
+    "id",
+    "name",
+    "phase",
+    "spec_path",
+    "spec_hash",
+    "run_dir",
+    "created_at",
+    "updated_at",
+    "step",
+    "total_steps",
+    "loss",
+    "samples_per_s",
+    "devices",
+    "plan",
+    "last_checkpoint",
+    "last_upload",
+    "stragglers",
+    "exit_code",
+    "message",
+    "pids",
+    "backend",
+    "supervisor_pid",
+    "stop_requested",
+    "recovery_s",
+    "uploading_step",
     "supervisor_token",
-)  # fmt: skip
+)
 
 
 class StateDBError(RuntimeError):
@@ -171,19 +192,25 @@ class StateReader:
 
     def events(self, run_id: str, limit: int | None = None) -> list[dict]:
         sql = "SELECT * FROM events WHERE run_id = ? ORDER BY id DESC"
-        rows = self._query("events", sql + (" LIMIT ?" if limit else ""),
-                           (run_id, limit) if limit else (run_id,))  # fmt: skip
+        rows = self._query(
+            "events", sql + (" LIMIT ?" if limit else ""), (run_id, limit) if limit else (run_id,)
+        )
         return rows[::-1]
 
     def timeline(self, ref: str) -> list[dict]:
         """Every event of a job, oldest first, as ``engine.state.leases.timeline``."""
-        found = self._query("runs", "SELECT id, name FROM runs WHERE id = ? OR name = ?",
-                            (ref, ref))  # fmt: skip
+        found = self._query(
+            "runs", "SELECT id, name FROM runs WHERE id = ? OR name = ?", (ref, ref)
+        )
         ids = [r["id"] for r in found]
         names = sorted({r["name"] for r in found} | {ref})
         marks = ",".join("?" * len(ids))
-        rows = [{**r, "source": r["run_id"]} for r in self._query(
-            "events", f"SELECT * FROM events WHERE run_id IN ({marks})", tuple(ids))]  # fmt: skip
+        rows = [
+            {**r, "source": r["run_id"]}
+            for r in self._query(
+                "events", f"SELECT * FROM events WHERE run_id IN ({marks})", tuple(ids)
+            )
+        ]
         if self._types["job_events"]:  # created by the first scheduler or fleet runner
             marks = ",".join("?" * len(names))
             rows += self._query(
@@ -213,7 +240,7 @@ def _sqlite_path(url: str) -> Path | None:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or "?" in url or url == prefix:
         return None
-    return Path(url[len(prefix):])
+    return Path(url[len(prefix) :])
 
 
 def timeline(db: StateReader | StateDB, ref: str) -> list[dict]:

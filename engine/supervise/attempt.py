@@ -133,8 +133,7 @@ class ProgressView:
         if rec["kind"] != Kind.STEP or step % self.log_every and step != self.total:
             return
         self.console.print(
-            f"step {step}/{self.total} loss {rec['loss']:.4f} "
-            f"samples/s {rec['samples_per_s']:.1f}",
+            f"step {step}/{self.total} loss {rec['loss']:.4f} samples/s {rec['samples_per_s']:.1f}",
             markup=False,
             highlight=False,
         )

@@ -80,8 +80,10 @@ class Handover:
         """The ``emergency`` event: which happened, handover or fallback."""
         got = self.result()
         if got["step"] is not None:
-            note = (f"emergency checkpoint of step {got['step']} written by the survivors "
-                    f"(ranks {self.survivors}) of node(s) {self.lost}")  # fmt: skip
+            note = (
+                f"emergency checkpoint of step {got['step']} written by the survivors "
+                f"(ranks {self.survivors}) of node(s) {self.lost}"
+            )
         else:
             note = f"no emergency checkpoint ({got['why']}): the newest checkpoint is used"
         db.add_event(self.run.id, "emergency", note, {**got, "survivors": self.survivors})

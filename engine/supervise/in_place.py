@@ -61,7 +61,12 @@ class InPlaceSteps:
         started = None
         if point is not None and point.step == out.resume_step:
             started = reform.begin(
-                self.spec, self.attempt, after, out.lost_nodes, point, self.monitor.epoch,
+                self.spec,
+                self.attempt,
+                after,
+                out.lost_nodes,
+                point,
+                self.monitor.epoch,
                 self.clock,
             )
         if started is None:  # the relaunch: the survivors are ended first

@@ -86,8 +86,13 @@ def stored_epoch(run_dir) -> int:
 
 
 def begin(
-    spec: JobSpec, attempt: Attempt, plan: Plan, lost: list[int], point: ResumePoint,
-    epoch: int, clock: Callable[[], float],
+    spec: JobSpec,
+    attempt: Attempt,
+    plan: Plan,
+    lost: list[int],
+    point: ResumePoint,
+    epoch: int,
+    clock: Callable[[], float],
 ) -> tuple[Attempt, Reformation] | None:
     """Re-form ``attempt``'s survivors of ``lost`` as ``plan`` from ``point``: the next
     attempt (the same processes) and the re-formation to wait for; None where the plan
@@ -118,4 +123,3 @@ def begin(
     store.set(EPOCH_KEY, str(epoch + 1))
     store.set(f"{KEY}{epoch}", json.dumps(word))
     return after, Reformation(store, epoch, ranks, point.step, offset, clock() + WAIT_S, clock)
-

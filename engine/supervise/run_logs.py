@@ -34,8 +34,9 @@ def find_logs(row: dict) -> LogFiles:
 
         handles = [h for h in (row["pids"] or "").split(",") if h]
         try:
-            found = {p.name: p for p in get_backend(backend).logs(handles, run_dir)
-                     if p.suffix == ".log"}  # fmt: skip
+            found = {
+                p.name: p for p in get_backend(backend).logs(handles, run_dir) if p.suffix == ".log"
+            }
         except BackendError as e:
             warning = f"the nodes' logs were not fetched: {e}"
     found.update({p.name: p for p in (run_dir / "logs").glob("*.log")})

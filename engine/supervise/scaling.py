@@ -183,15 +183,26 @@ def next_attempt(
         grow_to = pool_devices(spec) - skip
         if backend == "local" and grow_to > devices:
             _regrow_later(spec.elasticity, db, run_id, grow_to, now)
-    db.add_event(
-        run_id,
-        "morph",
-        f"{plan.world_size} -> {next_plan.world_size} device(s) "
-        f"({outcome.message.splitlines()[0]}){note}",
-        {"from": plan.world_size, "to": next_plan.world_size, "kind": outcome.kind,
-         "excluded_nodes": left_out, "ts": now},
-    )  # fmt: skip
+    _morph_event(db, run_id, plan, next_plan, outcome, note, left_out, now)
     return next_plan
+
+
+def _morph_event(
+    db: StateDB,
+    run_id: str,
+    plan: Plan,
+    new: Plan,
+    outcome: Outcome,
+    note: str,
+    left_out: list[int],
+    now: float,
+) -> None:
+    """The ``morph`` event: from how many devices to how many, why, who was left out."""
+    msg = (
+        f"{plan.world_size} -> {new.world_size} device(s) ({outcome.message.splitlines()[0]}){note}"
+    )
+    data = {"from": plan.world_size, "to": new.world_size, "kind": outcome.kind}
+    db.add_event(run_id, "morph", msg, {**data, "excluded_nodes": left_out, "ts": now})
 
 
 def _regrow_later(el: ElasticitySpec, db: StateDB, run_id: str, devices: int, now: float) -> None:

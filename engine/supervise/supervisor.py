@@ -151,10 +151,14 @@ class Supervisor(InPlaceSteps):
         row = self.db.get_run(self.run_id) if self.opts.run_id else None
         if row is None:
             register_run(
-                self.spec, self.db, self.spec_path, self.run_id,
-                supervisor_pid=os.getpid(), supervisor_token=process_token(os.getpid()),
+                self.spec,
+                self.db,
+                self.spec_path,
+                self.run_id,
+                supervisor_pid=os.getpid(),
+                supervisor_token=process_token(os.getpid()),
                 backend=self.backend,
-            )  # fmt: skip
+            )
             return self._refresh()
         self._claim()
         if row["phase"] == "completed":
@@ -302,9 +306,17 @@ class Supervisor(InPlaceSteps):
         self.watched_at = self.clock()
         self.budget = BudgetWatch(self.db, self.run_id, spec)
         self.monitor = Monitor(
-            a.run, a.backend, a.handles, self.db, total, on_event,
-            el.straggler_threshold, el.heartbeat_timeout_s, self.clock, activity,
-        )  # fmt: skip
+            a.run,
+            a.backend,
+            a.handles,
+            self.db,
+            total,
+            on_event,
+            el.straggler_threshold,
+            el.heartbeat_timeout_s,
+            self.clock,
+            activity,
+        )
         self._watch_in_place(self.monitor)
 
     # -- while an attempt runs -----------------------------------------------------

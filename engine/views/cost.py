@@ -97,7 +97,9 @@ def print_frontier(
     for i, (label, f) in enumerate(rows):
         mark = "*" if i == chosen else MARKS[i % len(MARKS)]
         console.print(
-            escape(f"  {mark} {label[:40]:<40} {f.devices:>3} dev {_time(f.wall_s):>9} "
-                   f"{dollars(f.usd):>9}"),
+            escape(
+                f"  {mark} {label[:40]:<40} {f.devices:>3} dev {_time(f.wall_s):>9} "
+                f"{dollars(f.usd):>9}"
+            ),
             highlight=False,
-        )  # fmt: skip
+        )

@@ -68,17 +68,28 @@ def print_sources(console: Console, plans: list) -> None:
     """Whether the times include a measured start-up, and what the predictions rest on."""
     measured = [p.prediction.startup_s for p in plans if p.prediction]
     if any(s is None for s in measured):
-        console.print("times exclude start-up: not measured on this machine yet (the first "
-                      "run measures it)", highlight=False)  # fmt: skip
+        console.print(
+            "times exclude start-up: not measured on this machine yet (the first run measures it)",
+            highlight=False,
+        )
     else:
-        console.print(f"times include each member's start-up, {max(measured):.0f} s at most "
-                      "(measured by earlier runs here)", highlight=False)  # fmt: skip
+        console.print(
+            f"times include each member's start-up, {max(measured):.0f} s at most "
+            "(measured by earlier runs here)",
+            highlight=False,
+        )
     analytic = [p for p in plans if p.prediction and p.prediction.source == "analytic"]
     if analytic:
-        hint = (": on a CPU often several times optimistic; `jobctl calibrate JOB.yaml` "
-                "measures this machine" if any(p.device == "cpu" for p in analytic) else "")
-        console.print(f"[yellow]prediction source: analytic[/yellow] for {len(analytic)} "
-                      f"member(s){hint}", highlight=False)  # fmt: skip
+        hint = (
+            ": on a CPU often several times optimistic; `jobctl calibrate JOB.yaml` "
+            "measures this machine"
+            if any(p.device == "cpu" for p in analytic)
+            else ""
+        )
+        console.print(
+            f"[yellow]prediction source: analytic[/yellow] for {len(analytic)} member(s){hint}",
+            highlight=False,
+        )
 
 
 def print_fleet_status(console: Console, fleet: dict, rows: list[dict], runner: str) -> None:

@@ -111,9 +111,14 @@ def _draw_event(ax: Axes, e: SimEvent, y: float, span: float, hatch: str | None 
         return
     key = e.action.op.value if e.kind == "compute" else e.kind
     ax.barh(
-        y, e.end - e.start, left=e.start, height=ROW, color=COLOURS[key], edgecolor="white",
+        y,
+        e.end - e.start,
+        left=e.start,
+        height=ROW,
+        color=COLOURS[key],
+        edgecolor="white",
         hatch=hatch,
-    )  # fmt: skip
+    )
     if e.kind == "compute" and (e.end - e.start) / span > 0.012:
         label = f"{key}{e.action.micro_batch}"
         mid = (e.start + e.end) / 2

@@ -17,21 +17,40 @@ from pathlib import Path
 from jobctl.engine.planner.simulator.mobius import MobiusSimResult, SwapEvent
 
 GLYPHS = {
-    "F": "F", "B": "B", "FB": "X",
-    "upload": "U", "prefetch": "P", "offload": "o", "reload": "r", "download": "D", "update": "u",
-}  # fmt: skip
+    "F": "F",
+    "B": "B",
+    "FB": "X",
+    "upload": "U",
+    "prefetch": "P",
+    "offload": "o",
+    "reload": "r",
+    "download": "D",
+    "update": "u",
+}
 COMPUTE = ("F", "B", "FB")
 COLOURS = {
-    "F": "#4C78A8", "B": "#54A24B", "FB": "#72B7B2",
-    "upload": "#E45756", "prefetch": "#F58518", "offload": "#B279A2",
-    "reload": "#FF9DA6", "download": "#9D755D", "update": "#9D9D9D",
-}  # fmt: skip
+    "F": "#4C78A8",
+    "B": "#54A24B",
+    "FB": "#72B7B2",
+    "upload": "#E45756",
+    "prefetch": "#F58518",
+    "offload": "#B279A2",
+    "reload": "#FF9DA6",
+    "download": "#9D755D",
+    "update": "#9D9D9D",
+}
 HATCH = {"upload": "xx", "prefetch": "//", "offload": "..", "reload": "\\\\", "download": "--"}
 LABELS = {
-    "F": "forward", "B": "backward (+recompute)", "FB": "last stage F+B",
-    "upload": "upload (waited)", "prefetch": "prefetch", "offload": "act. offload",
-    "reload": "act. reload", "download": "down (grads, state)", "update": "update",
-}  # fmt: skip
+    "F": "forward",
+    "B": "backward (+recompute)",
+    "FB": "last stage F+B",
+    "upload": "upload (waited)",
+    "prefetch": "prefetch",
+    "offload": "act. offload",
+    "reload": "act. reload",
+    "download": "down (grads, state)",
+    "update": "update",
+}
 
 
 def _lane(events: list[SwapEvent], cols: int, span: float, idle: str) -> str:
@@ -66,6 +85,28 @@ def gantt_lines(result: MobiusSimResult, width: int = 80) -> list[str]:
     return [line[:width] for line in out]
 
 
+def _draw_event(ax, e, N: int, span: float) -> None:
+    """One event's bar on its rank's lane (compute tall, transfers thin), labelled with
+    its stage where the bar is wide enough to read."""
+    if e.end <= e.start:
+        return
+    y, big = N - 1 - e.rank, e.kind in COMPUTE
+    bar = {"height": 0.5 if big else 0.22, "color": COLOURS[e.kind], "edgecolor": "white"}
+    ax.barh(
+        y + (0.12 if big else -0.3), e.end - e.start, left=e.start, **bar, hatch=HATCH.get(e.kind)
+    )
+    if big and (e.end - e.start) / span > 0.015:
+        ax.text(
+            (e.start + e.end) / 2,
+            y + 0.12,
+            str(e.stage),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white",
+        )
+
+
 def draw_mobius_gantt(result: MobiusSimResult, path: Path, title: str = "") -> Path:
     """Write the step to ``path`` (PNG, SVG or PDF by suffix)."""
     # views.gantt holds matplotlib (on Agg: files only); imported here, so the text
@@ -75,24 +116,24 @@ def draw_mobius_gantt(result: MobiusSimResult, path: Path, title: str = "") -> P
     N, span = len(result.busy), result.step_time or 1.0
     fig, ax = plt.subplots(figsize=(min(24.0, 8 + 0.05 * len(result.events)), 1.6 + N), dpi=120)
     for e in result.events:
-        if e.end <= e.start:
-            continue
-        y = N - 1 - e.rank
-        big = e.kind in COMPUTE
-        ax.barh(y + (0.12 if big else -0.3), e.end - e.start, left=e.start,
-                height=0.5 if big else 0.22, color=COLOURS[e.kind], edgecolor="white",
-                hatch=HATCH.get(e.kind))  # fmt: skip
-        if big and (e.end - e.start) / span > 0.015:
-            ax.text((e.start + e.end) / 2, y + 0.12, str(e.stage), ha="center", va="center",
-                    fontsize=7, color="white")  # fmt: skip
+        _draw_event(ax, e, N, span)
     ax.set_yticks(range(N), [f"rank {N - 1 - y}" for y in range(N)])
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(-0.6, N - 0.3)
     ax.set_xlabel("time (s)")
     ax.set_title(title or f"Mobius step: {span:.4g} s, bubble {100 * result.bubble_ratio:.1f} %")
     shown = {e.kind for e in result.events}
-    handles = [Patch(facecolor=COLOURS[k], hatch=HATCH.get(k), label=v)
-               for k, v in LABELS.items() if k in shown]  # fmt: skip
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5,
-              fontsize=8, frameon=False)  # fmt: skip
+    handles = [
+        Patch(facecolor=COLOURS[k], hatch=HATCH.get(k), label=v)
+        for k, v in LABELS.items()
+        if k in shown
+    ]
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
     return save_figure(fig, ax, path)

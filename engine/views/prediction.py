@@ -37,8 +37,10 @@ def print_end_to_end(console: Console, plan: Plan, steps: int | None) -> None:
                 "; on a CPU such predictions are often several times optimistic: "
                 "`jobctl calibrate JOB.yaml` measures this machine"
             )
-        console.print(f"[yellow]prediction source: analytic[/yellow], {how}{hint}",
-                      soft_wrap=True, highlight=False)  # fmt: skip
+        console.print(
+            f"[yellow]prediction source: analytic[/yellow], {how}{hint}",
+            soft_wrap=True,
+            highlight=False,
+        )
     else:
-        console.print(f"prediction source: measured calibration {pr.calibration}",
-                      highlight=False)  # fmt: skip
+        console.print(f"prediction source: measured calibration {pr.calibration}", highlight=False)

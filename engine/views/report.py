@@ -58,8 +58,18 @@ def charts(s: RunSeries) -> list[Chart]:
 
 
 #: One colour per AvgPipe parallel model (cycled past ten).
-MODEL_COLOURS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2",
-                 "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#EECA3B")  # fmt: skip
+MODEL_COLOURS = (
+    "#4C78A8",
+    "#F58518",
+    "#54A24B",
+    "#E45756",
+    "#72B7B2",
+    "#B279A2",
+    "#FF9DA6",
+    "#9D755D",
+    "#BAB0AC",
+    "#EECA3B",
+)
 
 
 def _distance_charts(s: RunSeries) -> list[Chart]:
@@ -70,10 +80,15 @@ def _distance_charts(s: RunSeries) -> list[Chart]:
     points = [(float(k), d) for k, d in s.distances if len(d) == n]
     steps = [k for k, _ in points]
     lines = [
-        Series(f"model {i}", steps, [d[i] for _, d in points],
-               MODEL_COLOURS[i % len(MODEL_COLOURS)], f"dist-{i}")
+        Series(
+            f"model {i}",
+            steps,
+            [d[i] for _, d in points],
+            MODEL_COLOURS[i % len(MODEL_COLOURS)],
+            f"dist-{i}",
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return [Chart("Distance to reference", "step", "L2 distance", lines)]
 
 

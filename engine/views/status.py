@@ -230,8 +230,10 @@ def print_run(
 def _recovery_cell(seconds: list[float], lost: list[int | None]) -> str:
     """Each recovery's time, with the completed steps it trained again where known."""
     lost = [*lost, *[None] * (len(seconds) - len(lost))]
-    cells = [f"{s:.1f} s" + ("" if n is None else f" ({n} steps lost)")
-             for s, n in zip(seconds, lost, strict=False)]  # fmt: skip
+    cells = [
+        f"{s:.1f} s" + ("" if n is None else f" ({n} steps lost)")
+        for s, n in zip(seconds, lost, strict=False)
+    ]
     return ", ".join(cells) or "-"
 
 

@@ -33,9 +33,15 @@ from jobctl.spec.job import JobSpec
 def _pruner(spec: JobSpec, state: StageState, mdef: ModelDef, events: EventLog) -> Pruner:
     """This rank's pruner over its stage (collective: every rank builds one)."""
     return Pruner(
-        spec, state.stage, state.named, state.opt, state.topo, mdef.ties, events,
+        spec,
+        state.stage,
+        state.named,
+        state.opt,
+        state.topo,
+        mdef.ties,
+        events,
         micro_batch=state.plan.micro_batch_size,
-    )  # fmt: skip
+    )
 
 
 def build_trainer(

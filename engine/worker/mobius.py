@@ -41,10 +41,15 @@ def swap_config(spec: JobSpec, plan: Plan, run_dir: Path, rank: int) -> SwapConf
     lay = plan.mobius
     assert lay is not None
     return SwapConfig(
-        run_dir / "mobius", tuple(tuple(s) for s in lay.stages), plan.micro_batch_size,
-        prefetch=lay.prefetch, budget_bytes=int(spec.hardware.memory_gb * GB), rank=rank,
-        world=lay.N, placement=tuple(lay.ranks),
-    )  # fmt: skip
+        run_dir / "mobius",
+        tuple(tuple(s) for s in lay.stages),
+        plan.micro_batch_size,
+        prefetch=lay.prefetch,
+        budget_bytes=int(spec.hardware.memory_gb * GB),
+        rank=rank,
+        world=lay.N,
+        placement=tuple(lay.ranks),
+    )
 
 
 class MobiusTrainer:
@@ -117,17 +122,25 @@ class MobiusTrainer:
         runner does not split compute from waits: compute_s is the step's seconds."""
         me = self.plan.rank(self.rank)
         self.events.write(
-            Kind.HEARTBEAT, step=step, rank=self.rank, stage=me.stage, node=me.node,
-            compute_s=seconds, **memory_fields(self.device),
-        )  # fmt: skip
+            Kind.HEARTBEAT,
+            step=step,
+            rank=self.rank,
+            stage=me.stage,
+            node=me.node,
+            compute_s=seconds,
+            **memory_fields(self.device),
+        )
         samples_per_s = self.plan.global_batch_size / seconds
         if step % self.spec.training.log_every == 0:
             shown = "-" if loss is None else f"{loss:.4f}"
             print(f"step {step} loss {shown} samples/s {samples_per_s:.1f}", flush=True)
         if self.reporter:
             self.events.write(
-                Kind.STEP, step=step, loss=loss, step_time_s=seconds,
-                samples_per_s=samples_per_s, deviations=0,
+                Kind.STEP,
+                step=step,
+                loss=loss,
+                step_time_s=seconds,
+                samples_per_s=samples_per_s,
+                deviations=0,
                 epoch=self.data.epoch((step - 1) * self.plan.global_batch_size),
-            )  # fmt: skip
-
+            )

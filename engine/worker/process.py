@@ -128,7 +128,11 @@ def _join_group(plan: Plan, rank: int) -> None:
 
 
 def _train(
-    spec: JobSpec, plan: Plan, run_dir: Path, rank: int, resume: Path | None,
+    spec: JobSpec,
+    plan: Plan,
+    run_dir: Path,
+    rank: int,
+    resume: Path | None,
     reformed: Reform | None = None,
 ) -> tuple[Trainer, Reform | None]:
     """Build the trainer and train; a failure is written to ``errors/rank-<RANK>.txt``.
@@ -242,8 +246,10 @@ def _await_reform(trainer: Trainer) -> Reform | None:
         rejoin(store, word)
     except Exception as e:  # noqa: BLE001 - said to the supervisor, which relaunches
         _unbuilt(store, word, e)
-    print(f"rank {trainer.rank}: re-formed in place as rank {word.rank} of "
-          f"{word.plan.summary()}", flush=True)  # fmt: skip
+    print(
+        f"rank {trainer.rank}: re-formed in place as rank {word.rank} of {word.plan.summary()}",
+        flush=True,
+    )
     _redirect_output(Path(os.environ[RUN_DIR]), word.rank)  # its log is the new rank's
     mark("group")
     return word

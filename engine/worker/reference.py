@@ -69,10 +69,13 @@ def _grad_scaler(training: TrainingSpec) -> torch.amp.GradScaler:
     """torch's own loss scaler at the spec's rule (disabled: a no-op, unless fp16)."""
     ls = training.loss_scale
     return torch.amp.GradScaler(
-        "cpu", init_scale=ls.init_scale, growth_factor=ls.growth_factor,
-        backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval,
+        "cpu",
+        init_scale=ls.init_scale,
+        growth_factor=ls.growth_factor,
+        backoff_factor=ls.backoff_factor,
+        growth_interval=ls.growth_interval,
         enabled=training.precision == "fp16",
-    )  # fmt: skip
+    )
 
 
 def _step(

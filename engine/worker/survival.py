@@ -180,6 +180,10 @@ def _write(
         # The reporter may have died before it wrote this step's record; its loss was
         # summed by the step's commit, so every survivor knows it.
         trainer.events.write(
-            Kind.STEP, step=decision.step, loss=decision.loss, step_time_s=None,
-            samples_per_s=0.0, emergency=True,
-        )  # fmt: skip
+            Kind.STEP,
+            step=decision.step,
+            loss=decision.loss,
+            step_time_s=None,
+            samples_per_s=0.0,
+            emergency=True,
+        )

@@ -35,13 +35,24 @@ import kubernetes
 from kubernetes.client import models as k8s_models
 
 OUT = Path(__file__).with_name("published-openapi.json")
-KUBERNETES = ["V1ConfigMap", "V1Service", "V1EndpointSlice", "V1PodTemplateSpec",
-              "V1JobTemplateSpec", "V1ObjectMeta"]  # fmt: skip
+KUBERNETES = [
+    "V1ConfigMap",
+    "V1Service",
+    "V1EndpointSlice",
+    "V1PodTemplateSpec",
+    "V1JobTemplateSpec",
+    "V1ObjectMeta",
+]
 KUBEFLOW = ["KubeflowOrgV1PyTorchJob"]
 DROPPED = {"description", "title", "default"}
-PRIMITIVES = {"str": {"type": "string"}, "int": {"type": "integer"},
-              "float": {"type": "number"}, "bool": {"type": "boolean"},
-              "datetime": {"type": "string"}, "object": {}}  # fmt: skip
+PRIMITIVES = {
+    "str": {"type": "string"},
+    "int": {"type": "integer"},
+    "float": {"type": "number"},
+    "bool": {"type": "boolean"},
+    "datetime": {"type": "string"},
+    "object": {},
+}
 
 
 def _clean(node):
@@ -83,8 +94,11 @@ def kubeflow_defs(k8s: dict) -> dict:
             defs[name] = {}
             continue
         source = inspect.getsource(cls)
-        required = [json_name for attr, json_name in cls.attribute_map.items()
-                    if re.search(rf"`{attr}`, must not be `None`", source)]  # fmt: skip
+        required = [
+            json_name
+            for attr, json_name in cls.attribute_map.items()
+            if re.search(rf"`{attr}`, must not be `None`", source)
+        ]
         props = {cls.attribute_map[a]: _type(t) for a, t in cls.openapi_types.items()}
         defs[name] = {"type": "object", "additionalProperties": False, "properties": props}
         if required:

@@ -86,8 +86,9 @@ def slurm_env(cluster, monkeypatch):
 def _submit_stub(tmp_path: Path, node_script: str):
     """The real batch script, with a stub in place of the torchrun node script."""
     backend = SlurmBackend(status_ttl_s=0)
-    ctx = context("slurm", {"nodes": 1, "memory_gb": 0.1}, run_dir=tmp_path,
-                  nnodes=1, nproc_per_node=[1])  # fmt: skip
+    ctx = context(
+        "slurm", {"nodes": 1, "memory_gb": 0.1}, run_dir=tmp_path, nnodes=1, nproc_per_node=[1]
+    )
     files = backend.render(ctx).files
     stub = Rendered("slurm", {"job.sbatch": files["job.sbatch"], "node-0.sh": node_script})
     return backend, backend.submit(stub, ctx)
@@ -234,8 +235,11 @@ def test_a_queued_run_shows_launching_with_the_reason(slurm_env, tmp_path):
     # A job holding every CPU of the one node keeps the run waiting for Resources.
     out = subprocess.run(
         ["sbatch", "--parsable", "--exclusive", "--output=/dev/null", "--wrap=sleep 120"],
-        check=True, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     blocker = out.stdout.strip().split(";")[0]
     home = tmp_path / "home"
     db = StateDB(home)

@@ -32,8 +32,13 @@ cluster3 = service_fixture(
 
 
 def _job_nodes(job_id: str) -> str:
-    out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format=%N"],
-                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["squeue", "--noheader", "--jobs", job_id, "--format=%N"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -92,8 +97,9 @@ def test_packing_gives_the_freed_node_back_to_slurm(cluster3, tmp_path, monkeypa
     assert f"node {node} released after packing" in log
     # No longer requeued in place: its node scripts were rendered for three nodes.
     job = db.get_run(run.id)["pids"]
-    info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
+    info = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
+    )
     assert "Requeue=0" in info.stdout, info.stdout
 
 
@@ -105,9 +111,21 @@ def test_the_batch_host_is_never_given_back(cluster3, tmp_path, monkeypatch):
 
     for name, value in cluster3.env.items():
         monkeypatch.setenv(name, value)
-    out = subprocess.run(["sbatch", "--parsable", "--nodes=3", f"--chdir={tmp_path}",
-                          "--output=/dev/null", "--wrap", "sleep 120"],
-                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=3",
+            f"--chdir={tmp_path}",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     job = out.stdout.strip().split(";")[0]
     try:
         deadline = time.monotonic() + 60

@@ -36,10 +36,27 @@ WAIT_S = 30.0
 def test_ssh_argv_never_lets_a_host_become_an_option():
     opts = SshSpec(user="alice", port=2222, identity_file="/k", known_hosts_file="/kh")
     assert ssh_argv(opts, "gpu-a", "true") == [
-        "ssh", "-p", "2222", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-        "-o", "StrictHostKeyChecking=accept-new", "-i", "/k", "-o", "IdentitiesOnly=yes",
-        "-o", "UserKnownHostsFile=/kh", "-l", "alice", "--", "gpu-a", "true",
-    ]  # fmt: skip
+        "ssh",
+        "-p",
+        "2222",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-i",
+        "/k",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "UserKnownHostsFile=/kh",
+        "-l",
+        "alice",
+        "--",
+        "gpu-a",
+        "true",
+    ]
     good = context("ssh", {"hosts": ["a", "b"]})
     # The spec refuses such a host at validate; the backend checks again for contexts
     # built some other way (model_copy does not validate).
@@ -82,8 +99,10 @@ def test_nodes_run_on_their_hosts_and_report_exit_codes(server, tmp_path):
     assert [(s.phase, s.exit_code) for s in statuses] == [("succeeded", 0), ("failed", 7)]
     assert backend.poll(handles) == [0, 7]
     assert (tmp_path / "run" / "spec.yaml").read_text() == ctx.inputs["spec.yaml"]
-    fetched = {p.relative_to(tmp_path / "run" / "remote-logs").as_posix()
-               for p in backend.logs(handles, tmp_path / "run")}  # fmt: skip
+    fetched = {
+        p.relative_to(tmp_path / "run" / "remote-logs").as_posix()
+        for p in backend.logs(handles, tmp_path / "run")
+    }
     assert {"0-127.0.0.1/node-0.log", "1-localhost/node-1.log"} <= fetched
     assert (tmp_path / "run" / "remote-logs" / "1-localhost" / "node-1.log").read_text() == "one\n"
 
@@ -149,8 +168,10 @@ def test_another_process_follows_fetches_logs_of_and_cancels_the_nodes(server, t
     handles, pid_files = _start_sleepers(server, run_dir, tmp_path / "pid")
     later = SshBackend(status_ttl_s=0)  # nothing in memory: only the handles
     assert [s.phase for s in later.status(handles)] == ["running", "running"]
-    fetched = {p.relative_to(run_dir / "remote-logs").as_posix(): p.read_text()
-               for p in later.logs(handles, run_dir)}  # fmt: skip
+    fetched = {
+        p.relative_to(run_dir / "remote-logs").as_posix(): p.read_text()
+        for p in later.logs(handles, run_dir)
+    }
     assert fetched["0-127.0.0.1/node-0.log"] == "up node-0.sh\n"
     assert fetched["1-localhost/node-1.log"] == "up node-1.sh\n"
     later.cancel(handles)
@@ -170,8 +191,10 @@ def test_jobctl_stop_in_a_new_shell_stops_an_ssh_run(server, tmp_path):
     db.set_phase("quick-1", "training")
     out = subprocess.run(
         [sys.executable, "-m", "jobctl.engine.cli.app", "stop", "quick-1", "--home", str(home)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "asked 2 node(s) of quick-1 to checkpoint and stop" in out.stdout
     statuses = wait_done(SshBackend(status_ttl_s=0), handles, WAIT_S)

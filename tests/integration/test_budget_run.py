@@ -63,14 +63,20 @@ def test_a_tiny_total_budget_checkpoints_and_stops_at_it(tmp_path):
 
 @pytest.mark.multiproc
 def test_an_hourly_cap_below_the_devices_running_morphs_the_job_down(tmp_path):
-    spec = tiny_spec(**{
-        "training.steps": 80, "training.optimizer": "sgd", "training.lr": 0.3,
-        "training.momentum": 0.9, "hardware.price_per_hour": 1.0,
-        "budget.max_hourly_usd": 2.5,  # pays for 2 devices, not 4
-    })  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "training.steps": 80,
+            "training.optimizer": "sgd",
+            "training.lr": 0.3,
+            "training.momentum": 0.9,
+            "hardware.price_per_hour": 1.0,
+            "budget.max_hourly_usd": 2.5,  # pays for 2 devices, not 4
+        }
+    )
     # Planned without the cap: 4 devices ($4/h), as after a scale-up past it.
-    plan = make_plan(spec.model_copy(update={"budget": spec.budget.model_copy(
-        update={"max_hourly_usd": None})}))  # fmt: skip
+    plan = make_plan(
+        spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_hourly_usd": None})})
+    )
     assert plan.world_size == 4
     db = StateDB(tmp_path)
     opts = ApplyOptions(deadline_s=300.0, show_progress=False)

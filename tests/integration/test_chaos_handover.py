@@ -62,8 +62,13 @@ def _run(tmp_path, monkeypatch, spec, chaos: str):
 
 
 def _status(tmp_path, run_id) -> str:
-    r = subprocess.run([*JOBCTL, "status", run_id], env=cli_env(tmp_path / "home"),
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [*JOBCTL, "status", run_id],
+        env=cli_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -128,8 +133,11 @@ def test_survivors_that_cannot_re_form_are_relaunched_from_their_step(tmp_path, 
 
 
 def _in_place(db, run_id) -> list[dict]:
-    return [json.loads(e["data"]) for e in db.events(run_id)
-            if e["kind"] == "resume" and json.loads(e["data"] or "{}").get("in_place")]  # fmt: skip
+    return [
+        json.loads(e["data"])
+        for e in db.events(run_id)
+        if e["kind"] == "resume" and json.loads(e["data"] or "{}").get("in_place")
+    ]
 
 
 @pytest.mark.multiproc
@@ -138,18 +146,26 @@ def test_a_second_loss_re_forms_the_re_formed_survivors(tmp_path):
     """3 single-process nodes, pure data parallel: node 2 is lost, the two left re-form
     in place; then node 1: the one left, re-formed once already, hands over and re-forms
     again (the next epoch's keys in the same run host's store). No step lost, twice."""
-    spec = _spec(**{
-        "hardware.nodes": 3, "hardware.processes_per_node": 1,
-        "parallelism.pipeline_stages": 1, "parallelism.data_parallel": 3,
-        "training.global_batch_size": 12, "training.steps": 60,
-        # rank 0 sleeps in every forward, so the run is still going when the test acts
-        "model.import": "tests.slowmodel:factory", "model.family": None,
-        "model.import_args": {"slow_rank": 0, "delay_s": 0.03},
-    })  # fmt: skip
+    spec = _spec(
+        **{
+            "hardware.nodes": 3,
+            "hardware.processes_per_node": 1,
+            "parallelism.pipeline_stages": 1,
+            "parallelism.data_parallel": 3,
+            "training.global_batch_size": 12,
+            "training.steps": 60,
+            # rank 0 sleeps in every forward, so the run is still going when the test acts
+            "model.import": "tests.slowmodel:factory",
+            "model.family": None,
+            "model.import_args": {"slow_rank": 0, "delay_s": 0.03},
+        }
+    )
     home = tmp_path / "home"
     proc = start_apply(write_spec(spec, tmp_path / "job.yaml"), home, output=True)
-    run_dir = wait_for(lambda: next((home / "runs").glob("*"), None) if (home / "runs").exists()
-                       else None, what="the run folder")  # fmt: skip
+    run_dir = wait_for(
+        lambda: next((home / "runs").glob("*"), None) if (home / "runs").exists() else None,
+        what="the run folder",
+    )
     wait_for(lambda: any(e["kind"] == "checkpoint" for e in events(run_dir)), what="a checkpoint")
     db = StateDB(home)
     kill_tree(int(db.get_run(run_dir.name)["pids"].split(",")[2]), signal.SIGKILL)
@@ -161,8 +177,11 @@ def test_a_second_loss_re_forms_the_re_formed_survivors(tmp_path):
     assert proc.returncode == 0, out
     resumes = _in_place(db, run_dir.name)
     assert [r["epoch"] for r in resumes] == [1, 2] and db.get_run(run_dir.name)["devices"] == 1
-    lost = [json.loads(e["data"])["steps_lost"] for e in db.events(run_dir.name)
-            if e["kind"] == "recovery"]  # fmt: skip
+    lost = [
+        json.loads(e["data"])["steps_lost"]
+        for e in db.events(run_dir.name)
+        if e["kind"] == "recovery"
+    ]
     assert lost == [0, 0]
     _check_each_step_once(spec, run_dir)
 
@@ -186,8 +205,11 @@ def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch
     # completed steps of the first attempt: its records (the reporter's step records
     # died with node 1, the other rank's heartbeats say which steps completed)
     relaunched = next(e["ts"] for e in db.events(run_id) if e["kind"] == "resume")
-    trained = max(e["step"] for e in events(run_dir)
-                  if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched)  # fmt: skip
+    trained = max(
+        e["step"]
+        for e in events(run_dir)
+        if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched
+    )
     # The steps after the checkpoint that some record says completed (step 7 may or may
     # not have been reported before rank 1 took its node down: both counts agree).
     assert recovery["steps_lost"] == trained - start >= 0

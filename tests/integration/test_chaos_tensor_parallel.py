@@ -23,10 +23,18 @@ from .test_graph_models import GPT2, hf_spec
 @pytest.mark.multiproc
 @pytest.mark.chaos
 def test_lost_node_at_T2_morphs_and_rolls_back(tmp_path, monkeypatch):
-    spec = hf_spec(GPT2, 1, 2, **{
-        "parallelism.tensor_parallel": 2, "hardware.processes_per_node": 2,
-        "training.steps": STEPS, "checkpoint.interval": 3, "elasticity.enabled": True,
-    })  # fmt: skip
+    spec = hf_spec(
+        GPT2,
+        1,
+        2,
+        **{
+            "parallelism.tensor_parallel": 2,
+            "hardware.processes_per_node": 2,
+            "training.steps": STEPS,
+            "checkpoint.interval": 3,
+            "elasticity.enabled": True,
+        },
+    )
     db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, "2:5:forward")
     handed = _data(db, run_id, "emergency")
     assert handed["step"] is None and "T > 1" in handed["why"], handed
@@ -35,8 +43,11 @@ def test_lost_node_at_T2_morphs_and_rolls_back(tmp_path, monkeypatch):
     start = resumed["step"]  # step 3's checkpoint (its writer may lag: then none, 0)
     assert recovery["source"] == "checkpoint" and recovery["resumed"] == start in (0, 3)
     relaunched = next(e["ts"] for e in db.events(run_id) if e["kind"] == "resume")
-    trained = max(e["step"] for e in events(run_dir)
-                  if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched)  # fmt: skip
+    trained = max(
+        e["step"]
+        for e in events(run_dir)
+        if e["kind"] in ("step", "heartbeat") and e["ts"] < relaunched
+    )
     assert trained >= 5 and recovery["steps_lost"] == trained - start
     ref, _ = reference_train(spec)
     steps = [e for e in events(run_dir) if e["kind"] == "step"]

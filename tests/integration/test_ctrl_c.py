@@ -28,9 +28,11 @@ def _start(tmp_path):
     home = tmp_path / "home"
     proc = subprocess.Popen(
         [*JOBCTL, "apply", str(tmp_path / "job.yaml"), "--home", str(home)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,  # the SIGINT below is the terminal's, to this process only
-    )  # fmt: skip
+    )
     db = StateDB(home)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -72,8 +74,12 @@ def test_second_ctrl_c_detaches_and_the_nodes_go_on(tmp_path):
     assert "Traceback" not in out
     assert "detach" in [e["kind"] for e in db.events(rid)]
     assert db.get_run(rid)["phase"] != "failed"
-    status = subprocess.run([*JOBCTL, "status", "--json", "--home", str(db.home)],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    status = subprocess.run(
+        [*JOBCTL, "status", "--json", "--home", str(db.home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     (shown,) = json.loads(status.stdout)
     assert shown["id"] == rid and shown["unsupervised"] is True  # status says so
     # The nodes were asked to stop by the first Ctrl-C; they checkpoint and exit alone.

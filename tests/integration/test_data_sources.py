@@ -82,8 +82,9 @@ def tokens(tmp_path_factory) -> Path:
 def test_tokens_run_matches_one_process_and_resumes_at_the_next_sample(
     tmp_path, tokens, monkeypatch
 ):
-    full = traced_run(data_spec(str(tokens), STEPS, 2, 2, **BLOCKS), tmp_path / "a",
-                      tmp_path / "t0", monkeypatch)  # fmt: skip
+    full = traced_run(
+        data_spec(str(tokens), STEPS, 2, 2, **BLOCKS), tmp_path / "a", tmp_path / "t0", monkeypatch
+    )
     whole = read_trace(tmp_path / "t0")
     assert sorted(whole) == list(range(STEPS * B))
     ids = [whole[i] for i in range(STEPS * B)]
@@ -91,13 +92,19 @@ def test_tokens_run_matches_one_process_and_resumes_at_the_next_sample(
     ref_losses, _ = reference_train(data_spec(str(tokens), STEPS, 1, 1, **BLOCKS))
     assert step_losses(full.dir) == pytest.approx(ref_losses, abs=1e-5)
 
-    first = traced_run(data_spec(str(tokens), 2, 2, 2, **BLOCKS), tmp_path / "b", tmp_path / "t1",
-                       monkeypatch)  # fmt: skip
+    first = traced_run(
+        data_spec(str(tokens), 2, 2, 2, **BLOCKS), tmp_path / "b", tmp_path / "t1", monkeypatch
+    )
     ckpt = first.dir / "checkpoints" / "step-00000002"
     for name, (P, D) in {"same": (2, 2), "morph": (1, 2)}.items():
         trace = tmp_path / f"t-{name}"
-        run = traced_run(data_spec(str(tokens), STEPS, P, D, **BLOCKS), tmp_path / name, trace,
-                         monkeypatch, resume_dir=ckpt)  # fmt: skip
+        run = traced_run(
+            data_spec(str(tokens), STEPS, P, D, **BLOCKS),
+            tmp_path / name,
+            trace,
+            monkeypatch,
+            resume_dir=ckpt,
+        )
         after = read_trace(trace)
         assert sorted(after) == list(range(2 * B, STEPS * B)), name
         assert {i: whole[i] for i in after} == after, name
@@ -109,8 +116,9 @@ def test_epochs_are_counted_and_eval_loss_is_reported(tmp_path, monkeypatch):
     # 33 * 32 + 1 tokens: 33 sequences, 3 held out for eval, 30 to train: a new
     # epoch every 30 samples, so steps 3 and 4 start in epoch 1 and step 4 ends in 2.
     path = write_tokens(tmp_path / "small.bin", n=33 * 32 + 1)
-    spec = data_spec(str(path), STEPS, 2, 1, **{"data.eval": 0.1, "training.eval_every": 2,
-                                               "hardware.nodes": 1})  # fmt: skip
+    spec = data_spec(
+        str(path), STEPS, 2, 1, **{"data.eval": 0.1, "training.eval_every": 2, "hardware.nodes": 1}
+    )
     run = traced_run(spec, tmp_path / "h", tmp_path / "t", monkeypatch)
     recs = events(run.dir)
     assert [r["epoch"] for r in recs if r["kind"] == "step"] == [0, 0, 1, 1]

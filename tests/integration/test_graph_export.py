@@ -52,8 +52,11 @@ def test_export_hf_round_trip_has_the_trained_logits(tmp_path, model):
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
 
     loaded = getattr(transformers, model["class"]).from_pretrained(out).eval()
-    ties = {n for n, p in loaded.named_parameters(remove_duplicate=False)
-            if p.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()}  # fmt: skip
+    ties = {
+        n
+        for n, p in loaded.named_parameters(remove_duplicate=False)
+        if p.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+    }
     assert len(ties) == (2 if model is GPT2 else 4), ties  # tied again on loading
     trained = _fresh(model, _own_names(final_weights(run.dir, STEPS)))
     mdef = model_def(spec.model, spec.training.seed, spec.training.micro_batch_size)

@@ -15,36 +15,74 @@ pytest.importorskip("transformers")
 STEPS = 3
 SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-GPT2 = {"class": "GPT2LMHeadModel", "config": {
-    "n_layer": 3, "n_embd": 32, "n_head": 4, "vocab_size": 256, "n_positions": 32,
-    **NO_DROPOUT}}
-LLAMA = {"class": "LlamaForCausalLM", "config": {
-    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 256,
-    "max_position_embeddings": 64}}
-BERT = {"class": "BertForMaskedLM", "config": {
-    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
-    "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 64,
-    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
-T5 = {"class": "T5ForConditionalGeneration", "config": {
-    "num_layers": 2, "num_decoder_layers": 2, "d_model": 32, "d_kv": 8, "num_heads": 4,
-    "d_ff": 64, "vocab_size": 256, "dropout_rate": 0.0, "decoder_start_token_id": 0,
-    "pad_token_id": 0}}
+GPT2 = {
+    "class": "GPT2LMHeadModel",
+    "config": {
+        "n_layer": 3,
+        "n_embd": 32,
+        "n_head": 4,
+        "vocab_size": 256,
+        "n_positions": 32,
+        **NO_DROPOUT,
+    },
+}
+LLAMA = {
+    "class": "LlamaForCausalLM",
+    "config": {
+        "num_hidden_layers": 3,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+    },
+}
+BERT = {
+    "class": "BertForMaskedLM",
+    "config": {
+        "num_hidden_layers": 3,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    },
+}
+T5 = {
+    "class": "T5ForConditionalGeneration",
+    "config": {
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "d_model": 32,
+        "d_kv": 8,
+        "num_heads": 4,
+        "d_ff": 64,
+        "vocab_size": 256,
+        "dropout_rate": 0.0,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+    },
+}
 
 
 def hf_spec(model: dict, P: int, D: int, **extra):
     """The quickstart job with a Hugging Face model instead of the builtin GPT."""
-    return tiny_spec(**{
-        "model.family": None,
-        "model.huggingface": model,
-        "training.steps": STEPS,
-        "checkpoint.interval": STEPS,
-        "parallelism.pipeline_stages": P,
-        "parallelism.data_parallel": D,
-        "hardware.processes_per_node": P * D,
-        **SGD,
-        **extra,
-    })
+    return tiny_spec(
+        **{
+            "model.family": None,
+            "model.huggingface": model,
+            "training.steps": STEPS,
+            "checkpoint.interval": STEPS,
+            "parallelism.pipeline_stages": P,
+            "parallelism.data_parallel": D,
+            "hardware.processes_per_node": P * D,
+            **SGD,
+            **extra,
+        }
+    )
 
 
 def run_and_compare(tmp_path, spec, atol: float = 1e-5, falls: bool = True):
@@ -101,10 +139,20 @@ def test_named_loss_trains_the_logits_like_one_process(tmp_path):
     assert run.plan.P == 2
 
 
-VIT = {"class": "ViTForImageClassification", "config": {
-    "num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
-    "intermediate_size": 64, "image_size": 16, "patch_size": 4, "num_labels": 4,
-    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}}
+VIT = {
+    "class": "ViTForImageClassification",
+    "config": {
+        "num_hidden_layers": 3,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "image_size": 16,
+        "patch_size": 4,
+        "num_labels": 4,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    },
+}
 
 
 @pytest.mark.multiproc

@@ -82,9 +82,14 @@ class _Worker:
 
     def step(self, step: int) -> float | None:
         stats, _ = train_step(
-            self.ex, self.actions, self.opt, self.spec.training, step, self.rank,
+            self.ex,
+            self.actions,
+            self.opt,
+            self.spec.training,
+            step,
+            self.rank,
             sync=lambda: sync_gradients(self.named, self.topo, self.ties),
-        )  # fmt: skip
+        )
         if not self.topo.is_last:
             return None
         total = torch.tensor([float(stats.loss_sum)], dtype=torch.float64)

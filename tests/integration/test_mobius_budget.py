@@ -24,8 +24,13 @@ def _run(folder: Path, optimizer: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "tests.mobius_budget", str(folder), optimizer, "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -21,9 +21,12 @@ SHAPE = (2, 3)
 def _init(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
         timeout=timedelta(seconds=60),
-    )  # fmt: skip
+    )
 
 
 def _exchange(rank: int, port: int, out: str, n: int) -> None:

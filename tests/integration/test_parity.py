@@ -116,9 +116,12 @@ def test_recompute_restores_rng_bit_identically(tmp_path):
 # gradient overflows near the threshold depends on the micro-batch size (a weight's
 # fp16 gradient sums its micro-batch's tokens), so the reference runs the plan's m.
 FP16 = {
-    **SGD, "training.precision": "fp16", "training.steps": 4, "checkpoint.interval": 2,
+    **SGD,
+    "training.precision": "fp16",
+    "training.steps": 4,
+    "checkpoint.interval": 2,
     "training.loss_scale.init_scale": 2.0**22,
-}  # fmt: skip
+}
 
 
 def _skipped(run_dir) -> list[int]:

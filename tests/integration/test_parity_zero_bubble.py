@@ -28,9 +28,12 @@ def test_zb_v_job_matches_single_process(tmp_path):
     # 2 ranks host 4 stages in V shape (rank 0: stages 0 and 3, rank 1: 1 and 2), a
     # real `apply` through the local backend; M = 8 >= 2P - 1, with recompute.
     spec = _spec(
-        2, 1, "zb_v", **SGD,
+        2,
+        1,
+        "zb_v",
+        **SGD,
         **{"hardware.nodes": 1, "hardware.processes_per_node": 2, "parallelism.recompute": "all"},
-    )  # fmt: skip
+    )
     run = _run_and_compare(tmp_path, spec, atol=1e-5)
     plan = run.plan
     assert (plan.schedule, plan.P, len(plan.stages)) == ("zb_v", 2, 4)

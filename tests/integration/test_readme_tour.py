@@ -57,8 +57,14 @@ def test_every_tour_command_runs_as_written(tmp_path):
         for cmd in tour_commands():
             args = shlex.split(cmd)
             print(f"{time.strftime('%H:%M:%S')} {cmd}", flush=True)  # shown on failure
-            run = subprocess.run([jobctl, *args[1:]], cwd=tmp_path, env=env,
-                                 capture_output=True, text=True, timeout=900)  # fmt: skip
+            run = subprocess.run(
+                [jobctl, *args[1:]],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             out = run.stdout + run.stderr
             assert run.returncode == 0, f"{cmd}: exit {run.returncode}\n{out[-3000:]}"
             assert "Traceback" not in out, f"{cmd}\n{out[-3000:]}"
@@ -73,14 +79,24 @@ def _stop_all(jobctl: str, cwd: Path, env: dict) -> None:
     deadline = time.monotonic() + 300
     asked = set()
     while time.monotonic() < deadline:
-        st = subprocess.run([jobctl, "status", "--json"], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
-        live = [r["id"] for r in json.loads(st.stdout or "[]")
-                if r["phase"] not in ("completed", "failed", "stopped")]  # fmt: skip
+        st = subprocess.run(
+            [jobctl, "status", "--json"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        live = [
+            r["id"]
+            for r in json.loads(st.stdout or "[]")
+            if r["phase"] not in ("completed", "failed", "stopped")
+        ]
         if not live:
             return
         for rid in set(live) - asked:
-            subprocess.run([jobctl, "stop", rid], cwd=cwd, env=env, capture_output=True,
-                           timeout=120)  # fmt: skip
+            subprocess.run(
+                [jobctl, "stop", rid], cwd=cwd, env=env, capture_output=True, timeout=120
+            )
             asked.add(rid)
         time.sleep(2)

@@ -23,8 +23,9 @@ def test_rendered_folder_runs_by_hand(tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["render", str(tmp_path / "job.yaml"), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    run = subprocess.run(["bash", str(out / "start.sh")], capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+    run = subprocess.run(
+        ["bash", str(out / "start.sh")], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     steps = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(s["step"] for s in steps if s.get("kind") == "step") == 4

@@ -29,9 +29,7 @@ def test_stage_aware_plan_runs_like_one_process(tmp_path):
     # A cap under what stage 0 needs keeping every activation, whatever the calibration.
     full = make_plan(tiny_spec(**shape)).prediction.memory_per_stage_gb
     cap = 0.9 * full[0]
-    spec = tiny_spec(
-        **shape, **{"parallelism.recompute": "stage_aware", "hardware.memory_gb": cap}
-    )
+    spec = tiny_spec(**shape, **{"parallelism.recompute": "stage_aware", "hardware.memory_gb": cap})
     ref_losses, ref_weights = reference_train(spec)
     run, outcome = run_job(spec, tmp_path)
     assert outcome.ok, outcome.message

@@ -46,26 +46,67 @@ from jobctl.engine.model.graph.tp_stage import (  # noqa: E402
 
 M, SEQ, LR, WORLD = 2, 8, 0.1, 4
 MODELS = {
-    "gpt2": ("GPT2LMHeadModel", {
-        "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 128, "n_positions": 32,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
-    "llama": ("LlamaForCausalLM", {
-        "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 128,
-        "max_position_embeddings": 64}),
-    "t5": ("T5ForConditionalGeneration", {
-        "num_layers": 2, "num_decoder_layers": 2, "d_model": 32, "d_kv": 8, "num_heads": 4,
-        "d_ff": 64, "vocab_size": 128, "dropout_rate": 0.0, "decoder_start_token_id": 0,
-        "pad_token_id": 0}),
-    "bert": ("BertForMaskedLM", {
-        "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-        "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64,
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}),
-}  # fmt: skip
+    "gpt2": (
+        "GPT2LMHeadModel",
+        {
+            "n_layer": 2,
+            "n_embd": 32,
+            "n_head": 4,
+            "vocab_size": 128,
+            "n_positions": 32,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "llama": (
+        "LlamaForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 64,
+            "vocab_size": 128,
+            "max_position_embeddings": 64,
+        },
+    ),
+    "t5": (
+        "T5ForConditionalGeneration",
+        {
+            "num_layers": 2,
+            "num_decoder_layers": 2,
+            "d_model": 32,
+            "d_kv": 8,
+            "num_heads": 4,
+            "d_ff": 64,
+            "vocab_size": 128,
+            "dropout_rate": 0.0,
+            "decoder_start_token_id": 0,
+            "pad_token_id": 0,
+        },
+    ),
+    "bert": (
+        "BertForMaskedLM",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "vocab_size": 128,
+            "max_position_embeddings": 64,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+    ),
+}
 #: GPT-2 and Llama at T x D and T x P; T5 (its position bias over all heads is
 #: narrowed to each rank's) and BERT at T x D only, to keep the launch short
 CASES = [(n, P, D) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))] + [
-    ("t5", 1, 2), ("bert", 1, 2), ("gpt2", 1, 1)]  # the last at T = 4: a head per rank
+    ("t5", 1, 2),
+    ("bert", 1, 2),
+    ("gpt2", 1, 1),
+]  # the last at T = 4: a head per rank
 #: sub-pipelined TMP (Merak 5.3): GPT-2 and Llama at T = 2 x P = 1 and T = 2 x P = 2
 SUB_CASES = [(n, P, D, True) for n in ("gpt2", "llama") for P, D in ((1, 2), (2, 1))]
 
@@ -172,13 +213,18 @@ def _case(name: str, P: int, D: int, sub: bool = False) -> dict:
             dist.all_reduce(q.grad, group=mesh["dp"].get_group())
     grad_err = max(
         (q.grad - _local(n, ref_grads[i, n], plan, t)).abs().max().item()
-        for i, b in blocks.items() for n, q in b.named_parameters()
-    )  # fmt: skip
+        for i, b in blocks.items()
+        for n, q in b.named_parameters()
+    )
     _sgd(blocks.values())
-    return {"losses": losses, "ref_losses": ref_losses[d::D], "grad_err": grad_err,
-            "halved": halved, "split": sum(n in plan.params for b in blocks.values() for n, _ in
-                         b.named_parameters()),
-            **_resume(graph, blocks, plan, mesh, ref_blocks)}  # fmt: skip
+    return {
+        "losses": losses,
+        "ref_losses": ref_losses[d::D],
+        "grad_err": grad_err,
+        "halved": halved,
+        "split": sum(n in plan.params for b in blocks.values() for n, _ in b.named_parameters()),
+        **_resume(graph, blocks, plan, mesh, ref_blocks),
+    }
 
 
 def _local(name, whole, plan, t):
@@ -207,8 +253,13 @@ def _resume(graph, blocks, plan, mesh, ref_blocks) -> dict:
 
 def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=timedelta(seconds=120))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
     results = {f"{n}-{P}x{D}": _case(n, P, D) for n, P, D in CASES}
     results |= {f"{n}-{P}x{D}-sub": _case(n, P, D, sub) for n, P, D, sub in SUB_CASES}
     Path(out, f"{rank}.json").write_text(json.dumps(results))
@@ -228,17 +279,21 @@ def _run_state(rank: int, out: str) -> dict:
     plan = make_plan(spec)
     mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)
     state = build_state(mdef, spec.training, plan, rank, torch.device("cpu"))
-    whole = {n: list(p.shape) for n, p in Stage(mdef, plan.stage_of(rank).blocks)
-             .named_parameters()}  # fmt: skip
+    whole = {
+        n: list(p.shape) for n, p in Stage(mdef, plan.stage_of(rank).blocks).named_parameters()
+    }
     topo = state.topo
     return {
         **_reshard_errors(state, mdef, plan.stage_of(rank).blocks, Path(out, f"whole-{rank}")),
         "topo": [topo.t, topo.replica, topo.dp_ranks, topo.tp_ranks, topo.is_reporter],
-        "halved": sorted(n for n, p in state.named.items() if list(p.shape) != whole[n]
-                         and p.numel() * 2 == math.prod(whole[n])),
+        "halved": sorted(
+            n
+            for n, p in state.named.items()
+            if list(p.shape) != whole[n] and p.numel() * 2 == math.prod(whole[n])
+        ),
         "changed": sum(list(p.shape) != whole[n] for n, p in state.named.items()),
         "splits": len(state.tp.plan.params),
-    }  # fmt: skip
+    }
 
 
 def _reshard_errors(state, mdef, blocks, folder: Path) -> dict:
@@ -256,16 +311,22 @@ def _reshard_errors(state, mdef, blocks, folder: Path) -> dict:
     load_blocks(state.stage, state.opt, folder, mdef.ties, local=state.tp.local)
     named, moment = dict(whole.named_parameters()), lambda o, q: o.state[q]["momentum_buffer"]
     load_err = max(
-        max((q - state.tp.local(n, named[n])).abs().max().item(),
-            (moment(state.opt, q) - state.tp.local(n, moment(opt, named[n]))).abs().max().item())
+        max(
+            (q - state.tp.local(n, named[n])).abs().max().item(),
+            (moment(state.opt, q) - state.tp.local(n, moment(opt, named[n]))).abs().max().item(),
+        )
         for n, q in state.named.items()
-    )  # fmt: skip
+    )
     snap = snapshot_blocks(state.stage, state.opt, blocks, mdef.ties, whole=state.tp.whole)
     save_err = max(
-        max((p[n] - named[n]).abs().max().item(),
-            (snap[b]["optim"][n]["momentum_buffer"] - moment(opt, named[n])).abs().max().item())
-        for b in blocks for p in [snap[b]["params"]] for n in p
-    )  # fmt: skip
+        max(
+            (p[n] - named[n]).abs().max().item(),
+            (snap[b]["optim"][n]["momentum_buffer"] - moment(opt, named[n])).abs().max().item(),
+        )
+        for b in blocks
+        for p in [snap[b]["params"]]
+        for n in p
+    )
     return {"load_err": load_err, "save_err": save_err}
 
 
@@ -295,8 +356,11 @@ def test_tensor_parallel_equals_one_process(tmp_path):
         assert len(last) == WORLD // (2 if "-2x1" in case else 1)
     states = [json.loads((tmp_path / f"state-{r}.json").read_text()) for r in range(WORLD)]
     assert [s["topo"] for s in states] == [  # t, d, the dp group of (p, t), the T group
-        [0, 0, [0, 2], [0, 1], True], [1, 0, [1, 3], [0, 1], False],
-        [0, 1, [0, 2], [2, 3], False], [1, 1, [1, 3], [2, 3], False]]  # reporter: d = 0, t = 0
+        [0, 0, [0, 2], [0, 1], True],
+        [1, 0, [1, 3], [0, 1], False],
+        [0, 1, [0, 2], [2, 3], False],
+        [1, 1, [1, 3], [2, 3], False],
+    ]  # reporter: d = 0, t = 0
     for s in states:  # 3 layers x (fused q/k/v w+b, attn proj, fc w+b, mlp proj)
         assert s["splits"] == 18 and s["changed"] == 18 and len(s["halved"]) == 18, s
         assert s["load_err"] == 0.0 and s["save_err"] == 0.0, s
@@ -317,9 +381,18 @@ def test_family_without_a_feature_dict_is_refused():
 def _tp_spec(T: int, P: int, steps: int, **extra):
     from .test_graph_models import GPT2, hf_spec
 
-    return hf_spec(GPT2, P, 1, **{
-        "parallelism.tensor_parallel": T, "hardware.processes_per_node": T * P,
-        "training.steps": steps, "checkpoint.interval": 2, **extra})  # fmt: skip
+    return hf_spec(
+        GPT2,
+        P,
+        1,
+        **{
+            "parallelism.tensor_parallel": T,
+            "hardware.processes_per_node": T * P,
+            "training.steps": steps,
+            "checkpoint.interval": 2,
+            **extra,
+        },
+    )
 
 
 @pytest.mark.multiproc

@@ -80,9 +80,12 @@ def _executor(spec, rank: int, shm: bool) -> tuple[TwoStageExecutor, list[Stage]
 def _run(rank: int, port: int, spec, recompute: bool, shm: bool, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=P,
         timeout=timedelta(seconds=60),
-    )  # fmt: skip
+    )
     ex, stages = _executor(spec, rank, shm)
     params = list({id(p): p for st in stages for p in st.parameters()}.values())
     opt = build_optimizer(params, spec.training)

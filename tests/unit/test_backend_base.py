@@ -32,9 +32,14 @@ class _Fixed(BackendBase):
 
 def test_poll_is_the_exit_code_of_each_status():
     backend = _Fixed(
-        [NodeStatus("pending"), NodeStatus("running"), NodeStatus("succeeded", 0),
-         NodeStatus("failed", 3), NodeStatus("stopped", -15)]
-    )  # fmt: skip
+        [
+            NodeStatus("pending"),
+            NodeStatus("running"),
+            NodeStatus("succeeded", 0),
+            NodeStatus("failed", 3),
+            NodeStatus("stopped", -15),
+        ]
+    )
     assert backend.poll(["a", "b", "c", "d", "e"]) == [None, None, 0, 3, -15]
     assert [s.done for s in backend.statuses] == [False, False, True, True, True]
 
@@ -104,5 +109,7 @@ def test_local_nodes_stopped_from_outside_are_not_failed(tmp_path):
     ]
     assert backend.poll(handles) == [4, -signal.SIGTERM, -signal.SIGKILL]
     assert [p.name for p in backend.logs(handles, tmp_path)] == [
-        "node-0.log", "node-1.log", "node-2.log"
-    ]  # fmt: skip
+        "node-0.log",
+        "node-1.log",
+        "node-2.log",
+    ]

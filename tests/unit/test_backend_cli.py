@@ -91,8 +91,11 @@ needs_a_host_name = pytest.mark.skipif(
     ],
 )
 def test_render_without_backend_uses_the_specs_backend(backend, artifacts, tmp_path):
-    overrides = {"hardware.backend": backend, "hardware.kubernetes": KUBE,
-                 "hardware.hosts": ["gpu-a", "gpu-b"]}  # fmt: skip
+    overrides = {
+        "hardware.backend": backend,
+        "hardware.kubernetes": KUBE,
+        "hardware.hosts": ["gpu-a", "gpu-b"],
+    }
     out = tmp_path / "out"
     r = runner.invoke(app, ["render", str(_spec_file(tmp_path, **overrides)), "--out", str(out)])
     assert r.exit_code == 0, r.output

@@ -53,8 +53,13 @@ SCHEMAS = {
     "TrainJob": "trainjob-v1alpha1.rules.yaml#/$defs/TrainJob",
     "ClusterTrainingRuntime": "trainjob-v1alpha1.rules.yaml#/$defs/ClusterTrainingRuntime",
 }
-FILES = ["pytorchjob-v1.rules.yaml", "jobset-v1alpha2.subset.yaml", "trainjob-v1alpha1.rules.yaml",
-         "published-openapi.json", "trainer-v1alpha1.openapi.json"]  # fmt: skip
+FILES = [
+    "pytorchjob-v1.rules.yaml",
+    "jobset-v1alpha2.subset.yaml",
+    "trainjob-v1alpha1.rules.yaml",
+    "published-openapi.json",
+    "trainer-v1alpha1.openapi.json",
+]
 CORE = {"ConfigMap": "v1", "Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
 
 
@@ -67,8 +72,10 @@ def _validator(kind: str):
         schema = {"$ref": f"https://jobctl.test/{SCHEMAS[kind]}"}
     else:
         published = {"$ref": f"https://jobctl.test/published-openapi.json#/$defs/V1{kind}"}
-        version = {"properties": {"apiVersion": {"const": CORE[kind]}, "kind": {"const": kind}},
-                   "required": ["apiVersion", "kind", "metadata"]}  # fmt: skip
+        version = {
+            "properties": {"apiVersion": {"const": CORE[kind]}, "kind": {"const": kind}},
+            "required": ["apiVersion", "kind", "metadata"],
+        }
         schema = {"allOf": [published, version]}
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
@@ -115,8 +122,12 @@ def test_schemas_catch_a_misspelt_field():
 def test_trainjob_runs_the_pod_script_as_the_trainers_node_step():
     docs = _docs(rendered("kubernetes-trainjob").files)
     assert [d["kind"] for d in docs] == [
-        "ConfigMap", "Service", "EndpointSlice", "ClusterTrainingRuntime", "TrainJob"
-    ]  # fmt: skip
+        "ConfigMap",
+        "Service",
+        "EndpointSlice",
+        "ClusterTrainingRuntime",
+        "TrainJob",
+    ]
     runtime, job = docs[-2], docs[-1]
     assert "namespace" not in runtime["metadata"]  # cluster-scoped, named by namespace too
     assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
@@ -273,7 +284,8 @@ API_GROUPS = {
     ("kubeflow.org", "v1"): [("pytorchjobs", "PyTorchJob")],
     ("jobset.x-k8s.io", "v1alpha2"): [("jobsets", "JobSet")],
     ("trainer.kubeflow.org", "v1alpha1"): [
-        ("trainjobs", "TrainJob"), ("clustertrainingruntimes", "ClusterTrainingRuntime")
+        ("trainjobs", "TrainJob"),
+        ("clustertrainingruntimes", "ClusterTrainingRuntime"),
     ],
 }
 CLUSTER_SCOPED = {"ClusterTrainingRuntime"}
@@ -285,17 +297,26 @@ def _discovery(path: str) -> dict | None:
         return {"kind": "APIVersions", "versions": ["v1"]}
     if path == "/apis":
         groups = [
-            {"name": g, "versions": [gv := {"groupVersion": f"{g}/{v}", "version": v}],
-             "preferredVersion": gv}
-            for g, v in API_GROUPS if g
-        ]  # fmt: skip
+            {
+                "name": g,
+                "versions": [gv := {"groupVersion": f"{g}/{v}", "version": v}],
+                "preferredVersion": gv,
+            }
+            for g, v in API_GROUPS
+            if g
+        ]
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
     for (group, version), resources in API_GROUPS.items():
         if path == (f"/apis/{group}/{version}" if group else "/api/v1"):
             verbs = ["create", "get", "list", "delete"]
             listed = [
-                {"name": n, "singularName": n[:-1], "namespaced": k not in CLUSTER_SCOPED,
-                 "kind": k, "verbs": verbs}  # fmt: skip
+                {
+                    "name": n,
+                    "singularName": n[:-1],
+                    "namespaced": k not in CLUSTER_SCOPED,
+                    "kind": k,
+                    "verbs": verbs,
+                }
                 for n, k in resources
             ]
             gv = f"{group}/{version}" if group else version
@@ -337,13 +358,23 @@ def kube_api(tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-        "clusters": [{"name": "stand-in",
-                      "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "u"}}],
-        "users": [{"name": "u", "user": {}}],
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "stand-in",
+                "clusters": [
+                    {
+                        "name": "stand-in",
+                        "cluster": {"server": f"http://127.0.0.1:{server.server_port}"},
+                    }
+                ],
+                "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "u"}}],
+                "users": [{"name": "u", "user": {}}],
+            }
+        )
+    )
     # The stand-in serves no OpenAPI document to validate against (the schemas are
     # checked against tests/data instead): `kubectl apply` runs with --validate=false.
     shim = tmp_path / "bin" / "kubectl"
@@ -365,8 +396,11 @@ def test_kubectl_client_dry_run(case, tmp_path, kube_api):
     path.write_text(rendered(case).files["manifests.yaml"])
     out = subprocess.run(
         ["kubectl", "apply", "--dry-run=client", "-o", "json", "-f", str(path)],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     read_back = json.loads(out.stdout)
     applied = read_back["items"] if read_back["kind"] == "List" else [read_back]
@@ -493,8 +527,9 @@ def test_workload_conditions_map_to_phases(conditions, phase):
 def test_a_trainjob_runs_while_one_of_its_jobs_is_active():
     """A TrainJob has no Running condition; its jobsStatus counts active Jobs."""
     job = json.loads(_conditions("Created"))
-    job["status"]["jobsStatus"] = [{"name": "node", "active": 0, "ready": 0, "failed": 0,
-                                    "succeeded": 0, "suspended": 0}]  # fmt: skip
+    job["status"]["jobsStatus"] = [
+        {"name": "node", "active": 0, "ready": 0, "failed": 0, "succeeded": 0, "suspended": 0}
+    ]
     assert workload_status(job).phase == "pending"
     job["status"]["jobsStatus"][0]["active"] = 1
     assert workload_status(job).phase == "running"

@@ -56,9 +56,15 @@ def test_golden(case):
 def test_scripts_pass_bash_n_and_shellcheck(case, tmp_path):
     found = scripts(rendered(case).files)
     assert found, "every backend renders at least one script"
-    expected = {"local": 2, "slurm": 3, "slurm-defaults": 3, "ssh": 2,
-                "kubernetes-pytorchjob": 2, "kubernetes-jobset": 1,
-                "kubernetes-trainjob": 2}  # fmt: skip
+    expected = {
+        "local": 2,
+        "slurm": 3,
+        "slurm-defaults": 3,
+        "ssh": 2,
+        "kubernetes-pytorchjob": 2,
+        "kubernetes-jobset": 1,
+        "kubernetes-trainjob": 2,
+    }
     assert len(found) == expected[case], sorted(found)  # none is missed
     for name, text in found.items():
         path = tmp_path / name.replace(":", "-")

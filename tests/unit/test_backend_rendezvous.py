@@ -38,8 +38,17 @@ def test_the_rendezvous_defaults_to_this_machine_where_nodes_are_remote(
 
 
 def test_loopback_names_and_addresses():
-    for host in ("localhost", "LOCALHOST.", "127.0.0.1", "127.1.2.3", "::1", "[::1]",
-                 "0.0.0.0", "app.localhost", "ip6-localhost"):  # fmt: skip
+    for host in (
+        "localhost",
+        "LOCALHOST.",
+        "127.0.0.1",
+        "127.1.2.3",
+        "::1",
+        "[::1]",
+        "0.0.0.0",
+        "app.localhost",
+        "ip6-localhost",
+    ):
         assert is_loopback(host), host
     for host in ("gpu-a", "10.0.0.5", "supervisor.example.com", "::ffff:10.0.0.5"):
         assert not is_loopback(host), host
@@ -68,12 +77,16 @@ def test_ssh_refuses_a_chosen_loopback_rendezvous_for_remote_hosts(monkeypatch):
 def test_a_default_for_another_backend_is_refused_with_both_fixes(monkeypatch):
     # `--backend ssh` on a spec whose hardware.backend is local: its default is loopback.
     monkeypatch.setattr(socket, "gethostname", lambda: "supervisor-7")
-    local_default = context("ssh", {"backend": "local", "hosts": REMOTE},
-                            rdzv_endpoint="127.0.0.1:29400")  # fmt: skip
-    with pytest.raises(BackendError, match=(
-        r"defaults to it for hardware.backend 'local'\): set hardware.rendezvous_host .*"
-        r" or set hardware.backend: ssh \(the default is then this machine's name\)$"
-    )):  # fmt: skip
+    local_default = context(
+        "ssh", {"backend": "local", "hosts": REMOTE}, rdzv_endpoint="127.0.0.1:29400"
+    )
+    with pytest.raises(
+        BackendError,
+        match=(
+            r"defaults to it for hardware.backend 'local'\): set hardware.rendezvous_host .*"
+            r" or set hardware.backend: ssh \(the default is then this machine's name\)$"
+        ),
+    ):
         get_backend("ssh").render(local_default)
 
 
@@ -98,8 +111,11 @@ def test_slurm_keeps_a_chosen_loopback_but_refuses_a_foreign_default():
 
 def test_kubernetes_refuses_any_loopback_rendezvous():
     for host in ("127.0.0.1", "localhost"):
-        chosen = context("kubernetes", {"kubernetes": KUBE, "rendezvous_host": host},
-                         rdzv_endpoint=f"{host}:29400")  # fmt: skip
+        chosen = context(
+            "kubernetes",
+            {"kubernetes": KUBE, "rendezvous_host": host},
+            rdzv_endpoint=f"{host}:29400",
+        )
         with pytest.raises(BackendError, match=f"the pods cannot reach the rendezvous at {host}"):
             get_backend("kubernetes").render(chosen)
 

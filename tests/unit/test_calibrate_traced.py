@@ -23,8 +23,10 @@ from jobctl.spec import load_spec
 from ..jobrun import quickstart_with
 
 pytest.importorskip("transformers")
-GPT2 = ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
-        "n_head: 4, vocab_size: 256, n_positions: 16}")  # fmt: skip
+GPT2 = (
+    "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
+    "n_head: 4, vocab_size: 256, n_positions: 16}"
+)
 MS = [1, 2]
 HIDDEN, SEQ = 32, 16
 PARAMS = 34176  # wte 8192 + wpe 256 + 2 layers x 12704 + ln_f 64 (GPT-2's own count)
@@ -33,11 +35,13 @@ PARAMS = 34176  # wte 8192 + wpe 256 + 2 layers x 12704 + ln_f 64 (GPT-2's own c
 def _spec(tmp_path, T: int = 2):
     path = quickstart_with(
         tmp_path / "job.yaml",
-        ("  pipeline_stages: 2\n  data_parallel: 2",
-         f"  pipeline_stages: 2\n  data_parallel: 1\n  tensor_parallel: {T}"),
+        (
+            "  pipeline_stages: 2\n  data_parallel: 2",
+            f"  pipeline_stages: 2\n  data_parallel: 1\n  tensor_parallel: {T}",
+        ),
         ("  family: gpt", GPT2),
         ("  seq_len: 32", f"  seq_len: {SEQ}"),
-    )  # fmt: skip
+    )
     return load_spec(path)
 
 
@@ -99,9 +103,7 @@ def test_calibration_measures_the_sizes_the_stages_reduce(tmp_path):
     ring = measure_tp_allreduce(spec, MS)
     # Each row linear's output is s x h fp32 per sample: at m = 1 and 2.
     assert ring is not None and ring.source == "measured"
-    assert sorted((p.ring, p.bytes) for p in ring.points) == [
-        (2, SEQ * HIDDEN * 4 * m) for m in MS
-    ]
+    assert sorted((p.ring, p.bytes) for p in ring.points) == [(2, SEQ * HIDDEN * 4 * m) for m in MS]
     assert all(p.time.median > 0 for p in ring.points)
 
 

@@ -17,9 +17,12 @@ def _slowed(blocks, factor: float, m: int):
     kinds = ("forward", "forward_nograd", "backward")
 
     def one(b):
-        return b.model_copy(update={
-            k: {**getattr(b, k), m: Stat(median=getattr(b, k)[m].median * factor)} for k in kinds
-        })  # fmt: skip
+        return b.model_copy(
+            update={
+                k: {**getattr(b, k), m: Stat(median=getattr(b, k)[m].median * factor)}
+                for k in kinds
+            }
+        )
 
     return [one(b) for b in blocks]
 
@@ -57,9 +60,10 @@ def test_the_shipped_two_passes_take_repeats_runs_each(monkeypatch):
     monkeypatch.setattr(runner, "measure_data", lambda spec, ms, repeats: {})
     monkeypatch.setattr(runner, "_model_speed", lambda spec, m, repeats: 1.0)
     monkeypatch.setattr(
-        runner, "measure_blocks", lambda spec, ms, dev, repeats, progress=None: calls.append(
-            repeats) or blocks
-    )  # fmt: skip
+        runner,
+        "measure_blocks",
+        lambda spec, ms, dev, repeats, progress=None: calls.append(repeats) or blocks,
+    )
     ms = sorted(blocks[0].forward)
     runner._measure_compute(spec, ms, 15, lambda what, f: None, runner.COMPUTE_PASSES)
     assert calls == [15, 15]

@@ -161,9 +161,13 @@ def test_bounded_queue_drops_oldest_and_says_so(tmp_path):
 
 def test_idle_sink_sends_alive_events(server, tmp_path):
     sink = ChannelSink(
-        server.url, server.secret, "rank-1", interval=0.05, alive={"rank": 1, "node": 0},
+        server.url,
+        server.secret,
+        "rank-1",
+        interval=0.05,
+        alive={"rank": 1, "node": 0},
         alive_s=0.2,
-    )  # fmt: skip
+    )
     wait_for(lambda: len(_lines(tmp_path / "metrics.jsonl")) >= 3, 30, "alive events")
     sink.write("step", step=1, **STEP)
     assert sink.close(10)

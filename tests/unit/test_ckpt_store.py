@@ -57,8 +57,15 @@ def test_reserved_or_escaping_file_names_are_rejected(bad: str) -> None:
 def test_plan_retention_exact() -> None:
     complete = [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
     assert plan_retention(complete, [350, 1100], keep_last=2, keep_every=500) == [
-        100, 200, 300, 350, 400, 600, 700, 800
-    ]  # fmt: skip
+        100,
+        200,
+        300,
+        350,
+        400,
+        600,
+        700,
+        800,
+    ]
     assert plan_retention(complete, [], keep_last=3) == [100, 200, 300, 400, 500, 600, 700]
     assert plan_retention([], [5, 6], keep_last=1) == []
     assert plan_retention([10], [5, 20], keep_last=1, keep_every=3) == [5]

@@ -25,8 +25,13 @@ def _run(*args: str, env: dict | None = None):
 @pytest.fixture
 def no_aws(monkeypatch, tmp_path):
     """No AWS credentials anywhere botocore looks, and no instance metadata lookups."""
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                "AWS_PROFILE", "AWS_ENDPOINT_URL"):  # fmt: skip
+    for var in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
@@ -109,8 +114,9 @@ def test_apply_into_a_pipe_prints_a_line_per_log_every_steps():
     out = io.StringIO()
     view = ProgressView(Console(file=out, width=80), "run-1", total=7, start=0, log_every=3)
     for step in range(1, 8):
-        view.on_event({"kind": "step", "step": step, "loss": 5.0 - step / 10,
-                       "samples_per_s": 100.0 + step})  # fmt: skip
+        view.on_event(
+            {"kind": "step", "step": step, "loss": 5.0 - step / 10, "samples_per_s": 100.0 + step}
+        )
     view.stop()
     assert out.getvalue().splitlines() == [
         "step 3/7 loss 4.7000 samples/s 103.0",

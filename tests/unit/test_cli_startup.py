@@ -34,8 +34,14 @@ HEAVY = ["torch", "jobctl.engine.planner", "jobctl.engine.calibration.cache"]
 # What the commands that only read the state DB leave out besides (#24 item 9): the
 # SQLAlchemy state DB (a SQLite file is read through sqlite3), the backends (jinja2)
 # and the token files (numpy).
-READ_ONLY_HEAVY = [*HEAVY, "sqlalchemy", "jobctl.backends", "jobctl.engine.data.tokens",
-                   "numpy", "jobctl.engine.scheduler"]  # fmt: skip
+READ_ONLY_HEAVY = [
+    *HEAVY,
+    "sqlalchemy",
+    "jobctl.backends",
+    "jobctl.engine.data.tokens",
+    "numpy",
+    "jobctl.engine.scheduler",
+]
 
 
 def _imported(args: list[str], heavy: list[str] = HEAVY) -> list[str]:
@@ -77,9 +83,15 @@ def test_a_bad_spec_is_refused_before_the_planner_loads(command, tmp_path, monke
 
 @pytest.mark.parametrize(
     "args",
-    [["status"], ["status", "q-1"], ["status", "--json"], ["logs", "q-1"], ["events", "q"],
-     ["validate", str(QUICKSTART)]],
-)  # fmt: skip
+    [
+        ["status"],
+        ["status", "q-1"],
+        ["status", "--json"],
+        ["logs", "q-1"],
+        ["events", "q"],
+        ["validate", str(QUICKSTART)],
+    ],
+)
 def test_reading_commands_import_neither_sqlalchemy_nor_backends(args, tmp_path, monkeypatch):
     """On a (current) SQLite state DB with a run, status, logs and events read it
     through sqlite3; validate of a synthetic-data spec never opens token files."""
@@ -119,11 +131,16 @@ def test_help_lists_every_command_and_version_prints():
 
 def test_shell_completion_names_commands_and_options():
     def complete(words: str) -> str:
-        env = {**os.environ, "_JOBCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
-               "COMP_CWORD": str(len(words.split()) - 1)}  # fmt: skip
+        env = {
+            **os.environ,
+            "_JOBCTL_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
         cmd = "from jobctl.engine.cli.app import app; app(prog_name='jobctl')"
-        run = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True,
-                             env=env, timeout=120)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-c", cmd], capture_output=True, text=True, env=env, timeout=120
+        )
         return run.stdout
 
     assert complete("jobctl sta").split() == ["status"]

@@ -51,9 +51,13 @@ def test_dollars_to_finish_is_wall_time_times_the_pool_price() -> None:
 
 def test_overheads_add_start_up_snapshots_and_the_final_checkpoint() -> None:
     cfg = CostConfig(
-        steps=100, startup_s=30.0, checkpoint_every=25, snapshot_s=0.5, final_s=2.0,
+        steps=100,
+        startup_s=30.0,
+        checkpoint_every=25,
+        snapshot_s=0.5,
+        final_s=2.0,
         pricings=(Pricing("on-demand", 1.0),),
-    )  # fmt: skip
+    )
     fc = forecast(1.0, 1, 1, cfg, cfg.pricing())
     # 3 checkpoints inside the run (25, 50, 75) block, the one at step 100 is written whole
     assert fc.parts == {"start-up": 30.0, "steps": 100.0, "checkpoints": 3.5, "preemptions": 0}
@@ -124,8 +128,11 @@ def gpu_job() -> str:
     """A GPU job (analytic device costs, no shared CPU cores: the same on any machine)
     whose frontier has 4 points, 8 devices fastest and 1 device cheapest."""
     text = (ROOT / "jobs" / "gpt-small-spot.yaml").read_text()
-    for old, new in [("nodes: 4", "nodes: 1"), ("global_batch_size: 512", "global_batch_size: 64"),
-                     ("layers: 12", "layers: 6")]:  # fmt: skip
+    for old, new in [
+        ("nodes: 4", "nodes: 1"),
+        ("global_batch_size: 512", "global_batch_size: 64"),
+        ("layers: 12", "layers: 6"),
+    ]:
         text = text.replace(old, new)
     return text
 
@@ -147,8 +154,9 @@ def test_throughput_is_the_fastest_within_the_budget() -> None:
     budget = (fast_usd + cheap_usd) / 2
     s, usd, _ = _finish(gpu_job() + f"budget:\n  max_total_usd: {budget}\n")
     assert usd <= budget and s > fast_s
-    options = plan_options(load_spec_text(gpu_job()), calibration_for(
-        load_spec_text(gpu_job()), NO_HOME), 8)  # fmt: skip
+    options = plan_options(
+        load_spec_text(gpu_job()), calibration_for(load_spec_text(gpu_job()), NO_HOME), 8
+    )
     within = [o for o in options if o.forecast.usd <= budget]
     assert s == pytest.approx(min(o.forecast.wall_s for o in within))
 
@@ -181,8 +189,9 @@ def test_frontier_keeps_only_options_nothing_beats_on_both() -> None:
 def test_plan_refuses_a_pinned_job_over_budget_naming_the_cheapest_that_fits() -> None:
     text = priced(auto=False).replace("steps: 60", "steps: 100000")
     pinned_usd = _finish(text)[1]
-    cheapest_usd = _finish(priced().replace("steps: 60", "steps: 100000") + (
-        "planner:\n  objective: cost\n"))[1]  # fmt: skip
+    cheapest_usd = _finish(
+        priced().replace("steps: 60", "steps: 100000") + ("planner:\n  objective: cost\n")
+    )[1]
     assert cheapest_usd < pinned_usd
     budget = (pinned_usd + cheapest_usd) / 2
     spec_file = Path(__file__).parent / "_budget_job.yaml"

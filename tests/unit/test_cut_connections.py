@@ -33,6 +33,5 @@ print("ok")
 
 
 def test_connections_are_cut_except_those_to_the_kept_ports():
-    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout == "ok\n", run.stdout + run.stderr

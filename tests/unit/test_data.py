@@ -33,7 +33,6 @@ def test_sharding_covers_each_sample_once(B, D, m):
     assert s.loss_scale * s.micro_batches * D == pytest.approx(1.0)
 
 
-
 @pytest.mark.parametrize(("B", "D", "m"), [(16, 3, 1), (16, 3, 2), (8192, 7, 1), (10, 4, 1)])
 def test_any_d_deals_whole_micro_batches_once(B, D, m):
     s = Sharding(B, D, m)
@@ -45,6 +44,7 @@ def test_any_d_deals_whole_micro_batches_once(B, D, m):
     )
     assert seen == list(range(2 * B, 3 * B))
     assert s.loss_scale * sum(counts) == pytest.approx(1.0)
+
 
 def test_text_source_reads_bytes(tmp_path):
     p = tmp_path / "corpus.txt"

@@ -198,12 +198,13 @@ def test_remote_token_file_is_read_one_request_per_block(tmp_path):
     remote_file = TokenFile(url)
     remote_file.fs = counting = CountingFS(remote_file.fs)
     remote = PackedData(Split(remote_file, L), seed=1, block_mb=block_mb, window=2)
-    local = PackedData(Split(TokenFile(str(tmp_path / "t.bin")), L), 1, block_mb=block_mb,
-                       window=2)  # fmt: skip
+    local = PackedData(Split(TokenFile(str(tmp_path / "t.bin")), L), 1, block_mb=block_mb, window=2)
     assert remote.order.block == 10 and remote.order.count == 13
     for start in range(0, 125, 5):  # one epoch in batches of 5, same samples as local
-        assert all(torch.equal(a, b) for a, b in
-                   zip(remote.batch(start, 5), local.batch(start, 5), strict=True))  # fmt: skip
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(remote.batch(start, 5), local.batch(start, 5), strict=True)
+        )
     remote.close(wait=True)
     fetched = sorted(a // 2 // (10 * L) for a, _ in counting.ranges)
     extra = list(fetched)
@@ -267,8 +268,11 @@ def test_bad_data_fails_validate_located_with_a_fix(tmp_path, tokenizer_dir, par
     (tmp_path / "d.parquet").symlink_to(parquet)
     small = Tokenizer(str(tokenizer_dir)).vocab - 1
     vocab = {"tokenizer too big": small, "npy too narrow": 70000, "narrow dtype": 70000}
-    job = write_job(tmp_path, data.replace("TOK", str(tokenizer_dir)),
-                    vocab=vocab.get(case, 256 if "hf" not in data else 128))  # fmt: skip
+    job = write_job(
+        tmp_path,
+        data.replace("TOK", str(tokenizer_dir)),
+        vocab=vocab.get(case, 256 if "hf" not in data else 128),
+    )
     for command in ("validate", "plan"):
         r = subprocess.run([*JOBCTL, command, str(job)], capture_output=True, text=True)
         assert r.returncode == 2, r.stdout + r.stderr
@@ -304,10 +308,21 @@ def test_prepare_matches_a_plain_loop_and_resumes(tmp_path, tokenizer_dir, parqu
 def test_prepare_command_writes_a_token_file_that_trains(tmp_path, tokenizer_dir, parquet):
     out = tmp_path / "train.npy"
     r = subprocess.run(
-        [*JOBCTL, "data", "prepare", str(parquet), "--tokenizer", str(tokenizer_dir),
-         "--out", str(out), "--workers", "2"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            *JOBCTL,
+            "data",
+            "prepare",
+            str(parquet),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     ids = np.load(out)
     assert ids.dtype == np.uint16 and f"{len(ids)} tokens" in r.stdout
@@ -315,6 +330,18 @@ def test_prepare_command_writes_a_token_file_that_trains(tmp_path, tokenizer_dir
         validate(write_job(tmp_path, "{source: tokens, path: train.npy}", vocab=120)).returncode
         == 0
     )
-    r = subprocess.run([*JOBCTL, "data", "prepare", "nope.txt", "--tokenizer", str(tokenizer_dir),
-                        "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            *JOBCTL,
+            "data",
+            "prepare",
+            "nope.txt",
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "no such file" in r.stderr

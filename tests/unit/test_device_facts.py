@@ -104,10 +104,14 @@ def test_a_recomputed_micro_batch_casts_the_weights_again():
     block's weights (the recompute's autocast exit clears the cast cache); the
     embedding's lookup is fp32 and casts nothing; fp32 runs cast nothing at all."""
     for precision, per_weight in (("fp16", 6.0), ("fp32", 0.0)):
-        spec = load_spec(QUICKSTART, overrides={
-            "hardware.device": "cuda", "hardware.accelerator": "v100-pcie-16gb",
-            "training.precision": precision,
-        })  # fmt: skip
+        spec = load_spec(
+            QUICKSTART,
+            overrides={
+                "hardware.device": "cuda",
+                "hardware.accelerator": "v100-pcie-16gb",
+                "training.precision": precision,
+            },
+        )
         cal = analytic_for(spec)
         embed, layer = cal.blocks[0], cal.blocks[1]
         assert embed.forward_nograd[1].median == embed.forward[1].median

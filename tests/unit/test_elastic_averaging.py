@@ -70,19 +70,27 @@ def test_spec_config_alpha_auto_is_one_over_n() -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (("parallel_pipelines: 2", "parallel_pipelines: 3"),
-         "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 does not "
-         "split into 3 equal shares"),
-        (("  averaging: elastic\n", ""),
-         "jobs/avg.yaml:17:3: parallelism.parallel_pipelines: parallel_pipelines 2 is only "
-         "used by averaging 'elastic'\n  fix: set parallelism.averaging: elastic"),
-        (("parallel_pipelines: 2", "parallel_pipelines: 2\n  alpha: 1.5"),
-         "jobs/avg.yaml:19:10: parallelism.alpha: alpha is 1.5, outside [0, 1]"),
-        (("name: avg", "name: avg\nrebalancing:\n  enabled: true"),
-         "jobs/avg.yaml:3:3: rebalancing.enabled: rebalancing does not work with "
-         "parallelism.averaging: elastic yet\n  fix: set rebalancing.enabled: false"),
+        (
+            ("parallel_pipelines: 2", "parallel_pipelines: 3"),
+            "jobs/avg.yaml:18:3: parallelism.parallel_pipelines: global_batch_size 8 does not "
+            "split into 3 equal shares",
+        ),
+        (
+            ("  averaging: elastic\n", ""),
+            "jobs/avg.yaml:17:3: parallelism.parallel_pipelines: parallel_pipelines 2 is only "
+            "used by averaging 'elastic'\n  fix: set parallelism.averaging: elastic",
+        ),
+        (
+            ("parallel_pipelines: 2", "parallel_pipelines: 2\n  alpha: 1.5"),
+            "jobs/avg.yaml:19:10: parallelism.alpha: alpha is 1.5, outside [0, 1]",
+        ),
+        (
+            ("name: avg", "name: avg\nrebalancing:\n  enabled: true"),
+            "jobs/avg.yaml:3:3: rebalancing.enabled: rebalancing does not work with "
+            "parallelism.averaging: elastic yet\n  fix: set rebalancing.enabled: false",
+        ),
     ],
-)  # fmt: skip
+)
 def test_spec_errors_name_field_line_and_fix(edit, expected) -> None:
     assert expected in _error(SPEC.replace(*edit))
 

@@ -57,8 +57,7 @@ def test_every_micro_batch_of_every_pipeline_runs_once_on_every_stage(schedule: 
     share = InterleavedShare(B, 1, m, N=N)
     per = B // N // m
     for stage in generate(schedule, P, share.micro_batches):
-        done = Counter((a.op, share.pipeline(0, a.micro_batch), a.micro_batch % per)
-                       for a in stage)  # fmt: skip
+        done = Counter((a.op, share.pipeline(0, a.micro_batch), a.micro_batch % per) for a in stage)
         ops = {a.op for a in stage}
         want = Counter({(op, i, k): 1 for op in ops for i in range(N) for k in range(per)})
         assert done == want
@@ -146,9 +145,12 @@ def test_plan_memory_holds_every_parallel_model_the_reference_and_the_updates() 
         plan, _ = _plan(n)
         assert plan.micro_batches == sync.micro_batches == B // m  # one list, N x M
         for s, (one, got) in enumerate(
-            zip(sync.prediction.memory_per_stage_gb, plan.prediction.memory_per_stage_gb,
-                strict=True)
-        ):  # fmt: skip
+            zip(
+                sync.prediction.memory_per_stage_gb,
+                plan.prediction.memory_per_stage_gb,
+                strict=True,
+            )
+        ):
             blocks = plan.stages[s].blocks
             state = sum(cal.blocks[b].state_bytes for b in blocks)
             weights = sum(cal.blocks[b].param_bytes for b in blocks)

@@ -163,10 +163,17 @@ def test_settings_hold_whole_samples_under_the_fixed_values() -> None:
 def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> None:
     rank = {
         "actions": [[("F", 0.02), ("B", 0.04)], [("F", 0.02), ("B", 0.04)]],
-        "sent": [[0.01, 0.0], [0.01, 0.0]], "update": [0.1, 0.3], "v_F": 0.005,
-        "v_B": 0.01, "F_mod": 10, "F_ref": 5, "dat_per_sample": 3.0, "peak": 2, "size": 2,
+        "sent": [[0.01, 0.0], [0.01, 0.0]],
+        "update": [0.1, 0.3],
+        "v_F": 0.005,
+        "v_B": 0.01,
+        "F_mod": 10,
+        "F_ref": 5,
+        "dat_per_sample": 3.0,
+        "peak": 2,
+        "size": 2,
         "timed": [[1, 0.004], [2, 0.006]],
-    }  # fmt: skip
+    }
     last = {**rank, "sent": [[0.0, 0.03], [0.0, 0.05]], "timed": []}
     p = profile_from({"m": 4, "n": 1, "B": 8, "ranks": [rank, last], "per_message": True})
     first = p.stages[0]
@@ -182,8 +189,11 @@ def test_profile_counts_each_message_once_and_phi_against_the_peak_rate() -> Non
 def test_spec_accepts_auto_and_a_fixed_m_resolves_without_profiling() -> None:
     spec = load_spec_text(SPEC)
     assert spec.parallelism.parallel_pipelines == "auto"
-    fixed = load_spec_text(SPEC.replace("parallel_pipelines: auto", "parallel_pipelines: 2")
-                           .replace("micro_batches: auto", "micro_batches: 4"))  # fmt: skip
+    fixed = load_spec_text(
+        SPEC.replace("parallel_pipelines: auto", "parallel_pipelines: 2").replace(
+            "micro_batches: auto", "micro_batches: 4"
+        )
+    )
     out, tuning = resolve(fixed)
     assert tuning is None and out.training.micro_batch_size == 2  # 16 / (1 * 2 * 4)
     assert out.parallelism.parallel_pipelines == 2 and out.parallelism.micro_batches is None
@@ -196,23 +206,33 @@ def _error(text: str) -> str:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (("micro_batch_size: auto", "micro_batch_size: 2"),
-         "jobs/avg.yaml:16:3: parallelism.micro_batches: micro_batches (auto) and "
-         "training.micro_batch_size (2) both set"),
-        (("  averaging: elastic\n  parallel_pipelines: auto\n", ""),
-         "jobs/avg.yaml:14:3: parallelism.micro_batches: micro_batches (AvgPipe's M) is "
-         "only used by averaging 'elastic'"),
-        (("parallel_pipelines: auto", "parallel_pipelines: 3"),
-         "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 over 1 "
-         "replicas does not split into N equal shares of M whole micro-batches (N=3)"),
-        (("data_parallel: 1", "data_parallel: 3"),
-         "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 does "
-         "not split over 3 data-parallel replicas"),
-        (("micro_batches: auto", "micro_batches: 32"),
-         "jobs/avg.yaml:16:3: parallelism.micro_batches: global_batch_size 16 over 1 "
-         "replicas does not split into N equal shares of M whole micro-batches (M=32)"),
+        (
+            ("micro_batch_size: auto", "micro_batch_size: 2"),
+            "jobs/avg.yaml:16:3: parallelism.micro_batches: micro_batches (auto) and "
+            "training.micro_batch_size (2) both set",
+        ),
+        (
+            ("  averaging: elastic\n  parallel_pipelines: auto\n", ""),
+            "jobs/avg.yaml:14:3: parallelism.micro_batches: micro_batches (AvgPipe's M) is "
+            "only used by averaging 'elastic'",
+        ),
+        (
+            ("parallel_pipelines: auto", "parallel_pipelines: 3"),
+            "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 over 1 "
+            "replicas does not split into N equal shares of M whole micro-batches (N=3)",
+        ),
+        (
+            ("data_parallel: 1", "data_parallel: 3"),
+            "jobs/avg.yaml:15:3: parallelism.parallel_pipelines: global_batch_size 16 does "
+            "not split over 3 data-parallel replicas",
+        ),
+        (
+            ("micro_batches: auto", "micro_batches: 32"),
+            "jobs/avg.yaml:16:3: parallelism.micro_batches: global_batch_size 16 over 1 "
+            "replicas does not split into N equal shares of M whole micro-batches (M=32)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_impossible_combinations_are_refused_at_the_field(edit, expected) -> None:
     assert expected in _error(SPEC.replace(*edit))
 
@@ -227,8 +247,9 @@ def test_plan_table_fits_80_columns_and_marks_the_pick() -> None:
     assert sum(1 for x in lines if x[:4].strip().isdigit()) == 14
     assert "eq. 2's utilisation curve" in " ".join(lines)  # no sizes timed
     timed = dataclasses.replace(p.stages[0], timed=((1, 0.01), (16, 0.1)))
-    t = tune(dataclasses.replace(p, stages=(timed,) * 2), [(16, 1), (1, 1)], 2**30,
-             lambda K: [2, 1])  # fmt: skip
+    t = tune(
+        dataclasses.replace(p, stages=(timed,) * 2), [(16, 1), (1, 1)], 2**30, lambda K: [2, 1]
+    )
     lines = tuning_lines(t)
     assert "the stage alone timed at that m" in " ".join(lines)
     assert max(map(len, lines)) <= 80

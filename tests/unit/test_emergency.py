@@ -35,8 +35,13 @@ def _held(done, ready=False, losses=None, reported=0):
     losses = losses or {}
     committed = max([done, *losses])
     losses = {str(k): v for k, v in losses.items()}
-    return {"done": done, "ready": ready, "committed": committed, "losses": losses,
-            "reported": reported}  # fmt: skip
+    return {
+        "done": done,
+        "ready": ready,
+        "committed": committed,
+        "losses": losses,
+        "reported": reported,
+    }
 
 
 def test_survivors_of_a_lost_node_cover_every_stage_pipeline_major():
@@ -98,8 +103,10 @@ def test_parts_publish_one_checkpoint_that_resume_finds(tmp_path):
     meta = {"step": 7, "next_sample": 7 * 16, "global_batch_size": 16}
     out = None
     for rank, blocks in sorted(d.blocks.items(), reverse=True):  # the leader last
-        snap = {b: {"params": {f"layers.{b}.w": torch.full((2,), float(b))}, "optim": {}}
-                for b in blocks}  # fmt: skip
+        snap = {
+            b: {"params": {f"layers.{b}.w": torch.full((2,), float(b))}, "optim": {}}
+            for b in blocks
+        }
         got = write_part(tmp_path, d, rank, snap, meta)
         out = out or got
         assert (got is None) == (rank != 0)  # published by the part that completes it

@@ -17,8 +17,10 @@ from jobctl.spec import dump_yaml
 from ..jobrun import tiny_spec
 
 runner = CliRunner()
-GPT2 = {"class": "GPT2LMHeadModel", "config": {
-    "n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 256, "n_positions": 32}}
+GPT2 = {
+    "class": "GPT2LMHeadModel",
+    "config": {"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 256, "n_positions": 32},
+}
 
 
 def hand_cut_blocks() -> list[torch.nn.Module]:
@@ -45,8 +47,9 @@ def test_builtin_family_is_refused(tmp_path):
 
 
 def test_hand_cut_blocks_are_refused(tmp_path):
-    spec = tiny_spec(**{"model.family": None,
-                        "model.import": "tests.unit.test_export:hand_cut_blocks"})  # fmt: skip
+    spec = tiny_spec(
+        **{"model.family": None, "model.import": "tests.unit.test_export:hand_cut_blocks"}
+    )
     assert "returned list, not an nn.Module" in _export(tmp_path, spec)
 
 

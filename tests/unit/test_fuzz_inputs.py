@@ -75,7 +75,7 @@ HOSTILE_SCALARS = st.one_of(
             ".inf",
             "{{ 7*7 }}",
             "-oProxyCommand=x",
-        ]  # fmt: skip
+        ]
     ),
     st.integers(),
     st.floats(),
@@ -187,7 +187,7 @@ EVENT = st.fixed_dictionaries({"kind": st.sampled_from(sorted(SCHEMAS))}).flatma
                 "blocks",
                 "replica",
             ]
-        ),  # fmt: skip
+        ),
         JSON,
     ).map(lambda extra: {**extra, **base})
 )
@@ -253,7 +253,7 @@ BOMB = b"a0: &a0 [1,1,1,1,1,1,1,1,1]\n" + b"".join(
                 f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n".encode() for i in range(1, 10)
             ),
             id="alias-bomb",
-        ),  # fmt: skip
+        ),
         pytest.param(b"name: x\nmodel: " + b"[" * 600 + b"]" * 600 + b"\n", id="deep"),
         pytest.param(b"name: x\nmodel: {layers: 1.0e+30}\n\x07\n", id="control-char"),
         pytest.param(b"name: x\n# caf\xe9\n", id="not-utf8"),
@@ -293,12 +293,27 @@ def test_the_command_line_exits_2_located_without_a_traceback(tmp_path: Path):
         assert_located(done.stderr, folder)
 
 
-RUN_COLUMNS = ["step", "total_steps", "loss", "samples_per_s", "devices", "plan", "message",
-               "stragglers", "last_checkpoint", "last_upload", "updated_at", "pids"]  # fmt: skip
+RUN_COLUMNS = [
+    "step",
+    "total_steps",
+    "loss",
+    "samples_per_s",
+    "devices",
+    "plan",
+    "message",
+    "stragglers",
+    "last_checkpoint",
+    "last_upload",
+    "updated_at",
+    "pids",
+]
 DB_VALUES = st.one_of(
-    st.none(), st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=30),
+    st.none(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(),
+    st.text(max_size=30),
     st.sampled_from(["[/x]", "nan", "abc", "1e400", "\x00"]),
-)  # fmt: skip
+)
 
 
 @settings(FUZZ, max_examples=25, deadline=5000)

@@ -25,12 +25,22 @@ SLACK = 8 * MiB  # Python objects of the stage: subgraph modules, the runner
 
 
 def gpt2_spec(tied: bool):
-    config = {"n_layer": 8, "n_embd": 128, "n_head": 4, "vocab_size": VOCAB,
-              "n_positions": 64, "tie_word_embeddings": tied}  # fmt: skip
-    return tiny_spec(**{
-        "model.family": None, "model.vocab": VOCAB, "model.seq_len": 16,
-        "model.huggingface": {"class": "GPT2LMHeadModel", "config": config},
-    })  # fmt: skip
+    config = {
+        "n_layer": 8,
+        "n_embd": 128,
+        "n_head": 4,
+        "vocab_size": VOCAB,
+        "n_positions": 64,
+        "tie_word_embeddings": tied,
+    }
+    return tiny_spec(
+        **{
+            "model.family": None,
+            "model.vocab": VOCAB,
+            "model.seq_len": 16,
+            "model.huggingface": {"class": "GPT2LMHeadModel", "config": config},
+        }
+    )
 
 
 def split(graph) -> list[list[int]]:
@@ -105,10 +115,20 @@ def measure(stage: int, home) -> dict:
     # A fixed mmap threshold: every large tensor is its own mapping, returned to the
     # system when freed, so the resident growth is what stays allocated (glibc's
     # dynamic threshold would keep freed temporaries on the heap and hide it).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT),
-           "JOBCTL_HOME": str(home)}  # its own trace cache: cold for stage 0, warm for 1
-    out = subprocess.run([sys.executable, "-c", PROBE, str(stage)], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=ROOT)  # fmt: skip
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "PYTHONPATH": str(ROOT),
+        "JOBCTL_HOME": str(home),
+    }  # its own trace cache: cold for stage 0, warm for 1
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(stage)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

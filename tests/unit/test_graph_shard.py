@@ -20,32 +20,80 @@ transformers = pytest.importorskip("transformers")
 
 B, T = 2, 16
 FAMILIES = {
-    "gpt2": ("GPT2LMHeadModel", {"n_layer": 3, "n_embd": 32, "n_head": 4, "vocab_size": 97,
-                                 "n_positions": T, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                                 "attn_pdrop": 0.0}),
-    "llama": ("LlamaForCausalLM", {"num_hidden_layers": 3, "hidden_size": 32,
-                                   "num_attention_heads": 4, "num_key_value_heads": 2,
-                                   "intermediate_size": 64, "vocab_size": 97}),
-    "bert": ("BertForMaskedLM", {"num_hidden_layers": 3, "hidden_size": 32,
-                                 "num_attention_heads": 4, "intermediate_size": 64,
-                                 "vocab_size": 97, "hidden_dropout_prob": 0.0,
-                                 "attention_probs_dropout_prob": 0.0}),
-    "t5": ("T5ForConditionalGeneration", {"num_layers": 2, "num_decoder_layers": 2,
-                                          "d_model": 32, "d_kv": 8, "num_heads": 4,
-                                          "d_ff": 64, "vocab_size": 97, "dropout_rate": 0.0,
-                                          "decoder_start_token_id": 0, "pad_token_id": 0}),
-    "vit": ("ViTForImageClassification", {"num_hidden_layers": 3, "hidden_size": 32,
-                                          "num_attention_heads": 4, "intermediate_size": 64,
-                                          "image_size": 16, "patch_size": 4, "num_labels": 5,
-                                          "hidden_dropout_prob": 0.0,
-                                          "attention_probs_dropout_prob": 0.0}),
+    "gpt2": (
+        "GPT2LMHeadModel",
+        {
+            "n_layer": 3,
+            "n_embd": 32,
+            "n_head": 4,
+            "vocab_size": 97,
+            "n_positions": T,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "llama": (
+        "LlamaForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 64,
+            "vocab_size": 97,
+        },
+    ),
+    "bert": (
+        "BertForMaskedLM",
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "vocab_size": 97,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+    ),
+    "t5": (
+        "T5ForConditionalGeneration",
+        {
+            "num_layers": 2,
+            "num_decoder_layers": 2,
+            "d_model": 32,
+            "d_kv": 8,
+            "num_heads": 4,
+            "d_ff": 64,
+            "vocab_size": 97,
+            "dropout_rate": 0.0,
+            "decoder_start_token_id": 0,
+            "pad_token_id": 0,
+        },
+    ),
+    "vit": (
+        "ViTForImageClassification",
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "image_size": 16,
+            "patch_size": 4,
+            "num_labels": 5,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+    ),
 }
 
 
 def _batch(family: str, gen: torch.Generator) -> dict:
     if family == "vit":
-        return {"pixel_values": torch.randn(B, 3, 16, 16, generator=gen),
-                "labels": torch.randint(0, 5, (B,), generator=gen)}
+        return {
+            "pixel_values": torch.randn(B, 3, 16, 16, generator=gen),
+            "labels": torch.randint(0, 5, (B,), generator=gen),
+        }
     x = torch.randint(1, 97, (B, T), generator=gen)
     return {"input_ids": x, "labels": torch.roll(x, 1, dims=1)}
 
@@ -96,11 +144,14 @@ def test_tied_gpt2_embedding_is_one_tie_between_first_and_last_subgraph():
     cls_name, config = FAMILIES["gpt2"]
     g = GraphModel(GraphModelConfig(hf_class=cls_name, hf_config=config, seq_len=T), B)
     assert [m for t in g.ties for m in t.members] == [
-        (0, "transformer.wte.weight"), (len(g.shards) - 1, "transformer.wte.weight")]
+        (0, "transformer.wte.weight"),
+        (len(g.shards) - 1, "transformer.wte.weight"),
+    ]
     # Both copies start from the same values whichever stage builds them.
     first, last = g.block(0, seed=1), g.block(len(g.shards) - 1, seed=1)
     torch.testing.assert_close(
-        first.get_parameter("transformer.wte.weight"), last.get_parameter("transformer.wte.weight"))
+        first.get_parameter("transformer.wte.weight"), last.get_parameter("transformer.wte.weight")
+    )
 
 
 def test_common_nodes_are_carried_not_cut():

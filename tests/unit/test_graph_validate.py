@@ -153,8 +153,16 @@ def test_relative_pretrained_resolves_against_the_spec_folder(tmp_path, saved_gp
 
 def test_image_model_needs_the_synthetic_image_source(tmp_path):
     pytest.importorskip("transformers")
-    config = json.dumps({"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
-                         "intermediate_size": 32, "image_size": 8, "patch_size": 4})
+    config = json.dumps(
+        {
+            "num_hidden_layers": 1,
+            "hidden_size": 16,
+            "num_attention_heads": 2,
+            "intermediate_size": 32,
+            "image_size": 8,
+            "patch_size": 4,
+        }
+    )
     model = f"  huggingface:\n    class: ViTForImageClassification\n    config: {config}"
     path = _spec(tmp_path, model)
     path.write_text(path.read_text().replace("source: synthetic", "source: text\n  path: x.txt"))

@@ -18,11 +18,15 @@ SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 def test_a_session_leader_and_its_children_are_killed():
     leader = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-         "time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "time.sleep(60)",
+        ],
         start_new_session=True,
-    )  # fmt: skip
+    )
     time.sleep(0.5)
     kill_tree(leader.pid, signal.SIGKILL)
     assert leader.wait(timeout=10) == -signal.SIGKILL

@@ -153,19 +153,29 @@ def _error(text: str) -> str:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (("  data_parallel: 1\n", "  data_parallel: 1\n  schedule: mobius\n"
-          "  pipeline_stages: 4\n"),
-         "jobs/half.yaml:6:3: training.precision: schedule mobius has no fp16 loss "
-         "scaling (it would train unscaled fp16)\n  fix: set training.precision: bf16"),
-        (("  data_parallel: 1\n", "  data_parallel: 1\n  averaging: elastic\n"
-          "  parallel_pipelines: 2\n"),
-         "jobs/half.yaml:6:3: training.precision: parallelism.averaging: elastic has no "
-         "fp16 loss scaling yet\n  fix: set training.precision: bf16"),
-        (("precision: fp16", "precision: bf16\n  loss_scale: {init_scale: 1024}"),
-         "jobs/half.yaml:7:3: training.loss_scale: loss_scale is only used by precision "
-         "fp16, but precision is 'bf16'\n  fix: remove training.loss_scale"),
+        (
+            (
+                "  data_parallel: 1\n",
+                "  data_parallel: 1\n  schedule: mobius\n  pipeline_stages: 4\n",
+            ),
+            "jobs/half.yaml:6:3: training.precision: schedule mobius has no fp16 loss "
+            "scaling (it would train unscaled fp16)\n  fix: set training.precision: bf16",
+        ),
+        (
+            (
+                "  data_parallel: 1\n",
+                "  data_parallel: 1\n  averaging: elastic\n  parallel_pipelines: 2\n",
+            ),
+            "jobs/half.yaml:6:3: training.precision: parallelism.averaging: elastic has no "
+            "fp16 loss scaling yet\n  fix: set training.precision: bf16",
+        ),
+        (
+            ("precision: fp16", "precision: bf16\n  loss_scale: {init_scale: 1024}"),
+            "jobs/half.yaml:7:3: training.loss_scale: loss_scale is only used by precision "
+            "fp16, but precision is 'bf16'\n  fix: remove training.loss_scale",
+        ),
     ],
-)  # fmt: skip
+)
 def test_fp16_refusals_name_field_line_and_fix(edit, expected) -> None:
     assert load_spec_text(SPEC).training.precision == "fp16"  # the plain case is valid
     # a run's saved spec writes every field (the default rule too) and must load

@@ -31,12 +31,19 @@ from ..jobrun import QUICKSTART, tiny_spec
 
 def _auto(memory_gb: float, **extra):
     """8 blocks (6 GPT layers at hidden 256) on 2 processes, everything auto."""
-    return tiny_spec(**{
-        "model.layers": 6, "model.hidden": 256, "hardware.nodes": 1,
-        "hardware.processes_per_node": 2, "hardware.memory_gb": memory_gb,
-        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
-        "parallelism.schedule": "auto", **extra,
-    })  # fmt: skip
+    return tiny_spec(
+        **{
+            "model.layers": 6,
+            "model.hidden": 256,
+            "hardware.nodes": 1,
+            "hardware.processes_per_node": 2,
+            "hardware.memory_gb": memory_gb,
+            "parallelism.pipeline_stages": "auto",
+            "parallelism.data_parallel": "auto",
+            "parallelism.schedule": "auto",
+            **extra,
+        }
+    )
 
 
 def test_auto_turns_to_mobius_only_when_nothing_fits():
@@ -101,11 +108,15 @@ def test_the_text_gantt_shows_each_swap_in_80_columns(tmp_path):
 
 def test_jobctl_plan_says_why_and_draws_the_swaps(tmp_path):
     text = QUICKSTART.read_text()
-    for old, new in [("layers: 4 ", "layers: 6 "), ("hidden: 64 ", "hidden: 256"),
-                     ("nodes: 2\n", "nodes: 1\n"), ("memory_gb: 2 ", "memory_gb: 0.03"),
-                     ("pipeline_stages: 2", "pipeline_stages: auto"),
-                     ("data_parallel: 2", "data_parallel: auto"),
-                     ("schedule: 1f1b", "schedule: auto")]:  # fmt: skip
+    for old, new in [
+        ("layers: 4 ", "layers: 6 "),
+        ("hidden: 64 ", "hidden: 256"),
+        ("nodes: 2\n", "nodes: 1\n"),
+        ("memory_gb: 2 ", "memory_gb: 0.03"),
+        ("pipeline_stages: 2", "pipeline_stages: auto"),
+        ("data_parallel: 2", "data_parallel: auto"),
+        ("schedule: 1f1b", "schedule: auto"),
+    ]:
         assert old in text
         text = text.replace(old, new)
     spec_file = tmp_path / "big.yaml"
@@ -126,11 +137,18 @@ def _one_v100(memory_gb: float, **extra):
     """6 GPT layers (hidden 256, 128 tokens) on one V100, 8 samples a step, all auto:
     at 0.1 GB only m = 1 fits resident (launch-bound micro-batches), while Mobius
     swaps stages over PCIe and runs all 8 samples as one micro-batch."""
-    return _auto(memory_gb, **{
-        "hardware.processes_per_node": 1, "hardware.device": "cuda",
-        "hardware.accelerator": "v100-pcie-16gb", "model.seq_len": 128,
-        "training.global_batch_size": 8, "training.micro_batch_size": "auto", **extra,
-    })  # fmt: skip
+    return _auto(
+        memory_gb,
+        **{
+            "hardware.processes_per_node": 1,
+            "hardware.device": "cuda",
+            "hardware.accelerator": "v100-pcie-16gb",
+            "model.seq_len": 128,
+            "training.global_batch_size": 8,
+            "training.micro_batch_size": "auto",
+            **extra,
+        },
+    )
 
 
 def test_auto_turns_to_mobius_where_it_is_faster():
@@ -156,10 +174,14 @@ def test_auto_keeps_the_search_plan_where_mobius_loses():
     base = plan_and_simulate(far, 1, cal)[0]
     assert even_estimate(far, cal, 1)[0] > base.prediction.step_time_s * (1 + MARGIN)
     assert faster_mobius(far, cal, 1, base) is None and make_plan(far, 1, cal) == base
-    near = tiny_spec(**{  # test_planner_answers' quickstart-auto-4, on 4 devices
-        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
-        "parallelism.schedule": "auto", "training.micro_batch_size": "auto",
-    })  # fmt: skip
+    near = tiny_spec(
+        **{  # test_planner_answers' quickstart-auto-4, on 4 devices
+            "parallelism.pipeline_stages": "auto",
+            "parallelism.data_parallel": "auto",
+            "parallelism.schedule": "auto",
+            "training.micro_batch_size": "auto",
+        }
+    )
     cal = calibration_for(near, None)
     base = plan_and_simulate(near, 4, cal)[0]
     est, S = even_estimate(near, cal, 4)
@@ -188,14 +210,19 @@ def test_jobctl_plan_says_mobius_is_faster(tmp_path):
     """``_one_v100(0.1)`` as a file: the search's plan priced, then Mobius's, and why."""
     text = QUICKSTART.read_text()
     edits = [
-        ("layers: 4 ", "layers: 6 "), ("hidden: 64 ", "hidden: 256 "),
-        ("seq_len: 32", "seq_len: 128"), ("global_batch_size: 16", "global_batch_size: 8"),
-        ("micro_batch_size: 2 ", "micro_batch_size: auto "), ("nodes: 2", "nodes: 1"),
+        ("layers: 4 ", "layers: 6 "),
+        ("hidden: 64 ", "hidden: 256 "),
+        ("seq_len: 32", "seq_len: 128"),
+        ("global_batch_size: 16", "global_batch_size: 8"),
+        ("micro_batch_size: 2 ", "micro_batch_size: auto "),
+        ("nodes: 2", "nodes: 1"),
         ("processes_per_node: 2", "processes_per_node: 1"),
         ("device: cpu", "device: cuda\n  accelerator: v100-pcie-16gb"),
-        ("memory_gb: 2 ", "memory_gb: 0.1 "), ("pipeline_stages: 2", "pipeline_stages: auto"),
-        ("data_parallel: 2", "data_parallel: auto"), ("schedule: 1f1b", "schedule: auto"),
-    ]  # fmt: skip
+        ("memory_gb: 2 ", "memory_gb: 0.1 "),
+        ("pipeline_stages: 2", "pipeline_stages: auto"),
+        ("data_parallel: 2", "data_parallel: auto"),
+        ("schedule: 1f1b", "schedule: auto"),
+    ]
     for old, new in edits:
         assert old in text
         text = text.replace(old, new)

@@ -47,8 +47,16 @@ def instance(rng: random.Random, runtime: bool = False) -> tuple[list[LayerCost]
     layers = []
     for i in range(n):
         w, a, f = rng.uniform(1, 4), rng.uniform(0.2, 2), rng.uniform(0.5, 3)
-        extra = {"update_s": rng.uniform(0, 1), "recompute_s": f, "grad_down": w,
-                 "reload": rng.uniform(0, 2) if i else 0.0} if runtime else {}  # fmt: skip
+        extra = (
+            {
+                "update_s": rng.uniform(0, 1),
+                "recompute_s": f,
+                "grad_down": w,
+                "reload": rng.uniform(0, 2) if i else 0.0,
+            }
+            if runtime
+            else {}
+        )
         layers.append(
             LayerCost(
                 forward_s=f,
@@ -177,8 +185,7 @@ def test_runtime_terms_by_hand() -> None:
     backward upload is 2 B of weights, 1 B of gradients down and its input reload
     (the tokens: 0 B): 2 B prefetched during stage 1's 2 s, 1 s left (8-9) while the
     gradient comes back (8-9); it runs 1 + 2 s of recompute and backward, 9-12."""
-    s0 = LayerCost(1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 1.0, update_s=1.0, recompute_s=1.0,
-                   grad_down=1.0)  # fmt: skip
+    s0 = LayerCost(1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 1.0, update_s=1.0, recompute_s=1.0, grad_down=1.0)
     s1 = LayerCost(1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 0.0, recompute_s=1.0, reload=5.0)
     cfg = MobiusConfig(devices=1, memory_bytes=10.0, tier_Bps=1.0, micro_batches=1)
     assert step_time([s0, s1], [1, 1], cfg) == pytest.approx(12.0)

@@ -7,15 +7,29 @@ from jobctl.engine.core.plan import MobiusLayout, Plan, RankPlan, StagePlan
 def _plan(layout: MobiusLayout) -> Plan:
     ranks = [RankPlan(rank=r, node=0, local_rank=r, stage=r, replica=0) for r in range(2)]
     stages = [
-        StagePlan(index=r, blocks=sorted(b for j in layout.hosted(r) for b in layout.stages[j]),
-                  ranks=[r], actions="")
+        StagePlan(
+            index=r,
+            blocks=sorted(b for j in layout.hosted(r) for b in layout.stages[j]),
+            ranks=[r],
+            actions="",
+        )
         for r in range(2)
-    ]  # fmt: skip
+    ]
     return Plan(
-        P=2, D=1, micro_batch_size=2, micro_batches=2, global_batch_size=4,
-        schedule="mobius", nodes=1, processes_per_node=2, device="cpu",
-        block_names=[f"b{i}" for i in range(6)], stages=stages, ranks=ranks, mobius=layout,
-    )  # fmt: skip
+        P=2,
+        D=1,
+        micro_batch_size=2,
+        micro_batches=2,
+        global_batch_size=4,
+        schedule="mobius",
+        nodes=1,
+        processes_per_node=2,
+        device="cpu",
+        block_names=[f"b{i}" for i in range(6)],
+        stages=stages,
+        ranks=ranks,
+        mobius=layout,
+    )
 
 
 def test_layout_hosts_stages_by_rank_and_survives_plan_json():

@@ -19,11 +19,17 @@ from .test_mobius_partition import compositions, instance
 
 
 def _spec(S: int, devices: int = 2, **extra):
-    return tiny_spec(**{
-        "model.layers": 6, "hardware.nodes": 1, "hardware.processes_per_node": devices,
-        "parallelism.data_parallel": 1, "parallelism.pipeline_stages": S,
-        "parallelism.schedule": "mobius", **extra,
-    })  # fmt: skip
+    return tiny_spec(
+        **{
+            "model.layers": 6,
+            "hardware.nodes": 1,
+            "hardware.processes_per_node": devices,
+            "parallelism.data_parallel": 1,
+            "parallelism.pipeline_stages": S,
+            "parallelism.schedule": "mobius",
+            **extra,
+        }
+    )
 
 
 def test_mip_at_a_given_stage_count_equals_brute_force() -> None:

@@ -137,9 +137,12 @@ def test_planned_config_takes_the_mip_stages_and_the_cross_mapping(tmp_path):
     cuts = [0, 2, 3, 5, 6, 8, 9, 10, 12]
     part = MobiusPartition(
         stages=tuple(range(a, b) for a, b in zip(cuts, cuts[1:], strict=False)),
-        devices=(0, 1, 2, 3, 0, 1, 2, 3), step_time_s=1.0, group=1, solve_s=0.1,
+        devices=(0, 1, 2, 3, 0, 1, 2, 3),
+        step_time_s=1.0,
+        group=1,
+        solve_s=0.1,
         optimal=True,
-    )  # fmt: skip
+    )
     cfg = planned_config(part, tmp_path, 2, rank=1)
     assert cfg.stages[:3] == ((0, 1), (2,), (3, 4)) and cfg.world == 4
     assert cfg.ranks() == (0, 1, 2, 3, 0, 1, 2, 3)

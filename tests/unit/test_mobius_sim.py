@@ -123,12 +123,18 @@ def test_awkward_floats_end():
     for _ in range(8):
         B = rng.uniform(1e9, 9e9)
         stages = [
-            SwapStage(rng.uniform(1e-4, 5e-3), rng.uniform(1e-4, 9e-3),
-                      rng.randint(1, 4_000_000) * 4.0, None, rng.randint(1, 8_000_000) * 4.0,
-                      rng.uniform(1e-4, 1e-3),
-                      rng.randint(1, 200_000) * 4.0 * (j > 0), rng.randint(1, 200_000) * 4.0)
+            SwapStage(
+                rng.uniform(1e-4, 5e-3),
+                rng.uniform(1e-4, 9e-3),
+                rng.randint(1, 4_000_000) * 4.0,
+                None,
+                rng.randint(1, 8_000_000) * 4.0,
+                rng.uniform(1e-4, 1e-3),
+                rng.randint(1, 200_000) * 4.0 * (j > 0),
+                rng.randint(1, 200_000) * 4.0,
+            )
             for j in range(12)
-        ]  # fmt: skip
+        ]
         got = simulate_mobius(stages, _cfg(micro_batches=4, tier_Bps=B, update_on_upload=True))
         assert sum(s.update_s for s in stages) < got.step_time < 1.0
         assert len([e for e in got.events if e.kind in ("F", "FB", "B")]) == 11 * 4 + 4 + 11 * 4

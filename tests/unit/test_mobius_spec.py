@@ -36,7 +36,10 @@ def test_stages_may_exceed_the_pool():
 def test_stages_must_exceed_the_pool():
     issue = _issue(2)
     assert (issue.path, issue.file, issue.line) == (
-        "parallelism.pipeline_stages", "jobs/mob.yaml", 10)
+        "parallelism.pipeline_stages",
+        "jobs/mob.yaml",
+        10,
+    )
     assert "more stages than devices: S = 2, N = 2" in issue.message
     assert "above 2" in issue.fix
 
@@ -57,10 +60,14 @@ def test_stages_may_not_be_auto():
         ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
         ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
         ("elasticity:\n  enabled: true\n", "elasticity.enabled", 13, "an elastic morph"),
-        ("pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
-         "pruning.enabled", 13, "pruning"),
+        (
+            "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
+            "pruning.enabled",
+            13,
+            "pruning",
+        ),
     ],
-)  # fmt: skip
+)
 def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
     with pytest.raises(SpecError) as info:
         load_spec_text(SPEC.format(S=4, extra=extra), "jobs/mob.yaml")
@@ -78,8 +85,12 @@ def test_an_all_auto_spec_plans_with_tensor_parallel_auto():
 
     from ..jobrun import tiny_spec
 
-    spec = tiny_spec(**{
-        "parallelism.pipeline_stages": "auto", "parallelism.data_parallel": "auto",
-        "parallelism.schedule": "auto", "parallelism.tensor_parallel": "auto",
-    })  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "parallelism.pipeline_stages": "auto",
+            "parallelism.data_parallel": "auto",
+            "parallelism.schedule": "auto",
+            "parallelism.tensor_parallel": "auto",
+        }
+    )
     assert make_plan(spec, spec.hardware.devices).T == 1  # the builtin model is hand-cut

@@ -49,8 +49,12 @@ def test_allreduce_check_recovers_a_slower_ring(monkeypatch):
     """Rows built from c = 50 ms per micro-batch, a bubble + optimizer of 1 s and an
     allreduce X twice the model's (Varuna's estimates: X 4 s): the check finds c, both
     X and the ratio 2, and skips the (model, P) measured at one D only."""
-    table = [("8.3B", 36, 3, 0, 0.0), ("8.3B", 36, 2, 0, 0.0), ("8.3B", 36, 1, 0, 0.0),
-             ("2.5B", 9, 7, 0, 0.0)]  # fmt: skip
+    table = [
+        ("8.3B", 36, 3, 0, 0.0),
+        ("8.3B", 36, 2, 0, 0.0),
+        ("8.3B", 36, 1, 0, 0.0),
+        ("2.5B", 9, 7, 0, 0.0),
+    ]
     tails, rows = [], []
     for name, P, D, _, _ in table:
         M, k = -(-8192 // D), 2 * (D - 1) / D

@@ -21,11 +21,15 @@ def test_block_ranges_name_every_block_and_only_those():
 
 
 def test_a_mobius_plan_lists_each_ranks_blocks_without_action_lists():
-    spec = tiny_spec(**{
-        "hardware.nodes": 1, "hardware.processes_per_node": 2,
-        "parallelism.pipeline_stages": 4, "parallelism.data_parallel": 1,
-        "parallelism.schedule": "mobius",
-    })  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "hardware.nodes": 1,
+            "hardware.processes_per_node": 2,
+            "parallelism.pipeline_stages": 4,
+            "parallelism.data_parallel": 1,
+            "parallelism.schedule": "mobius",
+        }
+    )
     plan = make_plan(spec, 2, calibration_for(spec, None))
     assert plan.mobius is not None
     out = io.StringIO()

@@ -56,8 +56,10 @@ def test_a_finished_worker_delivers_its_events_and_threads_then_leaves(tmp_path)
         t0 = time.monotonic()
         run = subprocess.run(
             [sys.executable, "-c", WORKER, server.url, secret, str(tmp_path)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert run.stdout == "leaving\n"  # _finish never returns
         # The upload thread was waited for (0.5 s), the idle data pool was not (it
@@ -76,7 +78,6 @@ def test_a_finished_worker_delivers_its_events_and_threads_then_leaves(tmp_path)
 
 
 def test_the_run_host_flushes_its_log_and_exits_with_the_code(tmp_path):
-    run = subprocess.run([sys.executable, "-c", HOST], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", HOST], capture_output=True, text=True, timeout=120)
     assert run.returncode == 3, run.stderr
     assert run.stdout == "logged before leaving\nprinted"

@@ -55,8 +55,9 @@ def test_a_plan_that_does_not_fit_the_surviving_nodes_is_refused():
 
 @pytest.fixture
 def store():
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=5))  # fmt: skip
+    server = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
     yield dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
     del server
 
@@ -64,8 +65,12 @@ def store():
 def test_the_word_and_the_answers_meet_in_the_store(store, tmp_path, monkeypatch):
     new = _plan(2, 2, 1, 2)
     (tmp_path / "plan.json").write_text(new.model_dump_json())
-    word = {"plan": str(tmp_path / "plan.json"), "ranks": {"0": 1, "1": 0},
-            "prefix": "p", "resume": str(tmp_path / "ckpt")}  # fmt: skip
+    word = {
+        "plan": str(tmp_path / "plan.json"),
+        "ranks": {"0": 1, "1": 0},
+        "prefix": "p",
+        "resume": str(tmp_path / "ckpt"),
+    }
     store.set(f"{KEY}0", json.dumps(word))
     got = await_word(store, 0, lambda: False)
     assert got == Reform(new, 1, tmp_path / "ckpt", "p", 0)

@@ -32,8 +32,14 @@ if [ "$1" = get ]; then echo "Succeeded Succeeded"; fi
 
 
 def _render(tmp_path: Path, backend: str, hardware: dict) -> Path:
-    spec = load_spec(QUICKSTART, {"training.steps": 2, "hardware.backend": backend,
-                                  **{f"hardware.{k}": v for k, v in hardware.items()}})  # fmt: skip
+    spec = load_spec(
+        QUICKSTART,
+        {
+            "training.steps": 2,
+            "hardware.backend": backend,
+            **{f"hardware.{k}": v for k, v in hardware.items()},
+        },
+    )
     (tmp_path / "job.yaml").write_text(dump_yaml(spec))
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["render", str(tmp_path / "job.yaml"), "--out", str(out)])
@@ -51,8 +57,9 @@ def _start(tmp_path: Path, out: Path, fakes: dict[str, str]) -> subprocess.Compl
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)}
-    return subprocess.run(["bash", str(out / "start.sh")], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(out / "start.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_an_ssh_render_starts_each_node_on_its_host(tmp_path):
@@ -73,8 +80,11 @@ def test_an_ssh_render_starts_each_node_on_its_host(tmp_path):
 
 
 def test_a_kubernetes_render_applies_and_waits_for_the_pods(tmp_path):
-    out = _render(tmp_path, "kubernetes", {"kubernetes": {"image": "ghcr.io/acme/jobctl:0.1",
-                                                          "namespace": "ml"}})  # fmt: skip
+    out = _render(
+        tmp_path,
+        "kubernetes",
+        {"kubernetes": {"image": "ghcr.io/acme/jobctl:0.1", "namespace": "ml"}},
+    )
     done = _start(tmp_path, out, {"kubectl": FAKE_KUBECTL})
     assert done.returncode == 0, done.stdout + done.stderr
     calls = (tmp_path / "rec" / "kubectl.calls").read_text().splitlines()

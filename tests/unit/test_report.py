@@ -60,8 +60,15 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     kinds = sorted(m.kind for m in s.markers)
     assert kinds == ["checkpoint", "morph", "preemption", "recovery", "upload"]
     assert min(m.x for m in s.markers) == pytest.approx(1.1)  # seconds after the first step
-    row = {"id": "r<&>", "phase": "completed", "step": 4, "total_steps": 4, "loss": 1.0,
-           "plan": "P=1 D=2", "devices": 2}  # fmt: skip
+    row = {
+        "id": "r<&>",
+        "phase": "completed",
+        "step": 4,
+        "total_steps": 4,
+        "loss": 1.0,
+        "plan": "P=1 D=2",
+        "devices": 2,
+    }
     text = render_html(row, s, db_events, None)
     check_html(text)
     assert "r&lt;&amp;&gt;" in text and "r<&>" not in text
@@ -72,8 +79,12 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     assert text.count('data-kind="checkpoint"') == 2  # on both throughput charts
     money = RunFigures(eta_s=60.0, cost_usd=1.5, usd_per_step=0.002, usd_to_finish=0.25)
     text = render_html(row, s, db_events, None, figures=money)
-    for cell in ("$ so far</th><td>$1.50", "$ per step (now)</th><td>$0.002",
-                 "$ to finish (current rate)</th><td>$0.2500", "ETA</th><td>0:01:00"):  # fmt: skip
+    for cell in (
+        "$ so far</th><td>$1.50",
+        "$ per step (now)</th><td>$0.002",
+        "$ to finish (current rate)</th><td>$0.2500",
+        "ETA</th><td>0:01:00",
+    ):
         assert cell in text, cell
 
 

@@ -67,12 +67,14 @@ def test_gpipe_and_1f1b_shapes() -> None:
 
 def test_shifted_critical_path_matches_merak_fig3c() -> None:
     """Merak Fig. 3c (4 stages, 5 micro-batches), read off the figure."""
-    assert format_schedule(shifted_critical_path(4, 5)) == "\n".join([
-        "S0: F0 F1 F2 F3 R0 B0 F4 R1 B1 R2 B2 R3 B3 R4 B4",
-        "S1: F0 F1 F2 R0 B0 F3 R1 B1 F4 R2 B2 R3 B3 R4 B4",
-        "S2: F0 F1 F2 R0 B0 R1 B1 F3 R2 B2 F4 R3 B3 R4 B4",
-        "S3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4",
-    ])  # fmt: skip
+    assert format_schedule(shifted_critical_path(4, 5)) == "\n".join(
+        [
+            "S0: F0 F1 F2 F3 R0 B0 F4 R1 B1 R2 B2 R3 B3 R4 B4",
+            "S1: F0 F1 F2 R0 B0 F3 R1 B1 F4 R2 B2 R3 B3 R4 B4",
+            "S2: F0 F1 F2 R0 B0 R1 B1 F3 R2 B2 F4 R3 B3 R4 B4",
+            "S3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4",
+        ]
+    )
 
 
 @pytest.mark.parametrize("P,M", GRID)

@@ -164,11 +164,27 @@ def test_json_schema_describes_every_property() -> None:
     schema = json_schema()
     models = {"JobSpec": schema, **schema["$defs"]}
     assert set(models) == {
-        "JobSpec", "ModelSpec", "DataSpec", "TrainingSpec", "HardwareSpec", "InterconnectSpec",
-        "ParallelismSpec", "ElasticitySpec", "PruningSpec", "RebalancingSpec", "CheckpointSpec",
-        "ScheduleSpec", "SlurmSpec", "KubernetesSpec", "SshSpec", "BudgetSpec", "PlannerSpec",
-        "HuggingFaceSpec", "TopologySpec", "LossScaleSpec",
-    }  # fmt: skip
+        "JobSpec",
+        "ModelSpec",
+        "DataSpec",
+        "TrainingSpec",
+        "HardwareSpec",
+        "InterconnectSpec",
+        "ParallelismSpec",
+        "ElasticitySpec",
+        "PruningSpec",
+        "RebalancingSpec",
+        "CheckpointSpec",
+        "ScheduleSpec",
+        "SlurmSpec",
+        "KubernetesSpec",
+        "SshSpec",
+        "BudgetSpec",
+        "PlannerSpec",
+        "HuggingFaceSpec",
+        "TopologySpec",
+        "LossScaleSpec",
+    }
     undocumented = [
         f"{name}.{prop}"
         for name, model in models.items()

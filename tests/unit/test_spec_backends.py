@@ -77,27 +77,51 @@ def test_full_backend_sections_load_and_round_trip():
     ("hardware", "path", "message"),
     [
         ("hardware: {slurm: {partition: 'gpu; rm -rf /'}}", "hardware.slurm.partition", "match"),
-        ("hardware: {slurm: {sbatch_args: ['--wrap=a b']}}", "hardware.slurm.sbatch_args",
-         "'--wrap=a b' is not an sbatch option"),
-        ("hardware: {slurm: {sbatch_args: ['-N2']}}", "hardware.slurm.sbatch_args",
-         "'-N2' is not an sbatch option"),
-        ("hardware: {slurm: {time_limit_minutes: 0}}", "hardware.slurm.time_limit_minutes",
-         "greater than or equal to 1"),
-        ("hardware: {slurm: {signal_before_s: 70000}}", "hardware.slurm.signal_before_s",
-         "less than or equal to 65535"),
+        (
+            "hardware: {slurm: {sbatch_args: ['--wrap=a b']}}",
+            "hardware.slurm.sbatch_args",
+            "'--wrap=a b' is not an sbatch option",
+        ),
+        (
+            "hardware: {slurm: {sbatch_args: ['-N2']}}",
+            "hardware.slurm.sbatch_args",
+            "'-N2' is not an sbatch option",
+        ),
+        (
+            "hardware: {slurm: {time_limit_minutes: 0}}",
+            "hardware.slurm.time_limit_minutes",
+            "greater than or equal to 1",
+        ),
+        (
+            "hardware: {slurm: {signal_before_s: 70000}}",
+            "hardware.slurm.signal_before_s",
+            "less than or equal to 65535",
+        ),
         ("hardware: {kubernetes: {namespace: x}}", "hardware.kubernetes.image", "required"),
-        ("hardware: {kubernetes: {image: i, namespace: Prod_1}}",
-         "hardware.kubernetes.namespace", "match"),
-        ("hardware: {kubernetes: {image: i, secrets: ['My Secret']}}",
-         "hardware.kubernetes.secrets[0]", "match"),
-        ("hardware: {kubernetes: {image: i, kind: mpijob}}", "hardware.kubernetes.kind",
-         "'pytorchjob', 'jobset' or 'trainjob'"),
+        (
+            "hardware: {kubernetes: {image: i, namespace: Prod_1}}",
+            "hardware.kubernetes.namespace",
+            "match",
+        ),
+        (
+            "hardware: {kubernetes: {image: i, secrets: ['My Secret']}}",
+            "hardware.kubernetes.secrets[0]",
+            "match",
+        ),
+        (
+            "hardware: {kubernetes: {image: i, kind: mpijob}}",
+            "hardware.kubernetes.kind",
+            "'pytorchjob', 'jobset' or 'trainjob'",
+        ),
         ("hardware: {ssh: {port: 0}}", "hardware.ssh.port", "greater than or equal to 1"),
         ("hardware: {ssh: {user: '-oProxyCommand=x'}}", "hardware.ssh.user", "match"),
-        ("hardware: {ssh: {strict_host_key_checking: 'no'}}",
-         "hardware.ssh.strict_host_key_checking", "'yes' or 'accept-new'"),
+        (
+            "hardware: {ssh: {strict_host_key_checking: 'no'}}",
+            "hardware.ssh.strict_host_key_checking",
+            "'yes' or 'accept-new'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_backend_settings_name_their_path(hardware, path, message):
     found = issues(hardware)
     assert [p for p, _ in found] == [path], found

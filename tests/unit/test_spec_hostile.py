@@ -149,8 +149,9 @@ def test_a_missing_ssh_key_is_a_located_validate_error_with_a_fix(tmp_path: Path
     from jobctl.engine.cli.app import app
 
     key = tmp_path / "id_test"
-    text = spec_with({"hardware": f"backend: ssh, nodes: 1, hosts: [127.0.0.1], "
-                                  f"ssh: {{identity_file: '{key}'}}"})  # fmt: skip
+    text = spec_with(
+        {"hardware": f"backend: ssh, nodes: 1, hosts: [127.0.0.1], ssh: {{identity_file: '{key}'}}"}
+    )
     path = tmp_path / "job.yaml"
     path.write_text(text)
     assert load_spec(path).hardware.ssh.identity_file == str(key)

@@ -163,14 +163,22 @@ def test_older_databases_get_the_new_columns(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as c:
-        c.execute(sa.text("CREATE TABLE runs (id VARCHAR(128) PRIMARY KEY, name VARCHAR(64) "
-                          "NOT NULL, phase VARCHAR(32) NOT NULL, run_dir TEXT NOT NULL, "
-                          "created_at FLOAT NOT NULL, updated_at FLOAT NOT NULL)"))  # fmt: skip
+        c.execute(
+            sa.text(
+                "CREATE TABLE runs (id VARCHAR(128) PRIMARY KEY, name VARCHAR(64) "
+                "NOT NULL, phase VARCHAR(32) NOT NULL, run_dir TEXT NOT NULL, "
+                "created_at FLOAT NOT NULL, updated_at FLOAT NOT NULL)"
+            )
+        )
         c.execute(sa.text("INSERT INTO runs VALUES ('old', 'old', 'stopped', '/x', 1, 1)"))
         # The events table as the first jobctl made it (every jobctl DB has both tables).
-        c.execute(sa.text("CREATE TABLE events (id INTEGER PRIMARY KEY, run_id VARCHAR(128) "
-                          "NOT NULL REFERENCES runs (id), ts FLOAT NOT NULL, kind VARCHAR(32) "
-                          "NOT NULL, message TEXT NOT NULL, data TEXT)"))  # fmt: skip
+        c.execute(
+            sa.text(
+                "CREATE TABLE events (id INTEGER PRIMARY KEY, run_id VARCHAR(128) "
+                "NOT NULL REFERENCES runs (id), ts FLOAT NOT NULL, kind VARCHAR(32) "
+                "NOT NULL, message TEXT NOT NULL, data TEXT)"
+            )
+        )
     db = StateDB(tmp_path, url=url)
     row = db.get_run("old")
     assert row["phase"] == "stopped" and row["recovery_s"] is None

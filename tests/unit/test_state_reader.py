@@ -68,10 +68,14 @@ def test_other_databases_and_older_ones_go_through_state_db(tmp_path, monkeypatc
     old = tmp_path / "old"
     old.mkdir()
     con = sqlite3.connect(old / "state.db")
-    con.execute("CREATE TABLE runs (id VARCHAR(128) PRIMARY KEY, name VARCHAR(64), "
-                "phase VARCHAR(32), run_dir TEXT, created_at FLOAT, updated_at FLOAT)")  # fmt: skip
-    con.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, run_id VARCHAR(128), "
-                "ts FLOAT, kind VARCHAR(32), message TEXT, data TEXT)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE runs (id VARCHAR(128) PRIMARY KEY, name VARCHAR(64), "
+        "phase VARCHAR(32), run_dir TEXT, created_at FLOAT, updated_at FLOAT)"
+    )
+    con.execute(
+        "CREATE TABLE events (id INTEGER PRIMARY KEY, run_id VARCHAR(128), "
+        "ts FLOAT, kind VARCHAR(32), message TEXT, data TEXT)"
+    )
     con.execute("INSERT INTO runs VALUES ('o-1', 'o', 'completed', '/x', 1.0, 2.0)")
     con.commit()
     con.close()
@@ -108,8 +112,9 @@ def test_a_reader_waits_a_bounded_time_for_an_exclusive_lock(tmp_path, monkeypat
             fast.list_runs()
         assert time.monotonic() - start < READ_WAIT_S + 4.0  # not the writers' 10 s
         env = {**os.environ, "JOBCTL_HOME": str(tmp_path)}
-        done = subprocess.run(["jobctl", "status"], env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        done = subprocess.run(
+            ["jobctl", "status"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "retry" in done.stderr and str(tmp_path / "state.db") in done.stderr
     finally:
@@ -118,9 +123,7 @@ def test_a_reader_waits_a_bounded_time_for_an_exclusive_lock(tmp_path, monkeypat
     assert [r["step"] for r in fast.list_runs()] == [3, 3, 3]  # and reads once it is free
 
 
-def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(
-    tmp_path, monkeypatch
-):
+def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(tmp_path, monkeypatch):
     """`jobctl stop --home H` against a DB another process keeps write-locked for
     longer than the writers' 10 s busy wait: one line naming H's DB (not the default
     home's) and the fix, exit 2, no traceback, and the run untouched."""
@@ -130,8 +133,13 @@ def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(
     holder.execute("BEGIN IMMEDIATE")  # a writer in WAL mode: readers go on, writers wait
     try:
         env = {**os.environ, "JOBCTL_HOME": str(tmp_path / "elsewhere")}
-        done = subprocess.run(["jobctl", "stop", "b-1", "--home", str(tmp_path)], env=env,
-                              capture_output=True, text=True, timeout=90)  # fmt: skip
+        done = subprocess.run(
+            ["jobctl", "stop", "b-1", "--home", str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "locked" in done.stderr and "retry when it is done" in done.stderr
         assert "nothing was changed" in done.stderr and "waited 10 s" in done.stderr

@@ -91,9 +91,17 @@ def _history(db: StateDB, clock: Clock, rid: str) -> None:
         else:
             db.add_event(rid, kind, message, data)
     db.update_run(
-        rid, step=45, loss=3.0, samples_per_s=4.0, devices=2, plan="P=1 D=2 m=2 N_m=4 1f1b",
-        last_checkpoint=40, last_upload=20, stragglers="1", uploading_step=30,
-    )  # fmt: skip
+        rid,
+        step=45,
+        loss=3.0,
+        samples_per_s=4.0,
+        devices=2,
+        plan="P=1 D=2 m=2 N_m=4 1f1b",
+        last_checkpoint=40,
+        last_upload=20,
+        stragglers="1",
+        uploading_step=30,
+    )
 
 
 @pytest.fixture
@@ -149,9 +157,21 @@ def test_status_table_shows_every_column_and_the_numbers(db):
     for col in RUN_COLUMNS:
         assert col in header, col
     assert RUN_COLUMNS == (
-        "run", "phase", "step", "loss", "samples/s", "ETA", "devices", "plan", "ckpt",
-        "uploaded", "upload lag", "$ so far", "$ to finish", "updated",
-    )  # fmt: skip
+        "run",
+        "phase",
+        "step",
+        "loss",
+        "samples/s",
+        "ETA",
+        "devices",
+        "plan",
+        "ckpt",
+        "uploaded",
+        "upload lag",
+        "$ so far",
+        "$ to finish",
+        "updated",
+    )
     row = next(line for line in text.splitlines() if "quick-1" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     got = dict(zip(RUN_COLUMNS, cells, strict=True))

@@ -61,9 +61,17 @@ def test_a_run_walks_through_every_phase_one_step_at_a_time(tmp_path):
     row = db.get_run(run_id)
     assert (row["step"], row["last_checkpoint"], row["supervisor_pid"]) == (6, 6, None)
     assert phases(db, run_id) == [
-        "pending", "calibrating", "planning", "launching", "training",
-        "checkpointing", "training", "checkpointing", "training", "completed",
-    ]  # fmt: skip
+        "pending",
+        "calibrating",
+        "planning",
+        "launching",
+        "training",
+        "checkpointing",
+        "training",
+        "checkpointing",
+        "training",
+        "completed",
+    ]
     assert all(ts >= 1000.0 for ts in (e["ts"] for e in db.events(run_id)))  # injected clock
 
 
@@ -179,8 +187,9 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
     write(run_dir, {"kind": "stopped", "step": 2, "rank": 0, "ts": 1003.2})
     new.set_all(NodeStatus("stopped", -15, "exit -15", "cancelled"))
     assert sup.step() == "stopped"
-    phases_seen = [e["message"].split(":")[0] for e in db.events(sup.run_id)
-                   if e["kind"] == "phase"]  # fmt: skip
+    phases_seen = [
+        e["message"].split(":")[0] for e in db.events(sup.run_id) if e["kind"] == "phase"
+    ]
     assert phases_seen[-2:] == ["stopping", "stopped"]
 
 

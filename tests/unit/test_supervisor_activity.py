@@ -98,9 +98,14 @@ def test_pruning_keeps_its_phase_then_layers_move(db):
     assert _feed(db, watches, _step(5)) == "training"
     phases = [e["message"].split(":")[0] for e in db.events("r") if e["kind"] == "phase"]
     assert phases[5:] == [
-        "checkpointing", "pruning", "training", "checkpointing", "pruning", "rebalancing",
+        "checkpointing",
+        "pruning",
         "training",
-    ]  # fmt: skip
+        "checkpointing",
+        "pruning",
+        "rebalancing",
+        "training",
+    ]
 
 
 def test_morphing_is_never_undone_by_late_records(db):

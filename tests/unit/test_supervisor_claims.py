@@ -57,9 +57,12 @@ def _orphaned_run(tmp_path, sleepers, gone: int | None = None, token: str | None
     (run_dir / "plan.json").write_text(sup.plan.model_dump_json())
     gone = gone or _dead_pid()
     db.update_run(
-        run_id, supervisor_pid=gone, supervisor_token=token,
-        pids=",".join(map(str, sleepers(2))), step=3,
-    )  # fmt: skip
+        run_id,
+        supervisor_pid=gone,
+        supervisor_token=token,
+        pids=",".join(map(str, sleepers(2))),
+        step=3,
+    )
     for phase in ("calibrating", "planning", "launching", "training"):
         db.set_phase(run_id, phase)
     host = {"pid": sleepers(1)[0], "rdzv_endpoint": "127.0.0.1:29999", "channel_url": ""}
@@ -154,8 +157,11 @@ def test_the_run_host_lives_while_a_supervisor_does_and_follows_an_adoption(tmp_
     endpoint = f"127.0.0.1:{free_port()}"
     out = subprocess.run(
         [sys.executable, "-c", starter, str(run_dir), endpoint],
-        capture_output=True, text=True, check=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     host_pid = int(out.stdout.split()[-1])  # its supervisor, the starter, has ended
     try:
         claim_host(run_dir)  # this process adopts the run

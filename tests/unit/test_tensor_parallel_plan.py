@@ -18,8 +18,14 @@ from ..jobrun import quickstart_with
 
 runner = CliRunner()
 GPT2 = {"n_layer": 1, "n_embd": 32, "n_head": 4, "vocab_size": 64, "n_positions": 16}
-LLAMA = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 64}  # fmt: skip
+LLAMA = {
+    "num_hidden_layers": 1,
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 64,
+}
 LAYOUT = "  pipeline_stages: 2\n  data_parallel: 2"
 
 
@@ -31,15 +37,16 @@ def _spec(tmp_path, T, layout: str = "  pipeline_stages: 1\n  data_parallel: 2",
 
 
 def _gpt2_yaml(heads: int = 4, width: int = 32) -> str:
-    return ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 1, "
-            f"n_embd: {width}, n_head: {heads}, vocab_size: 256, n_positions: 32}}")
+    return (
+        "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 1, "
+        f"n_embd: {width}, n_head: {heads}, vocab_size: 256, n_positions: 32}}"
+    )
 
 
 def _fails(path, *words: str) -> str:
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 2, r.output
-    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
-                if "tensor_parallel" in t)  # fmt: skip
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "tensor_parallel" in t)
     assert f"{path}:{line}:" in r.output and "fix:" in r.output, r.output
     assert "Traceback" not in r.output
     for word in words:
@@ -87,12 +94,18 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
     assert "T=2 x P=1 x D=2 on 4 device(s)" in out, out
 
 
-@pytest.mark.parametrize("field, edit, words", [
-    ("averaging", ("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic"),
-     "deepcopy a stage"),
-    ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
-    ("pruning", ("hardware:", "pruning:\n  enabled: true\nhardware:"), "whole weights"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, edit, words",
+    [
+        (
+            "averaging",
+            ("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic"),
+            "deepcopy a stage",
+        ),
+        ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
+        ("pruning", ("hardware:", "pruning:\n  enabled: true\nhardware:"), "whole weights"),
+    ],
+)
 def test_features_without_T_ranks_are_refused(tmp_path, field, edit, words):
     path = _spec(tmp_path, 2, model=_gpt2_yaml())
     path.write_text(path.read_text().replace(*edit))
@@ -121,10 +134,13 @@ def test_gpt2_conv1d_and_fused_qkv_are_found():
     plan = discover(_graph("GPT2LMHeadModel", GPT2), 2)
     h = "transformer.h.0."
     assert plan.params == {  # Conv1D stores [in, out]: columns are its dim 1
-        h + "attn.c_attn.weight": Split(1, 3), h + "attn.c_attn.bias": Split(0, 3),
-        h + "attn.c_proj.weight": Split(0), h + "mlp.c_fc.weight": Split(1),
-        h + "mlp.c_fc.bias": Split(0), h + "mlp.c_proj.weight": Split(0),
-    }  # fmt: skip
+        h + "attn.c_attn.weight": Split(1, 3),
+        h + "attn.c_attn.bias": Split(0, 3),
+        h + "attn.c_proj.weight": Split(0),
+        h + "mlp.c_fc.weight": Split(1),
+        h + "mlp.c_fc.bias": Split(0),
+        h + "mlp.c_proj.weight": Split(0),
+    }
     args = {a[1] if not isinstance(a[1], list) else tuple(a[1]) for a in plan.args.values()}
     assert 16 in args  # the fused split: 32 / T columns each of q, k and v
     assert (2, 8, 48) in args  # the q/k/v view: 96 / T
@@ -143,8 +159,12 @@ def test_llama_gqa_heads_are_divided():
 
 
 def test_a_split_reaching_an_unnamed_linear_is_refused():
-    register("gpt2_half", Features(column=(r"\.attn\.c_attn$",), row=(r"\.mlp\.c_proj$",),
-                                   fused={r"\.attn\.c_attn$": 3}))  # fmt: skip
+    register(
+        "gpt2_half",
+        Features(
+            column=(r"\.attn\.c_attn$",), row=(r"\.mlp\.c_proj$",), fused={r"\.attn\.c_attn$": 3}
+        ),
+    )
     graph = _graph("GPT2LMHeadModel", GPT2)
     graph.model.config.model_type = "gpt2_half"
     try:

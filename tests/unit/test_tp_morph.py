@@ -20,14 +20,17 @@ from jobctl.spec import load_spec
 from ..jobrun import quickstart_with
 
 pytest.importorskip("transformers")
-GPT2 = ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
-        "n_head: 4, vocab_size: 256, n_positions: 16}")  # fmt: skip
+GPT2 = (
+    "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
+    "n_head: 4, vocab_size: 256, n_positions: 16}"
+)
 
 
 def _fixed(spec, T: int, P: int, D: int):
     par = spec.parallelism.model_copy(
-        update={"tensor_parallel": T, "pipeline_stages": P, "data_parallel": D})
-    return spec.model_copy(update={"parallelism": par})  # fmt: skip
+        update={"tensor_parallel": T, "pipeline_stages": P, "data_parallel": D}
+    )
+    return spec.model_copy(update={"parallelism": par})
 
 
 def _peak(spec, T: int, P: int, D: int) -> float:
@@ -48,12 +51,14 @@ def _admissible(spec, plan, G: int, cap_gib: float) -> None:
 def test_a_lost_node_morphs_T1_on_four_stages_into_one_T2_group(tmp_path):
     path = quickstart_with(
         tmp_path / "job.yaml",
-        ("  pipeline_stages: 2\n  data_parallel: 2",
-         "  pipeline_stages: auto\n  data_parallel: auto\n  tensor_parallel: auto"),
+        (
+            "  pipeline_stages: 2\n  data_parallel: 2",
+            "  pipeline_stages: auto\n  data_parallel: auto\n  tensor_parallel: auto",
+        ),
         ("  family: gpt", GPT2),
         ("  seq_len: 32", "  seq_len: 16"),
         ("  interval: 30", "  interval: 30\nelasticity:\n  enabled: true"),
-    )  # fmt: skip
+    )
     base = load_spec(path)  # 2 nodes x 2 processes
     # T = 1 on 4 stages is below T = 2 on one stage, which is below T = 1 on 2 stages:
     # a cap between the last two fits T = 1 only at P = 4 (4 devices)
@@ -69,13 +74,11 @@ def test_a_lost_node_morphs_T1_on_four_stages_into_one_T2_group(tmp_path):
     db = StateDB(tmp_path / "home")
     (db.runs_dir / "run-1").mkdir(parents=True)
     db.create_run("run-1", "job", db.runs_dir / "run-1", total_steps=60, devices=4)
-    lost = Outcome(ok=False, exit_code=1, message="node 1 lost", kind="preempted",
-                   lost_nodes=[1])  # fmt: skip
+    lost = Outcome(ok=False, exit_code=1, message="node 1 lost", kind="preempted", lost_nodes=[1])
     morphed = next_attempt(spec, first, lost, db, "run-1", "local")
     assert morphed is not None
     assert (morphed.T, morphed.P, morphed.D, morphed.world_size) == (2, 1, 1, 2)
     _admissible(spec, morphed, 2, cap)
     assert any("T = 1: no layout fits" in x for x in morphed.t_search), morphed.t_search
     morph = [e for e in db.events("run-1") if e["kind"] == "morph"]
-    assert [(json.loads(e["data"])["from"], json.loads(e["data"])["to"]) for e in morph] == [
-        (4, 2)]  # fmt: skip
+    assert [(json.loads(e["data"])["from"], json.loads(e["data"])["to"]) for e in morph] == [(4, 2)]

@@ -14,8 +14,10 @@ from jobctl.engine.planner.tp_overlap import LayerTimes
 from ..jobrun import quickstart_with
 
 runner = CliRunner()
-GPT2 = ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, "
-        "n_embd: 32, n_head: 4, vocab_size: 256, n_positions: 32}")  # fmt: skip
+GPT2 = (
+    "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, "
+    "n_embd: 32, n_head: 4, vocab_size: 256, n_positions: 32}"
+)
 LAYOUT = "  pipeline_stages: 2\n  data_parallel: 2"
 
 
@@ -66,8 +68,11 @@ def test_layers_from_blocks():
 
 def _spec(tmp_path, flag: str, T: int | str = 2, edit: tuple[str, str] | None = None):
     layout = f"  pipeline_stages: 1\n  data_parallel: 2\n  tensor_parallel: {T}"
-    path = quickstart_with(tmp_path / "job.yaml", (LAYOUT, f"{layout}\n  tp_subpipeline: "
-                           f"{flag}"), ("  family: gpt", GPT2))  # fmt: skip
+    path = quickstart_with(
+        tmp_path / "job.yaml",
+        (LAYOUT, f"{layout}\n  tp_subpipeline: {flag}"),
+        ("  family: gpt", GPT2),
+    )
     if edit:
         path.write_text(path.read_text().replace(*edit))
     return path
@@ -76,8 +81,7 @@ def _spec(tmp_path, flag: str, T: int | str = 2, edit: tuple[str, str] | None = 
 def _fails(path, *words: str) -> None:
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 2, r.output
-    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
-                if "tp_subpipeline" in t)  # fmt: skip
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "tp_subpipeline" in t)
     assert f"{path}:{line}:" in r.output and "fix:" in r.output, r.output
     assert "Traceback" not in r.output
     for word in words:
@@ -87,8 +91,10 @@ def _fails(path, *words: str) -> None:
 def test_bad_values_are_refused_at_validate(tmp_path):
     _fails(_spec(tmp_path, "maybe"), "expected auto, true or false")
     _fails(_spec(tmp_path, "true", T=1), "needs tensor_parallel > 1")
-    _fails(_spec(tmp_path, "true", edit=("micro_batch_size: 2 ", "micro_batch_size: 3 ")),
-           "micro_batch_size is 3")  # fmt: skip
+    _fails(
+        _spec(tmp_path, "true", edit=("micro_batch_size: 2 ", "micro_batch_size: 3 ")),
+        "micro_batch_size is 3",
+    )
     _fails(_spec(tmp_path, "true", edit=("schedule: 1f1b", "schedule: zb_h1")), "ZB-H1")
 
 
@@ -117,16 +123,21 @@ def test_zb_h1_winning_under_auto_schedule_turns_it_off(tmp_path):
     zb = plan.model_copy(update={"schedule": "zb_h1", "tp_subpipeline": False})
     out = ov.resolve(spec, None, zb)  # decided before any cost is read
     assert not out.tp_subpipeline
-    assert out.explanation[-1] == ("sub-pipelined TMP off: ZB-H1 splits the backward, "
-                                   "which the halves run by hand")  # fmt: skip
+    assert out.explanation[-1] == (
+        "sub-pipelined TMP off: ZB-H1 splits the backward, which the halves run by hand"
+    )
 
 
 def test_true_at_an_auto_T_of_1_says_so(tmp_path):
     from jobctl.engine.planner.resolver import make_plan
     from jobctl.spec import load_spec
 
-    path = _spec(tmp_path, "true", T="auto",  # one process a node: no T > 1 fits
-                 edit=("processes_per_node: 2", "processes_per_node: 1"))  # fmt: skip
+    path = _spec(
+        tmp_path,
+        "true",
+        T="auto",  # one process a node: no T > 1 fits
+        edit=("processes_per_node: 2", "processes_per_node: 1"),
+    )
     assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
     plan = make_plan(load_spec(path))
     assert plan.T == 1 and not plan.tp_subpipeline

@@ -23,20 +23,26 @@ from ..jobrun import quickstart_with
 
 pytest.importorskip("transformers")
 runner = CliRunner()
-GPT2 = ("  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
-        "n_head: 4, vocab_size: 256, n_positions: 16}")  # fmt: skip
+GPT2 = (
+    "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
+    "n_head: 4, vocab_size: 256, n_positions: 16}"
+)
 
 
 def _spec(tmp_path, T="auto", P="auto", D="auto", extra=(), per_node=2, nodes=2, model=GPT2):
     edits = [
-        ("  pipeline_stages: 2\n  data_parallel: 2",
-         f"  pipeline_stages: {P}\n  data_parallel: {D}\n  tensor_parallel: {T}"),
+        (
+            "  pipeline_stages: 2\n  data_parallel: 2",
+            f"  pipeline_stages: {P}\n  data_parallel: {D}\n  tensor_parallel: {T}",
+        ),
         ("  family: gpt", model),
-        ("  nodes: 2\n  processes_per_node: 2",
-         f"  nodes: {nodes}\n  processes_per_node: {per_node}"),
+        (
+            "  nodes: 2\n  processes_per_node: 2",
+            f"  nodes: {nodes}\n  processes_per_node: {per_node}",
+        ),
         ("  seq_len: 32", "  seq_len: 16"),
         *extra,
-    ]  # fmt: skip
+    ]
     return quickstart_with(tmp_path / "job.yaml", *edits)
 
 
@@ -48,13 +54,14 @@ def _cal(spec, ring: AllreduceCalibration | None = None, p2p_Bps: float | None =
     if ring is not None:
         update["allreduce_intra"] = ring
     if p2p_Bps is not None:
-        update["p2p_intra"] = LinkCalibration(source="analytic", latency_s=0.0,
-                                              bandwidth_Bps=p2p_Bps)  # fmt: skip
+        update["p2p_intra"] = LinkCalibration(
+            source="analytic", latency_s=0.0, bandwidth_Bps=p2p_Bps
+        )
         times = {
             k: {m: Stat(median=x * m * 1e-3) for m in cal.micro_batch_sizes}
             for k, x in (("forward", 1), ("forward_nograd", 1), ("backward", 2))
         }
-        update["blocks"] = [b.model_copy(update=times) for b in cal.blocks]  # fmt: skip
+        update["blocks"] = [b.model_copy(update=times) for b in cal.blocks]
     return cal.model_copy(update=update)
 
 
@@ -62,10 +69,16 @@ def test_one_rank_costs_by_hand(tmp_path):
     spec = load_spec(_spec(tmp_path))
     ring = AllreduceCalibration(source="analytic", latency_s=1e-5, bandwidth_Bps=1e9)
     cal = _cal(spec, ring)
-    b = cal.blocks[1].model_copy(update={
-        "forward": {1: Stat(median=1.0e-3), 2: Stat(median=1.5e-3)},
-        "state_bytes": 1000.0, "act_bytes": 100.0, "param_bytes": 400.0,
-        "peak_bytes": {1: 1300.0}, "optimizer": Stat(median=1e-4)})  # fmt: skip
+    b = cal.blocks[1].model_copy(
+        update={
+            "forward": {1: Stat(median=1.0e-3), 2: Stat(median=1.5e-3)},
+            "state_bytes": 1000.0,
+            "act_bytes": 100.0,
+            "param_bytes": 400.0,
+            "peak_bytes": {1: 1300.0},
+            "optimizer": Stat(median=1e-4),
+        }
+    )
     fact = tp_costs.TPBlock(phi=0.8, psi=0.5, reduce_bytes=(1000.0, 1000.0))
     got = tp_costs.rank_block(cal, b, fact, tp_costs.TPCosts(2, (fact,)))
     # overhead o = 1.0 - 1 x (1.5 - 1.0) = 0.5 ms stays whole; the rest x (0.2 + 0.8 / 2)
@@ -100,12 +113,12 @@ def test_facts_on_gpt2_are_megatrons_two_reduces_per_layer(tmp_path):
 def test_only_T2_fits_memory_so_auto_picks_T2(tmp_path):
     path = _spec(tmp_path, P=1, D=1)
     base = load_spec(path)
-    mem = {T: max(make_plan(tp_search.with_T(base, T)).prediction.memory_per_stage_gb)
-           for T in (1, 2)}  # fmt: skip
+    mem = {
+        T: max(make_plan(tp_search.with_T(base, T)).prediction.memory_per_stage_gb) for T in (1, 2)
+    }
     assert mem[2] < 0.8 * mem[1]
     cap = (mem[1] + mem[2]) / 2 * 2**30 / 1e9  # GiB per stage -> the spec's GB
-    spec = base.model_copy(update={"hardware": base.hardware.model_copy(
-        update={"memory_gb": cap})})  # fmt: skip
+    spec = base.model_copy(update={"hardware": base.hardware.model_copy(update={"memory_gb": cap})})
     plan = make_plan(spec)
     assert plan.T == 2 and (plan.P, plan.D) == (1, 1)
     assert any("T = 1: no layout fits" in x for x in plan.t_search), plan.t_search
@@ -117,9 +130,15 @@ def test_fast_links_pick_T2_and_slow_ones_T1(tmp_path):
     # 2 devices, a batch of 2 at m = 1, stage sends slow: T = 1 pays sends and a bubble
     # (P = 2) or a gradient all-reduce of every weight (D = 2); T = 2 only Megatron's
     # activation all-reduces, 16 of 2 KiB a step: cheap at 0.1 us latency, not at 10 ms
-    path = _spec(tmp_path, per_node=2, nodes=1, extra=[
-        ("  global_batch_size: 16", "  global_batch_size: 2"),
-        ("  micro_batch_size: 2 ", "  micro_batch_size: 1 ")])  # fmt: skip
+    path = _spec(
+        tmp_path,
+        per_node=2,
+        nodes=1,
+        extra=[
+            ("  global_batch_size: 16", "  global_batch_size: 2"),
+            ("  micro_batch_size: 2 ", "  micro_batch_size: 1 "),
+        ],
+    )
     spec = load_spec(path)
     picked = {}
     for latency in (1e-7, 1e-2):
@@ -140,11 +159,23 @@ def test_T_groups_stay_inside_a_node_and_are_contiguous(tmp_path):
         assert {plan.ranks[r].node for r in group} == {plan.ranks[rank].node}
 
 
-@pytest.mark.parametrize(("PD", "edits", "model", "words"), [
-    (2, [("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic\n  parallel_pipelines: 2")],
-     GPT2, "parallelism.averaging does not run with tensor_parallel > 1"),
-    ("auto", [], "  family: gpt", "hand-cut blocks"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("PD", "edits", "model", "words"),
+    [
+        (
+            2,
+            [
+                (
+                    "  schedule: 1f1b",
+                    "  schedule: 1f1b\n  averaging: elastic\n  parallel_pipelines: 2",
+                )
+            ],
+            GPT2,
+            "parallelism.averaging does not run with tensor_parallel > 1",
+        ),
+        ("auto", [], "  family: gpt", "hand-cut blocks"),
+    ],
+)
 def test_auto_resolves_to_T1_and_plan_says_why(tmp_path, PD, edits, model, words):
     path = _spec(tmp_path, P=PD, D=PD, extra=edits, model=model)
     assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
@@ -170,8 +201,7 @@ def test_a_bad_T_is_refused_at_validate_with_a_fix(tmp_path):
     path = _spec(tmp_path, T=3)
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 2 and "fix:" in r.output and "Traceback" not in r.output
-    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
-                if "tensor_parallel" in t)  # fmt: skip
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "tensor_parallel" in t)
     assert f"{path}:{line}:" in r.output, r.output
 
 
@@ -191,8 +221,9 @@ def test_subpipelined_saving_by_hand(tmp_path):
     assert fwd0 + bwd0 == pytest.approx(0.0)
     tp = tp_costs.TPCosts(2, tuple([fact] * cal.num_blocks))
     on = tp_search.with_T(spec, 2)
-    on = on.model_copy(update={"parallelism": on.parallelism.model_copy(
-        update={"tp_subpipeline": True})})  # fmt: skip
+    on = on.model_copy(
+        update={"parallelism": on.parallelism.model_copy(update={"tp_subpipeline": True})}
+    )
     cal = cal.model_copy(update={"host": cal.host.model_copy(update={"cores": 8})})
     plain = tp_costs.calibration(cal, tp)  # 8 cores, 2 processes a node: T_a can hide
     split = tp_search.overlapped(on, cal, tp, plain)
@@ -203,7 +234,8 @@ def test_subpipelined_saving_by_hand(tmp_path):
     # a no-grad forward (eval, a recomputed micro-batch's first) runs plain TMP
     assert split.blocks[1].forward_nograd == plain.blocks[1].forward_nograd
     assert plain.blocks[1].backward[2].median - split.blocks[1].backward[2].median == (
-        pytest.approx(0.3e-3))  # fmt: skip
+        pytest.approx(0.3e-3)
+    )
     # the resolver's per-stage figure: the same T_m and T_a, none past keep_blocks
     # (stage-aware recomputation reruns those in backward: plain TMP)
     facts = [fact] * cal.num_blocks
@@ -226,8 +258,13 @@ def test_what_runs_plain_tmp_is_priced_plain(tmp_path):
     fact = tp_costs.TPBlock(phi=1.0, psi=1.0, reduce_bytes=(1000.0, 1000.0))
     tp = tp_costs.TPCosts(2, tuple([fact] * cal.num_blocks))
     on = tp_search.with_T(spec, 2)
-    on = on.model_copy(update={"parallelism": on.parallelism.model_copy(
-        update={"tp_subpipeline": True, "schedule": "auto"})})  # fmt: skip
+    on = on.model_copy(
+        update={
+            "parallelism": on.parallelism.model_copy(
+                update={"tp_subpipeline": True, "schedule": "auto"}
+            )
+        }
+    )
     plain = tp_costs.calibration(cal, tp)
     split = tp_search.overlapped(on, cal, tp, plain)
     assert isinstance(split, tp_overlap.SubPipelined) and split.plain is plain
@@ -248,8 +285,7 @@ def test_what_runs_plain_tmp_is_priced_plain(tmp_path):
 
     from jobctl.engine.planner import stage_aware
 
-    win = next(c for c in candidates_for(on, Tables(split), 2, 4, 2)
-               if c.layout.schedule == "1f1b")  # fmt: skip
+    win = next(c for c in candidates_for(on, Tables(split), 2, 4, 2) if c.layout.schedule == "1f1b")
     bare = replace(win.layout, recompute=False)
 
     def aware(c, keep):

@@ -20,16 +20,25 @@ from jobctl.engine.model.graph.tp_plan import discover  # noqa: E402
 from jobctl.engine.model.graph.tp_subpipeline import COPY, REDUCE, segments  # noqa: E402
 
 M, SEQ = 4, 8
-GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 64, "n_positions": 16,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # fmt: skip
+GPT2 = {
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 4,
+    "vocab_size": 64,
+    "n_positions": 16,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
 def mesh():
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60)
+    )
     yield tp_stage.tp_mesh(1, 1, 1)["tp"]
     dist.destroy_process_group()
 
@@ -56,8 +65,9 @@ def _step(blocks, batch):
     for b in blocks:
         carry = b.run(carry, batch)
     carry[0].backward()
-    return carry[0].item(), {(i, n): p.grad for i, b in enumerate(blocks)
-                             for n, p in b.named_parameters()}  # fmt: skip
+    return carry[0].item(), {
+        (i, n): p.grad for i, b in enumerate(blocks) for n, p in b.named_parameters()
+    }
 
 
 def _batch(m: int) -> dict:
@@ -92,8 +102,11 @@ def test_segments_cut_at_f_and_g(mesh):
     for b in sub[1:-1]:
         twin = b.subpipeline.half
         segs = segments(twin.graph)
-        marks = [n.target for n in twin.graph.nodes if n.op == "call_module"
-                 and n.target in (COPY, REDUCE)]  # fmt: skip
+        marks = [
+            n.target
+            for n in twin.graph.nodes
+            if n.op == "call_module" and n.target in (COPY, REDUCE)
+        ]
         assert [s.before.target for s in segs[1:]] == marks and marks
         assert marks.count(COPY) == marks.count(REDUCE)  # one f per g in a GPT-2 layer
         # forward phases end after each g; backward phases at each f
@@ -132,8 +145,9 @@ def test_sequence_first_value_runs_plain_with_its_reason(mesh):
 def test_odd_micro_batch_falls_back_with_a_reason(mesh):
     shards = tp_stage.StageShards(_graph(3), 1, mesh.get_group(), [0], subpipeline=True, m=3)
     assert shards.half is None and shards.reasons == ["micro-batch 3 does not halve: plain TMP"]
-    assert shards.outcome() == ("sub-pipelined TMP: blocks none; plain TMP: "
-                                "micro-batch 3 does not halve: plain TMP")  # fmt: skip
+    assert shards.outcome() == (
+        "sub-pipelined TMP: blocks none; plain TMP: micro-batch 3 does not halve: plain TMP"
+    )
 
 
 def test_stage_outcome_names_every_block(mesh):

@@ -38,15 +38,29 @@ parallelism:
 @pytest.mark.parametrize(
     ("extra", "path", "line", "message", "fix"),
     [
-        ("pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
-         "pruning.enabled", 11,
-         "does not support pruning", "set parallelism.schedule to zb_h1"),
-        ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 11,
-         "does not support rebalancing", "turn off rebalancing.enabled"),
-        ("elasticity:\n  enabled: true\n", "elasticity.enabled", 11,
-         "an elastic morph", "turn off elasticity.enabled"),
+        (
+            "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
+            "pruning.enabled",
+            11,
+            "does not support pruning",
+            "set parallelism.schedule to zb_h1",
+        ),
+        (
+            "rebalancing:\n  enabled: true\n",
+            "rebalancing.enabled",
+            11,
+            "does not support rebalancing",
+            "turn off rebalancing.enabled",
+        ),
+        (
+            "elasticity:\n  enabled: true\n",
+            "elasticity.enabled",
+            11,
+            "an elastic morph",
+            "turn off elasticity.enabled",
+        ),
     ],
-)  # fmt: skip
+)
 def test_zb_v_refusals_name_the_field_line_and_fix(extra, path, line, message, fix) -> None:
     with pytest.raises(SpecError) as info:
         load_spec_text(SPEC.format(P=2, extra=extra), "jobs/zbv.yaml")
@@ -69,8 +83,13 @@ def _cal(spec):
 
 
 def test_planner_plans_zb_v_and_gantt_draws_devices(tmp_path) -> None:
-    spec = tiny_spec(**{"parallelism.schedule": "zb_v", "parallelism.data_parallel": 1,
-                        "parallelism.recompute": "all"})  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "parallelism.schedule": "zb_v",
+            "parallelism.data_parallel": 1,
+            "parallelism.recompute": "all",
+        }
+    )
     plan, sim = plan_and_simulate(spec, calibration=_cal(spec))
     P, M = plan.P, plan.micro_batches
     assert (plan.schedule, P, len(plan.stages)) == ("zb_v", 2, 4)
@@ -111,11 +130,17 @@ def test_zb_v_is_refused_on_cuda_and_auto_never_picks_it_there() -> None:
     assert "NCCL" in issue.message and "zb_h1" in issue.fix
     # where the V variant would be faster on GPUs (8 blocks, P = 2, M = 8: it halves
     # ZB-H1's bubble), auto keeps the search's one-stage answer
-    spec = tiny_spec(**{
-        "parallelism.schedule": "auto", "parallelism.data_parallel": 1,
-        "model.layers": 6, "hardware.device": "cuda", "hardware.accelerator": "h100-sxm-80gb",
-        "hardware.nodes": 1, "hardware.processes_per_node": 2,
-    })  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "parallelism.schedule": "auto",
+            "parallelism.data_parallel": 1,
+            "model.layers": 6,
+            "hardware.device": "cuda",
+            "hardware.accelerator": "h100-sxm-80gb",
+            "hardware.nodes": 1,
+            "hardware.processes_per_node": 2,
+        }
+    )
     plan, _ = plan_and_simulate(spec, calibration=_cal(spec))
     assert plan.schedule != "zb_v" and plan.placement is None
 
@@ -123,11 +148,17 @@ def test_zb_v_is_refused_on_cuda_and_auto_never_picks_it_there() -> None:
 def test_auto_planner_picks_zb_v_where_faster() -> None:
     # 8 blocks of 256 on P = 2 CPU ranks of a Slurm cluster (no cores shared), M = 8:
     # the V variant's smaller bubble outweighs its sends (at hidden 64 it does not)
-    spec = tiny_spec(**{
-        "parallelism.schedule": "auto", "parallelism.data_parallel": 1,
-        "model.layers": 6, "model.hidden": 256, "hardware.nodes": 2,
-        "hardware.processes_per_node": 1, "hardware.backend": "slurm",
-    })  # fmt: skip
+    spec = tiny_spec(
+        **{
+            "parallelism.schedule": "auto",
+            "parallelism.data_parallel": 1,
+            "model.layers": 6,
+            "model.hidden": 256,
+            "hardware.nodes": 2,
+            "hardware.processes_per_node": 1,
+            "hardware.backend": "slurm",
+        }
+    )
     plan, sim = plan_and_simulate(spec, calibration=_cal(spec))
     alts = {a.schedule: a for a in plan.alternatives if a.step_time_s is not None}
     assert plan.schedule == "zb_v", (plan.schedule, alts)

@@ -174,8 +174,12 @@ def test_v_links_one_per_boundary_in_one_order_on_every_rank() -> None:
     links = {}
     for d in range(3):
         topos = v_topology(3, d, lambda d: 10 + d)
-        chans = [SimpleNamespace(in_shape=(t.stage,), in_dtype=None, out_shape=(t.stage + 1,),
-                                 out_dtype=None) for t in topos]  # fmt: skip
+        chans = [
+            SimpleNamespace(
+                in_shape=(t.stage,), in_dtype=None, out_shape=(t.stage + 1,), out_dtype=None
+            )
+            for t in topos
+        ]
         mine = calls.setdefault(10 + d, [])
         links[d] = v_links(topos, chans, lambda p, sh, dt, mine=mine: mine.append((p, sh)) or sh)
     # the boundary (s, s+1) is named by its shape here: (s + 1,)

@@ -181,16 +181,20 @@ def measure_graph_blocks(
     out = []
     for i, layer in enumerate(chain.layers):
         params = list(layer.parameters())
-        out.append(BlockCalibration(
-            name=chain.names[i],
-            params=sum(p.numel() for p in params),
-            param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
-            state_bytes=states[i], tied_bytes=tied.get(i, 0.0),
-            act_bytes=sizes[big][i][0] / big, boundary_bytes=sizes[big][i][1] / big,
-            forward={m: times[m][i][0] for m in ms},
-            forward_nograd={m: times[m][i][1] for m in ms},
-            backward={m: times[m][i][2] for m in ms},
-            optimizer=steps[i],
-            peak_bytes={m: states[i] + sizes[m][i][0] + 2.0 * sizes[m][i][1] for m in ms},
-        ))  # fmt: skip
+        out.append(
+            BlockCalibration(
+                name=chain.names[i],
+                params=sum(p.numel() for p in params),
+                param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
+                state_bytes=states[i],
+                tied_bytes=tied.get(i, 0.0),
+                act_bytes=sizes[big][i][0] / big,
+                boundary_bytes=sizes[big][i][1] / big,
+                forward={m: times[m][i][0] for m in ms},
+                forward_nograd={m: times[m][i][1] for m in ms},
+                backward={m: times[m][i][2] for m in ms},
+                optimizer=steps[i],
+                peak_bytes={m: states[i] + sizes[m][i][0] + 2.0 * sizes[m][i][1] for m in ms},
+            )
+        )
     return out

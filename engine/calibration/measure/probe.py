@@ -130,10 +130,18 @@ def _probe_topology(rank: int, P: int) -> Topology:
     from jobctl.engine.runtime.topology import Topology
 
     return Topology(
-        rank=rank, stage=rank, replica=0, P=P, D=1,
-        prev=None if rank == 0 else rank - 1, next=None if rank == P - 1 else rank + 1,
-        dp_ranks=[rank], dp_group=None, tied_ranks=[], tied_group=None,
-    )  # fmt: skip
+        rank=rank,
+        stage=rank,
+        replica=0,
+        P=P,
+        D=1,
+        prev=None if rank == 0 else rank - 1,
+        next=None if rank == P - 1 else rank + 1,
+        dp_ranks=[rank],
+        dp_group=None,
+        tied_ranks=[],
+        tied_group=None,
+    )
 
 
 def _run_pipeline(rank: int, job: dict, spec: JobSpec, stages: list[list[int]]) -> dict:

@@ -100,8 +100,13 @@ def _worker(rank: int, world: int, addr: str, job: list, cuda: bool, repeats: in
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=addr, rank=rank,
-                            world_size=world, timeout=timedelta(seconds=TIMEOUT_S))  # fmt: skip
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=addr,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
     groups = {T: dist.new_group(list(range(T))) for T, _ in job}  # every rank creates each
     rows = []
     for T, sizes in job:

@@ -80,9 +80,7 @@ def synthetic_images(m: int, first: int, seed: int, config: dict, device) -> dic
     return {"pixel_values": pixels.to(device), "labels": labels.to(device)}
 
 
-def example_inputs(
-    task: str, m: int, seq_len: int, device: str = "meta", config=None
-) -> dict:
+def example_inputs(task: str, m: int, seq_len: int, device: str = "meta", config=None) -> dict:
     """Meta tensors shaped like one micro-batch of ``task`` (for tracing); an image
     task's shape comes from the model's config fields (channels, image size)."""
     config = config or {}
@@ -91,6 +89,7 @@ def example_inputs(
         size = config.get("image_size", 224)
         pixels = torch.zeros(m, c, size, size, device=device)
         return {"pixel_values": pixels, "labels": torch.zeros(m, dtype=torch.long, device=device)}
+
     # Distinct tensors: export would merge two arguments that are one object.
     def tokens() -> torch.Tensor:
         return torch.zeros(m, seq_len, dtype=torch.long, device=device)

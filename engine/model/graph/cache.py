@@ -162,10 +162,12 @@ def _rebuild(nodes: list, shapes: dict) -> fx.GraphModule:
             node.meta["val"] = _meta_of(shape)
         env[name] = node
     root = {
-        n.target: torch.empty(shapes[_plain(n.target)][0], dtype=shapes[_plain(n.target)][1],
-                              device="meta")
-        for n in graph.nodes if n.op == "get_attr"
-    }  # fmt: skip
+        n.target: torch.empty(
+            shapes[_plain(n.target)][0], dtype=shapes[_plain(n.target)][1], device="meta"
+        )
+        for n in graph.nodes
+        if n.op == "get_attr"
+    }
     return fx.GraphModule(root, graph)
 
 

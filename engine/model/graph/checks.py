@@ -52,10 +52,13 @@ def _tensor_parallel(spec: Any) -> list[Violation]:
         return [Violation(field, str(e).removeprefix(f"{field}: "), e.fix)]
     bad, fits = divisor_problems(model, T, features)
     if bad:
-        return [Violation(
-            field, f"T = {T} must divide the model's heads and widths, but not "
-            f"{', '.join(bad)}", f"set parallelism.tensor_parallel to one of {fits}",
-        )]  # fmt: skip
+        return [
+            Violation(
+                field,
+                f"T = {T} must divide the model's heads and widths, but not {', '.join(bad)}",
+                f"set parallelism.tensor_parallel to one of {fits}",
+            )
+        ]
     return []
 
 
@@ -66,12 +69,14 @@ def _image_data(spec: Any) -> list[Violation]:
     task = spec.model.task or infer_task(spec.model.huggingface.class_)
     if task != "image_classification" or spec.data.source == "synthetic":
         return []
-    return [Violation(
-        "data.source",
-        f"{spec.model.huggingface.class_} trains on images; data.source "
-        f"{spec.data.source!r} gives token ids",
-        "use data.source: synthetic (seeded images) -- jobctl has no image file source yet",
-    )]
+    return [
+        Violation(
+            "data.source",
+            f"{spec.model.huggingface.class_} trains on images; data.source "
+            f"{spec.data.source!r} gives token ids",
+            "use data.source: synthetic (seeded images) -- jobctl has no image file source yet",
+        )
+    ]
 
 
 def _first_problem(steps: list[tuple[str, Callable[[], None]]]) -> list[Violation]:
@@ -118,9 +123,12 @@ def graph_config(m: Any):
             return None
         return GraphModelConfig(import_=m.import_, args=dict(m.import_args), task=m.task)
     return GraphModelConfig(
-        hf_class=hf.class_, hf_config=dict(hf.config or {}) or None,
-        hf_config_path=hf.config_path, pretrained=hf.pretrained, task=m.task,
-    )  # fmt: skip
+        hf_class=hf.class_,
+        hf_config=dict(hf.config or {}) or None,
+        hf_config_path=hf.config_path,
+        pretrained=hf.pretrained,
+        task=m.task,
+    )
 
 
 def _check_directory(directory: str) -> None:

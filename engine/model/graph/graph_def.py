@@ -180,8 +180,15 @@ def describe(cfg: GraphModelConfig, micro_batch: int) -> dict:
     source = cfg.hf_config_path or (f"{cfg.pretrained}/config.json" if cfg.pretrained else None)
     if source:
         config = Path(source).read_text()
-    return {"class": cfg.hf_class, "config": config, "task": cfg.task, "m": micro_batch,
-            "seq_len": cfg.seq_len, "subgraphs": cfg.subgraphs, "loss": cfg.loss}
+    return {
+        "class": cfg.hf_class,
+        "config": config,
+        "task": cfg.task,
+        "m": micro_batch,
+        "seq_len": cfg.seq_len,
+        "subgraphs": cfg.subgraphs,
+        "loss": cfg.loss,
+    }
 
 
 def config_fields(model: torch.nn.Module) -> dict:

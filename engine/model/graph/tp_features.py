@@ -54,29 +54,43 @@ FEATURES: dict[str, Features] = {
     "gpt2": Features(
         column=(r"\.attn\.c_attn$", r"\.mlp\.c_fc$"),
         row=(r"\.attn\.c_proj$", r"\.mlp\.c_proj$"),
-        fused={r"\.attn\.c_attn$": 3}, heads=_HEADS, widths=_WIDTHS,
+        fused={r"\.attn\.c_attn$": 3},
+        heads=_HEADS,
+        widths=_WIDTHS,
     ),
     "llama": Features(
         column=(r"\.self_attn\.[qkv]_proj$", r"\.mlp\.(gate|up)_proj$"),
         row=(r"\.self_attn\.o_proj$", r"\.mlp\.down_proj$"),
-        heads=_HEADS, widths=_WIDTHS,
+        heads=_HEADS,
+        widths=_WIDTHS,
     ),
     "bert": Features(
         column=(r"\.attention\.self\.(query|key|value)$", r"\.intermediate\.dense$"),
         row=(r"\.attention\.output\.dense$", r"\.layer\.\d+\.output\.dense$"),
-        heads=_HEADS, widths=_WIDTHS,
+        heads=_HEADS,
+        widths=_WIDTHS,
     ),
     "t5": Features(
         column=(r"\.(SelfAttention|EncDecAttention)\.[qkv]$", r"\.DenseReluDense\.wi(_\d)?$"),
         row=(r"\.(SelfAttention|EncDecAttention)\.o$", r"\.DenseReluDense\.wo$"),
-        heads=_HEADS, widths=_WIDTHS,
+        heads=_HEADS,
+        widths=_WIDTHS,
     ),
     "vit": Features(  # transformers 5 names (q_proj, mlp.fc1) and the 4.x ones
-        column=(r"\.attention\.attention\.(query|key|value)$", r"\.intermediate\.dense$",
-                r"\.attention\.[qkv]_proj$", r"\.mlp\.fc1$"),
-        row=(r"\.attention\.output\.dense$", r"\.layer\.\d+\.output\.dense$",
-             r"\.attention\.o_proj$", r"\.mlp\.fc2$"),
-        heads=_HEADS, widths=_WIDTHS,
+        column=(
+            r"\.attention\.attention\.(query|key|value)$",
+            r"\.intermediate\.dense$",
+            r"\.attention\.[qkv]_proj$",
+            r"\.mlp\.fc1$",
+        ),
+        row=(
+            r"\.attention\.output\.dense$",
+            r"\.layer\.\d+\.output\.dense$",
+            r"\.attention\.o_proj$",
+            r"\.mlp\.fc2$",
+        ),
+        heads=_HEADS,
+        widths=_WIDTHS,
     ),
 }
 

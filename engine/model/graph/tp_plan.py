@@ -72,10 +72,15 @@ class TPPlan:
             return {k: v for k, v in d.items() if k in names}
 
         return TPPlan(
-            self.T, {k: v for k, v in self.params.items() if k in attrs},
-            keep(self.column), keep(self.row), keep(self.sharded), keep(self.args),
-            keep(self.copy), keep(self.narrow),
-        )  # fmt: skip
+            self.T,
+            {k: v for k, v in self.params.items() if k in attrs},
+            keep(self.column),
+            keep(self.row),
+            keep(self.sharded),
+            keep(self.args),
+            keep(self.copy),
+            keep(self.narrow),
+        )
 
 
 def discover(graph, T: int) -> TPPlan:
@@ -85,8 +90,7 @@ def discover(graph, T: int) -> TPPlan:
     _linears(graph, features, plan)
     if not plan.row:
         raise FixableError(
-            "parallelism.tensor_parallel: the feature dict matched no linear of the "
-            "traced model",
+            "parallelism.tensor_parallel: the feature dict matched no linear of the traced model",
             "check the feature dict's module patterns against the model's module names",
         )
     _walk(graph.gm, plan)
@@ -316,9 +320,14 @@ def _matmul(node, first, d, T):
     name): fine over split batch dims, refused where it contracts the split one."""
     a, b = node.args[node.target is aten.addmm.default :][:2]
     if first is a and d == _ndim(a) - 1 or first is b and d == max(_ndim(b) - 2, 0):
-        raise _stuck(node, "a product contracts the split dimension (a linear missing "
-                     "from the feature dict's row list?)")
+        raise _stuck(
+            node,
+            "a product contracts the split dimension (a linear missing "
+            "from the feature dict's row list?)",
+        )
     return _ndim(node) - _ndim(first) + d, None
+
+
 RULES = {
     aten.view.default: _view,
     aten.reshape.default: _view,
@@ -332,11 +341,29 @@ RULES = {
     aten.unsqueeze.default: _unsqueeze,
     aten.scaled_dot_product_attention.default: _attention,
     aten.cat.default: _cat,
-    **dict.fromkeys((aten.matmul.default, aten.bmm.default, aten.mm.default,
-                     aten.addmm.default, aten.linear.default), _matmul),
-    **dict.fromkeys((
-        aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.softmax.int,
-        aten._softmax.default, aten.log_softmax.int, aten.cumsum.default, aten.mean.dim,
-        aten.sum.dim_IntList, aten.amax.default,
-    ), _along),
+    **dict.fromkeys(
+        (
+            aten.matmul.default,
+            aten.bmm.default,
+            aten.mm.default,
+            aten.addmm.default,
+            aten.linear.default,
+        ),
+        _matmul,
+    ),
+    **dict.fromkeys(
+        (
+            aten.slice.Tensor,
+            aten.select.int,
+            aten.narrow.default,
+            aten.softmax.int,
+            aten._softmax.default,
+            aten.log_softmax.int,
+            aten.cumsum.default,
+            aten.mean.dim,
+            aten.sum.dim_IntList,
+            aten.amax.default,
+        ),
+        _along,
+    ),
 }

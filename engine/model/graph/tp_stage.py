@@ -203,8 +203,16 @@ class StageShards:
     model, the 1-D mesh over the group's ranks, and the conversions a checkpoint needs
     between a stage parameter (``layers.<block>.<model name>``) and its whole tensor."""
 
-    def __init__(self, graph, T: int, group, ranks: list[int], device: str = "cpu",
-                 subpipeline: bool = False, m: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph,
+        T: int,
+        group,
+        ranks: list[int],
+        device: str = "cpu",
+        subpipeline: bool = False,
+        m: int = 0,
+    ) -> None:
         self.graph, self.m = graph, m
         self.plan = discover(graph, T)
         self.mesh = DeviceMesh.from_group(group, device, mesh=ranks)
@@ -288,8 +296,9 @@ def subpipeline(block, i: int, graph, half, plan: TPPlan, mesh: DeviceMesh) -> s
     split = _batch_dims(graph, half, mine.carry_in + mine.batch_in, hs.carry_in + hs.batch_in)
     split_out = _batch_dims(graph, half, mine.carry_out, hs.carry_out)
     if None in split + split_out or not any(split):
-        return ("a value's m/2 trace is not its first dimension halved (nor the same "
-                "shape): plain TMP")  # fmt: skip
+        return (
+            "a value's m/2 trace is not its first dimension halved (nor the same shape): plain TMP"
+        )
     tensors = {t: _attr(block, half.original(t)) for t in hs.params}
     twin = Subgraph(half.gm, hs, tensors, half.original)
     group, t = mesh.get_group(), mesh.get_local_rank()
@@ -309,8 +318,9 @@ def _batch_dims(full, half, names: list[str], half_names: list[str]) -> list[boo
     its first dimension in the m/2 trace (``halved``)?"""
     whole = {n.name: n for n in full.gm.graph.nodes}
     halves = {n.name: n for n in half.gm.graph.nodes}
-    return [halved(_shape(whole[a]), _shape(halves[b]))
-            for a, b in zip(names, half_names, strict=True)]  # fmt: skip
+    return [
+        halved(_shape(whole[a]), _shape(halves[b])) for a, b in zip(names, half_names, strict=True)
+    ]
 
 
 def _shape(node: fx.Node):

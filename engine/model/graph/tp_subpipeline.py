@@ -95,8 +95,9 @@ class SubPipeline:
     ``lead``: the first split input's first dimension at m (m, or m x seq for a
     flattened value): any other size goes to the block itself, as plain TMP."""
 
-    def __init__(self, half: fx.GraphModule, lead: int, split: list[bool],
-                 split_out: list[bool], group) -> None:  # fmt: skip
+    def __init__(
+        self, half: fx.GraphModule, lead: int, split: list[bool], split_out: list[bool], group
+    ) -> None:
         self.half, self.lead, self.group = half, lead, group
         self.split, self.split_out = split, split_out
         self.placeholders = [n for n in half.graph.nodes if n.op == "placeholder"]
@@ -209,8 +210,9 @@ class SubPipeline:
 
     def _back_segment(self, h: Half, seg: Segment, k: int) -> None:
         leaves, outs = h.saved[k]
-        pairs = [(outs[n], h.grads.pop(n)) for n in seg.outputs
-                 if n in h.grads and outs[n].requires_grad]  # fmt: skip
+        pairs = [
+            (outs[n], h.grads.pop(n)) for n in seg.outputs if n in h.grads and outs[n].requires_grad
+        ]
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         for n, leaf in leaves.items():
@@ -237,8 +239,7 @@ class _Interleaved(torch.autograd.Function):
     def forward(ctx, sp: SubPipeline, anchor, *args):  # noqa: ANN001
         halves, outs = sp.forward(args)
         ctx.sp, ctx.halves = sp, halves
-        ctx.shapes = [(a.shape, a.dtype) if isinstance(a, torch.Tensor) else None
-                      for a in args]  # fmt: skip
+        ctx.shapes = [(a.shape, a.dtype) if isinstance(a, torch.Tensor) else None for a in args]
         merged = []
         for i, s in enumerate(sp.split_out):
             a, b = outs[0][i], outs[1][i]

@@ -111,8 +111,10 @@ class MobiusSimConfig(BaseModel):
     def complex_of(self) -> list[int]:
         if self.root_complexes is None:
             return list(range(self.devices))
-        return [next(k for k, rc in enumerate(self.root_complexes) if r in rc)
-                for r in range(self.devices)]  # fmt: skip
+        return [
+            next(k for k, rc in enumerate(self.root_complexes) if r in rc)
+            for r in range(self.devices)
+        ]
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,15 @@ class _Sim:
         self.busy = [0.0] * cfg.devices
         self.moving = [0.0] * cfg.devices
 
-    def issue(self, rank: int, kind: str, j: int, nbytes: float, i: int | None = None,
-              seconds: float = 0.0) -> _Handle:  # fmt: skip
+    def issue(
+        self,
+        rank: int,
+        kind: str,
+        j: int,
+        nbytes: float,
+        i: int | None = None,
+        seconds: float = 0.0,
+    ) -> _Handle:
         """Queue a transfer (or, ``seconds``, an update) on ``rank``'s I/O queue."""
         job = _Job(kind, j, i, nbytes, seconds)
         if nbytes <= 0 and seconds <= 0:
@@ -353,8 +362,10 @@ class _Sim:
         for r, m in enumerate(moving):
             share[self.complex[r]] += m
         bw = self.cfg.tier_Bps
-        return [min(bw, self.cap / share[self.complex[r]]) if moving[r] else 1.0
-                for r in range(len(moving))]  # fmt: skip
+        return [
+            min(bw, self.cap / share[self.complex[r]]) if moving[r] else 1.0
+            for r in range(len(moving))
+        ]
 
     def next_time(self) -> float:
         """The earliest future event: a compute's end, a job's end, a message's arrival."""

@@ -331,12 +331,22 @@ def connect_neighbours(topo, chans, device, same_node, timeout_s: float, message
     links = {}
     if topo.prev is not None:
         links[topo.prev] = connect(
-            topo.prev, chans.in_shape, chans.in_dtype, device, same_node(topo.prev), timeout_s,
+            topo.prev,
+            chans.in_shape,
+            chans.in_dtype,
+            device,
+            same_node(topo.prev),
+            timeout_s,
             messages,
-        )  # fmt: skip
+        )
     if topo.next is not None:
         links[topo.next] = connect(
-            topo.next, chans.out_shape, chans.out_dtype, device, same_node(topo.next), timeout_s,
+            topo.next,
+            chans.out_shape,
+            chans.out_dtype,
+            device,
+            same_node(topo.next),
+            timeout_s,
             messages,
-        )  # fmt: skip
+        )
     return links
