@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from jobctl.engine.state.db import StateDB
     from jobctl.spec import JobSpec
 
-console = Console()
+# soft_wrap: a printed path, command or script is never cut into lines by Rich (at 80
+# columns or in a pipe): what a user copies is exactly what runs. Tables keep their width.
+console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 HomeOpt = Annotated[
