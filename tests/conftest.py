@@ -1,12 +1,15 @@
 """Shared pytest fixtures, and the CI rule: a test that skips for want of a system tool
-the project installs itself (.ci/run) fails under ``CI=true`` instead."""
+the project installs itself (.ci/run), or of a Python package jobctl declares (its
+dependencies and extras), fails under ``CI=true`` instead."""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import re
 import uuid
 from collections.abc import Iterator
+from functools import cache
 
 import pytest
 import s3fs
@@ -26,16 +29,50 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1")
 
 
+# How pytest.importorskip and a bare ImportError name the module that was not there.
+MISSING_MODULE = re.compile(r"(?:could not import|No module named) '([\w.]+)'")
+# Import names that are not their distribution's name.
+DISTRIBUTION_OF = {"yaml": "pyyaml", "jwt": "pyjwt"}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@cache
+def declared_distributions() -> frozenset[str]:
+    """Every distribution jobctl's metadata requires, extras included (canonical names)."""
+    reqs = md.requires("jobctl") or []
+    return frozenset(_canonical(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in reqs)
+
+
+def declared_module(reason: str) -> str | None:
+    """The module a skip ``reason`` says is missing, where jobctl declares its package."""
+    found = MISSING_MODULE.search(reason)
+    if found is None:
+        return None
+    top = found.group(1).split(".")[0]
+    dists = md.packages_distributions().get(top, []) + [DISTRIBUTION_OF.get(top, top)]
+    return top if any(_canonical(d) in declared_distributions() for d in dists) else None
+
+
 def ci_failure(reason: str) -> str | None:
     """The failure message a skip with ``reason`` becomes in CI, or None if it may skip."""
-    if not in_ci() or not CI_TOOLS.search(reason):
+    if not in_ci():
         return None
-    return f"CI=true: skipped for a tool .ci/run installs, so this is a failure: {reason}"
+    if CI_TOOLS.search(reason):
+        return f"CI=true: skipped for a tool .ci/run installs, so this is a failure: {reason}"
+    module = declared_module(reason)
+    if module is not None:
+        why = f"skipped for {module!r}, which jobctl declares, so this is a failure"
+        return f"CI=true: {why}: {reason}"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under CI=true, a skip for a missing project-installed tool becomes a failure."""
+    """Under CI=true, a skip for a missing project-installed tool or declared package
+    becomes a failure."""
     outcome = yield
     report = outcome.get_result()
     if report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):

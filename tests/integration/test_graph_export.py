@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from jobctl.engine.model.blocks import Stage, model_def
 
 from ..jobrun import final_weights, run_cli, run_job
 from .test_graph_models import GPT2, STEPS, T5, hf_spec
-
-transformers = pytest.importorskip("transformers")
 
 
 def _own_names(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

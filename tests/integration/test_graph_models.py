@@ -10,8 +10,6 @@ from jobctl.engine.worker.reference import reference_train
 from ..jobrun import final_weights, run_job, step_losses, tiny_spec
 from .test_parity import _run_and_compare
 
-pytest.importorskip("transformers")
-
 STEPS = 3
 SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}

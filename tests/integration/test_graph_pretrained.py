@@ -9,14 +9,13 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import run_job, step_losses
 from .test_graph_models import LLAMA, hf_spec
-
-transformers = pytest.importorskip("transformers")
 
 
 def save_llama(path, shard_size: str | None):

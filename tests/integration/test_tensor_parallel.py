@@ -24,8 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-pytest.importorskip("transformers")
-
 from jobctl.engine.checkpoint.blocks import (  # noqa: E402
     load_blocks,
     snapshot_blocks,

@@ -26,7 +26,9 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
+import referencing
 import yaml
 
 from jobctl.backends import BackendError, get_backend
@@ -35,13 +37,6 @@ from jobctl.engine.channel.server import JsonHandler
 from jobctl.engine.worker.process import plan_rank
 
 from ..render_contexts import CASES, CHANNEL_SECRET, KUBE, context, evil_context, rendered
-
-jsonschema = pytest.importorskip(
-    "jsonschema", reason="jsonschema not installed (pip install -e .[dev])"
-)
-referencing = pytest.importorskip(
-    "referencing", reason="referencing not installed (pip install -e .[dev])"
-)
 
 DATA = Path(__file__).parents[1] / "data"
 KUBE_CASES = [c for c in sorted(CASES) if c.startswith("kubernetes")]

@@ -22,7 +22,6 @@ from jobctl.spec import load_spec
 
 from ..jobrun import quickstart_with
 
-pytest.importorskip("transformers")
 GPT2 = (
     "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "
     "n_head: 4, vocab_size: 256, n_positions: 16}"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ci_failure
+from ..conftest import ci_failure, declared_distributions
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELLCHECK_TEST = "tests/unit/test_templates.py::test_scripts_pass_bash_n_and_shellcheck"
@@ -57,3 +58,73 @@ def test_a_missing_shellcheck_fails_under_ci_and_skips_outside(tmp_path):
     inside = _run_without_tools(tmp_path, ci=True)
     assert inside.returncode == 1, inside.stdout
     assert "CI=true: skipped for a tool .ci/run installs" in inside.stdout
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "could not import 'transformers': No module named 'transformers'",
+        "could not import 'jsonschema': No module named 'jsonschema'",
+        "No module named 'safetensors.torch'",
+        "could not import 'yaml': No module named 'yaml'",
+    ],
+)
+def test_a_skip_for_a_declared_package_fails_only_in_ci(reason, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    assert "which jobctl declares" in ci_failure(reason)
+    monkeypatch.delenv("CI")
+    assert ci_failure(reason) is None
+
+
+def test_a_skip_for_an_undeclared_package_stays_a_skip(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    assert ci_failure("could not import 'wandb': No module named 'wandb'") is None
+
+
+def test_no_test_skips_for_a_declared_package():
+    """Declared dependencies are imported, not skipped: a broken install must fail."""
+    found, call = [], "pytest." + "importorskip("  # split: this line is no call
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if call in line:
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
+
+
+def readme_setup_commands() -> list[str]:
+    """The README's two set-up commands: its first two bash blocks, one line each."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    commands = [b.strip() for b in blocks[:2]]
+    assert len(commands) == 2 and all("\n" not in c for c in commands), commands
+    return commands
+
+
+def test_ci_runs_the_readme_commands_verbatim_in_a_fresh_venv():
+    install, test = readme_setup_commands()
+    assert install.endswith("&& jobctl apply jobs/quickstart.yaml")
+    assert test.endswith("&& python -m pytest -q -rs")
+    lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    code = [line for line in lines if line and not line.startswith("#")]
+    assert install in code and test in code
+    venv = next(i for i, line in enumerate(code) if "-m venv" in line)
+    activate = next(i for i, line in enumerate(code) if "/bin/activate" in line)
+    assert venv < activate < code.index(install) < code.index(test)
+    assert {"ruff check .", "ruff format --check ."} <= set(code[: code.index(test)])
+
+
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]).lower()
+
+
+def test_the_lock_pins_every_declared_dependency_and_the_readme_uses_it():
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version and " " not in version, f"constraints.txt: not a pin: {line!r}"
+            pins[_name(name)] = version
+    # jobctl's installed metadata: its dependencies and every extra's
+    assert sorted(declared_distributions() - {"jobctl"} - set(pins)) == []
+    for command in readme_setup_commands():
+        assert f"pip install torch=={pins['torch']} " in command
+        assert "pip install -c constraints.txt -e " in command

@@ -54,7 +54,6 @@ def test_hand_cut_blocks_are_refused(tmp_path):
 
 
 def test_run_without_checkpoint_is_refused(tmp_path):
-    pytest.importorskip("transformers")
     spec = tiny_spec(**{"model.family": None, "model.huggingface": GPT2})
     assert "run r-1 has no complete checkpoint" in _export(tmp_path, spec)
 

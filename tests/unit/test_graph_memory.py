@@ -17,8 +17,6 @@ import pytest
 
 from ..jobrun import ROOT, tiny_spec
 
-pytest.importorskip("transformers")
-
 VOCAB = 50257
 MiB = 1 << 20
 SLACK = 8 * MiB  # Python objects of the stage: subgraph modules, the runner

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from jobctl.engine.model.graph import boundary
 from jobctl.engine.model.graph.graph_def import GraphModel
 from jobctl.engine.model.graph.source import GraphModelConfig
 from jobctl.engine.model.graph.subgraph import repoint_devices
-
-transformers = pytest.importorskip("transformers")
 
 B, T = 2, 16
 FAMILIES = {

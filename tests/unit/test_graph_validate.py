@@ -64,7 +64,8 @@ def _validate_fails(path, key: str, *words: str) -> str:
 @pytest.fixture(scope="module")
 def saved_gpt2(tmp_path_factory):
     """A tiny GPT-2 directory written by save_pretrained."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     path = tmp_path_factory.mktemp("gpt2")
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
     model.save_pretrained(path)
@@ -93,13 +94,11 @@ def test_good_sources_validate(tmp_path, saved_gpt2):
 
 
 def test_class_that_is_not_a_transformers_class(tmp_path):
-    pytest.importorskip("transformers")
     path = _spec(tmp_path, _hf_yaml("GPT2LMHeadModle", config=json.dumps(GPT2)))
     _validate_fails(path, "class:", "model.huggingface.class", "GPT2LMHeadModle")
 
 
 def test_config_path_missing(tmp_path):
-    pytest.importorskip("transformers")
     missing = tmp_path / "nowhere" / "config.json"
     path = _spec(tmp_path, _hf_yaml(config_path=str(missing)))
     _validate_fails(path, "config_path:", "model.huggingface.config_path", "cannot be read")
@@ -152,7 +151,6 @@ def test_relative_pretrained_resolves_against_the_spec_folder(tmp_path, saved_gp
 
 
 def test_image_model_needs_the_synthetic_image_source(tmp_path):
-    pytest.importorskip("transformers")
     config = json.dumps(
         {
             "num_hidden_layers": 1,

@@ -21,7 +21,6 @@ from jobctl.spec import load_spec
 
 from ..jobrun import quickstart_with
 
-pytest.importorskip("transformers")
 runner = CliRunner()
 GPT2 = (
     "  huggingface:\n    class: GPT2LMHeadModel\n    config: {n_layer: 2, n_embd: 32, "

@@ -11,8 +11,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("transformers")
-
 from jobctl.engine.model.graph import tp_stage  # noqa: E402
 from jobctl.engine.model.graph.graph_def import GraphModel  # noqa: E402
 from jobctl.engine.model.graph.source import GraphModelConfig  # noqa: E402
