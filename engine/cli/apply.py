@@ -68,7 +68,7 @@ def apply(
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    spec, p = _planned(spec_file, devices, home)
+    spec, p = _planned(spec_file, devices, home, backend)
     if dry_run:
         _print_dry_run(spec, p, spec_file, backend)
         return
@@ -82,10 +82,13 @@ def apply(
     _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
 
 
-def _planned(spec_file: Path, devices: int | None, home: Path | None) -> tuple[JobSpec, Plan]:
-    """The spec, tuned, and its plan, printed; a broken spec exits before the planner and
-    the supervisor load."""
-    loaded = load_or_exit(spec_file)
+def _planned(
+    spec_file: Path, devices: int | None, home: Path | None, backend: str | None
+) -> tuple[JobSpec, Plan]:
+    """The spec, tuned, and its plan, printed; a broken spec, or one this machine cannot
+    run on ``backend`` (``--backend``, else the spec's), exits before the planner and the
+    supervisor load."""
+    loaded = load_or_exit(spec_file, backend=backend)
     from jobctl.engine.views import tables as views
 
     spec = tuned_or_exit(loaded, spec_file, home)
@@ -192,7 +195,7 @@ def resume(
         )
         return
     spec_file = Path(row["run_dir"]) / "spec.yaml"
-    spec = load_or_exit(spec_file)
+    spec = load_or_exit(spec_file, backend=backend)
     p = plan_or_exit(spec, spec_file, devices, home)
     views.print_plan(console, p, spec.training.steps)
     opts = ApplyOptions(backend=backend, run_id=row["id"])

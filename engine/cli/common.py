@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from jobctl.engine.core.plan import Plan
     from jobctl.engine.state.db import StateDB
     from jobctl.spec import JobSpec
+    from jobctl.spec.base import Violation
 
 # soft_wrap: a printed path, command or script is never cut into lines by Rich (at 80
 # columns or in a pipe): what a user copies is exactly what runs. Tables keep their width.
@@ -44,13 +45,15 @@ def find_run(db: StateDB, ref: str) -> dict:
     return row
 
 
-def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
-    """The job spec at ``path``; exit 2 with every issue when it is invalid or missing."""
+def load_or_exit(path: Path, overrides: dict | None = None, backend: str | None = None) -> JobSpec:
+    """The job spec at ``path``; exit 2 with every issue when it is invalid or missing.
+    ``backend`` is the command's ``--backend``, where it has one: it, not the spec's
+    ``hardware.backend``, says whether the run starts on this machine."""
     from jobctl.spec import SpecError, load_spec
 
     try:
         spec = load_spec(path, overrides=overrides)
-        check_data(spec, path)
+        check_data(spec, path, backend)
         return spec
     except SpecError as e:
         err.print(f"[red]error:[/red] {escape(str(path))}: invalid job spec", highlight=False)
@@ -61,10 +64,11 @@ def load_or_exit(path: Path, overrides: dict | None = None) -> JobSpec:
         raise typer.Exit(2) from None
 
 
-def check_data(spec: JobSpec, path: Path) -> None:
+def check_data(spec: JobSpec, path: Path, backend: str | None = None) -> None:
     """Raise a SpecError, located in ``path``, for what the data files, the model
-    source (an import factory, a Hugging Face class or directory) and the ssh key,
-    which live on this machine, show is wrong."""
+    source (an import factory, a Hugging Face class or directory), the ssh key and,
+    for a run started here, the CUDA device, which live on this machine, show is
+    wrong. ``backend`` overrides ``hardware.backend`` (``--backend``)."""
     from jobctl.engine.data.checks import data_violations
     from jobctl.spec import SpecError
     from jobctl.spec.data import located
@@ -72,6 +76,7 @@ def check_data(spec: JobSpec, path: Path) -> None:
 
     hw = spec.hardware
     found = data_violations(spec) + ssh_violations(hw.ssh, hw.backend)
+    found += cuda_violations(hw.device, backend or hw.backend)
     if spec.model.huggingface is not None or spec.model.import_ is not None:
         from jobctl.engine.model.graph.checks import model_violations
 
@@ -79,6 +84,34 @@ def check_data(spec: JobSpec, path: Path) -> None:
     issues = located(str(path), found)
     if issues:
         raise SpecError(issues)
+
+
+def cuda_violations(device: str, backend: str) -> list[Violation]:
+    """``hardware.device: cuda`` on the local backend where this machine cannot run
+    CUDA: a torch built without it, or no device visible. Checked where the CLI loads a
+    spec, not in the spec's validators: the nodes load the spec too, and a remote
+    backend's devices are on its nodes, not here."""
+    if device != "cuda" or backend != "local":
+        return []  # torch loads only here: `validate` of any other spec stays light
+    from jobctl.spec.base import Violation
+
+    try:
+        import torch
+    except ImportError:
+        why = "torch is not installed on this machine"
+    else:
+        if torch.version.cuda is None:
+            why = f"torch {torch.__version__} has no CUDA (a CPU build)"
+        elif not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            why = f"no CUDA device visible to torch {torch.__version__} (CUDA {torch.version.cuda})"
+        else:
+            return []
+    # Without this the local backend starts every worker and each fails in NCCL's init,
+    # after the run was recorded as the job's latest one.
+    fix = (
+        "set hardware.device: cpu, or run on a machine with a CUDA device, or use a remote backend"
+    )
+    return [Violation("hardware.device", f"cuda on the local backend, but {why}", fix)]
 
 
 def for_devices(spec: JobSpec, devices: int | None) -> JobSpec:

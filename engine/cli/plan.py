@@ -225,7 +225,7 @@ def render(
     from jobctl.engine.cli.backend import render_or_exit
     from jobctl.engine.supervise.launch import new_run_id, run_context
 
-    spec = load_or_exit(spec_file)
+    spec = load_or_exit(spec_file, backend=backend)
     p = plan_or_exit(spec, spec_file, devices)
     name = backend or spec.hardware.backend
     ctx = run_context(spec, p, new_run_id(spec.name), (out / "run").resolve())

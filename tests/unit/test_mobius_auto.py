@@ -218,6 +218,8 @@ def test_jobctl_plan_says_mobius_is_faster(tmp_path):
         ("nodes: 2", "nodes: 1"),
         ("processes_per_node: 2", "processes_per_node: 1"),
         ("device: cpu", "device: cuda\n  accelerator: v100-pcie-16gb"),
+        # the V100 is a cluster's, not this machine's: a local cuda run is refused here
+        ("backend: local", "backend: slurm"),
         ("memory_gb: 2 ", "memory_gb: 0.1 "),
         ("pipeline_stages: 2", "pipeline_stages: auto"),
         ("data_parallel: 2", "data_parallel: auto"),
