@@ -15,7 +15,8 @@ recompute vary; NCCL refuses two ranks on one GPU).
 
     python -m benchmarks.gpu_accuracy [--steps 12] [--rounds 2] [--budget-s 150]
 
-Run on a lent machine by ``benchmarks/gpu_check.sh``; results in benchmarks/gpu/NOTES.md.
+Run by ``benchmarks/gpu_check.sh`` (step ``accuracy``); reference results in
+benchmarks/gpu/NOTES.md.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def main() -> None:
         type=float,
         default=150.0,
         help="start no run after this many seconds of runs (each run is ~25 s of start-up "
-        "on a lent H100 machine); the report covers what ran",
+        "on one H100); the report covers what ran",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -161,7 +162,7 @@ def main() -> None:
         deadline = time.monotonic() + args.budget_s
         for k in range(args.rounds):
             for spec, plan, anal, _, seen in runs:
-                if time.monotonic() > deadline:  # a lease is minutes: report what ran
+                if time.monotonic() > deadline:  # a time limit, not an error: report what ran
                     break
                 seen.append(measure_best(spec, plan, home, attempts=1))
                 real, pred = seen[-1].step_s, plan.prediction.step_time_s

@@ -1,11 +1,11 @@
 """The analytic device model against real H100 runs recorded before it changed.
 
 ``python -m benchmarks.paper_tables`` prints it after Table 7. The runs are
-``benchmarks.gpu_accuracy``'s one-GPU rows as measured on a lent H100 on 2026-11-26
-(``benchmarks/gpu/NOTES.md``: a 4 x 2048 GPT, sequence 1024, bf16, P = D = 1); the
-prediction is the analytic plan's step from the H100's public facts alone, so these
-measurements were never fitted to, and they came before the autocast gradient path
-(cast back, fp32 accumulation, the recompute's re-cast) was priced.
+``benchmarks.gpu_accuracy``'s one-GPU rows as measured on one H100 80GB on 2026-11-26
+(reference results in ``benchmarks/gpu/NOTES.md``: a 4 x 2048 GPT, sequence 1024, bf16,
+P = D = 1); the prediction is the analytic plan's step from the H100's public facts
+alone, so these measurements were never fitted to, and they came before the autocast
+gradient path (cast back, fp32 accumulation, the recompute's re-cast) was priced.
 """
 
 from __future__ import annotations

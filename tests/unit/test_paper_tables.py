@@ -78,7 +78,7 @@ def test_device_model_sits_between_two_public_v100_measurements(tmp_path):
 
 
 def test_h100_runs_recorded_before_the_change_are_predicted_closer():
-    """The analytic plan against gpu_accuracy's one-GPU runs on a lent H100 (NOTES.md,
+    """The analytic plan against gpu_accuracy's one-GPU runs on one H100 80GB (NOTES.md,
     2026-11-26), never fitted: median |error| 17 % before the autocast gradient path was
     priced (-39, -22, -17, -10, -10 %), 9 % after; never slower than the run, whose eager
     per-action host cost the device model does not price."""
