@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -67,6 +68,16 @@ def ci_failure(reason: str) -> str | None:
         why = f"skipped for {module!r}, which jobctl declares, so this is a failure"
         return f"CI=true: {why}: {reason}"
     return None
+
+
+def pytest_configure(config) -> None:
+    """The suite has a state home of its own: a user runs the README's first command
+    (a quickstart run, its calibration and start-up times in ./.jobctl) before its
+    second, and the tests must neither read that history (the planner adds the measured
+    start-up to its predictions) nor write runs into it. A test that wants another home
+    sets JOBCTL_HOME itself."""
+    os.environ["JOBCTL_HOME"] = tempfile.mkdtemp(prefix="jobctl-tests-home-")
+    os.environ.pop("JOBCTL_DB_URL", None)  # nor the user's own state database
 
 
 @pytest.hookimpl(hookwrapper=True)

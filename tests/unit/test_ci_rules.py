@@ -128,3 +128,12 @@ def test_the_lock_pins_every_declared_dependency_and_the_readme_uses_it():
     for command in readme_setup_commands():
         assert f"pip install torch=={pins['torch']} " in command
         assert "pip install -c constraints.txt -e " in command
+
+
+def test_the_suite_never_uses_the_checkouts_state_home():
+    """README command 1 leaves a run in ./.jobctl before command 2 runs the suite."""
+    from jobctl.engine.core.home import default_home
+
+    home = default_home().resolve()
+    assert home != (ROOT / ".jobctl").resolve() and "jobctl-tests-home-" in home.name
+    assert "JOBCTL_DB_URL" not in os.environ
