@@ -15,8 +15,9 @@
 #   PYTHON: the interpreter to use (default python3)
 #
 # Steps (details and reference results: benchmarks/gpu/NOTES.md):
-#   tests     pytest on the CUDA tests and the calibration, Mobius-runtime and
-#             tensor-parallel unit files (~30 s)
+#   tests     pytest on the CUDA tests (clock, recompute RNG, Mobius's pinned tier)
+#             and the calibration, Mobius-runtime and tensor-parallel unit
+#             files (~30 s)
 #   apply     `jobctl apply benchmarks/gpu/apply.yaml`: 6 x 512 GPT, bf16, 40 steps,
 #             parallelism left to the planner (~30 s)
 #   mobius    `jobctl apply benchmarks/gpu/mobius.yaml`: 4 stages swapped through
@@ -96,7 +97,8 @@ for step in "${steps[@]}"; do
   tests)
     # --noconftest: these files use none of the suite's shared fixtures (S3, clusters).
     timeout 900 "$py" -m pytest -q -rs --noconftest -p no:cacheprovider \
-      tests/unit/test_cuda_clock.py tests/unit/test_mobius_runtime.py \
+      tests/unit/test_cuda_clock.py tests/unit/test_recompute_rng.py \
+      tests/unit/test_mobius_runtime.py \
       tests/unit/test_calibration.py tests/unit/test_tp_overlap.py 2>&1 | tee "$out/tests.log"
     rc=${PIPESTATUS[0]}
     ;;

@@ -32,6 +32,7 @@ from jobctl.engine.mobius.layout import layout_of, slots_of
 from jobctl.engine.mobius.links import Links, round_robin
 from jobctl.engine.mobius.tier import FileTier
 from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
 from jobctl.engine.runtime.step import autocast, step_seed
 from jobctl.spec.sections import TrainingSpec
@@ -109,7 +110,7 @@ class MobiusRunner:
         self.links = Links(cfg.rank, self.placement, self.shard.micro_batches, group)
         self.ties = self._cross_ties(mdef)
         self.pending: int | None = None  # the step whose update is not applied yet
-        self.rng: dict[tuple[int, int], torch.Tensor] = {}
+        self.rng: dict[tuple[int, int], rng.RngState] = {}
         self.offloaded: set[int] = set()  # stages whose inputs are down, not yet asked up
         self.traffic = self.tier.traffic
         self.traffic.reset()
@@ -278,7 +279,7 @@ class MobiusRunner:
             x = self._input(j, i)
             if j > 0:
                 self._issued(self.tier.put_act((j, i), x))
-            self.rng[(j, i)] = torch.get_rng_state()
+            self.rng[(j, i)] = rng.capture(self.device)
             with torch.no_grad(), self._compute():
                 self.links.send("a", j + 1, i, self.mods[j](x))
         if j > 0:
@@ -300,14 +301,11 @@ class MobiusRunner:
     def _backward(self, j: int, acts: list) -> None:
         """Stage ``j``'s backward: each input back up, the forward recomputed under its
         saved RNG state, the output's gradient propagated, the input's sent back."""
-        devices = [self.device] if self.device.type == "cuda" else []
         for i in range(self.shard.micro_batches):
             g = self.links.recv("g", j, i, j + 1, self.device)
             x = self.tokens[i] if j == 0 else acts[i].result().requires_grad_(True)
-            with torch.random.fork_rng(devices=devices):
-                torch.set_rng_state(self.rng.pop((j, i)))
-                with self._compute():
-                    out = self.mods[j](x)
+            with rng.replayed(self.rng.pop((j, i))), self._compute():
+                out = self.mods[j](x)
             torch.autograd.backward(out, g)
             if j > 0:
                 self.links.send("g", j - 1, i, x.grad)

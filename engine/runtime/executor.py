@@ -24,6 +24,7 @@ import torch
 from jobctl.engine.core.actions import Action, Op, recomputed, weight_follows, weight_split
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import Stage
+from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.backward import (
     WeightStore,
     defer_linear_weights,
@@ -226,10 +227,10 @@ class StepExecutor:
         x, y, batch = self._inputs(i)
         t0 = time.perf_counter()
         if i in self.rec:
-            rng = torch.get_rng_state()
+            state = rng.capture(self.device)  # the device's generator too, on a GPU
             with torch.no_grad():
                 out = self.stage(x, batch)
-            self.saved[i] = {"x": x, "y": y, "batch": batch, "rng": rng}
+            self.saved[i] = {"x": x, "y": y, "batch": batch, "rng": state}
         else:
             out = self._graph_forward(i, x, y, batch)
         seconds = time.perf_counter() - t0
@@ -256,8 +257,7 @@ class StepExecutor:
 
     def _recompute(self, i: int) -> None:
         s = self.saved.pop(i)
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(s["rng"])
+        with rng.replayed(s["rng"]):
             self._graph_forward(i, s["x"], s["y"], s["batch"])
 
     def _backward(self, i: int) -> tuple[float | torch.Tensor, float]:

@@ -20,6 +20,7 @@ import torch
 from jobctl.engine.core.actions import Action
 from jobctl.engine.model.blocks import Stage, block_seed
 from jobctl.engine.model.graph import boundary
+from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr
@@ -123,7 +124,7 @@ def probe_channels(
         x = torch.zeros(in_shape, dtype=in_dtype)
         if graph is not None:
             graph.in_boundary = boundary.decode(recv_ints(topo.prev))
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), compute():
+    with torch.no_grad(), rng.isolated(device), compute():
         out = stage(x.to(device), batch)
     if topo.next is not None:
         send_meta(out, topo.next)

@@ -34,6 +34,7 @@ from torch import nn
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import ModelDef, Stage, Tie
+from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StageState
 from jobctl.engine.runtime.optim import build_optimizer
@@ -231,7 +232,7 @@ def v_executor(
         c_up = probe_channels(up, t_up, shard.micro_batch, seq_len, device, compute)
     else:  # stages P-1 and P: the second stage's input is the first one's output
         x = torch.zeros(c_down.out_shape, dtype=c_down.out_dtype, device=device)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), compute():
+        with torch.no_grad(), rng.isolated(device), compute():
             out = up(x)
         if t_up.next is not None:
             send_meta(out, t_up.next)
