@@ -3,7 +3,7 @@ setting (a large M, a small N) trained for ``BATCHES`` batches with the runtime'
 parts: the step executor over shared-memory links, the N pipelines interleaved on
 their parallel models (``interleave``), each model's optimizer step, local update,
 pull and send to the reference thread (``rule``, ``reference``), as
-``ElasticTrainer`` runs them (one replica: the gradient all-reduce is not profiled;
+``AveragingEngine`` runs them (one replica: the gradient all-reduce is not profiled;
 each update right after its pipeline's last backward, ``interleave.on_done``).
 
 It records per batch each computing action's seconds (the executor's own timing of
@@ -139,7 +139,7 @@ def profile_rank(rank: int, job: dict) -> dict:
 def _batches(iex, actions, models, ref, training, alpha: float, timer) -> dict:
     """``BATCHES`` batches after ``WARMUP``: per batch, the computing actions'
     (kind, seconds), the sends' seconds and the N updates' seconds (each run, as
-    ``ElasticTrainer`` runs it with D = 1, right after its pipeline's last backward);
+    ``AveragingEngine`` runs it with D = 1, right after its pipeline's last backward);
     before each, ``timer``'s stage-alone passes (before: the batch's gradients stay
     for ``_memory``)."""
     acts, sent, upd = [], [], []
@@ -165,7 +165,7 @@ def _batches(iex, actions, models, ref, training, alpha: float, timer) -> dict:
 
 
 def _update(model, ref: ReferenceModel, step: int, training, alpha: float) -> None:
-    """As ``ElasticTrainer._update`` with one replica: E1-E3 and the send."""
+    """As ``AveragingEngine._update`` with one replica: E1-E3 and the send."""
     before = [t.clone() for t in model.tensors]
     set_lr(model.opt, lr_at(step, training))
     model.opt.step()  # E1

@@ -82,12 +82,12 @@ class Checkpointing(StepHook):
             self.manager.clear_stale_staging()
 
     def after_step(self, end: StepEnd) -> Relayout | None:
-        plan = end.state.plan
+        plan = end.plan
         if plan.world_size < self.manager.plan.world_size:  # packed: follow the new plan
             self.manager.close()  # parts of earlier steps are all written first
             self.manager = self._manager(plan)
         done, total = end.done, self.spec.training.steps
-        self.scaler = end.state.scaler
+        self.scaler = None if end.state is None else end.state.scaler
         if end.stopping or done % self.spec.checkpoint.interval == 0 or done == total:
             self.save(end.state, done, final=end.stopping or done == total)
         self.manager.poll()

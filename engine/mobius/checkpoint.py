@@ -7,6 +7,7 @@ snapshot a 1f1b rank takes (``checkpoint.blocks.snapshot_blocks``: every paramet
 and its optimizer state under its global block's file, a tied alias left to its
 canonical), so a Mobius checkpoint resumes under any P x D and back. ``load`` is the
 reverse: a checkpoint's blocks (written by any layout) into this rank's records.
+:class:`MobiusCheckpointing` is the loop's checkpoint hook over them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import torch
 
-from jobctl.engine.checkpoint.blocks import Snapshot, load_blocks, snapshot_blocks
+from jobctl.engine.checkpoint.blocks import Snapshot, load_blocks, read_meta, snapshot_blocks
+from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.mobius import resident
 from jobctl.engine.mobius.runtime import MobiusRunner
 from jobctl.engine.model.blocks import Tie
+from jobctl.engine.runtime.hook import StageState
 
 
 def _kept(lay) -> list[tuple[int, int]]:
@@ -75,3 +78,25 @@ def load(runner: MobiusRunner, ties: list[Tie], ckpt_dir: Path) -> None:
         runner.tier.drain()
         resident.release(mod, lay, opt, runner.reserved.placeholder)
     runner.pending = None
+
+
+def resume(runner: MobiusRunner, ties: list[Tie], batch: int, ckpt_dir: Path) -> int:
+    """Load checkpoint ``ckpt_dir`` into ``runner`` for a run of global batch ``batch``;
+    returns the step to continue at."""
+    meta = read_meta(ckpt_dir)
+    if meta["global_batch_size"] != batch:
+        raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
+    load(runner, ties, ckpt_dir)
+    return int(meta["step"])
+
+
+class MobiusCheckpointing(Checkpointing):
+    """:class:`Checkpointing` of a Mobius rank: its parts come from the runner's tier."""
+
+    def __init__(self, *args, runner: MobiusRunner, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runner = runner
+
+    def save(self, state: StageState | None, step: int, final: bool = False) -> None:
+        snap = snapshot(self.runner, self.ties)
+        self.manager.save(step, snap, self.meta(self.manager.plan, step), final=final)

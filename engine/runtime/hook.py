@@ -1,8 +1,8 @@
 """How plug-ins (pruning, rebalancing) join the training loop: one small protocol.
 
-The trainer owns the loop; a :class:`StepHook` is told where the loop is and may hand
-back a :class:`Relayout` (a new stage layout it migrated to), which the trainer
-applies. Hooks are built and handed to the trainer by the layer above
+The trainer owns the one loop, over any step engine; a :class:`StepHook` is told where
+the loop is and may hand back a :class:`Relayout` (a new stage layout it migrated to),
+which the trainer applies. Hooks are built and handed to the trainer by the layer above
 (``engine.worker``): pruning, rebalancing and checkpointing, in that order, so the
 runtime knows no plug-in by name.
 """
@@ -46,7 +46,8 @@ class StepEnd:
     done: int  # optimizer steps done
     stats: StepStats
     seconds: float  # the step's own wall seconds (train, loss)
-    state: StageState
+    plan: Plan  # the layout the step ran under
+    state: StageState | None  # the resident stage state (None: a swapped engine's)
     stopping: bool = False  # every rank stops after this step (the stop vote agreed)
 
 

@@ -1,6 +1,7 @@
-"""How a worker puts its trainer together: the event sink, the rank's stage, and the
-plug-ins (pruning and rebalancing where the spec turns them on, checkpointing always),
-handed to the trainer as hooks."""
+"""How a worker puts its trainer together: the event sink, the rank's step engine
+(resident stages, AvgPipe's averaged models or Mobius's swapped ones) and the
+plug-ins (pruning and rebalancing where the spec turns them on, checkpointing always,
+chaos in tests), handed to the one loop as hooks."""
 
 from __future__ import annotations
 
@@ -11,21 +12,23 @@ import torch
 import torch.distributed as dist
 
 from jobctl.engine.averaging.checkpoint import ElasticCheckpointing, resume_elastic
+from jobctl.engine.averaging.engine import AveragingEngine
 from jobctl.engine.averaging.parts import elastic_parts
-from jobctl.engine.averaging.trainer import ElasticTrainer
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
-from jobctl.engine.core.events import EventLog
+from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
+from jobctl.engine.data.dataset import make_data
 from jobctl.engine.model.blocks import ModelDef, model_def
 from jobctl.engine.pruning.hook import PruningHook
 from jobctl.engine.pruning.pruner import Pruner
 from jobctl.engine.rebalance.hook import Rebalancer
+from jobctl.engine.runtime.engine import EngineConfig, ResidentEngine
 from jobctl.engine.runtime.hook import StageState, StepHook
 from jobctl.engine.runtime.trainer import Trainer, build_state
 from jobctl.engine.worker.chaos import ChaosKill, parse
-from jobctl.engine.worker.mobius import MobiusTrainer
+from jobctl.engine.worker.mobius import build_mobius
 from jobctl.engine.worker.timeline import mark
 from jobctl.spec.job import JobSpec
 
@@ -44,6 +47,25 @@ def _pruner(spec: JobSpec, state: StageState, mdef: ModelDef, events: EventLog) 
     )
 
 
+def engine_config(spec: JobSpec, plan: Plan) -> EngineConfig:
+    """What the step engine reads of the job (the plan decides the rest)."""
+    return EngineConfig(
+        training=spec.training,
+        seq_len=spec.model.seq_len,
+        one_machine=spec.hardware.one_machine,
+        opportunistic=spec.parallelism.schedule == "varuna",
+        # The step commit lets survivors hand a step over; only an elastic job with
+        # replicas has survivors that can (a lost node takes a stage of a D = 1 job).
+        commits=spec.elasticity.enabled and plan.D > 1,
+    )
+
+
+def _chaos(rank: int, resume: Path | None) -> list[StepHook]:
+    """Chaos tests: kill the node where ``JOBCTL_CHAOS`` says, first attempt only."""
+    aim = parse(os.environ[CHAOS], rank) if os.environ.get(CHAOS) else None
+    return [ChaosKill(*aim)] if aim is not None and resume is None else []
+
+
 def build_trainer(
     spec: JobSpec,
     plan: Plan,
@@ -53,12 +75,15 @@ def build_trainer(
     resume: Path | None = None,
 ) -> Trainer:
     """The trainer of ``rank``, with its hooks; from checkpoint ``resume`` if given."""
-    if plan.mobius is not None:  # S stages swapped through the tier (worker.mobius)
-        return MobiusTrainer(spec, plan, run_dir, rank, device, resume)  # type: ignore[return-value]
     # The run's channel (with liveness pings from this rank's node), else metrics.jsonl.
     events = event_sink(run_dir, rank, plan.rank(rank).node)
+    if plan.mobius is not None:  # S stages swapped through the tier (worker.mobius)
+        return build_mobius(spec, plan, run_dir, rank, device, events, _chaos(rank, resume), resume)
     mdef = model_def(spec.model, spec.training.seed, plan.micro_batch_size)
     state = build_state(mdef, spec.training, plan, rank, device)
+    if state.tp is not None and state.tp.requested:  # its fallbacks, for the views too
+        me = plan.stage_of(rank).index
+        events.write(Kind.TP_SUBPIPELINE, rank=rank, stage=me, **state.tp.record())
     parts = elastic_parts(spec, mdef, state, device)  # AvgPipe's N models, or None
     pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
@@ -67,20 +92,22 @@ def build_trainer(
     masks = None if pruner is None else (lambda: pruner.masks)
     args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
     checkpoints = Checkpointing(*args) if not parts else ElasticCheckpointing(*args, parts=parts)
-    hooks.append(checkpoints)
-    aim = parse(os.environ[CHAOS], rank) if os.environ.get(CHAOS) else None
-    if aim is not None and resume is None:  # chaos tests: kill the node, first attempt only
-        hooks.append(ChaosKill(*aim))
-    start = 0
+    hooks += [checkpoints, *_chaos(rank, resume)]
     mark("model")  # the state is built; what follows to "built" is mostly the resume
-    if resume is not None and parts:
-        start = resume_elastic(parts, plan.global_batch_size, mdef.ties, resume)
-    elif resume is not None:
-        start = resume_stage(state, mdef.ties, resume)
-        if pruner is not None:
-            pruner.load(resume, start)
+    start = 0 if resume is None else _resumed(state, parts, pruner, mdef, resume)
     checkpoints.clear_stale_staging()
     dist.barrier()  # nobody stages before stale staging folders are gone
+    args = (engine_config(spec, plan), state, mdef, device, make_data(spec))
+    engine = ResidentEngine(*args) if not parts else AveragingEngine(*args, parts=parts)
+    return Trainer(spec, engine, events, hooks, start)
+
+
+def _resumed(state: StageState, parts, pruner, mdef: ModelDef, resume: Path) -> int:
+    """Load checkpoint ``resume`` into this rank's stage (or AvgPipe's models) and its
+    pruner; the step to continue at."""
     if parts:
-        return ElasticTrainer(spec, mdef, state, device, events, hooks, start, parts=parts)
-    return Trainer(spec, mdef, state, device, events, hooks, start)
+        return resume_elastic(parts, state.plan.global_batch_size, mdef.ties, resume)
+    start = resume_stage(state, mdef.ties, resume)
+    if pruner is not None:
+        pruner.load(resume, start)
+    return start

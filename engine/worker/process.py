@@ -218,11 +218,10 @@ def _survive(trainer: Trainer, failure: BaseException, run_dir: Path) -> Reform 
 def _stopped_by_peer(trainer: Trainer) -> bool:
     """Did this rank stop (checkpointed) before the end because other ranks were told
     to (preemption notices), not itself?"""
-    ledger = getattr(trainer, "ledger", None)  # a Mobius rank's has none: it just ends
     asked = trainer.stop_requested or _early_sigterm or trainer.freed
-    if ledger is None or asked:
+    if asked or not trainer.engine.hands_over:  # a Mobius rank is not re-formed: it ends
         return False
-    return ledger.done < trainer.spec.training.steps
+    return trainer.ledger.done < trainer.spec.training.steps
 
 
 def _await_reform(trainer: Trainer) -> Reform | None:

@@ -70,7 +70,7 @@ def release(trainer: Trainer) -> None:
     """Give up what the old trainer holds beyond its tensors: its links (cut already
     when it trapped), data readers and event client (flushed first: the hand-over's
     records must reach the supervisor before the new attempt's)."""
-    trainer._cut_links()
+    trainer.engine.cut_links()
     wait_for_uploads(UPLOAD_WAIT_S)  # its records must not go into a closed sink
     for source in (trainer.data, trainer.eval_data):
         with contextlib.suppress(Exception):  # a reader thread of a broken step

@@ -48,15 +48,25 @@ def test_torchruns_rank_stands_when_the_launch_does_not_match_the_plan():
 
 
 def test_local_backend_ranks_on_other_nodes_share_memory_elsewhere_only_on_their_node():
-    from jobctl.engine.runtime.trainer import same_machine
+    from jobctl.engine.runtime.engine import same_machine
 
     plan = _plan()  # ranks 0, 1 on node 0; 2, 3 on node 1
     local = tiny_spec(**{"parallelism.pipeline_stages": 2, "parallelism.data_parallel": 2})
     assert local.hardware.backend == "local"
-    assert [same_machine(local.hardware, plan, 1)(p) for p in range(4)] == [True] * 4
+    assert [same_machine(local.hardware.one_machine, plan, 1)(p) for p in range(4)] == [True] * 4
     slurm = local.model_copy(
         update={"hardware": local.hardware.model_copy(update={"backend": "slurm"})}
     )
-    hardware = slurm.hardware
-    assert [same_machine(hardware, plan, 1)(p) for p in range(4)] == [True, True, False, False]
-    assert [same_machine(hardware, plan, 2)(p) for p in range(4)] == [False, False, True, True]
+    one = slurm.hardware.one_machine
+    assert [same_machine(one, plan, 1)(p) for p in range(4)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert [same_machine(one, plan, 2)(p) for p in range(4)] == [
+        False,
+        False,
+        True,
+        True,
+    ]

@@ -1,7 +1,7 @@
-"""The training loop with elastic averaging: each loop step trains one batch on the N
-parallel pipelines, interleaved in one run of the plan's action list on the same
-ranks (``interleave``: micro-batch j runs on its owner's parallel model, so the N
-pipelines fill each other's bubbles).
+"""AvgPipe's step engine: each loop step trains one batch on the N parallel pipelines,
+interleaved in one run of the plan's action list on the same ranks (``interleave``:
+micro-batch j runs on its owner's parallel model, so the N pipelines fill each
+other's bubbles). The one loop (``runtime.trainer``) drives it like any engine.
 
 Then, for each pipeline i: model i's gradients are summed over the D replicas and the
 tied stages (as a synchronous step does), model i's own optimizer steps (E1-E2), it
@@ -11,11 +11,11 @@ runs inside the action list, right after pipeline i's last backward on this rank
 (``interleave``'s ``on_done``: AvgPipe sec. 4.2, the update fills the bubble while the
 later pipelines drain). With D > 1 the updates stay after the list: their all-reduces
 must meet in one order on every replica, and a replica may hold none of a pipeline's
-micro-batches. The reported loss is the
-mean over the N models of each model's loss on its share. Evaluation and checkpoints
-read the reference once it has applied the batch. Every heartbeat carries each model's
-squared distance from r_t on this stage (``avg_dist2``); ``jobctl status`` shows the
-whole model's (``supervise.figures.avg_distance``).
+micro-batches. The reported loss is the mean over the N models of each model's loss
+on its share. Evaluation and checkpoints read the reference once it has applied the
+batch. Every heartbeat carries each model's squared distance from r_t on this stage
+(``avg_dist2``); ``jobctl status`` shows the whole model's
+(``supervise.figures.avg_distance``).
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import torch
 
 from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
 from jobctl.engine.averaging.parts import ElasticParts
 from jobctl.engine.averaging.rule import dilute, local_update, squared_distance
-from jobctl.engine.core.events import Kind
+from jobctl.engine.runtime.engine import ResidentEngine
 from jobctl.engine.runtime.evaluation import eval_loss
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
+from jobctl.engine.runtime.failure import StepLedger
+from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr, sync_gradients
-from jobctl.engine.runtime.step import StepTimes, step_seed
-from jobctl.engine.runtime.trainer import Trainer
+from jobctl.engine.runtime.step import StepTimes, seed_rng, step_seed
 
 
 def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
@@ -45,11 +47,11 @@ def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
     return view
 
 
-class ElasticTrainer(Trainer):
-    """A :class:`Trainer` whose step trains the N parallel models of ``parts``."""
+class AveragingEngine(ResidentEngine):
+    """A :class:`ResidentEngine` whose step trains the N parallel models of ``parts``."""
 
-    def __init__(self, *args, parts: ElasticParts, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, parts: ElasticParts):
+        super().__init__(*args)
         self.parts = parts
         self.interleaved: InterleavedExecutor | None = None
         # Each model's squared distance from r_t on this stage (tied aliases once), in
@@ -62,13 +64,10 @@ class ElasticTrainer(Trainer):
             for m in parts.models
         ]
 
-    def run(self) -> None:
-        try:
-            super().run()
-        except BaseException:
-            self.parts.reference.close(check=False)  # the loop's own error goes on
-            raise
-        self.parts.reference.close()
+    def finish(self, ok: bool) -> None:
+        """Close the reference thread; its own error is raised only if the loop's
+        ended well (else the loop's error goes on)."""
+        self.parts.reference.close(check=ok)
 
     def make_executor(self) -> StepExecutor:
         ex = super().make_executor()
@@ -83,48 +82,49 @@ class ElasticTrainer(Trainer):
         self.interleaved = InterleavedExecutor(ex, stages, share)
         return ex
 
-    def train_step(self, step: int) -> tuple[StepStats, StepTimes]:
+    def train(
+        self, step: int, hooks: Sequence[StepHook], ledger: StepLedger
+    ) -> tuple[StepStats, StepTimes]:
         """Batch ``step`` on the N interleaved pipelines, then each model's E1-E3, its
         update queued (E4)."""
-        self.ledger.begin()
+        ledger.begin()
         start = time.perf_counter()
         cfg = self.parts.config
         # Dropout stays a function of (seed, step, rank); the N pipelines draw in turn.
-        torch.manual_seed(step_seed(self.spec.training.seed, step * cfg.N, self.rank))
+        seed_rng(step_seed(self.cfg.training.seed, step * cfg.N, self.rank), self.device)
         for model in self.parts.models:
             model.opt.zero_grad(set_to_none=True)
         done: list[int] = []
         if self.state.topo.D == 1:  # see the module docstring
-            self.interleaved.on_done = lambda i: self._update_in_drain(i, step, done)
-        with self._compute():
+            self.interleaved.on_done = lambda i: self._update_in_drain(i, step, hooks, done)
+        with self.compute():
             stats = self.interleaved.run(self.state.actions, step)
         self.interleaved.on_done = None
         stats.loss_sum /= cfg.N  # the mean over the N models of each one's share loss
         for i in range(cfg.N):
             if i not in done:
-                self._update(i, step)
-        self.ledger.stats = stats
+                self._update(i, step, hooks)
+        ledger.stats = stats
         end = time.perf_counter()
         return stats, StepTimes(start, start, end, end)
 
-    def _update_in_drain(self, i: int, step: int, done: list[int]) -> None:
+    def _update_in_drain(self, i: int, step: int, hooks, done: list[int]) -> None:
         """Model ``i``'s update inside the action list, outside its autocast."""
         with torch.autocast(self.device.type, enabled=False):
-            self._update(i, step)
+            self._update(i, step, hooks)
         done.append(i)
 
-    def _update(self, i: int, step: int) -> None:
+    def _update(self, i: int, step: int, hooks: Sequence[StepHook]) -> None:
         """Model ``i``'s gradient summed, its optimizer step (E1-E2) and pull (E3)."""
         model, cfg = self.parts.models[i], self.parts.config
-        training = self.spec.training
         st = self.state
         sync_gradients(model.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
         before = [t.clone() for t in model.tensors]
-        for hook in self.hooks:
+        for hook in hooks:
             hook.before_update()
-        set_lr(model.opt, lr_at(step, training))
+        set_lr(model.opt, lr_at(step, self.cfg.training))
         model.opt.step()  # E1
-        for hook in self.hooks:
+        for hook in hooks:
             hook.after_update()
         update = local_update(model.tensors, before)  # E2
         self.parts.reference.wait_for(step)  # r_t: batches 0 .. step-1 applied
@@ -132,23 +132,15 @@ class ElasticTrainer(Trainer):
         dilute(model.tensors, self.parts.reference.tensors, cfg.alpha)  # E3
         self.parts.reference.submit(step, update)  # step 3, never blocks
 
-    def heartbeat_extras(self) -> dict:
-        """``avg_dist2``: model i's squared distance from r_t on this stage, after its
-        local update and before the pull (E3) of the step just reported."""
-        return {"avg_dist2": list(self.dist2)}
+    def heartbeat(self, stats: StepStats) -> dict:
+        """Compute fields and ``avg_dist2``: model i's squared distance from r_t on this
+        stage, after its local update and before the pull (E3) of the step reported."""
+        return {**super().heartbeat(stats), "avg_dist2": list(self.dist2)}
 
-    def settled_reference(self, done: int) -> None:
-        """Wait until the reference has applied batches ``0 .. done-1``."""
+    def eval_loss(self, eval_data, done: int) -> float:
+        """The eval loss of the reference model, once it has applied batch ``done - 1``."""
         self.parts.reference.wait_for(done)
-
-    def evaluate(self, done: int) -> None:
-        """The eval loss of the reference model (settled at ``done``)."""
-        every, steps = self.spec.training.eval_every, self.spec.training.steps
-        if self.eval_data is None or (done % every and done != steps):
-            return
-        self.settled_reference(done)
         ref = self.parts.reference.stage
         view = executor_for(self.executor, ref, self.shard)
-        loss = eval_loss(view, dataclasses.replace(self.state, stage=ref), self.eval_data)
-        if self.state.topo.is_reporter:
-            self.events.write(Kind.EVAL, step=done, eval_loss=loss)
+        with self.compute():
+            return eval_loss(view, dataclasses.replace(self.state, stage=ref), eval_data)
