@@ -1,8 +1,9 @@
 """The spec side of tensor parallelism inside pipeline stages (Merak sec. 4.1).
 
 ``parallelism.tensor_parallel: T`` splits each stage's attention and MLP linears
-over T processes, Megatron-style (column- then row-parallel), found on the traced
-graph of an unmodified model (``engine.model.graph.tp_plan``). The fields live on
+over T processes, Megatron-style (column- then row-parallel): found on the traced
+graph of an unmodified model (``engine.model.graph.tp_plan``), or the builtin GPT's
+own plan on its blocks (``engine.model.gpt_tp``). The fields live on
 ``ParallelismSpec`` (which inherits :class:`TensorParallelFields`); the rules that tie
 T to the pool and the model section are :func:`tensor_parallel_violations`, called
 by ``JobSpec``. That T divides the model's heads and hidden sizes needs the built
@@ -10,7 +11,8 @@ model, so ``engine.model.graph.checks`` checks it at ``validate`` too. The featu
 whose runtime has no T ranks per stage (:data:`NOT_WITH_T`) are refused with T > 1.
 ``tensor_parallel: auto`` is resolved by the planner's search over T x P x D
 (``engine.planner.tp_search``), which keeps to these rules: T = 1 where a feature of
-:data:`NOT_WITH_T` is on or the model is hand-cut, and the plan says why.
+:data:`NOT_WITH_T` is on or the model is a user's hand-cut blocks, and the plan says
+why.
 """
 
 from __future__ import annotations
@@ -103,14 +105,7 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
     yield from _subpipeline_violations(spec, T)
     if T in (1, "auto"):  # auto: the planner keeps to what the rules below allow
         return
-    if spec.model.huggingface is None and spec.model.import_ is None:
-        yield Violation(
-            FIELD,
-            f"tensor_parallel {T} splits the linears of a traced model, but model.family "
-            "builds hand-cut blocks",
-            "use model.huggingface (or model.import) for the model, or set "
-            "parallelism.tensor_parallel: 1",
-        )
+    yield from _builtin_violations(spec, T)
     for field, on, why in NOT_WITH_T:
         if on(spec):
             yield Violation(
@@ -135,6 +130,27 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
             f"{hw.devices} ({hw.nodes} nodes x {hw.processes_per_node} processes)",
             "lower parallelism.tensor_parallel/pipeline_stages/data_parallel or raise "
             "hardware.nodes",
+        )
+
+
+def _builtin_violations(spec: Any, T: int) -> Iterator[Violation]:
+    """The builtin GPT splits its blocks' heads over T (``engine.model.gpt_tp``): T
+    must divide ``model.heads``; its hand-written blocks run plain TMP (sub-pipelining
+    halves a traced subgraph's micro-batch)."""
+    m = spec.model
+    if m.family is None:
+        return  # a traced model: engine.model.graph.checks checks it at validate
+    if m.heads % T:
+        yield Violation(
+            FIELD,
+            f"tensor_parallel {T} splits each block's {m.heads} heads, which {T} does not divide",
+            f"set parallelism.tensor_parallel to a divisor of model.heads ({m.heads})",
+        )
+    if spec.parallelism.tp_subpipeline is True:
+        yield Violation(
+            "parallelism.tp_subpipeline",
+            "true sub-pipelines traced subgraphs; the builtin GPT's blocks run plain TMP",
+            "set parallelism.tp_subpipeline: auto (or false)",
         )
 
 

@@ -46,8 +46,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
+        b, t, _ = x.shape
+        qkv = self.qkv(x)
+        # sized by q/k/v's own width: a tensor-parallel rank holds heads / T of them
+        c = qkv.shape[2] // 3
+        q, k, v = qkv.split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)

@@ -231,3 +231,20 @@ def facts(graph, plan, traced_m: int = 1) -> tuple[TPBlock, ...]:
         rows = tuple(values[n] / traced_m for n in shard.nodes if n in plan.row)
         out.append(TPBlock(phi=split / total, psi=held / kept, reduce_bytes=rows))
     return tuple(out)
+
+
+def gpt_facts(layers: int, hidden: int, heads: int, seq_len: int) -> tuple[TPBlock, ...]:
+    """Per block of the builtin GPT (embedding, ``layers`` blocks, head), what its
+    Megatron plan splits (``model.gpt_tp``): in a block, the q/k/v, attention output
+    and MLP linears' weights and their column biases, 12 h^2 + 7 h of 12 h^2 + 13 h
+    parameters; of its kept activations Megatron's split share, (24 s h + 5 a s^2) of
+    (34 s h + 5 a s^2) per sample; two row outputs of s x h fp32 values to all-reduce.
+    The embedding and the head stay whole."""
+    h, s, a = hidden, seq_len, heads
+    block = TPBlock(
+        phi=(12 * h * h + 7 * h) / (12 * h * h + 13 * h),
+        psi=(24 * s * h + 5 * a * s * s) / (34 * s * h + 5 * a * s * s),
+        reduce_bytes=(4.0 * s * h, 4.0 * s * h),
+    )
+    whole = TPBlock(phi=0.0, psi=0.0)
+    return (whole, *[block] * layers, whole)

@@ -169,6 +169,11 @@ def _decide(spec, cal: Calibration, plan: Plan, want) -> tuple[bool, str]:
         return False, f"micro-batch {m} does not halve"
     if want != "auto":
         return bool(want), f"parallelism.tp_subpipeline: {str(want).lower()}"
+    if spec.model.family is not None:
+        return (
+            False,
+            "the builtin GPT's blocks run plain TMP (sub-pipelining halves traced subgraphs)",
+        )
     from jobctl.engine.model.blocks import model_def
     from jobctl.engine.model.graph.tp_plan import discover
 

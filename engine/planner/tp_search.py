@@ -8,7 +8,8 @@ activations), so its memory check is per device. The fastest plan wins (under
 explicit ``parallelism.tensor_parallel`` fixes T. Under ``auto``, T runs over the
 divisors of ``hardware.processes_per_node`` (a group stays inside one node) that
 divide the model's heads and widths (``tp_features.divisor_problems``), up to G;
-T = 1 only where the model is hand-cut blocks, its family has no feature dict, or
+(the builtin GPT: of its heads); T = 1 only where the model is a user's hand-cut
+blocks, its family has no feature dict, or
 a feature that does not run with T > 1 (``spec.tensor_parallel.NOT_WITH_T``) is on:
 each says why in the plan.
 """
@@ -55,8 +56,14 @@ def options(spec: JobSpec, G: int) -> tuple[list[int], str]:
     off = [field for field, on, _ in NOT_WITH_T if on(spec)]
     if off:
         return [1], f"{', '.join(off)} does not run with tensor_parallel > 1"
+    per_node = spec.hardware.processes_per_node
+    if spec.model.family is not None:  # the builtin GPT: its heads split (model.gpt_tp)
+        heads = spec.model.heads
+        Ts = [t for t in range(1, min(per_node, G) + 1) if per_node % t == 0 and heads % t == 0]
+        why = f"no T > 1 divides hardware.processes_per_node ({per_node}) and model.heads"
+        return Ts, "" if len(Ts) > 1 else why
     if spec.model.huggingface is None and spec.model.import_ is None:
-        return [1], "model.family builds hand-cut blocks: no traced linears to split"
+        return [1], "model.import returns hand-cut blocks: no traced linears to split"
     from jobctl.engine.model.graph.checks import graph_config
     from jobctl.engine.model.graph.source import FixableError, build_model
     from jobctl.engine.model.graph.tp_features import divisor_problems, features_for
@@ -66,7 +73,6 @@ def options(spec: JobSpec, G: int) -> tuple[list[int], str]:
         features = features_for(model)
     except FixableError as e:
         return [1], str(e).removeprefix("parallelism.tensor_parallel: ")
-    per_node = spec.hardware.processes_per_node
     Ts = [t for t in range(1, min(per_node, G) + 1) if per_node % t == 0]
     Ts = [t for t in Ts if not divisor_problems(model, t, features)[0]]
     if Ts == [1]:
@@ -84,16 +90,18 @@ def rank_calibration(spec: JobSpec, cal: Calibration, T: int) -> Calibration:
     from jobctl.engine.model.blocks import model_def
     from jobctl.engine.model.graph.tp_plan import discover
 
-    graph = model_def(spec.model, spec.training.seed).graph
-    if graph is None:  # validate refuses this; make_plan may be called without it
-        raise PlanError(
-            f"parallelism.tensor_parallel {T} splits a traced model's linears; "
-            "use model.huggingface (or model.import) or set it to 1"
-        )
-    hw = spec.hardware
-    tp = tp_costs.TPCosts(
-        T, tp_costs.facts(graph, discover(graph, T)), hw.one_machine and hw.device == "cpu"
-    )
+    hw, m = spec.hardware, spec.model
+    if m.family is not None:  # the builtin GPT's own plan (model.gpt_tp)
+        facts = tp_costs.gpt_facts(m.layers, m.hidden, m.heads, m.seq_len)
+    else:
+        graph = model_def(m, spec.training.seed).graph
+        if graph is None:  # validate refuses this; make_plan may be called without it
+            raise PlanError(
+                f"parallelism.tensor_parallel {T} splits a traced model's linears or the "
+                "builtin GPT's; a model.import of hand-cut blocks has none: set it to 1"
+            )
+        facts = tp_costs.facts(graph, discover(graph, T))
+    tp = tp_costs.TPCosts(T, facts, hw.one_machine and hw.device == "cpu")
     return overlapped(spec, cal, tp, tp_costs.calibration(cal, tp))
 
 
@@ -106,7 +114,8 @@ def overlapped(spec: JobSpec, cal: Calibration, tp: tp_costs.TPCosts, ranked: Ca
     result keeps ``ranked`` as its ``plain``: ZB-H1 candidates (``schedule: auto``)
     are priced from it, as they run (``tp_overlap.SubPipelined``)."""
     want = spec.parallelism.tp_subpipeline
-    if want is False or spec.parallelism.schedule == "zb_h1":
+    # the builtin GPT's blocks run plain TMP (tp_overlap.resolve says so in the plan)
+    if want is False or spec.parallelism.schedule == "zb_h1" or spec.model.family is not None:
         return ranked
     hw = spec.hardware
     hidden = tp_overlap.hidden_share(hw.device, cal.host.cores, tp_overlap.machine_ranks(hw))

@@ -60,25 +60,35 @@ def _one_stage(
     stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
     tp = None
     if plan.T > 1:  # before the optimizer: the split parameters are new Parameters
-        # Here, not at the top: DTensor's import (sympy) cost every worker ~0.8 s of
-        # its start-up, a relaunch after a lost node included, for T = 1 too.
-        from jobctl.engine.model.graph.tp_stage import StageShards
-
-        tp = StageShards(
-            mdef.graph,
-            plan.T,
-            topo.tp_group,
-            topo.tp_ranks,
-            device.type,
-            subpipeline=plan.tp_subpipeline,
-            m=plan.micro_batch_size,
-        )
+        tp = _shards(mdef, plan, topo, device)
         tp.apply(stage)
         if (line := tp.outcome()) is not None:  # a fallback to plain TMP is never silent
             print(f"rank {rank} stage {me.index}: {line}", flush=True)
     named = dict(stage.named_parameters())
     opt = build_optimizer(list(named.values()), training)
     return StageState(plan, stage, named, opt, topo, me.action_list(), tp=tp)
+
+
+def _shards(mdef: ModelDef, plan: Plan, topo, device: torch.device):  # noqa: ANN202
+    """The stage's tensor-parallel split on its T group: a traced model's (its graph's
+    column/row plan) or the builtin GPT's (its blocks' Megatron plan)."""
+    # Here, not at the top: DTensor's import (sympy) cost every worker ~0.8 s of
+    # its start-up, a relaunch after a lost node included, for T = 1 too.
+    if mdef.graph is None:
+        from jobctl.engine.model.gpt_tp import GPTShards
+
+        return GPTShards(plan.T, topo.tp_group, topo.tp_ranks, device.type)
+    from jobctl.engine.model.graph.tp_stage import StageShards
+
+    return StageShards(
+        mdef.graph,
+        plan.T,
+        topo.tp_group,
+        topo.tp_ranks,
+        device.type,
+        subpipeline=plan.tp_subpipeline,
+        m=plan.micro_batch_size,
+    )
 
 
 class Trainer:

@@ -426,3 +426,18 @@ def _launch(T: int, P: int, steps: int, home: Path, ckpt: Path | None):
     assert run.plan.T == T and run.plan.world_size == T * P
     assert run.plan.tp_subpipeline == (T > 1)
     return run, outcome
+
+
+@pytest.mark.multiproc
+def test_builtin_gpt_at_T2_x_P2_equals_one_process(tmp_path):
+    """The quickstart's own GPT, split by its blocks' Megatron plan (``model.gpt_tp``:
+    q/k/v and MLP column parallel, their output linears row parallel, 2 of 4 heads a
+    rank) on 4 ranks: losses and the gathered final weights (the checkpoint's whole
+    tensors, under the unsplit names) equal one process's."""
+    from .test_parity import SGD, _run_and_compare, _spec
+
+    extra = {"parallelism.tensor_parallel": 2, "hardware.nodes": 1}
+    spec = _spec(2, 1, **SGD, **extra, **{"hardware.processes_per_node": 4})
+    run = _run_and_compare(tmp_path, spec, atol=1e-5)
+    assert (run.plan.T, run.plan.P, run.plan.world_size) == (2, 2, 4)
+    assert run.plan.tp_subpipeline is False

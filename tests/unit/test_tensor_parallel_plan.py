@@ -60,8 +60,15 @@ def test_auto_validates_and_a_bad_T_is_refused(tmp_path):
     _fails(_spec(tmp_path, "two"), "integer 1..64 or 'auto'", "auto (the planner")
 
 
-def test_builtin_family_and_pool_are_refused(tmp_path):
-    _fails(_spec(tmp_path, 2), "hand-cut blocks", "model.huggingface")
+def test_builtin_family_splits_its_heads_and_the_pool_is_checked(tmp_path):
+    # the builtin GPT runs T = 2 over its 4 heads (model.gpt_tp); T must divide them
+    assert runner.invoke(app, ["validate", str(_spec(tmp_path, 2))]).exit_code == 0
+    one_head = quickstart_with(
+        tmp_path / "one.yaml",
+        (LAYOUT, "  pipeline_stages: 1\n  data_parallel: 2\n  tensor_parallel: 2"),
+        ("  heads: 4", "  heads: 1"),
+    )
+    _fails(one_head, "splits each block's 1 heads", "divisor of model.heads (1)")
     # a T group must sit in one node (2 processes per node), and T P D fit the pool (4)
     _fails(_spec(tmp_path, 4, model=_gpt2_yaml()), "inside one node", "T x P x D = 4 x 1 x 2")
 

@@ -172,7 +172,6 @@ def test_T_groups_stay_inside_a_node_and_are_contiguous(tmp_path):
             GPT2,
             "parallelism.averaging does not run with tensor_parallel > 1",
         ),
-        ("auto", [], "  family: gpt", "hand-cut blocks"),
     ],
 )
 def test_auto_resolves_to_T1_and_plan_says_why(tmp_path, PD, edits, model, words):
@@ -181,6 +180,16 @@ def test_auto_resolves_to_T1_and_plan_says_why(tmp_path, PD, edits, model, words
     r = runner.invoke(app, ["plan", str(path)])
     assert r.exit_code == 0, r.output
     assert "T = 1 only:" in r.output and words in r.output, r.output
+
+
+def test_auto_searches_the_builtin_gpts_heads(tmp_path):
+    # the builtin GPT splits by its blocks' own Megatron plan (model.gpt_tp): T over
+    # the divisors of its 4 heads that fit a 2-process node (was: "T = 1 only:
+    # model.family builds hand-cut blocks")
+    path = _spec(tmp_path, model="  family: gpt")
+    r = runner.invoke(app, ["plan", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "T search over 1, 2:" in r.output and "T = 1 only" not in r.output, r.output
 
 
 def test_plan_table_shows_T_in_80_columns(tmp_path):
