@@ -102,15 +102,6 @@ def averaging_violations(spec: Any) -> Iterator[Violation]:
                 f"{section} does not work with parallelism.averaging: elastic yet",
                 f"set {path}: false or parallelism.averaging: none",
             )
-    if spec.training.precision == "fp16":
-        # each of the N models updates inside the action list, before any other
-        # stage's overflow flag could reach it
-        yield Violation(
-            "training.precision",
-            "parallelism.averaging: elastic has no fp16 loss scaling yet",
-            "set training.precision: bf16 (no loss scale needed) or fp32, or set "
-            "parallelism.averaging: none",
-        )
     yield from _share_violations(spec)
 
 

@@ -7,10 +7,9 @@ below device memory and is uploaded before it runs (``engine.mobius``), under
 and one pipeline uses the whole pool. What the runtime does not compose with yet is
 refused at validate time with the field and a fix: data or tensor parallelism,
 AvgPipe's averaging, the trainer plug-ins that move or reshape stages (pruning,
-rebalancing, an elastic morph), the eval pass, Merak's stage-aware ratios (every
-Mobius stage recomputes its forward already), imported models (traced boundaries
-carry several tensors) and ``auto`` stages (S is the user's: the MIP cuts the blocks
-into exactly S stages).
+rebalancing, an elastic morph), Merak's stage-aware ratios (every Mobius stage
+recomputes its forward already) and ``auto`` stages (S is the user's: the MIP cuts
+the blocks into exactly S stages).
 """
 
 from __future__ import annotations
@@ -38,15 +37,6 @@ def mobius_violations(spec: Any) -> Iterator[Violation]:
         return
     yield from _unsupported(spec)
     yield from _stage_count(spec)
-    if spec.training.precision == "fp16":
-        # its update runs inside each stage's next upload, over records swapped
-        # through the tier (engine.mobius): the loss scale is not wired in there yet
-        yield Violation(
-            "training.precision",
-            "schedule mobius has no fp16 loss scaling (it would train unscaled fp16)",
-            "set training.precision: bf16 (no loss scale needed) or fp32, or set "
-            "parallelism.schedule: 1f1b",
-        )
 
 
 def _unsupported(spec: Any) -> Iterator[Violation]:
@@ -58,13 +48,20 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
             "data parallelism (D > 1)",
         ),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        *one_stage_features(spec),
+        *[f for f in one_stage_features(spec) if f[0] != "parallelism.recompute"],
     ]
     yield from refusals(
         features,
         "mobius (stages swapped through host memory or disk)",
         lambda path: _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
     )
+    if par.recompute == "stage_aware":
+        yield Violation(
+            "parallelism.recompute",
+            "schedule mobius recomputes every stage's forward from its offloaded input "
+            "(Mobius sec. 3.1): no activations stay resident for stage-aware ratios to keep",
+            _FIX + "remove parallelism.recompute (Mobius always recomputes)",
+        )
 
 
 def _stage_count(spec: Any) -> Iterator[Violation]:

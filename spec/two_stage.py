@@ -4,8 +4,9 @@ A ZB-V job cuts the model into 2P stages and runs two of them on each of the P r
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
 move or reshape one stage per rank (pruning, rebalancing, an elastic morph, AvgPipe's
-N models), the eval pass, Merak's per-stage ratios, imported models (their traced
-boundaries carry several tensors) and a model too short for 2P stages. And CUDA:
+N models), Merak's per-stage ratios and a model too short for 2P stages. (A traced
+model's stages pass their carrier between the V's two stages in memory, its layout
+taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
 between ranks d and d+1 the V's down-leg activations and up-leg gradients travel in
 the same direction, told apart by their tags on gloo (or by a shared-memory link
 each); NCCL ignores tags and would match them by posting order, handing a stage
@@ -50,16 +51,14 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
 def one_stage_features(spec: Any) -> list[tuple[str, bool, str]]:
     """The features built for one resident stage per rank, as (field, is it on?, what):
     a schedule that hosts two stages on a rank (zb_v) or swaps them (mobius) refuses
-    them."""
+    them. (The eval pass runs both stages of a ZB-V rank: ``runtime.evaluation``.)"""
     par = spec.parallelism
     return [
         ("pruning.enabled", spec.pruning.enabled, "pruning"),
         ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),
         ("elasticity.enabled", spec.elasticity.enabled, "an elastic morph"),
         ("parallelism.averaging", par.averaging != "none", "elastic averaging"),
-        ("training.eval_every", bool(spec.training.eval_every), "the eval pass"),
         ("parallelism.recompute", par.recompute == "stage_aware", "stage-aware recompute"),
-        ("model.import", spec.model.family is None, "an imported model"),
     ]
 
 

@@ -149,3 +149,24 @@ def wait_for(predicate, timeout: float = 180.0, what: str = "condition"):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def plain_eval(spec, weights: dict, data, m: int) -> float:
+    """The mean loss of samples [0, B) of ``data`` under ``weights`` (by the unsplit
+    model's names): one process, a plain forward in eval mode, micro-batches of ``m``
+    weighted m / B -- what every layout's eval pass must equal."""
+    import torch
+
+    from jobctl.engine.model.blocks import Stage, model_def
+
+    mdef = model_def(spec.model, spec.training.seed, m)
+    model = Stage(mdef, range(mdef.num_blocks)).eval()
+    B, total = spec.training.global_batch_size, 0.0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name])
+        for first in range(0, B, m):
+            x, y = data.batch(first, m)
+            batch = model.batch(x, y, first)
+            total += float(model.loss(model(x, batch), y, batch)) * m / B
+    return total

@@ -16,6 +16,14 @@ on its share. Evaluation and checkpoints read the reference once it has applied 
 batch. Every heartbeat carries each model's squared distance from r_t on this stage
 (``avg_dist2``); ``jobctl status`` shows the whole model's
 (``supervise.figures.avg_distance``).
+
+Under fp16 one loss scale S serves the N models (as one ``torch.amp.GradScaler``
+serves N optimizers): every model's gradients are summed and unscaled after the
+list, the world agrees on each model's found-inf flag (a MAX over every stage and
+replica), a model that overflowed skips its optimizer step (its local update is
+zero; it still dilutes) and S moves once, backing off if any model overflowed. So
+the updates never run inside the list there: no model may step before every
+stage's flag is in.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
 from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
 from jobctl.engine.averaging.parts import ElasticParts
@@ -36,6 +45,7 @@ from jobctl.engine.runtime.executor import StepExecutor, StepStats
 from jobctl.engine.runtime.failure import StepLedger
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr, sync_gradients
+from jobctl.engine.runtime.p2p.gloo import comm_device
 from jobctl.engine.runtime.step import StepTimes, seed_rng, step_seed
 
 
@@ -95,15 +105,16 @@ class AveragingEngine(ResidentEngine):
         for model in self.parts.models:
             model.opt.zero_grad(set_to_none=True)
         done: list[int] = []
-        if self.state.topo.D == 1:  # see the module docstring
+        if self.state.topo.D == 1 and self.scaler is None:  # see the module docstring
             self.interleaved.on_done = lambda i: self._update_in_drain(i, step, hooks, done)
         with self.compute():
             stats = self.interleaved.run(self.state.actions, step)
         self.interleaved.on_done = None
         stats.loss_sum /= cfg.N  # the mean over the N models of each one's share loss
+        skips = self._overflowed() if self.scaler is not None else None
         for i in range(cfg.N):
             if i not in done:
-                self._update(i, step, hooks)
+                self._update(i, step, hooks, skips)
         ledger.stats = stats
         end = time.perf_counter()
         return stats, StepTimes(start, start, end, end)
@@ -114,16 +125,39 @@ class AveragingEngine(ResidentEngine):
             self._update(i, step, hooks)
         done.append(i)
 
-    def _update(self, i: int, step: int, hooks: Sequence[StepHook]) -> None:
-        """Model ``i``'s gradient summed, its optimizer step (E1-E2) and pull (E3)."""
-        model, cfg = self.parts.models[i], self.parts.config
+    def _sync(self, model) -> None:  # noqa: ANN001 - a ParallelModel
+        """Sum ``model``'s gradients over the replicas and the tied stages."""
         st = self.state
         sync_gradients(model.named, st.topo, self.ties, self.tie_groups, self.tie_shapes)
+
+    def _overflowed(self) -> list[bool]:
+        """fp16: every model's gradients summed and unscaled, then the world's found-inf
+        flag of each (a MAX over ``live_group``); S moves once, backing off on any."""
+        st = self.state
+        flags = []
+        for model in self.parts.models:
+            self._sync(model)
+            flags.append(st.scaler.unscale(list(model.named.values())))
+        agreed = torch.tensor(flags, dtype=torch.int32, device=comm_device())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=st.live_group)
+        skips = [bool(v) for v in agreed.tolist()]
+        st.scaler.update(any(skips))
+        return skips
+
+    def _update(
+        self, i: int, step: int, hooks: Sequence[StepHook], skips: list[bool] | None = None
+    ) -> None:
+        """Model ``i``'s gradient summed (``skips`` given: summed and unscaled already,
+        and whether its step is skipped), its optimizer step (E1-E2) and pull (E3)."""
+        model, cfg = self.parts.models[i], self.parts.config
+        if skips is None:
+            self._sync(model)
         before = [t.clone() for t in model.tensors]
         for hook in hooks:
             hook.before_update()
         set_lr(model.opt, lr_at(step, self.cfg.training))
-        model.opt.step()  # E1
+        if skips is None or not skips[i]:
+            model.opt.step()  # E1
         for hook in hooks:
             hook.after_update()
         update = local_update(model.tensors, before)  # E2

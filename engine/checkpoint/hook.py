@@ -87,7 +87,7 @@ class Checkpointing(StepHook):
             self.manager.close()  # parts of earlier steps are all written first
             self.manager = self._manager(plan)
         done, total = end.done, self.spec.training.steps
-        self.scaler = None if end.state is None else end.state.scaler
+        self.scaler = end.scaler
         if end.stopping or done % self.spec.checkpoint.interval == 0 or done == total:
             self.save(end.state, done, final=end.stopping or done == total)
         self.manager.poll()

@@ -87,6 +87,8 @@ def resume(runner: MobiusRunner, ties: list[Tie], batch: int, ckpt_dir: Path) ->
     if meta["global_batch_size"] != batch:
         raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
     load(runner, ties, ckpt_dir)
+    if runner.scaler is not None and "loss_scale" in meta:  # fp16: the run's scale goes on
+        runner.scaler.restore(meta["loss_scale"])
     return int(meta["step"])
 
 

@@ -57,7 +57,7 @@ class SwappedEngine:
 
     @property
     def scaler(self):
-        return None
+        return self.runner.scaler
 
     def prepare(self) -> None:
         """Nothing: the runner built its stages and links."""
@@ -79,8 +79,9 @@ class SwappedEngine:
     def global_loss(self, step: int, stats: StepStats, ledger: StepLedger) -> float | None:
         return self._loss  # already the global-batch mean on the last stage's rank
 
-    def eval_loss(self, eval_data, done: int) -> float:
-        raise ValueError("schedule: mobius has no eval pass (spec.mobius refuses data.eval)")
+    def eval_loss(self, eval_data, done: int) -> float | None:
+        """The validation batch's loss, each stage swapped up once (``MobiusRunner.evaluate``)."""
+        return self.runner.evaluate(eval_data)
 
     def heartbeat(self, stats: StepStats) -> dict:
         """The runner does not split compute from waits: compute_s is the step's."""

@@ -5,10 +5,12 @@ stages 1 and 5 on P1, 2 and 6 on P2, ...), or a cross mapping (sec. 3.3,
 ``planner.cross_mapping``) that keeps adjacent stages off one PCIe root complex. A
 boundary tensor whose two stages share a rank is handed over in memory; otherwise it
 goes over the process group as a small header (dtype, shape) and the tensor, tagged
-by (kind, stage, micro-batch). Every rank runs its stages in the step's one global
-order (forwards ascending, backwards descending) and a receive waits only for a
-stage earlier in that order, so any placement is free of deadlock; sends are
-asynchronous and waited for at the step's end (``drain``).
+by (kind, stage, micro-batch). A traced model's carrier holds several values
+(``model.graph.boundary``); its layout goes once, before the stage's first input.
+Every rank runs its stages in the step's one global order (forwards ascending,
+backwards descending) and a receive waits only for a stage earlier in that order,
+so any placement is free of deadlock; sends are asynchronous and waited for at the
+step's end (``drain``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64)
+_KINDS = ("a", "g", "m")  # activations, gradients, a traced carrier's layout (once)
 _HEADER = 8  # dtype code, ndim, up to 6 sizes
 
 
@@ -34,7 +37,7 @@ class Links:
         self.sent: list = []  # (work, tensors kept alive until it completes)
 
     def _tag(self, kind: str, j: int, i: int) -> int:
-        return (2 * (j * self.M + i) + (kind == "g")) % (2**30)
+        return (3 * (j * self.M + i) + _KINDS.index(kind)) % (2**30)
 
     def send(self, kind: str, j: int, i: int, t: torch.Tensor) -> None:
         """Hand ``t`` (the input of stage ``j``, or the gradient of its output) to the

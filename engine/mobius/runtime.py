@@ -11,8 +11,9 @@ reserved buffer (``resident``) while the rank's previous stage computes
 no-overlap baseline). A stage's inputs go down to the tier after its forward and
 come back for its backward, which recomputes the forward under the saved RNG state
 (the paper's checkpoint-and-recompute case: the activations moved are the stage
-boundaries'). Gradients go down after the backward; a stage's optimizer update runs
-on its next upload, before its next forward (``flush`` applies the last step's),
+boundaries'). Gradients go down after the backward (fp16: unscaled first; an
+overflow anywhere skips the step's update on every rank); a stage's optimizer update
+runs on its next upload, before its next forward (``flush`` applies the last step's),
 over parameters, gradients and slots read together, and the updated parameters and
 slots go back down. A weight tied across stages (GPT's embedding and head) has its
 two gradients summed at the end of the backward, so both copies take the same
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.mobius import memory, resident
@@ -32,7 +34,9 @@ from jobctl.engine.mobius.layout import layout_of, slots_of
 from jobctl.engine.mobius.links import Links, round_robin
 from jobctl.engine.mobius.tier import FileTier
 from jobctl.engine.model.blocks import ModelDef, Stage
+from jobctl.engine.model.graph import boundary
 from jobctl.engine.runtime import rng
+from jobctl.engine.runtime.loss_scale import LossScaler
 from jobctl.engine.runtime.optim import build_optimizer, lr_at, set_lr
 from jobctl.engine.runtime.step import autocast, step_seed
 from jobctl.spec.sections import TrainingSpec
@@ -84,13 +88,13 @@ class MobiusRunner:
         cfg: SwapConfig,
         device: torch.device | None = None,
         group=None,
+        scaler: LossScaler | None = None,
     ):
         if len(cfg.stages) <= cfg.world:
             raise ValueError(f"a Mobius pipeline has more stages than ranks (S > N = {cfg.world})")
-        if mdef.graph is not None:
-            raise ValueError("the Mobius runtime runs block models (builtin GPT, hand-cut)")
-        self.training, self.data, self.cfg = training, data, cfg
+        self.training, self.data, self.cfg, self.scaler = training, data, cfg, scaler
         self.device = device or torch.device("cpu")
+        self.found_inf = False  # fp16: an overflow in this rank's gradients this step
         self.shard = Sharding(training.global_batch_size, 1, cfg.micro_batch)
         self.S = len(cfg.stages)
         self.placement = cfg.ranks()
@@ -112,6 +116,8 @@ class MobiusRunner:
         self.pending: int | None = None  # the step whose update is not applied yet
         self.rng: dict[tuple[int, int], rng.RngState] = {}
         self.offloaded: set[int] = set()  # stages whose inputs are down, not yet asked up
+        self.described: set[int] = set()  # traced stages whose carrier layout went on
+        self.kw: list[dict | None] = []  # each micro-batch's model inputs (traced models)
         self.traffic = self.tier.traffic
         self.traffic.reset()
 
@@ -236,10 +242,7 @@ class MobiusRunner:
         stage (None elsewhere)."""
         torch.manual_seed(step_seed(self.training.seed, t, 0))
         self.tier.new_step()
-        m, M = self.shard.micro_batch, self.shard.micro_batches
-        batches = [self.data.batch(self.shard.first_sample(t, 0, i), m) for i in range(M)]
-        self.tokens = [x.to(self.device) for x, _ in batches]
-        self.targets = [y.to(self.device) for _, y in batches]
+        self._load([self.shard.first_sample(t, 0, i) for i in range(self.shard.micro_batches)])
         order = self._order()
         nxt: _Upload | None = self._upload(*order[0])
         loss = None
@@ -255,8 +258,32 @@ class MobiusRunner:
                 nxt = self._upload(*order[k + 1])
         self._sum_ties()
         self.links.drain()
-        self.pending = t
+        # fp16: an overflow anywhere skips the step's update on every rank (S moves alike)
+        self.pending = None if self._overflowed() else t
         return loss
+
+    def _overflowed(self) -> bool:
+        """fp16: the world's found-inf flag of this step (a MAX over the ranks), S moved
+        by it (``runtime.loss_scale``'s rule); False without a loss scale."""
+        if self.scaler is None:
+            return False
+        flag = torch.tensor([int(self.found_inf)], dtype=torch.int32)
+        if self.cfg.world > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.links.group)
+        self.found_inf = False
+        self.scaler.update(bool(flag.item()))
+        return self.scaler.skipped
+
+    def _load(self, firsts: list[int], data=None) -> None:  # noqa: ANN001 - Samples
+        """The tokens, targets and (a traced model's) keyword inputs of the micro-batches
+        starting at ``firsts``: every stage reads its own (masks, positions)."""
+        m, mod = self.shard.micro_batch, self.mods[self.mine[0]]
+        data = self.data if data is None else data
+        batches = [data.batch(f, m) for f in firsts]
+        self.tokens = [x.to(self.device) for x, _ in batches]
+        self.targets = [y.to(self.device) for _, y in batches]
+        loaded = zip(self.tokens, self.targets, firsts, strict=True)
+        self.kw = [mod.batch(x, y, f) for x, y, f in loaded]
 
     def _run(self, up: _Upload) -> float | None:
         if up.mode == "f":
@@ -270,7 +297,20 @@ class MobiusRunner:
     def _input(self, j: int, i: int) -> torch.Tensor:
         if j == 0:
             return self.tokens[i]
+        graph = self.mods[j].graph
+        if graph is not None and graph.in_boundary is None:  # sent before the first input
+            graph.in_boundary = boundary.decode(self.links.recv("m", j, 0, j - 1, "cpu").tolist())
         return self.links.recv("a", j, i, j - 1, self.device)
+
+    def _send_out(self, j: int, i: int, out: torch.Tensor) -> None:
+        """Stage ``j``'s output of micro-batch ``i`` on to stage j + 1 (a traced
+        carrier's layout first, once)."""
+        graph = self.mods[j].graph
+        if graph is not None and j not in self.described:
+            ints = torch.tensor(boundary.encode(graph.out_boundary), dtype=torch.int64)
+            self.links.send("m", j + 1, 0, ints)
+            self.described.add(j)
+        self.links.send("a", j + 1, i, out)
 
     def _forward(self, j: int) -> None:
         """Stage ``j``'s forward without a graph, micro-batch by micro-batch; its inputs
@@ -281,7 +321,7 @@ class MobiusRunner:
                 self._issued(self.tier.put_act((j, i), x))
             self.rng[(j, i)] = rng.capture(self.device)
             with torch.no_grad(), self._compute():
-                self.links.send("a", j + 1, i, self.mods[j](x))
+                self._send_out(j, i, self.mods[j](x, self.kw[i]))
         if j > 0:
             self.offloaded.add(j)
 
@@ -291,9 +331,9 @@ class MobiusRunner:
         for i in range(self.shard.micro_batches):
             x = self._input(j, i).detach().requires_grad_(True)
             with self._compute():
-                out = self.mods[j](x)
-                part = self.mods[j].loss(out, self.targets[i]) * self.shard.loss_scale
-            part.backward()
+                out = self.mods[j](x, self.kw[i])
+                part = self.mods[j].loss(out, self.targets[i], self.kw[i]) * self.shard.loss_scale
+            (part if self.scaler is None else self.scaler.scaled(part)).backward()
             loss += float(part.detach())
             self.links.send("g", j - 1, i, x.grad)
         return loss
@@ -305,14 +345,17 @@ class MobiusRunner:
             g = self.links.recv("g", j, i, j + 1, self.device)
             x = self.tokens[i] if j == 0 else acts[i].result().requires_grad_(True)
             with rng.replayed(self.rng.pop((j, i))), self._compute():
-                out = self.mods[j](x)
+                out = self.mods[j](x, self.kw[i])
             torch.autograd.backward(out, g)
             if j > 0:
                 self.links.send("g", j - 1, i, x.grad)
 
     def _down(self, j: int, mode: str) -> None:
-        """Gradients down after a backward; the stage leaves its buffer."""
+        """Gradients down after a backward (fp16: unscaled first, overflows noted); the
+        stage leaves its buffer."""
         lay = self.layouts[j]
+        if mode != "f" and self.scaler is not None:  # 1 / S is exact: ties sum as well
+            self.found_inf |= self.scaler.unscale(list(self.mods[j].parameters()))
         if mode != "f":
             self._issued(self.tier.store(j, self._buffer(j), [lay.section(1)], ["grads"]))
         resident.release(self.mods[j], lay, self.opts[j], self.reserved.placeholder)
@@ -344,6 +387,32 @@ class MobiusRunner:
             resident.release(self.mods[j], self.layouts[j], self.opts[j], self.reserved.placeholder)
             self.tier.drain()
         self.pending = None
+
+    def evaluate(self, data) -> float | None:  # noqa: ANN001 - Samples (the eval split)
+        """The mean loss of the batch ``[0, B)`` of ``data`` (the validation split), forward
+        only, after the last step's update: each stage up once in the global order, its
+        M micro-batches through, its outputs on; the loss on the last stage's rank
+        (None elsewhere). Nothing is offloaded: no backward follows."""
+        self.flush()
+        self._load(
+            [self.shard.first_sample(0, 0, i) for i in range(self.shard.micro_batches)], data
+        )
+        loss = None
+        for j in self.mine:
+            self._arrive(self._upload(j, "f"))
+            self.mods[j].eval()
+            with torch.no_grad(), self._compute():
+                for i, y in enumerate(self.targets):
+                    out = self.mods[j](self._input(j, i), self.kw[i])
+                    if j < self.S - 1:
+                        self._send_out(j, i, out)
+                    else:
+                        part = self.mods[j].loss(out, y, self.kw[i]) * self.shard.loss_scale
+                        loss = (loss or 0.0) + float(part)
+            self.mods[j].train()
+            self._down(j, "f")
+        self.links.drain()
+        return loss
 
     def weights(self) -> dict[str, torch.Tensor]:
         """This rank's stages' parameters by the unsplit model's names (read from the

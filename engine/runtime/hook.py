@@ -49,6 +49,7 @@ class StepEnd:
     plan: Plan  # the layout the step ran under
     state: StageState | None  # the resident stage state (None: a swapped engine's)
     stopping: bool = False  # every rank stops after this step (the stop vote agreed)
+    scaler: object | None = None  # fp16: the run's loss scale (the engine's)
 
 
 @dataclass

@@ -22,7 +22,6 @@ import torch.distributed as dist
 
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.data.dataset import make_eval_data
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.engine import StepEngine
 from jobctl.engine.runtime.executor import StepStats
@@ -34,7 +33,6 @@ from jobctl.engine.runtime.stop_vote import StopVote
 from jobctl.engine.runtime.topology import build_topology, tie_blocks
 from jobctl.engine.runtime.two_stage import v_state
 from jobctl.engine.runtime.vitals import memory_fields
-from jobctl.spec.job import JobSpec
 from jobctl.spec.sections import TrainingSpec
 
 
@@ -98,17 +96,17 @@ class Trainer:
 
     def __init__(
         self,
-        spec: JobSpec,
+        training: TrainingSpec,
         engine: StepEngine,
         events: EventLog,
         hooks: list[StepHook] | None = None,
         start_step: int = 0,
+        eval_data=None,  # noqa: ANN001 - the validation samples (``training.eval_every``)
     ):
-        self.spec, self.engine, self.events = spec, engine, events
+        self.training, self.engine, self.events = training, engine, events
         self.rank, self.device = engine.rank, engine.device
         self.hooks, self.start_step = hooks or [], start_step
-        self.training = spec.training
-        self.eval_data = make_eval_data(spec) if spec.training.eval_every else None
+        self.eval_data = eval_data if training.eval_every else None
         self.stop_requested = False
         self.freed = False  # packed away by a hook's relayout
         self.stop_vote = StopVote()
@@ -172,7 +170,9 @@ class Trainer:
         the loop (stopped, or packed away)."""
         stopping = self.stop_vote.result()  # asked before the previous step ended
         for hook in self.hooks:  # pruning, rebalancing (which may move layers), checkpoints
-            end = StepEnd(done, stats, seconds, self.engine.plan, self.state, stopping)
+            end = StepEnd(
+                done, stats, seconds, self.engine.plan, self.state, stopping, self.engine.scaler
+            )
             change = hook.after_step(end)
             if change is not None and not self.apply(change):
                 return False  # packed away: this rank's part is done

@@ -34,11 +34,12 @@ from torch import nn
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.data.dataset import Sharding, TokenData
 from jobctl.engine.model.blocks import ModelDef, Stage, Tie
+from jobctl.engine.model.graph import boundary
 from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StageState
 from jobctl.engine.runtime.optim import build_optimizer
-from jobctl.engine.runtime.p2p.gloo import send_meta
+from jobctl.engine.runtime.p2p.gloo import send_ints, send_meta
 from jobctl.engine.runtime.step import probe_channels
 from jobctl.engine.runtime.topology import Topology, build_topology
 from jobctl.engine.schedule.placement import Placed, parse_placed
@@ -232,10 +233,15 @@ def v_executor(
         c_up = probe_channels(up, t_up, shard.micro_batch, seq_len, device, compute)
     else:  # stages P-1 and P: the second stage's input is the first one's output
         x = torch.zeros(c_down.out_shape, dtype=c_down.out_dtype, device=device)
+        if up.graph is not None:  # a traced carrier: its layout is the first stage's
+            up.graph.in_boundary = down.graph.out_boundary
+        tokens = torch.zeros(shard.micro_batch, seq_len, dtype=torch.long, device=device)
         with torch.no_grad(), rng.isolated(device), compute():
-            out = up(x)
+            out = up(x, up.batch(tokens, tokens.clone(), 0))
         if t_up.next is not None:
             send_meta(out, t_up.next)
+            if up.graph is not None:
+                send_ints(boundary.encode(up.graph.out_boundary), t_up.next)
         c_up = Channels(c_down.out_shape, c_down.out_dtype, tuple(out.shape), out.dtype)
     chans = [c_down, c_up]
     links = v_links([t_down, t_up], chans, connect) if connect else [{}, {}]

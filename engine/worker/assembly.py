@@ -19,7 +19,7 @@ from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.data.dataset import make_data
+from jobctl.engine.data.dataset import make_data, make_eval_data
 from jobctl.engine.model.blocks import ModelDef, model_def
 from jobctl.engine.pruning.hook import PruningHook
 from jobctl.engine.pruning.pruner import Pruner
@@ -99,7 +99,8 @@ def build_trainer(
     dist.barrier()  # nobody stages before stale staging folders are gone
     args = (engine_config(spec, plan), state, mdef, device, make_data(spec))
     engine = ResidentEngine(*args) if not parts else AveragingEngine(*args, parts=parts)
-    return Trainer(spec, engine, events, hooks, start)
+    evals = make_eval_data(spec) if spec.training.eval_every else None
+    return Trainer(spec.training, engine, events, hooks, start, evals)
 
 
 def _resumed(state: StageState, parts, pruner, mdef: ModelDef, resume: Path) -> int:

@@ -16,12 +16,13 @@ import torch.distributed as dist
 
 from jobctl.engine.core.events import EventLog
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.data.dataset import make_data
+from jobctl.engine.data.dataset import make_data, make_eval_data
 from jobctl.engine.mobius import checkpoint as mobius_checkpoint
 from jobctl.engine.mobius.engine import SwappedEngine
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
 from jobctl.engine.runtime.hook import StepHook
+from jobctl.engine.runtime.loss_scale import loss_scaler
 from jobctl.engine.runtime.trainer import Trainer
 from jobctl.spec.job import JobSpec
 
@@ -60,7 +61,8 @@ def build_mobius(
     cfg = swap_config(spec, plan, run_dir, rank)
     # Boundary tensors travel as CPU tensors (gloo, also under NCCL).
     links = dist.new_group(backend="gloo")
-    runner = MobiusRunner(mdef, spec.training, make_data(spec), cfg, device, links)
+    scaler = loss_scaler(spec.training)  # fp16: one loss scale S for the run
+    runner = MobiusRunner(mdef, spec.training, make_data(spec), cfg, device, links, scaler)
     engine = SwappedEngine(runner, plan, rank, device)
     args = (spec, plan, rank, run_dir, events, mdef.ties)
     checkpoints = mobius_checkpoint.MobiusCheckpointing(*args, runner=runner)
@@ -69,4 +71,5 @@ def build_mobius(
         start = mobius_checkpoint.resume(runner, mdef.ties, plan.global_batch_size, resume)
     checkpoints.clear_stale_staging()
     dist.barrier()  # nobody stages before stale staging folders are gone
-    return Trainer(spec, engine, events, [checkpoints, *hooks], start)
+    eval_data = make_eval_data(spec) if spec.training.eval_every else None
+    return Trainer(spec.training, engine, events, [checkpoints, *hooks], start, eval_data)

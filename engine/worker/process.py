@@ -221,7 +221,7 @@ def _stopped_by_peer(trainer: Trainer) -> bool:
     asked = trainer.stop_requested or _early_sigterm or trainer.freed
     if asked or not trainer.engine.hands_over:  # a Mobius rank is not re-formed: it ends
         return False
-    return trainer.ledger.done < trainer.spec.training.steps
+    return trainer.ledger.done < trainer.training.steps
 
 
 def _await_reform(trainer: Trainer) -> Reform | None:

@@ -172,7 +172,7 @@ def _write(
     if mine:
         masks = ckpt.masks() if ckpt.masks is not None else None
         snap = snapshot_blocks(st.stage, st.opt, mine, ckpt.ties, masks)
-        root = local_root(trainer.spec.checkpoint, run_dir)
+        root = local_root(ckpt.spec.checkpoint, run_dir)
         published = write_part(root, decision, rank, snap, ckpt.meta(st.plan, decision.step))
         if published is not None:
             trainer.events.write(Kind.CHECKPOINT, step=decision.step, path=str(published))

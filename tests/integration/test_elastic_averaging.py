@@ -13,13 +13,13 @@ from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.supervise.figures import avg_distance, tail_records
 from jobctl.engine.supervise.report_data import collect
 
-from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from ..jobrun import events, final_weights, run_job, step_losses, tiny_spec
 from ..unit.elastic_reference import elastic_train
 
 N, STEPS = 2, 4
 
 
-def _spec():
+def _spec(**extra):
     return tiny_spec(
         **{
             "training.steps": STEPS,
@@ -34,23 +34,27 @@ def _spec():
             "parallelism.schedule": "advance_forward",
             "parallelism.averaging": "elastic",
             "parallelism.parallel_pipelines": N,
+            **extra,
         }
     )
 
 
-def _reference(spec):
+def _reference(spec, skipped=None):
     """The rule in one process on the whole model: model i's share of batch t is
-    samples [tB + iB/N, tB + (i+1)B/N), in micro-batches of m, mean loss."""
+    samples [tB + iB/N, tB + (i+1)B/N), in micro-batches of m, mean loss; under fp16
+    the forward autocast to float16 and one GradScaler at the spec's rule."""
     B, m = spec.training.global_batch_size, spec.training.micro_batch_size
     mdef = model_def(spec.model, spec.training.seed, m)
     data = make_data(spec)
+    fp16 = spec.training.precision == "fp16"
 
     def loss_of(model, t, i):
         total = 0.0
         for first in range(t * B + i * B // N, t * B + (i + 1) * B // N, m):
             x, y = data.batch(first, m)
             batch = model.batch(x, y, first)
-            total = total + model.loss(model(x, batch), y, batch) * (m * N / B)
+            with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+                total = total + model.loss(model(x, batch), y, batch) * (m * N / B)
         return total
 
     def make_opt(params):
@@ -58,7 +62,13 @@ def _reference(spec):
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
 
     model = Stage(mdef, range(mdef.num_blocks))
-    return elastic_train(model, make_opt, loss_of, N, 1 / N, STEPS)
+    ls = spec.training.loss_scale
+    scaler = None
+    if fp16:
+        scaler = torch.amp.GradScaler(
+            "cpu", init_scale=ls.init_scale, backoff_factor=ls.backoff_factor
+        )
+    return elastic_train(model, make_opt, loss_of, N, 1 / N, STEPS, scaler, skipped)
 
 
 def _parallel_weights(ckpt) -> list[dict[str, torch.Tensor]]:
@@ -94,3 +104,25 @@ def test_elastic_averaging_matches_the_reference_rule(tmp_path):
     assert collect(run.dir, [], 2).distances[-1] == (step, dists)  # the report's chart
     first = sorted(got)[0]  # the parallel models are not the reference
     assert not torch.allclose(_parallel_weights(ckpt)[0][first], got[first])
+
+
+@pytest.mark.multiproc
+def test_elastic_averaging_in_fp16_skips_each_overflowed_model_as_grad_scaler_does(tmp_path):
+    # One loss scale for the N models, as one GradScaler serves N optimizers: at
+    # S = 2**22 the first steps' fp16 gradients overflow and S backs off; a model that
+    # overflowed skips its step (zero local update, still diluted). Tolerances as
+    # test_parity's fp16 (fp16 rounds each layout's sums in its own order).
+    torch.set_num_threads(1)
+    spec = _spec(**{"training.precision": "fp16", "training.loss_scale.init_scale": 2.0**22})
+    skipped: list[tuple[int, int]] = []
+    losses, reference, _ = _reference(spec, skipped)
+    assert skipped, "the scale must overflow somewhere for this test to mean anything"
+    assert len(skipped) < N * STEPS, "and train somewhere too"
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert step_losses(run.dir) == pytest.approx(losses, rel=1e-4)
+    recs = [r for r in events(run.dir) if r["kind"] == "step"]
+    assert [r["step"] for r in recs if r.get("skipped")] == sorted({t + 1 for t, _ in skipped})
+    got = final_weights(run.dir, STEPS)
+    for name, w in dict(reference.named_parameters()).items():
+        torch.testing.assert_close(got[name], w.detach(), atol=5e-4, rtol=0, msg=name)

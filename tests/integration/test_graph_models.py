@@ -159,3 +159,16 @@ def test_vit_on_synthetic_images_equals_one_process(tmp_path):
     # (3 steps of fresh images move its loss within noise: equality is what counts).
     run = run_and_compare(tmp_path, hf_spec(VIT, 2, 1), falls=False)
     assert run.plan.P == 2
+
+
+@pytest.mark.multiproc
+def test_llama_under_zb_v_equals_one_process(tmp_path):
+    # ZB-V on a traced model: 2 ranks host 4 stages in V shape; stages 1 and 2 share a
+    # rank and hand their carrier (hidden states, position embeddings, mask) over in
+    # memory, its layout taken from the stage that fills it.
+    run = run_and_compare(tmp_path, hf_spec(LLAMA, 2, 1, **{"parallelism.schedule": "zb_v"}))
+    assert (run.plan.schedule, len(run.plan.stages), run.plan.placement) == (
+        "zb_v",
+        4,
+        [[0, 3], [1, 2]],
+    )

@@ -5,7 +5,10 @@ t, parallel model i computes its gradient on its share of the batch, steps its o
 optimizer (local update u_i = w_i' - w_i), dilutes w_i <- (1 - alpha) w_i' + alpha r_t
 with the reference r_t of the batches before t, and the reference takes
 r_{t+1} = r_t + (u_0 + ... + u_{N-1}) / N. The parity and convergence tests check the
-distributed runtime and the statistical efficiency against this.
+distributed runtime and the statistical efficiency against this. Under fp16 one
+``torch.amp.GradScaler`` serves the N optimizers, as its docs show for several
+optimizers: each loss scaled before its backward, ``scaler.step`` per optimizer (which
+skips one whose gradients overflowed) and one ``scaler.update`` per batch.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ def elastic_train(
     n: int,
     alpha: float,
     steps: int,
+    scaler: torch.amp.GradScaler | None = None,
+    skipped: list[tuple[int, int]] | None = None,
 ) -> tuple[list[float], nn.Module, list[nn.Module]]:
     """Train N copies of ``model`` elastically; returns the per-step loss (the mean
-    over the N models), the reference and the parallel models."""
+    over the N models), the reference and the parallel models. With a ``scaler``
+    (fp16), the (step, model) pairs whose update it skipped go into ``skipped``."""
     reference = copy.deepcopy(model)
     models = [copy.deepcopy(model) for _ in range(n)]
     opts = [make_opt(list(m.parameters())) for m in models]
@@ -40,12 +46,14 @@ def elastic_train(
         for i, (m, opt) in enumerate(zip(models, opts, strict=True)):
             opt.zero_grad(set_to_none=True)
             loss = loss_of(m, t, i)
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             total += float(loss.detach()) / n
             before = [p.detach().clone() for p in m.parameters()]
-            opt.step()
+            opt.step() if scaler is None else scaler.step(opt)
             with torch.no_grad():
                 updates.append([p - b for p, b in zip(m.parameters(), before, strict=True)])
+                if skipped is not None and not any(u.any() for u in updates[-1]):
+                    skipped.append((t, i))  # GradScaler skipped the step (an overflow)
                 for p, r in zip(m.parameters(), reference.parameters(), strict=True):
                     p.copy_((1 - alpha) * p + alpha * r)
         with torch.no_grad():
@@ -54,6 +62,8 @@ def elastic_train(
                 for u in updates[1:]:
                     acc += u[k]
                 r += acc / n
+        if scaler is not None:
+            scaler.update()
         losses.append(total)
     return losses, reference, models
 
