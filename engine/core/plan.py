@@ -50,13 +50,27 @@ class RankPlan(_Frozen):
     tp_rank: int = Field(0, description="t: this rank's shard of its stage (0..T-1)")
 
 
+def idle_share(bubble_ratio: float | None) -> float | None:
+    """Merak's bubble ratio r (the busiest device's idle time over its compute time in
+    the pipeline, above 1 when it idles longer than it computes) as the share of the
+    pipeline's wall time that device idles, r / (1 + r): in [0, 1), never -0.0. What
+    ``jobctl plan`` shows as ``idle``."""
+    if bubble_ratio is None:
+        return None
+    r = max(bubble_ratio, 0.0)
+    return r / (1.0 + r) + 0.0  # + 0.0: -0.0 is 0.0
+
+
 class Prediction(_Frozen):
     """What the planner expects of this plan."""
 
     step_time_s: float = Field(description="predicted seconds per optimizer step")
     samples_per_s: float
     memory_per_stage_gb: list[float]
-    bubble_ratio: float = Field(description="idle fraction of the pipeline")
+    bubble_ratio: float = Field(
+        description="Merak's bubble ratio: the busiest device's idle time over its compute "
+        "time in the pipeline (can exceed 1); `idle_share` is the share of the step it idles"
+    )
     cost_per_1k_samples: float = Field(description="USD per 1,000 samples")
     source: str = Field(description="where the costs came from: analytic or calibration")
     samples_per_s_per_device: float | None = Field(None, description="samples/s / (P x D)")
@@ -74,6 +88,11 @@ class Prediction(_Frozen):
     )
     finish_usd: float | None = Field(None, description="USD to finish the whole job")
     hourly_usd: float | None = Field(None, description="USD per hour of the devices used")
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of the pipeline's wall time the busiest device idles, in [0, 1)."""
+        return idle_share(self.bubble_ratio)
 
     def total_s(self, steps: int) -> float:
         """End to end: start-up (where measured) and ``steps`` steps."""
@@ -96,6 +115,11 @@ class Alternative(_Frozen):
     memory_per_stage_gb: list[float] = Field(default_factory=list)
     bubble_ratio: float | None = None
     cost_per_1k_samples: float | None = Field(None, description="USD per 1,000 samples")
+
+    @property
+    def idle_share(self) -> float | None:
+        """As ``Prediction.idle_share``; None where the candidate was not simulated."""
+        return idle_share(self.bubble_ratio)
 
 
 class MobiusLayout(_Frozen):

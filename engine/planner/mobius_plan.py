@@ -197,7 +197,7 @@ def _prediction(
         step_time_s=step,
         samples_per_s=samples,
         memory_per_stage_gb=[2 * max(records[j] for j in lay.hosted(r)) / GB for r in range(N)],
-        bubble_ratio=max(0.0, 1.0 - compute / (N * step)),
+        bubble_ratio=max(0.0, N * step / compute - 1.0) if compute > 0 else 0.0,
         cost_per_1k_samples=price / 3600.0 / samples * 1000.0,
         source="calibration" if cal.source == "measured" else "analytic",
         samples_per_s_per_device=samples / N,

@@ -18,7 +18,7 @@ from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
 from jobctl.engine.core.actions import Action, Op
-from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan
+from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan, idle_share
 from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
 from jobctl.engine.planner.mobius_plan import mobius_plan
@@ -365,9 +365,9 @@ def why_slower(c: Candidate, win: Candidate, G: int) -> str:
             return f"as fast, but needs more memory ({mem:.3g} GB vs {wmem:.3g} GB per device)"
         return "ties with the winner (same step time, devices and memory)"
     parts = [f"{100 * (c.step / win.step - 1):.1f} % slower"]
-    bubble, wbubble = c.sim.bubble_ratio, win.sim.bubble_ratio
-    if bubble > wbubble + 0.02:
-        parts.append(f"bubble {100 * bubble:.0f} % vs {100 * wbubble:.0f} %")
+    if c.sim.bubble_ratio > win.sim.bubble_ratio + 0.02:  # shown as shares of the step
+        idle, widle = idle_share(c.sim.bubble_ratio), idle_share(win.sim.bubble_ratio)
+        parts.append(f"idle {100 * idle:.0f} % vs {100 * widle:.0f} %")
     tail = c.sim.step_time - c.sim.pipeline_time
     wtail = win.sim.step_time - win.sim.pipeline_time
     if tail > 1.2 * wtail and tail - wtail > 0.02 * win.step:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from typing import TYPE_CHECKING
 
+from jobctl.engine.core.plan import idle_share
+
 if TYPE_CHECKING:
     from jobctl.engine.planner.search import Candidate
 
@@ -81,7 +83,7 @@ def sweep_lines(Ps, ranked: list[Candidate], rejected: list[Candidate]) -> list[
             note = f" [{best.note}]" if best.note else ""
             out.append(
                 f"  P={P}: best {best.layout.label()} {best.step:.4g} s/step, "
-                f"bubble {100 * best.sim.bubble_ratio:.1f} %{note}"
+                f"idle {100 * idle_share(best.sim.bubble_ratio):.1f} %{note}"
                 + (f"; also {others}" if others else "")
             )
         else:

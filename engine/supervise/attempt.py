@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column
 
 from jobctl.backends import get_backend
 from jobctl.engine.channel.host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
@@ -82,6 +90,44 @@ def claim_host(run_dir: Path) -> None:
         tmp.replace(path)
 
 
+# The widest cells a value column of the progress line shows (its padding apart):
+# ``loss 12.3456``, ``12345.6 samples/s``, ``ETA``, ``12:34:56``; the step count is
+# sized to the run's total. Where the run id and a bar of BAR_MIN do not fit beside
+# them, the line's label is SHORT_LABEL (the run id is printed above it), then the bar
+# goes: a value is never cut.
+VALUE_WIDTHS = (12, 17, 3, 7)
+BAR_MIN = 10
+SHORT_LABEL = "train"
+
+
+def label_room(width: int, total: int) -> int:
+    """The columns a ``width``-wide progress line leaves its label beside a bar."""
+    steps = 2 * len(str(total)) + 1  # 18/300 at its widest: 300/300
+    values = steps + sum(VALUE_WIDTHS) + len(VALUE_WIDTHS)  # cells and the spaces
+    return width - values - BAR_MIN - 1
+
+
+def progress_columns(width: int, label: str, total: int) -> list[ProgressColumn]:
+    """The progress line's columns for a ``width``-column terminal, each value no
+    narrower than its widest cell and never wrapped or cut (#47)."""
+
+    def fixed(min_width: int) -> Column:
+        return Column(no_wrap=True, min_width=min_width)
+
+    out: list[ProgressColumn] = [
+        TextColumn("[bold]{task.description}", table_column=fixed(len(label)))
+    ]
+    if label_room(width, total) >= len(label):
+        out.append(BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=BAR_MIN)))
+    return out + [
+        MofNCompleteColumn(table_column=fixed(2 * len(str(total)) + 1)),
+        TextColumn("loss {task.fields[loss]}", table_column=fixed(VALUE_WIDTHS[0])),
+        TextColumn("{task.fields[sps]} samples/s", table_column=fixed(VALUE_WIDTHS[1])),
+        TextColumn("ETA", table_column=fixed(VALUE_WIDTHS[2])),
+        TimeRemainingColumn(table_column=fixed(VALUE_WIDTHS[3])),
+    ]
+
+
 class ProgressView:
     """The attempt's progress bar (steps, loss, throughput) and upload bar; into a
     non-terminal (a pipe, a log file) one line per ``log_every`` steps instead."""
@@ -91,22 +137,17 @@ class ProgressView:
     ) -> None:
         self.console, self.total, self.log_every = console, total, max(1, log_every)
         self.lines = not console.is_terminal
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[sps]} samples/s"),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self.task = self.bar.add_task(run_id, total=total, completed=start, loss="-", sps="-")
+        fits = label_room(console.width, total) >= len(run_id)
+        self.label = run_id if fits else SHORT_LABEL  # else the run id goes above the bar
+        columns = progress_columns(console.width, self.label, total)
+        self.bar = Progress(*columns, console=console, transient=False)
+        self.task = self.bar.add_task(self.label, total=total, completed=start, loss="-", sps="-")
         self.upload = self.bar.add_task(
             "upload", total=1, completed=0, loss="", sps="-", visible=False
         )
         if not self.lines:
+            if not fits:
+                console.print(f"run {run_id}", markup=False, highlight=False)
             self.bar.start()
 
     def on_event(self, rec: dict) -> None:
@@ -125,7 +166,7 @@ class ProgressView:
                 visible=True,
                 total=max(rec["bytes_total"], 1),
                 completed=rec["bytes_done"],
-                description=f"upload step {rec['step']}",
+                description=f"upload step {rec['step']}" if self.label != SHORT_LABEL else "upload",
             )
 
     def _print_line(self, rec: dict) -> None:

@@ -61,7 +61,7 @@ def draw_gantt(
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(-0.7, P - 0.3)
     ax.set_xlabel(f"time ({unit})")
-    bubble = f"bubble {100 * result.bubble_ratio:.1f} %"
+    bubble = f"idle {100 * result.idle_share:.1f} %"
     ax.set_title(title or f"simulated step: {span:.4g} {unit}, {bubble}")
     ax.legend(
         handles=[Patch(color=COLOURS[k], label=v) for k, v in _shown(result).items()],

@@ -121,7 +121,7 @@ def draw_mobius_gantt(result: MobiusSimResult, path: Path, title: str = "") -> P
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(-0.6, N - 0.3)
     ax.set_xlabel("time (s)")
-    ax.set_title(title or f"Mobius step: {span:.4g} s, bubble {100 * result.bubble_ratio:.1f} %")
+    ax.set_title(title or f"Mobius step: {span:.4g} s, idle {100 * result.idle_share:.1f} %")
     shown = {e.kind for e in result.events}
     handles = [
         Patch(facecolor=COLOURS[k], hatch=HATCH.get(k), label=v)

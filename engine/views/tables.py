@@ -107,49 +107,44 @@ def _print_prediction(console: Console, plan: Plan) -> None:
         f"predicted ({pr.source}): {pr.step_time_s:.4g} s/step, "
         f"{pr.samples_per_s:.1f} samples/s"
         + (f" ({per_device:.1f} per device)" if per_device is not None else "")
-        + f", bubble {100 * pr.bubble_ratio:.1f} %, memory per "
-        f"{'device' if plan.placement else 'stage'} [{mem}], "
-        f"${pr.cost_per_1k_samples:.4f} per 1k samples",
+        + f", idle {100 * pr.idle_share:.1f} % of the step, memory per "
+        f"{'device' if plan.placement else 'stage'} [{mem}]"
+        + (f", ${pr.cost_per_1k_samples:.4f} per 1k samples" if pr.cost_per_1k_samples else ""),
         soft_wrap=True,
     )
 
 
+# The alternatives' columns a narrow terminal gives up first (`plan --json` has them).
+ALTERNATIVE_DROPS = ("$/1k", "/device", "N_m", "memory/stage", "samples/s")
+
+
 def print_alternatives(console: Console, plan: Plan) -> None:
-    """The runners-up the planner simulated or rejected, and why each lost."""
-    t = Table(
-        "P",
-        "D",
-        "m",
-        "N_m",
-        "schedule",
-        "s/step",
-        "samples/s",
-        "/device",
-        "memory/stage",
-        "bubble",
-        "$/1k",
-        "why not",
-        title="alternatives",
-        title_justify="left",
-    )
-    for a in plan.alternatives:
+    """The runners-up the planner simulated or rejected, numbered, then why each lost
+    on a line of its own (a reason is prose: it wraps at words, not in a column)."""
+    from jobctl.engine.views.fit import print_fitted, print_labelled
+
+    priced = any(a.cost_per_1k_samples for a in plan.alternatives)
+    cols = ("#", "P", "D", "m", "N_m", "schedule", "s/step", "samples/s", "/device")
+    t = Table(*cols, "memory/stage", "idle", *(["$/1k"] if priced else []))
+    t.title, t.title_justify = "alternatives", "left"
+    for i, a in enumerate(plan.alternatives, 1):
         sched = a.schedule + (" +R" if a.recompute and a.schedule in ("gpipe", "1f1b") else "")
         mem = max(a.memory_per_stage_gb, default=None)
         t.add_row(
-            str(a.P),
-            str(a.D),
-            str(a.micro_batch_size),
+            f"#{i}",
+            *(str(v) for v in (a.P, a.D, a.micro_batch_size)),
             _num(a.micro_batches, "{}"),
             sched,
             _num(a.step_time_s, "{:.4g}"),
             _num(a.samples_per_s, "{:.1f}"),
             _num(a.samples_per_s_per_device, "{:.1f}"),
             f"<= {human_bytes(mem * 1024**3)}" if mem else "-",
-            _num(a.bubble_ratio and 100 * a.bubble_ratio, "{:.0f} %"),
-            _num(a.cost_per_1k_samples, "${:.4f}"),
-            a.why_not,
+            _num(a.idle_share and 100 * a.idle_share, "{:.0f} %"),
+            *([_num(a.cost_per_1k_samples, "${:.4f}")] if priced else []),
         )
-    console.print(t)
+    print_fitted(console, t, ALTERNATIVE_DROPS, "`jobctl plan --json`")
+    console.print("why not:", highlight=False)
+    print_labelled(console, [(f"#{i}", a.why_not) for i, a in enumerate(plan.alternatives, 1)])
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -192,11 +187,14 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
         soft_wrap=True,
     )
     ms = cal.micro_batch_sizes
-    t = Table("block", "params", "act/sample", *(f"F/B m={m} (ms)" for m in ms))
+    heads = [f"F/B m={m} (ms)" for m in ms]
+    t = Table("block", "params", "act/sample", *heads)
     for i, b in enumerate(cal.blocks):
         times = [f"{1e3 * cal.forward(i, m):.3g}/{1e3 * cal.backward(i, m):.3g}" for m in ms]
         t.add_row(b.name, f"{b.params:,}", human_bytes(b.act_bytes), *times)
-    console.print(t)
+    from jobctl.engine.views.fit import print_fitted
+
+    print_fitted(console, t, ["act/sample", "params", *heads[:0:-1]], str(path))
     link = cal.p2p_intra
     console.print(
         f"point-to-point intra-node ({link.source}): latency {1e6 * link.latency_s:.0f} us, "

@@ -1,9 +1,10 @@
-"""``jobctl plan``'s stage table: the blocks each row hosts, contiguous or not."""
+"""``jobctl plan``: the stage table (the blocks each row hosts) and the idle share."""
 
 from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from jobctl.engine.calibration.cache import calibration_for
@@ -54,3 +55,21 @@ def test_jobctl_plan_says_once_that_devices_re_plans_the_layout(tmp_path):
     )
     assert got.exit_code == 0, got.output
     assert got.output.count("--devices 1: the spec fixes P x D") == 1
+
+
+def test_idle_is_a_share_of_the_step_never_above_100_or_negative():
+    """#47: `plan` printed Merak's bubble ratio (idle over compute) as `bubble 137.7 %`
+    and `-0.0 %`; it shows the busiest device's idle share of the step, in [0, 1)."""
+    from jobctl.engine.core.plan import idle_share
+
+    assert idle_share(1.377) == pytest.approx(1.377 / 2.377)
+    assert idle_share(0.0) == 0.0 and str(100 * idle_share(-0.0)) == "0.0"
+    assert str(idle_share(-1e-17)) == "0.0" and idle_share(None) is None
+    assert all(0.0 <= idle_share(r) < 1.0 for r in (0.0, 0.5, 1.0, 10.0, 1e6))
+    spec = tiny_spec(**{"parallelism.pipeline_stages": 4, "parallelism.data_parallel": 1})
+    plan = make_plan(spec, 4, calibration_for(spec, None))
+    out = io.StringIO()
+    print_plan(Console(file=out, width=200), plan)
+    text = out.getvalue()
+    assert f"idle {100 * plan.prediction.idle_share:.1f} % of the step" in text
+    assert "bubble" not in text and "-0.0 %" not in text

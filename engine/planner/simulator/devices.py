@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobctl.engine.core.actions import Action, Op
+from jobctl.engine.core.plan import idle_share
 from jobctl.engine.planner.simulator.simulation import CostModel
 from jobctl.engine.schedule.checks import ActivationPeak
 from jobctl.engine.schedule.placement import Placed, device_peaks
@@ -55,6 +56,11 @@ class DeviceSimResult:
     bubble_ratio: float
     peaks: list[ActivationPeak]
     events: list[DeviceEvent]
+
+    @property
+    def idle_share(self) -> float:
+        """The busiest device's idle share of the pipeline's wall time, in [0, 1)."""
+        return idle_share(self.bubble_ratio)
 
     @property
     def executed(self) -> list[list[Action]]:

@@ -139,6 +139,11 @@ class MobiusSimResult:
     events: list[SwapEvent]
 
     @property
+    def idle_share(self) -> float:
+        """As ``SimResult.idle_share``: here the ranks' mean (``bubble_ratio``)."""
+        return self.bubble_ratio
+
+    @property
     def bubble_ratio(self) -> float:
         """The share of rank-seconds not computing."""
         if self.step_time <= 0:

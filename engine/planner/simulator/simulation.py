@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from jobctl.engine.core.actions import Action
+from jobctl.engine.core.plan import idle_share
 from jobctl.engine.planner.simulator.engine import Engine
 from jobctl.engine.schedule.checks import ActivationPeak, peak_activations
 
@@ -145,6 +146,11 @@ class SimResult:
     executed: list[list[Action]]
     deviations: int
     _engine: Engine = field(repr=False, compare=False)
+
+    @property
+    def idle_share(self) -> float:
+        """The busiest device's idle share of the pipeline's wall time, in [0, 1)."""
+        return idle_share(self.bubble_ratio)
 
     @cached_property
     def events(self) -> list[SimEvent]:

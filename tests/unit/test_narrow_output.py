@@ -1,0 +1,115 @@
+"""Output at 80 columns and in a pipe (#47): the live progress line never cuts the step
+count; ``plan``'s alternatives and ``calibrate``'s per-block table drop columns instead
+of cutting a value, and the alternatives' reasons go on lines of their own."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.supervise.attempt import SHORT_LABEL, ProgressView
+from jobctl.engine.views.fit import fit_table, print_fitted
+from jobctl.engine.views.tables import print_alternatives, print_calibration
+from jobctl.spec import load_spec
+
+from ..jobrun import ROOT, tiny_spec
+
+TABLE = tuple("┏┃┡│└")  # the first character of a rich table's lines
+
+
+def _console(width: int = 80, terminal: bool = False) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=width, force_terminal=terminal, color_system=None), out
+
+
+def _assert_fits(text: str, width: int = 80) -> None:
+    for line in text.splitlines():
+        assert len(line) <= width, line
+        assert "…" not in line, line
+
+
+def _progress_frame(run_id: str, width: int, total: int = 300) -> str:
+    console, out = _console(width, terminal=True)
+    view = ProgressView(console, run_id, total=total, start=0)
+    view.on_event({"kind": "step", "step": 18, "loss": 5.12345, "samples_per_s": 1173.4})
+    view.bar.refresh()
+    view.stop()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # cursor controls
+    above = text.split("\r")[0].splitlines()[:-1]  # printed before the bar started
+    return "\n".join([*above, text.split("\r")[-1]])  # and the bar's last frame
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_progress_line_never_cuts_the_step_count(width):
+    run_id = "pygpt-20261202-055413-94e8"  # 26 columns, as the issue's run
+    frame = _progress_frame(run_id, width)
+    line = frame.strip("\n").splitlines()[-1]
+    assert "18/300" in line and "loss 5.1235" in line and "1173.4 samples/s" in line
+    assert "…" not in frame and len(line) <= width
+    if width >= 100:  # room for the run id beside the bar
+        assert line.startswith(run_id)
+    else:  # the run id on a line of its own above a shorter label
+        assert f"run {run_id}" in frame and line.startswith(SHORT_LABEL)
+
+
+def _spot_plan():
+    """A plan with alternatives, simulated and rejected, priced (a spot pool)."""
+    return make_plan(load_spec(ROOT / "jobs" / "gpt-small-spot.yaml"), None)
+
+
+def test_alternatives_drop_columns_and_give_reasons_their_own_lines():
+    plan = _spot_plan()
+    assert plan.alternatives
+    console, out = _console(80)
+    print_alternatives(console, plan)
+    text = out.getvalue()
+    _assert_fits(text)
+    assert "why not" not in text.split("why not:")[0]  # no reason column in the table
+    reasons = text.split("why not:\n")[1].splitlines()
+    for i, a in enumerate(plan.alternatives, 1):
+        first_words = " ".join(a.why_not.split()[:3])
+        assert any(line.strip().startswith(f"#{i} {first_words}") for line in reasons)
+    assert "not shown at 80 columns" in text  # what was left out is said
+
+
+def test_alternatives_show_every_column_where_they_fit():
+    console, out = _console(200)
+    print_alternatives(console, _spot_plan())
+    head = out.getvalue().splitlines()[2]
+    for col in ("#", "N_m", "samples/s", "/device", "memory/stage", "idle", "$/1k"):
+        assert col in head
+    assert "not shown" not in out.getvalue()
+
+
+def test_a_table_too_wide_drops_the_named_columns_in_order():
+    console, _ = _console(40)
+    t = Table("name", "a long header", "another long header", "value")
+    t.add_row("x" * 10, "1", "2", "0.038/0.076")
+    assert fit_table(console, t, ["another long header", "a long header"]) == [
+        "another long header",
+        "a long header",
+    ]
+    console, out = _console(40)
+    t = Table("name", "value")
+    t.add_row("x" * 10, "0.038/0.076")
+    assert print_fitted(console, t, ["value"]) == []  # it fits: nothing dropped
+    _assert_fits(out.getvalue(), 40)
+
+
+def test_calibrate_per_block_table_never_cuts_a_time(tmp_path: Path):
+    spec = tiny_spec(**{"training.micro_batch_size": 1})
+    cal = analytic_calibration(spec, analytic_fingerprint(spec.hardware, "test"))
+    cal = cal.model_copy(update={"micro_batch_sizes": [1, 2, 4, 8, 16, 32]})
+    console, out = _console(80)
+    print_calibration(console, cal, tmp_path / "record.json")
+    text = out.getvalue()
+    tables = "\n".join(line for line in text.splitlines() if line.startswith(TABLE))
+    _assert_fits(tables)
+    assert "F/B m=1 (ms)" in tables and "/" in tables.splitlines()[3]
