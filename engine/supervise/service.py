@@ -173,8 +173,7 @@ class CtrlC:
             _thread.interrupt_main(signal.SIGINT)  # runs _on_sigint on the main thread
             return
         note = f"Ctrl-C on jobctl apply (pid {os.getpid()}): every rank checkpoints and stops"
-        self.db.request_stop(row["id"], note)
-        self.db.add_event(row["id"], "stop", note)
+        self.db.request_stop(row["id"], note)  # its "stop" event too: listed once (#47)
         self.console.print(
             f"Ctrl-C: asking every rank of {row['id']} to checkpoint and stop; "
             "Ctrl-C again detaches (the nodes go on; `jobctl resume` adopts them)",
