@@ -197,7 +197,8 @@ def resume(
     spec_file = Path(row["run_dir"]) / "spec.yaml"
     spec = load_or_exit(spec_file, backend=backend)
     p = plan_or_exit(spec, spec_file, devices, home)
-    views.print_plan(console, p, spec.training.steps)
+    # from its newest checkpoint (or the step its live nodes are at, a little further)
+    views.print_plan(console, p, spec.training.steps, row["last_checkpoint"] or 0)
     opts = ApplyOptions(backend=backend, run_id=row["id"])
     _launch_and_report(spec, p, db, row["spec_path"], opts)
 

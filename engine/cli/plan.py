@@ -174,11 +174,14 @@ def _show_mobius(spec: JobSpec, got, as_json: bool, gantt: Path | None) -> None:
 
 
 def _print_costs(spec: JobSpec, choice: Choice, measured: bool) -> None:
-    """Dollars to finish under each pricing, then the time-vs-dollars frontier."""
+    """Dollars to finish under each pricing, then the time-vs-dollars frontier; nothing
+    for a pool with no price (every figure would read $0.0000)."""
     from jobctl.engine.planner.cost import pricings
     from jobctl.engine.planner.objective import frontier
     from jobctl.engine.views.cost import print_costs, print_frontier
 
+    if not any(p.price_per_hour for p in pricings(spec)[0]):
+        return
     print_costs(console, spec.training.steps, choice.pricings, pricings(spec)[1], measured)
     front = frontier(choice.options)
     rows = [(o.cand.layout.label(), o.forecast) for o in front]

@@ -6,6 +6,7 @@ run's events; the run folder's ``metrics.jsonl`` holds every worker record. From
 * **ETA**: steps left over the recent rate, in steps per second over the newest step
   records of the current attempt (a resume trains some steps again: the rate restarts
   there), else the newest samples/s over the global batch. None once the run ended.
+  **samples/s** is that rate times the global batch: one window, one way.
 * **$ so far**: device-seconds times ``hardware.price_per_hour`` (the price the planner
   puts in every plan's $ per 1k samples), counted while the run trains: from each phase
   event entering a training phase (training, pruning, rebalancing, checkpointing,
@@ -51,6 +52,7 @@ class RunFigures:
     """Derived figures of one run (None: unknown)."""
 
     steps_per_s: float | None = None
+    samples_per_s: float | None = None  # steps_per_s x the global batch: the same window
     eta_s: float | None = None
     device_hours: float | None = None
     cost_usd: float | None = None
@@ -241,12 +243,14 @@ def run_figures(
     if rate is None and spec is not None and row.get("samples_per_s"):
         rate = row["samples_per_s"] / spec.training.global_batch_size
     dev_s = device_seconds(events, row.get("devices"), now)
-    price = run_price(spec.hardware) if spec is not None else None
+    price = (run_price(spec.hardware) or None) if spec is not None else None  # 0: no price
     remote = bool(spec is not None and spec.checkpoint.remote)
     per_step = usd_per_step(price, row.get("devices"), rate)
     eta = eta_s(row, rate)
+    batch = spec.training.global_batch_size if spec is not None else None
     return RunFigures(
         steps_per_s=rate,
+        samples_per_s=rate * batch if rate and batch else row.get("samples_per_s"),
         eta_s=eta,
         device_hours=dev_s / 3600.0,
         cost_usd=None if price is None else price * dev_s / 3600.0,

@@ -14,17 +14,20 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def print_end_to_end(console: Console, plan: Plan, steps: int | None) -> None:
-    """Start-up plus the steps, and where the prediction comes from, in plain words: an
-    analytic prediction on a CPU asks for ``jobctl calibrate``."""
+def print_end_to_end(console: Console, plan: Plan, steps: int | None, done: int = 0) -> None:
+    """Start-up plus the steps left after ``done`` (a resumed run's), and where the
+    prediction comes from, in plain words: an analytic prediction on a CPU asks for
+    ``jobctl calibrate``."""
     pr = plan.prediction
     if steps is not None:
+        left = max(steps - done, 0)
+        what = f"{left} steps" if not done else f"{left} steps left of {steps}"
         if pr.startup_s is None:
             start = "start-up not measured on this machine yet (the first run measures it)"
         else:
             start = f"start-up {pr.startup_s:.0f} s (measured by earlier runs here)"
         console.print(
-            f"end to end: about {duration(pr.total_s(steps))}: {start} + {steps} steps x "
+            f"end to end: about {duration(pr.total_s(left))}: {start} + {what} x "
             f"{pr.step_time_s:.4g} s",
             soft_wrap=True,
             highlight=False,

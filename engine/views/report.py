@@ -23,7 +23,7 @@ from jobctl.engine.supervise.report_data import RunSeries, SimulatedStep
 from jobctl.engine.views.gantt import draw_gantt
 from jobctl.engine.views.png import draw_png, slug
 from jobctl.engine.views.svg import Chart, Series, render
-from jobctl.engine.views.tables import dollars, hms
+from jobctl.engine.views.tables import _num, dollars, hms
 
 
 def charts(s: RunSeries) -> list[Chart]:
@@ -174,19 +174,19 @@ def _summary_html(row: dict, s: RunSeries, f: RunFigures | None = None) -> list[
         ("run", row["id"]),
         ("phase", row["phase"]),
         ("steps", f"{row.get('step') or 0} / {row.get('total_steps')}"),
-        ("loss", row.get("loss")),
+        ("loss", _num(row.get("loss"), "{:.4f}")),  # shown rounded; data files keep all
         ("plan", row.get("plan")),
         ("devices", row.get("devices")),
         ("step points", len(s.steps)),
         ("event markers", len(s.markers)),
     ]
-    if f is not None:
-        summary[6:6] = [
+    if f is not None:  # dollars only for a run with a price (else all $0.0000)
+        money = [
             ("$ so far", dollars(f.cost_usd)),
             ("$ per step (now)", "-" if f.usd_per_step is None else f"${f.usd_per_step:.3g}"),
             ("$ to finish (current rate)", dollars(f.usd_to_finish)),
-            ("ETA", hms(f.eta_s)),
         ]
+        summary[6:6] = [*(money if f.cost_usd is not None else []), ("ETA", hms(f.eta_s))]
     return [
         "<table>",
         *(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in summary),

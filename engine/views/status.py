@@ -48,6 +48,7 @@ RUN_COLUMNS = (
 # The columns a narrow terminal keeps, in this order; the rest join, left to right in
 # RUN_COLUMNS order, while the table still fits the console's width.
 ESSENTIAL = ("run", "phase", "step", "loss", "ETA")
+MONEY = ("$ so far", "$ to finish")  # left out where no run shown has a price
 
 
 def run_cells(r: dict, f: RunFigures, now: float) -> dict[str, str]:
@@ -57,7 +58,7 @@ def run_cells(r: dict, f: RunFigures, now: float) -> dict[str, str]:
         "phase": _phase_cell(r),
         "step": f"{r['step'] or 0}/{r['total_steps'] or '?'}",
         "loss": _num(r["loss"], "{:.4f}"),
-        "samples/s": f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+        "samples/s": _num(f.samples_per_s or r["samples_per_s"] or None, "{:.1f}"),
         "ETA": hms(f.eta_s),
         "devices": str(r["devices"] or "-"),
         "plan": r["plan"] or "-",
@@ -79,8 +80,9 @@ def fit_columns(cells: list[dict[str, str]], width: int) -> list[str]:
 
     used = 1 + sum(need(c) for c in ESSENTIAL)
     shown = set(ESSENTIAL)
+    unpriced = {c for c in MONEY if all(cell[c] == "-" for cell in cells)}  # no price
     for col in RUN_COLUMNS:
-        if col not in shown and used + need(col) <= width:
+        if col not in shown | unpriced and used + need(col) <= width:
             shown.add(col)
             used += need(col)
     return [c for c in RUN_COLUMNS if c in shown]
@@ -106,10 +108,10 @@ def print_runs(
     for c in cells:
         t.add_row(*(escape(c[col]) for col in columns))
     console.print(t)
-    if len(columns) < len(RUN_COLUMNS):
+    missing = [c for c in RUN_COLUMNS if c not in columns and any(x[c] != "-" for x in cells)]
+    if missing:  # a column of "-" only (no run has a price) is not missed
         console.print(
-            f"({len(RUN_COLUMNS) - len(columns)} more columns in a wider terminal, "
-            "`jobctl status RUN` or `--json`)",
+            f"({len(missing)} more columns in a wider terminal, `jobctl status RUN` or `--json`)",
             style="dim",
         )
 
@@ -202,13 +204,14 @@ def print_run(
     if row.get("unsupervised"):
         t.add_row("supervisor", f"none: `jobctl resume {escape(row['id'])}` supervises it again")
     for key in RUN_FIELDS:
-        fmt = "{:.4f}" if key == "loss" else "{:.1f}" if key == "samples_per_s" else "{}"
+        if key == "samples_per_s":  # the recent figures below, from one window
+            continue
+        fmt = "{:.4f}" if key == "loss" else "{}"
         t.add_row(key, escape(_num(row.get(key), fmt)))  # names, messages: user text
     t.add_row("steps/s (recent)", _num(f.steps_per_s, "{:.3g}"))
+    t.add_row("samples/s (recent)", _num(f.samples_per_s, "{:.1f}"))
     t.add_row("ETA", hms(f.eta_s))
-    t.add_row("$ so far", f"{dollars(f.cost_usd)} ({_num(f.device_hours, '{:.3g}')} device-h)")
-    t.add_row("$ per step (now)", _num(f.usd_per_step, "${:.3g}"))
-    t.add_row("$ to finish", f"{dollars(f.usd_to_finish)} at the current rate, ETA {hms(f.eta_s)}")
+    _cost_rows(t, f)
     t.add_row("upload lag", _lag_cell(f, row))
     t.add_row("newest upload", ago(f.uploaded_at, now))
     t.add_row("recovery times", _recovery_cell(f.recoveries, f.steps_lost))
@@ -225,6 +228,18 @@ def print_run(
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
         ev.add_row(when, escape(e["kind"]), escape(e["message"].splitlines()[0]))
     console.print(ev)
+
+
+def _cost_rows(t: Table, f: RunFigures) -> None:
+    """Dollars so far, per step and to finish; device-hours alone for a run with no
+    price (``hardware.price_per_hour`` unset: every dollar figure would be $0.0000)."""
+    hours = f"{_num(f.device_hours, '{:.3g}')} device-h"
+    if f.cost_usd is None:
+        t.add_row("device time", hours)
+        return
+    t.add_row("$ so far", f"{dollars(f.cost_usd)} ({hours})")
+    t.add_row("$ per step (now)", _num(f.usd_per_step, "${:.3g}"))
+    t.add_row("$ to finish", f"{dollars(f.usd_to_finish)} at the current rate, ETA {hms(f.eta_s)}")
 
 
 def _recovery_cell(seconds: list[float], lost: list[int | None]) -> str:

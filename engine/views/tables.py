@@ -26,9 +26,9 @@ def _recompute_cell(st) -> str:
     return "yes" if st.recompute else "no"
 
 
-def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
+def print_plan(console: Console, plan: Plan, steps: int | None = None, done: int = 0) -> None:
     """The plan as a summary line, a stage table and a rank table; with ``steps``, the
-    end-to-end prediction (start-up included)."""
+    end-to-end prediction (start-up included) of the steps after ``done`` (a resume)."""
     tp = f"T={plan.T} x " if plan.T > 1 or plan.t_search else ""  # T ranks per stage
     console.print(
         f"[bold]plan[/bold] {tp}P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
@@ -53,7 +53,7 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None) -> None:
         from jobctl.engine.views.prediction import print_end_to_end
 
         _print_prediction(console, plan)
-        print_end_to_end(console, plan, steps)
+        print_end_to_end(console, plan, steps, done)
     if plan.alternatives:
         print_alternatives(console, plan)
 

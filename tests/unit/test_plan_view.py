@@ -73,3 +73,36 @@ def test_idle_is_a_share_of_the_step_never_above_100_or_negative():
     text = out.getvalue()
     assert f"idle {100 * plan.prediction.idle_share:.1f} % of the step" in text
     assert "bubble" not in text and "-0.0 %" not in text
+
+
+def test_a_pool_with_no_price_shows_no_cost(tmp_path):
+    """#47: the quickstart (no hardware.price_per_hour) printed `$0.0000 per 1k samples`
+    and a cost table of $0.0000 rows; a priced pool keeps both."""
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli.app import app
+
+    from ..jobrun import QUICKSTART, ROOT
+
+    home = ["--home", str(tmp_path)]
+    got = CliRunner().invoke(app, ["plan", str(QUICKSTART), *home], env={"COLUMNS": "200"})
+    assert got.exit_code == 0, got.output
+    assert "$" not in got.output and "cost" not in got.output
+    spot = ROOT / "jobs" / "gpt-small-spot.yaml"
+    got = CliRunner().invoke(app, ["plan", str(spot), *home], env={"COLUMNS": "200"})
+    assert "per 1k samples" in got.output and "$ to finish" in got.output
+
+
+def test_a_resumed_runs_estimate_counts_the_steps_left():
+    """#47: `resume` of a run checkpointed at step 72 of 300 predicted all 300 steps."""
+    from jobctl.engine.views.prediction import print_end_to_end
+
+    spec = tiny_spec()
+    plan = make_plan(spec, 4, calibration_for(spec, None))
+    out = io.StringIO()
+    print_end_to_end(Console(file=out, width=200), plan, 300, done=72)
+    step = f"{plan.prediction.step_time_s:.4g} s"
+    assert f"+ 228 steps left of 300 x {step}" in out.getvalue()
+    out = io.StringIO()
+    print_end_to_end(Console(file=out, width=200), plan, 300)
+    assert f"+ 300 steps x {step}" in out.getvalue()  # a new run: all of them

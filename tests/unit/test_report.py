@@ -86,6 +86,10 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
         "ETA</th><td>0:01:00",
     ):
         assert cell in text, cell
+    # #47: no price, no dollars; the loss shown to 4 decimals (the data keeps them all)
+    text = render_html({**row, "loss": 2.718281828459045}, s, db_events, None, figures=RunFigures())
+    assert "$" not in text.split("<svg")[0] and "ETA</th><td>-" in text
+    assert "loss</th><td>2.7183</td>" in text and "2.71828" not in text
 
 
 def _run_with_plan(tmp_path, plan_overrides: dict | None):

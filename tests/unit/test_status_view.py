@@ -280,3 +280,38 @@ def test_status_json_and_watch_of_ended_runs(db, tmp_path):
         app, ["status", "quick-1", "--home", str(tmp_path)], env={"COLUMNS": "80"}
     )
     assert r.exit_code == 0 and "3.0000" in r.output and "None" not in r.output
+
+
+def test_samples_per_s_and_steps_per_s_come_from_one_window(db):
+    """#47: `samples_per_s 8.3` (the newest step's own figure) stood beside `steps/s
+    (recent) 0.707` (11.3 samples/s): both are now the recent window's, B apart."""
+    db.update_run("quick-1", samples_per_s=8.3)  # the newest step's figure, not the window's
+    row, evs = db.get_run("quick-1"), db.events("quick-1")
+    f = run_figures(row, evs, NOW)
+    assert f.samples_per_s == pytest.approx(16 * f.steps_per_s)  # B = 16, 0.25 steps/s
+    con = Console(record=True, width=200)
+    print_run(con, row, evs, f, now=NOW)
+    text = con.export_text()
+    assert "samples/s (recent) │ 4.0" in text and "8.3" not in text
+    assert "│ samples_per_s " not in text  # the row's own figure is not shown beside it
+    con = Console(record=True, width=300)
+    print_runs(con, [row], {"quick-1": f}, now=NOW)
+    cells = next(x for x in con.export_text().splitlines() if "quick-1" in x).split("│")
+    assert cells[RUN_COLUMNS.index("samples/s") + 1].strip() == "4.0"
+
+
+def test_a_run_with_no_price_shows_no_dollars(db, tmp_path):
+    """#47: with no hardware.price_per_hour, `$0.0000` rows and columns are left out."""
+    row = db.get_run("quick-1")
+    spec = load_spec(Path(row["run_dir"]) / "spec.yaml", {"hardware.price_per_hour": 0.0})
+    (Path(row["run_dir"]) / "spec.yaml").write_text(dump_yaml(spec))
+    f = run_figures(row, db.events("quick-1"), NOW)
+    assert f.cost_usd is None and f.usd_to_finish is None and f.device_hours > 0
+    con = Console(record=True, width=200)
+    print_run(con, row, [], f, now=NOW)
+    text = con.export_text()
+    assert "$" not in text and "device time" in text
+    con = Console(record=True, width=300)
+    print_runs(con, [row], {"quick-1": f}, now=NOW)
+    text = con.export_text()
+    assert "$" not in text and "more columns" not in text
