@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from jobctl.engine.cli.lazy import LazyGroup
+from jobctl.engine.cli.lazy import LazyGroup, plain_text
 
-app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help=__doc__)
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help=plain_text(__doc__))
 
 
 def _print_version(value: bool) -> None:

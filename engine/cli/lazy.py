@@ -10,12 +10,13 @@ test keeps that line equal to the command's own docstring).
 from __future__ import annotations
 
 import importlib
+import re
 
 import typer
 
 # typer >= 0.27 carries its own click (typer._click) and no longer installs click:
 # every class here is typer's, so the placeholders and the loaded commands are one kind.
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 # name -> (module under jobctl.engine.cli, attribute, short help); an attribute that is
 # a Typer app is a command group.
@@ -102,10 +103,57 @@ def load_command(name: str) -> TyperCommand | TyperGroup:
     if isinstance(target, typer.Typer):
         cmd = typer.main.get_group(target)  # a group even with one command (data)
     else:
-        single = typer.Typer()
+        single = typer.Typer(add_completion=False)  # completion is the root's alone
         single.command(name=name)(target)
         cmd = typer.main.get_command(single)
     cmd.name = name
+    return plain_help(cmd)
+
+
+def plain_text(doc: str | None) -> str | None:
+    """A docstring as help text: reST's double backquotes dropped, and the line breaks
+    inside a paragraph joined, so the terminal wraps it at its own width (#47: `one`
+    alone on a line at 80 columns)."""
+    if doc is None:
+        return None
+    return re.sub(r"(?<=\S)[ \t]*\n[ \t]*(?=\S)", " ", doc.replace("``", ""))
+
+
+class PlainArgument(TyperArgument):
+    """An argument whose usage reads SPEC_FILE, or [RUN] when optional (typer's own
+    usage reads ``{spec_file}``)."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def plain_param(param) -> None:
+    """An argument named in capitals (SPEC_FILE); an on/off flag with no ``<bool>``."""
+    if isinstance(param, TyperArgument) and param.metavar is None:
+        param.metavar = (param.name or "").upper()
+        param.__class__ = PlainArgument
+    elif isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+        param.metavar = ""  # a flag takes no value: its type column stays empty
+
+
+def plain_help(cmd: TyperCommand | TyperGroup) -> TyperCommand | TyperGroup:
+    """``cmd`` and its subcommands as ``--help`` should read them: plain help text and
+    ``plain_param``'s names, ``--help`` (made per context) included."""
+    cmd.help = plain_text(cmd.help)
+    params = cmd.get_params  # the instance's, bound
+
+    def get_params(ctx):
+        got = params(ctx)
+        for param in got:
+            plain_param(param)
+        return got
+
+    cmd.get_params = get_params
+    for sub in getattr(cmd, "commands", {}).values():
+        if not isinstance(sub, _Placeholder):
+            plain_help(sub)
     return cmd
 
 
@@ -121,6 +169,13 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         for name, (_, _, short) in COMMANDS.items():
             self.commands.setdefault(name, _Placeholder(name, help=short, short_help=short))
+
+    def get_params(self, ctx: typer.Context) -> list:
+        """The root's options (--version, completion, --help) as plain_param reads them."""
+        got = super().get_params(ctx)
+        for param in got:
+            plain_param(param)
+        return got
 
     def resolve_command(
         self, ctx: typer.Context, args: list[str]

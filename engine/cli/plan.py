@@ -218,6 +218,7 @@ def render(
     out: Annotated[Path, typer.Option("--out", help="output folder")],
     devices: DevicesOpt = None,
     backend: BackendOpt = None,
+    home: HomeOpt = None,
 ) -> None:
     """Write the launch scripts to a folder that runs as written, without running anything.
 
@@ -229,7 +230,7 @@ def render(
     from jobctl.engine.supervise.launch import new_run_id, run_context
 
     spec = load_or_exit(spec_file, backend=backend)
-    p = plan_or_exit(spec, spec_file, devices)
+    p = plan_or_exit(spec, spec_file, devices, home)  # the calibration cached under home
     name = backend or spec.hardware.backend
     ctx = run_context(spec, p, new_run_id(spec.name), (out / "run").resolve())
     rendered = render_or_exit(err, spec_file, name, ctx)
