@@ -86,7 +86,6 @@ class AveragingFields(SpecModel):
 _EXCLUSIVE = (
     ("pruning", "pruning.enabled"),
     ("rebalancing", "rebalancing.enabled"),
-    ("elasticity", "elasticity.enabled"),
 )
 
 

@@ -7,7 +7,7 @@ below device memory and is uploaded before it runs (``engine.mobius``), under
 and one pipeline uses the whole pool. What the runtime does not compose with yet is
 refused at validate time with the field and a fix: data or tensor parallelism,
 AvgPipe's averaging, the trainer plug-ins that move or reshape stages (pruning,
-rebalancing, an elastic morph), Merak's stage-aware ratios (every Mobius stage
+rebalancing), Merak's stage-aware ratios (every Mobius stage
 recomputes its forward already) and ``auto`` stages (S is the user's: the MIP cuts
 the blocks into exactly S stages).
 """
@@ -21,6 +21,9 @@ from .base import Violation
 from .two_stage import one_stage_features, refusals
 
 MOBIUS = "mobius"
+
+#: one_stage_features that Mobius runs (elasticity) or refuses with a reason of its own
+_OWN_RULE = ("parallelism.recompute", "elasticity.enabled")
 
 _FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
 
@@ -48,7 +51,8 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
             "data parallelism (D > 1)",
         ),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        *[f for f in one_stage_features(spec) if f[0] != "parallelism.recompute"],
+        # an elastic morph re-plans S over the devices left, from the newest checkpoint
+        *[f for f in one_stage_features(spec) if f[0] not in _OWN_RULE],
     ]
     yield from refusals(
         features,

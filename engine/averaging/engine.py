@@ -74,6 +74,12 @@ class AveragingEngine(ResidentEngine):
             for m in parts.models
         ]
 
+    @property
+    def hand_over_refusal(self) -> str | None:
+        # the survivors' emergency checkpoint is one model's blocks; a morph resumes
+        # the reference and every parallel model from the newest regular checkpoint
+        return "AvgPipe's reference and parallel models are not handed over"
+
     def finish(self, ok: bool) -> None:
         """Close the reference thread; its own error is raised only if the loop's
         ended well (else the loop's error goes on)."""

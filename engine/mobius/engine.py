@@ -3,10 +3,10 @@ memory (``runtime.MobiusRunner``), driven by the one loop (``runtime.trainer``) 
 every other engine: the same events, stop vote, checkpoint hook and plug-ins.
 
 What it does not offer, and why: a lost peer's step is not handed over (a swapped
-stage's state lives in its rank's tier, which goes with the rank; the run restarts
-from its last checkpoint), and a stage's update runs inside the swap (on the stage's
-next upload, Mobius sec. 3.1), so the loop's update hooks are called around the step
-as a whole.
+stage's state lives in its rank's tier, which goes with the rank; an elastic run
+re-plans S over the devices left and resumes from its newest checkpoint), and a
+stage's update runs inside the swap (on the stage's next upload, Mobius sec. 3.1),
+so the loop's update hooks are called around the step as a whole.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from jobctl.engine.runtime.step import StepTimes
 class SwappedEngine:
     """One rank of a Mobius run: its stages swapped in and out around each use."""
 
-    hands_over = False  # see the module docstring
     state: StageState | None = None  # nothing resident between steps
 
     def __init__(self, runner: MobiusRunner, plan: Plan, rank: int, device: torch.device):
@@ -58,6 +57,10 @@ class SwappedEngine:
     @property
     def scaler(self):
         return self.runner.scaler
+
+    @property
+    def hand_over_refusal(self) -> str:
+        return "a Mobius stage's state lives in its rank's tier, gone with the rank"
 
     def prepare(self) -> None:
         """Nothing: the runner built its stages and links."""

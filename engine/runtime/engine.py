@@ -63,7 +63,6 @@ class StepEngine(Protocol):
 
     rank: int
     device: torch.device
-    hands_over: bool  # a lost peer's survivors can hand this engine's step over
     state: StageState | None  # the resident stage state (None: swapped)
 
     @property
@@ -76,6 +75,8 @@ class StepEngine(Protocol):
     def vote_group(self): ...  # the group the stop vote runs over
     @property
     def scaler(self): ...  # fp16's loss scale, or None
+    @property
+    def hand_over_refusal(self) -> str | None: ...  # why survivors cannot hand a step over
 
     def prepare(self) -> None:
         """Ready the first step (probe shapes, open links)."""
@@ -125,8 +126,6 @@ def same_machine(one_machine: bool, plan: Plan, rank: int) -> Callable[[int], bo
 class ResidentEngine:
     """This rank's stages held in device memory, run under the plan's action list."""
 
-    hands_over = True
-
     def __init__(
         self, cfg: EngineConfig, state: StageState, mdef: ModelDef, device: torch.device, data
     ):
@@ -158,6 +157,14 @@ class ResidentEngine:
     @property
     def scaler(self):
         return self.state.scaler
+
+    @property
+    def hand_over_refusal(self) -> str | None:
+        """Why a lost peer's survivors cannot hand this step over (None: they can, from
+        whole blocks); the run then resumes from its newest checkpoint."""
+        if self.state.plan.T > 1:  # a split stage's whole tensors need its whole T group
+            return "tensor-parallel shards are not handed over (T > 1)"
+        return None
 
     def compute(self) -> contextlib.AbstractContextManager:
         """The step's compute context (autocast under bf16 and fp16)."""

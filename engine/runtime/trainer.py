@@ -124,15 +124,15 @@ class Trainer:
     def run(self) -> None:
         """Train from ``start_step`` to ``training.steps``, or until a stop or a pack;
         a lost peer raises :class:`~jobctl.engine.runtime.failure.StepFailure` with the
-        state this rank holds (engine/worker/survival.py takes it from there) where the
-        engine can hand its step over."""
+        state this rank holds (engine/worker/survival.py takes it from there: a hand-over
+        where the engine allows one, else the newest checkpoint)."""
         self.engine.prepare()
         ok = False
         try:
             self._loop()
             ok = True
         except Exception as e:
-            if not (self.engine.hands_over and is_peer_failure(e)):
+            if not is_peer_failure(e):
                 raise
             self.engine.cut_links()
             raise StepFailure(self.ledger.held(e, self._apply_pending)) from e

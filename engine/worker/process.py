@@ -219,7 +219,7 @@ def _stopped_by_peer(trainer: Trainer) -> bool:
     """Did this rank stop (checkpointed) before the end because other ranks were told
     to (preemption notices), not itself?"""
     asked = trainer.stop_requested or _early_sigterm or trainer.freed
-    if asked or not trainer.engine.hands_over:  # a Mobius rank is not re-formed: it ends
+    if asked:
         return False
     return trainer.ledger.done < trainer.training.steps
 

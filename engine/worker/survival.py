@@ -121,8 +121,8 @@ def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Deci
     rank, plan = trainer.rank, trainer.state.plan
     if os.environ.get(SHARED_CKPT_DISK, "1") != "1":  # parts on separate disks: no one step
         return Decision(None, "the nodes do not share the checkpoint disk")
-    if plan.T > 1:  # a split stage's whole tensors need its whole T group, maybe lost
-        return Decision(None, "tensor-parallel shards are not handed over (T > 1)")
+    if (why := trainer.engine.hand_over_refusal) is not None:  # T > 1, AvgPipe, Mobius
+        return Decision(None, why)
     ckpt = next(h for h in trainer.hooks if isinstance(h, Checkpointing))
     _settle_writer(ckpt)
     if torn():  # leaving: the others must not count on this rank's blocks

@@ -68,7 +68,7 @@ def _reference(spec, skipped=None):
         scaler = torch.amp.GradScaler(
             "cpu", init_scale=ls.init_scale, backoff_factor=ls.backoff_factor
         )
-    return elastic_train(model, make_opt, loss_of, N, 1 / N, STEPS, scaler, skipped)
+    return elastic_train(model, make_opt, loss_of, N, 1 / N, spec.training.steps, scaler, skipped)
 
 
 def _parallel_weights(ckpt) -> list[dict[str, torch.Tensor]]:

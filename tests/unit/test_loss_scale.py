@@ -154,22 +154,6 @@ def _error(text: str) -> str:
     ("edit", "expected"),
     [
         (
-            (
-                "  data_parallel: 1\n",
-                "  data_parallel: 1\n  schedule: mobius\n  pipeline_stages: 4\n",
-            ),
-            "jobs/half.yaml:6:3: training.precision: schedule mobius has no fp16 loss "
-            "scaling (it would train unscaled fp16)\n  fix: set training.precision: bf16",
-        ),
-        (
-            (
-                "  data_parallel: 1\n",
-                "  data_parallel: 1\n  averaging: elastic\n  parallel_pipelines: 2\n",
-            ),
-            "jobs/half.yaml:6:3: training.precision: parallelism.averaging: elastic has no "
-            "fp16 loss scaling yet\n  fix: set training.precision: bf16",
-        ),
-        (
             ("precision: fp16", "precision: bf16\n  loss_scale: {init_scale: 1024}"),
             "jobs/half.yaml:7:3: training.loss_scale: loss_scale is only used by precision "
             "fp16, but precision is 'bf16'\n  fix: remove training.loss_scale",
@@ -180,10 +164,28 @@ def test_fp16_refusals_name_field_line_and_fix(edit, expected) -> None:
     assert load_spec_text(SPEC).training.precision == "fp16"  # the plain case is valid
     # a run's saved spec writes every field (the default rule too) and must load
     assert load_spec_text(dump_yaml(load_spec_text(SPEC.replace("fp16", "fp32"))))
+    assert expected in _error(SPEC.replace(*edit))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("  data_parallel: 1\n", "  data_parallel: 1\n  schedule: mobius\n"),
+        (
+            "  data_parallel: 1\n",
+            "  data_parallel: 1\n  averaging: elastic\n  parallel_pipelines: 2\n",
+        ),
+    ],
+    ids=["mobius", "averaging"],
+)
+def test_fp16_runs_under_mobius_and_averaging(edit) -> None:
+    # both carry the loss scale now (were refused: "no fp16 loss scaling")
     text = SPEC.replace(*edit)
     if "mobius" in text:
-        text = text.replace("  pipeline_stages: 2\n", "")
-    assert expected in _error(text)
+        text = text.replace("  pipeline_stages: 2\n", "  pipeline_stages: 4\n")
+    else:
+        text = text.replace("  steps: 4\n", "  steps: 4\n  micro_batch_size: 2\n")
+    assert load_spec_text(text, "jobs/half.yaml").training.precision == "fp16"
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])

@@ -61,8 +61,9 @@ def test_auto_turns_to_mobius_only_when_nothing_fits():
     assert make_plan(small, calibration=cal).schedule != "mobius"
     # what Mobius does not run (stage-aware ratios) keeps auto off it
     assert resolve_mobius(_auto(0.03, **{"parallelism.recompute": "stage_aware"}), cal, 2) is None
-    # nor does fp16's loss scale: auto never turns an fp16 job into unscaled Mobius
-    assert resolve_mobius(_auto(0.03, **{"training.precision": "fp16"}), cal, 2) is None
+    # fp16 runs under Mobius with its loss scale (was refused: auto kept off it)
+    fp16 = resolve_mobius(_auto(0.03, **{"training.precision": "fp16"}), cal, 2)
+    assert fp16 is not None and fp16[0].schedule == "mobius"
 
 
 def test_a_plans_step_is_simulated_from_its_calibration():

@@ -59,7 +59,6 @@ def test_stages_may_not_be_auto():
         ("  averaging: elastic\n", "parallelism.averaging", 12, "elastic averaging"),
         ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
         ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
-        ("elasticity:\n  enabled: true\n", "elasticity.enabled", 13, "an elastic morph"),
         (
             "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
             "pruning.enabled",
