@@ -22,8 +22,8 @@ from .two_stage import one_stage_features, refusals
 
 MOBIUS = "mobius"
 
-#: one_stage_features that Mobius runs (elasticity) or refuses with a reason of its own
-_OWN_RULE = ("parallelism.recompute", "elasticity.enabled")
+#: one_stage_features that Mobius refuses with a reason of its own
+_OWN_RULE = ("parallelism.recompute",)
 
 _FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
 
@@ -51,7 +51,6 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
             "data parallelism (D > 1)",
         ),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        # an elastic morph re-plans S over the devices left, from the newest checkpoint
         *[f for f in one_stage_features(spec) if f[0] not in _OWN_RULE],
     ]
     yield from refusals(

@@ -3,8 +3,8 @@
 A ZB-V job cuts the model into 2P stages and runs two of them on each of the P ranks
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
-move or reshape one stage per rank (pruning, rebalancing, an elastic morph, AvgPipe's
-N models), Merak's per-stage ratios and a model too short for 2P stages. (A traced
+move or reshape one stage per rank (pruning, rebalancing, AvgPipe's N models),
+Merak's per-stage ratios and a model too short for 2P stages. (A traced
 model's stages pass their carrier between the V's two stages in memory, its layout
 taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
 between ranks d and d+1 the V's down-leg activations and up-leg gradients travel in
@@ -56,7 +56,6 @@ def one_stage_features(spec: Any) -> list[tuple[str, bool, str]]:
     return [
         ("pruning.enabled", spec.pruning.enabled, "pruning"),
         ("rebalancing.enabled", spec.rebalancing.enabled, "rebalancing"),
-        ("elasticity.enabled", spec.elasticity.enabled, "an elastic morph"),
         ("parallelism.averaging", par.averaging != "none", "elastic averaging"),
         ("parallelism.recompute", par.recompute == "stage_aware", "stage-aware recompute"),
     ]

@@ -164,6 +164,8 @@ class ResidentEngine:
         whole blocks); the run then resumes from its newest checkpoint."""
         if self.state.plan.T > 1:  # a split stage's whole tensors need its whole T group
             return "tensor-parallel shards are not handed over (T > 1)"
+        if isinstance(self.state.stage, RankStages):  # the decision picks one stage a rank
+            return "ZB-V's two stages per rank are not handed over"
         return None
 
     def compute(self) -> contextlib.AbstractContextManager:

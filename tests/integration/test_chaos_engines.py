@@ -1,5 +1,6 @@
 """A lost node under the step engines whose survivors hand no step over: AvgPipe's
-averaged models and Mobius's swapped stages morph from their newest checkpoint.
+averaged models, ZB-V's two stages a rank and Mobius's swapped stages morph from
+their newest checkpoint.
 
 The one loop traps the lost peer for every engine; the engine says why its step
 cannot be handed over (``hand_over_refusal``: the survivors' emergency checkpoint is
@@ -86,4 +87,20 @@ def test_mobius_morphs_onto_the_devices_left(tmp_path, monkeypatch):
     db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, "1:5:forward")
     # D = 1: the supervisor knows before any survivor answers that stage 1 has no copy
     for e in _fell_back(db, run_id, run_dir, "no live replica of stage(s) [1]", 1):
+        assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_zb_v_morphs_from_its_checkpoint_after_a_lost_node(tmp_path, monkeypatch):
+    # ZB-V at P = 2 x D = 2 on 2 nodes (a replica a node: each rank two stages of the
+    # V); node 1 dies in a forward at step 5; the run re-plans zb_v on node 0.
+    spec = tiny_spec(
+        **SGD,
+        **ELASTIC,
+        **{"parallelism.schedule": "zb_v", "parallelism.placement": "pipeline_major"},
+    )
+    ref, _ = reference_train(spec)
+    db, run_id, run_dir = _run(tmp_path, monkeypatch, spec, "3:5:forward")
+    for e in _fell_back(db, run_id, run_dir, "ZB-V", 2):
         assert e["loss"] == pytest.approx(ref[e["step"] - 1], abs=1e-5), e

@@ -52,13 +52,6 @@ parallelism:
             "does not support rebalancing",
             "turn off rebalancing.enabled",
         ),
-        (
-            "elasticity:\n  enabled: true\n",
-            "elasticity.enabled",
-            11,
-            "an elastic morph",
-            "turn off elasticity.enabled",
-        ),
     ],
 )
 def test_zb_v_refusals_name_the_field_line_and_fix(extra, path, line, message, fix) -> None:
