@@ -20,7 +20,7 @@ spread is mostly that load). Eq. 2 for computation at other micro-batch sizes, o
 quiet machine: run 1 picked (M=8, N=1), best in every round (1.000); run 2 picked
 otherwise, 0.920 / 0.870 (best rounds / medians), where (M=2, N=1, m=8) measured best
 and was predicted 6th of 7. With the stage timed alone at each candidate's size
-(``planner.elastic_tuning.measured``), ``--rounds 3``, load average 1-2.5, the
+(``planner.averaging_tuning.measured``), ``--rounds 3``, load average 1-2.5, the
 timings taken after the profiled batches (runs 1-2) or between them (run 3):
 run 1 picked (M=2, N=1, m=8): best rounds 1.000, medians 0.870, per round 0.777 /
 1.000 / 0.869; (2, 1), (4, 1) and (8, 1) within 3 % of each other at their best.

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pruning", "rebalance", "averaging"),
     ("worker", "calibration.measure"),
     ("supervise",),
-    ("fleet", "scheduler"),
+    ("fleet", "recurring"),
     ("views",),
     ("cli",),
 )

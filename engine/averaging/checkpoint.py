@@ -7,7 +7,7 @@ A block file's ``params`` hold the reference's weights (what ``export`` and
 ``meta.json`` records ``averaging: {N, alpha}``. A checkpoint is taken once the
 reference has applied every batch up to its step (r_step).
 
-Resume (:func:`resume_elastic`): with the checkpoint's N, the reference, every parallel
+Resume (:func:`resume_averaged`): with the checkpoint's N, the reference, every parallel
 model and its optimizer state come back exactly, so the run continues as if never
 stopped. With another N (or from a synchronous run's checkpoint), the reference is the
 checkpoint's model and every parallel model restarts from it, with the optimizer state
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobctl.engine.averaging.parts import ElasticParts
+from jobctl.engine.averaging.parts import AveragingParts
 from jobctl.engine.checkpoint.blocks import (
     blocks_written_by,
     load_blocks,
@@ -32,7 +32,7 @@ from jobctl.engine.model.blocks import Tie
 from jobctl.engine.runtime.hook import StageState
 
 
-def snapshot_elastic(parts: ElasticParts, blocks: list[int], ties: list[Tie]) -> dict:
+def snapshot_averaged(parts: AveragingParts, blocks: list[int], ties: list[Tie]) -> dict:
     """The reference's blocks, each with the parallel models' under ``parallel``."""
     snap = snapshot_blocks(parts.reference.stage, None, blocks, ties)
     shots = [snapshot_blocks(m.stage, m.opt, blocks, ties) for m in parts.models]
@@ -41,7 +41,7 @@ def snapshot_elastic(parts: ElasticParts, blocks: list[int], ties: list[Tie]) ->
     return snap
 
 
-def resume_elastic(parts: ElasticParts, batch: int, ties: list[Tie], ckpt_dir: Path) -> int:
+def resume_averaged(parts: AveragingParts, batch: int, ties: list[Tie], ckpt_dir: Path) -> int:
     """Load ``ckpt_dir`` into ``parts`` (see the module docstring) for a run of global
     batch ``batch``; returns the step to continue at."""
     meta = read_meta(ckpt_dir)
@@ -56,17 +56,17 @@ def resume_elastic(parts: ElasticParts, batch: int, ties: list[Tie], ckpt_dir: P
     return step
 
 
-class ElasticCheckpointing(Checkpointing):
+class AveragingCheckpointing(Checkpointing):
     """:class:`Checkpointing` that saves the reference and the N parallel models."""
 
-    def __init__(self, *args, parts: ElasticParts, **kwargs):
+    def __init__(self, *args, parts: AveragingParts, **kwargs):
         super().__init__(*args, **kwargs)
         self.parts = parts
 
     def save(self, state: StageState, step: int, final: bool = False) -> None:
         self.parts.reference.wait_for(step)  # r_step: every batch before it applied
         mine = blocks_written_by(state.plan, self.rank)
-        snap = snapshot_elastic(self.parts, mine, self.ties)
+        snap = snapshot_averaged(self.parts, mine, self.ties)
         self.manager.save(step, snap, self.meta(state.plan, step), final=final)
 
     def meta(self, plan: Plan, step: int) -> dict:

@@ -8,7 +8,7 @@ from jobctl.spec.sections import ParallelismSpec
 
 
 @dataclass(frozen=True)
-class ElasticConfig:
+class AveragingConfig:
     """N parallel pipelines, each pulled towards the reference with weight ``alpha``."""
 
     N: int
@@ -19,7 +19,7 @@ class ElasticConfig:
             raise ValueError(f"elastic averaging needs N >= 1 and alpha in [0, 1]: {self}")
 
     @classmethod
-    def from_spec(cls, parallelism: ParallelismSpec) -> ElasticConfig | None:
+    def from_spec(cls, parallelism: ParallelismSpec) -> AveragingConfig | None:
         """The config of ``parallelism.averaging: elastic``; None when averaging is off.
         ``alpha: auto`` is 1/N (AvgPipe sec. 3.2, after EASGD)."""
         if parallelism.averaging != "elastic":

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
-from jobctl.engine.averaging.parts import ElasticParts
+from jobctl.engine.averaging.parts import AveragingParts
 from jobctl.engine.averaging.rule import dilute, local_update, squared_distance
 from jobctl.engine.runtime.engine import ResidentEngine
 from jobctl.engine.runtime.evaluation import eval_loss
@@ -60,7 +60,7 @@ def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
 class AveragingEngine(ResidentEngine):
     """A :class:`ResidentEngine` whose step trains the N parallel models of ``parts``."""
 
-    def __init__(self, *args, parts: ElasticParts):
+    def __init__(self, *args, parts: AveragingParts):
         super().__init__(*args)
         self.parts = parts
         self.interleaved: InterleavedExecutor | None = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jobctl.engine.averaging.config import ElasticConfig
+from jobctl.engine.averaging.config import AveragingConfig
 from jobctl.engine.averaging.models import ParallelModel, parallel_models, reference_stage
 from jobctl.engine.averaging.reference import ReferenceModel
 from jobctl.engine.data.dataset import Sharding
@@ -16,20 +16,20 @@ from jobctl.spec.job import JobSpec
 
 
 @dataclass
-class ElasticParts:
+class AveragingParts:
     """Its config, the N parallel models (model 0 is the trainer's stage) and the
     reference with its thread."""
 
-    config: ElasticConfig
+    config: AveragingConfig
     models: list[ParallelModel]
     reference: ReferenceModel
 
 
-def elastic_parts(
+def averaging_parts(
     spec: JobSpec, mdef: ModelDef, state: StageState, device: torch.device
-) -> ElasticParts | None:
+) -> AveragingParts | None:
     """The parallel models and reference of ``state``'s stage; None without averaging."""
-    config = ElasticConfig.from_spec(spec.parallelism)
+    config = AveragingConfig.from_spec(spec.parallelism)
     if config is None:
         return None
     me, plan = state.plan.stage_of(state.topo.rank), state.plan
@@ -40,4 +40,4 @@ def elastic_parts(
 
     models = parallel_models(state.stage, state.opt, make_stage, spec.training, shard, config.N)
     reference = ReferenceModel(reference_stage(state.stage, make_stage), config.N)
-    return ElasticParts(config, models, reference)
+    return AveragingParts(config, models, reference)

@@ -129,7 +129,7 @@ def _detach(
     """Start this same `apply` as a background supervisor in its own session."""
     import subprocess
 
-    from jobctl.engine.scheduler.procs import jobctl_argv
+    from jobctl.engine.recurring.procs import jobctl_argv
     from jobctl.engine.supervise.launch import new_run_id
 
     run_id = opts.run_id or new_run_id(name)

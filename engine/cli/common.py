@@ -148,7 +148,7 @@ def tuned_or_exit(spec: JobSpec, path: Path, home: Path | None, show: bool = Tru
     """``spec`` with AvgPipe's ``auto`` (M, N) resolved (``averaging.tuning``: one
     profile, then every setting predicted), the table printed; exit 2 when none fits."""
     from jobctl.engine.averaging.tuning import resolve
-    from jobctl.engine.views.elastic_tuning import print_tuning
+    from jobctl.engine.views.averaging_tuning import print_tuning
 
     par = spec.parallelism
     if par.averaging != "elastic" or "auto" not in (par.micro_batches, par.parallel_pipelines):

@@ -21,7 +21,7 @@ from jobctl.engine.fleet.members import member_rows
 from jobctl.engine.fleet.planning import FleetPlan, plan_fleet, record_fleet
 from jobctl.engine.fleet.runner import FleetBusy, FleetRunner
 from jobctl.engine.fleet.stopping import stop_fleet
-from jobctl.engine.scheduler.procs import hostname
+from jobctl.engine.recurring.procs import hostname
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.views.fleet import FleetProgress, print_fleet_plan, print_fleet_status
 from jobctl.spec import SpecError

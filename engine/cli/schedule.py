@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, console, err
-from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook
-from jobctl.engine.scheduler.daemon import Daemon
-from jobctl.engine.scheduler.trigger import Trigger
+from jobctl.engine.recurring.book import NoSuchSchedule, ScheduleBook
+from jobctl.engine.recurring.daemon import Daemon
+from jobctl.engine.recurring.trigger import Trigger
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import Leases
 from jobctl.engine.views.schedule import print_leases, print_schedules, when

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from jobctl.engine.scheduler.procs import hostname, pid_alive
+from jobctl.engine.recurring.procs import hostname, pid_alive
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import ensure_tables
 

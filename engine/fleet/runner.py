@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.fleet.db import FleetDB
-from jobctl.engine.scheduler import procs
+from jobctl.engine.recurring import procs
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from jobctl.engine.fleet.db import FleetDB
-from jobctl.engine.scheduler.procs import hostname, pid_alive, stop_tree
+from jobctl.engine.recurring.procs import hostname, pid_alive, stop_tree
 
 
 def stop_fleet(fleets: FleetDB, row: dict) -> list[dict] | None:

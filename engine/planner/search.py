@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
-from jobctl.engine.planner import elastic
+from jobctl.engine.planner import averaging_costs
 from jobctl.engine.planner.contention import contend, demand, replica_skew
 from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.replicas import (
@@ -219,13 +219,13 @@ def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> b
         peaks = activation_peaks(lay, None)
     else:
         peaks = generated_peaks(lay.schedule, lay.P, lay.M, _options_key(spec.parallelism, lay))
-    cand.memory = elastic.memory(spec, tables.cal, cand.stages, peaks, lay.m)
+    cand.memory = averaging_costs.memory(spec, tables.cal, cand.stages, peaks, lay.m)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
     if cand.memory[worst] <= cap:
         return True
     cand.why_not = (
         f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
-        f"> {spec.hardware.memory_gb} GB{elastic.refusal_note(spec)}"
+        f"> {spec.hardware.memory_gb} GB{averaging_costs.refusal_note(spec)}"
     )
     return False
 
@@ -274,7 +274,7 @@ def search(
     explicit_P = par.pipeline_stages if isinstance(par.pipeline_stages, int) else None
     if explicit_P is not None and explicit_P > n:
         raise PlanError(f"parallelism.pipeline_stages={explicit_P}: the model has only {n} blocks")
-    explain, tables = [f"costs: {source}"], Tables(elastic.calibration(spec, cal))
+    explain, tables = [f"costs: {source}"], Tables(averaging_costs.calibration(spec, cal))
     m, lines = choose_m(spec, tables, explicit_P or min(n, G), cap)
     explain += lines
     while True:

@@ -25,7 +25,7 @@ from jobctl.engine.supervise.handover import Handover
 from jobctl.engine.supervise.in_place_watch import InPlaceWatch
 from jobctl.engine.supervise.launch import Run, last_lines
 from jobctl.engine.supervise.records import AttemptRecords
-from jobctl.engine.supervise.recovery import Loss
+from jobctl.engine.supervise.recovery import NodeLoss
 from jobctl.engine.supervise.scaling import ScaleRequest, ScaleWatch
 
 
@@ -42,7 +42,7 @@ class Outcome:
     lost_nodes: list[int] = field(default_factory=list)
     devices: int | None = None  # a morph's target device count
     straggler_nodes: list[int] = field(default_factory=list)  # flagged when it ended
-    loss: Loss | None = None
+    loss: NodeLoss | None = None
     handover: dict | None = None  # lost nodes: the survivors' emergency step, or why none
     survivors_wait: bool = False  # the other nodes wait to re-form in place, holding:
     resume_step: int | None = None  # the step they continue from (handed over, or stopped at)

@@ -21,7 +21,7 @@ from jobctl.engine.state.db import StateDB
 
 
 @dataclass(frozen=True)
-class Loss:
+class NodeLoss:
     """When nodes were lost, and which sign of theirs says so."""
 
     at: float  # wall-clock time (the workers' clock)
@@ -31,13 +31,13 @@ class Loss:
     resumed: int | None = None  # the step the next attempt continues from
     source: str = "checkpoint"  # of that step: "emergency checkpoint" or "checkpoint"
 
-    def resumed_at(self, step: int, handed_over: int | None) -> Loss:
+    def resumed_at(self, step: int, handed_over: int | None) -> NodeLoss:
         """This loss, with where the next attempt continues (``handed_over``: the
         survivors' emergency step, if they wrote one)."""
         source = "emergency checkpoint" if handed_over == step else "checkpoint"
         return replace(self, resumed=step, source=source)
 
-    def with_trained(self, step: int) -> Loss:
+    def with_trained(self, step: int) -> NodeLoss:
         """This loss, knowing that ``step`` was trained before it (the newest counts)."""
         return replace(self, trained=max(self.trained, step))
 
@@ -69,7 +69,7 @@ class LossClock:
         self.notice[node] = min(ts, self.notice.get(node, ts))
         return first
 
-    def loss(self, nodes: list[int]) -> Loss | None:
+    def loss(self, nodes: list[int]) -> NodeLoss | None:
         """The earliest loss among ``nodes`` (None if none of them said anything)."""
         signs = []
         for n in nodes:
@@ -80,10 +80,10 @@ class LossClock:
         if not signs:
             return None
         at, sign = min(signs)
-        return Loss(at, sorted(nodes), sign, trained=self.newest)
+        return NodeLoss(at, sorted(nodes), sign, trained=self.newest)
 
 
-def record_recovery(db: StateDB, run_id: str, loss: Loss, first_step_ts: float) -> float:
+def record_recovery(db: StateDB, run_id: str, loss: NodeLoss, first_step_ts: float) -> float:
     """Persist one recovery (run field ``recovery_s`` and a ``recovery`` event)."""
     seconds = max(0.0, first_step_ts - loss.at)
     db.update_run(run_id, recovery_s=seconds)

@@ -56,7 +56,7 @@ from jobctl.engine.supervise.launch import (
     run_context,
 )
 from jobctl.engine.supervise.monitor import Monitor, Outcome
-from jobctl.engine.supervise.recovery import Loss, record_recovery
+from jobctl.engine.supervise.recovery import NodeLoss, record_recovery
 from jobctl.engine.supervise.scaling import next_attempt
 from jobctl.spec import JobSpec
 
@@ -94,7 +94,7 @@ class Supervisor(InPlaceSteps):
         self.monitor: Monitor | None = None
         self.progress: ProgressView | None = None
         self.outcome: Outcome | None = None  # of the latest attempt
-        self.loss: Loss | None = None  # a loss whose recovery is not measured yet
+        self.loss: NodeLoss | None = None  # a loss whose recovery is not measured yet
         self.stop_seen: float | None = None
         self.watched_at = 0.0  # when the running attempt was first polled (deadline_s)
         self.launched_at: float | None = None  # this process launched the attempt (time)
@@ -343,7 +343,7 @@ class Supervisor(InPlaceSteps):
             return self._finish(outcome)
         self.outcome = outcome
         if outcome.kind == "preempted":  # recovery is timed from the loss itself
-            loss = outcome.loss or Loss(self.db.clock(), outcome.lost_nodes, "detection")
+            loss = outcome.loss or NodeLoss(self.db.clock(), outcome.lost_nodes, "detection")
             self.loss = loss.with_trained(self._trained(outcome))
         self._transition("morphing", outcome.message.splitlines()[0])
         if outcome.survivors_wait:

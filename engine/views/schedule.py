@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:  # `jobctl events` prints a timeline without the scheduler's imports
-    from jobctl.engine.scheduler.book import ScheduleRow
+    from jobctl.engine.recurring.book import ScheduleRow
     from jobctl.engine.state.leases import Lease
 
 

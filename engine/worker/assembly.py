@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from jobctl.engine.averaging.checkpoint import ElasticCheckpointing, resume_elastic
+from jobctl.engine.averaging.checkpoint import AveragingCheckpointing, resume_averaged
 from jobctl.engine.averaging.engine import AveragingEngine
-from jobctl.engine.averaging.parts import elastic_parts
+from jobctl.engine.averaging.parts import averaging_parts
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
@@ -84,14 +84,14 @@ def build_trainer(
     if state.tp is not None and state.tp.requested:  # its fallbacks, for the views too
         me = plan.stage_of(rank).index
         events.write(Kind.TP_SUBPIPELINE, rank=rank, stage=me, **state.tp.record())
-    parts = elastic_parts(spec, mdef, state, device)  # AvgPipe's N models, or None
+    parts = averaging_parts(spec, mdef, state, device)  # AvgPipe's N models, or None
     pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
     if spec.rebalancing.enabled:
         hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
     masks = None if pruner is None else (lambda: pruner.masks)
     args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
-    checkpoints = Checkpointing(*args) if not parts else ElasticCheckpointing(*args, parts=parts)
+    checkpoints = Checkpointing(*args) if not parts else AveragingCheckpointing(*args, parts=parts)
     hooks += [checkpoints, *_chaos(rank, resume)]
     mark("model")  # the state is built; what follows to "built" is mostly the resume
     start = 0 if resume is None else _resumed(state, parts, pruner, mdef, resume)
@@ -107,7 +107,7 @@ def _resumed(state: StageState, parts, pruner, mdef: ModelDef, resume: Path) -> 
     """Load checkpoint ``resume`` into this rank's stage (or AvgPipe's models) and its
     pruner; the step to continue at."""
     if parts:
-        return resume_elastic(parts, state.plan.global_batch_size, mdef.ties, resume)
+        return resume_averaged(parts, state.plan.global_batch_size, mdef.ties, resume)
     start = resume_stage(state, mdef.ties, resume)
     if pruner is not None:
         pruner.load(resume, start)

@@ -9,9 +9,9 @@ import pytest
 
 from jobctl.engine.averaging.profile_rank import BATCHES
 from jobctl.engine.averaging.tuning import resolve, settings
-from jobctl.engine.planner.elastic_tuning import measured
+from jobctl.engine.planner.averaging_tuning import measured
 from jobctl.engine.planner.resolver import make_plan
-from jobctl.engine.views.elastic_tuning import tuning_lines
+from jobctl.engine.views.averaging_tuning import tuning_lines
 from jobctl.spec import load_spec_text
 
 SPEC = """\

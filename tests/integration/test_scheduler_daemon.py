@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
 from jobctl.engine.core.process import kill_tree
-from jobctl.engine.scheduler.book import ScheduleBook
+from jobctl.engine.recurring.book import ScheduleBook
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import dump_yaml

@@ -40,7 +40,7 @@ READ_ONLY_HEAVY = [
     "jobctl.backends",
     "jobctl.engine.data.tokens",
     "numpy",
-    "jobctl.engine.scheduler",
+    "jobctl.engine.recurring",
 ]
 
 

@@ -13,10 +13,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from jobctl.engine.averaging.checkpoint import resume_elastic, snapshot_elastic
-from jobctl.engine.averaging.config import ElasticConfig
+from jobctl.engine.averaging.checkpoint import resume_averaged, snapshot_averaged
+from jobctl.engine.averaging.config import AveragingConfig
 from jobctl.engine.averaging.models import PipelineShare, parallel_models, reference_stage
-from jobctl.engine.averaging.parts import ElasticParts
+from jobctl.engine.averaging.parts import AveragingParts
 from jobctl.engine.averaging.reference import ReferenceModel
 from jobctl.engine.averaging.rule import dilute, local_update
 from jobctl.engine.checkpoint.blocks import write_meta, write_snapshot
@@ -60,11 +60,11 @@ def _error(text: str) -> str:
 
 def test_spec_config_alpha_auto_is_one_over_n() -> None:
     spec = load_spec_text(SPEC.replace("parallel_pipelines: 2", "parallel_pipelines: 4"))
-    assert ElasticConfig.from_spec(spec.parallelism) == ElasticConfig(N=4, alpha=0.25)
+    assert AveragingConfig.from_spec(spec.parallelism) == AveragingConfig(N=4, alpha=0.25)
     spec = load_spec_text(SPEC + "  alpha: 0.3\n")
-    assert ElasticConfig.from_spec(spec.parallelism).alpha == 0.3
+    assert AveragingConfig.from_spec(spec.parallelism).alpha == 0.3
     plain = load_spec_text(SPEC.replace("  averaging: elastic\n  parallel_pipelines: 2\n", ""))
-    assert ElasticConfig.from_spec(plain.parallelism) is None
+    assert AveragingConfig.from_spec(plain.parallelism) is None
 
 
 @pytest.mark.parametrize(
@@ -213,7 +213,7 @@ def test_loss_after_k_steps_within_5_percent_of_synchronous() -> None:
     assert abs(got - want) <= 0.05 * want, (start, want, got)
 
 
-def _parts(spec, n: int) -> ElasticParts:
+def _parts(spec, n: int) -> AveragingParts:
     """One process's whole model as N parallel models and a reference."""
     mdef = model_def(spec.model, spec.training.seed, 2)
 
@@ -225,10 +225,10 @@ def _parts(spec, n: int) -> ElasticParts:
     shard = Sharding(spec.training.global_batch_size, 1, 2)
     models = parallel_models(first, opt, make_stage, spec.training, shard, n)
     ref = ReferenceModel(reference_stage(first, make_stage), n)
-    return ElasticParts(ElasticConfig(n, 1 / n), models, ref)
+    return AveragingParts(AveragingConfig(n, 1 / n), models, ref)
 
 
-def _train_a_little(parts: ElasticParts) -> None:
+def _train_a_little(parts: AveragingParts) -> None:
     """Different weights and momentum in every parallel model and the reference."""
     for i, m in enumerate(parts.models):
         loss = sum(((p - i) ** 2).sum() for p in m.stage.parameters())
@@ -248,10 +248,10 @@ def test_checkpoint_resumes_reference_and_every_parallel_model(tmp_path) -> None
     saved = _parts(spec, 2)
     _train_a_little(saved)
     blocks = list(saved.models[0].stage.block_ids)
-    write_snapshot(snapshot_elastic(saved, blocks, []), tmp_path)
+    write_snapshot(snapshot_averaged(saved, blocks, []), tmp_path)
     write_meta(tmp_path, {"step": 3, "global_batch_size": 8, "averaging": {"N": 2}})
     same = _parts(spec, 2)
-    assert resume_elastic(same, 8, [], tmp_path) == 3
+    assert resume_averaged(same, 8, [], tmp_path) == 3
     assert same.reference.version == 3
     for want, got in zip(saved.models, same.models, strict=True):
         assert _state(got.stage).keys() == _state(want.stage).keys()
@@ -266,7 +266,7 @@ def test_checkpoint_resumes_reference_and_every_parallel_model(tmp_path) -> None
     assert not torch.equal(saved.models[0].tensors[0], saved.models[1].tensors[0])
 
     other = _parts(spec, 3)  # another N: every parallel model restarts from the reference
-    resume_elastic(other, 8, [], tmp_path)
+    resume_averaged(other, 8, [], tmp_path)
     for m in other.models:
         for k, v in _state(saved.reference.stage).items():
             assert torch.equal(_state(m.stage)[k], v), k

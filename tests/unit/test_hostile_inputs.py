@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from jobctl.engine.cli.app import app
 from jobctl.engine.core.home import require_run_id
 from jobctl.engine.fleet.loader import load_fleet
-from jobctl.engine.scheduler.book import ScheduleBook
-from jobctl.engine.scheduler.store import TABLE
+from jobctl.engine.recurring.book import ScheduleBook
+from jobctl.engine.recurring.store import TABLE
 from jobctl.engine.state.db import StateDB, StateDBError
 from jobctl.spec import ScheduleSpec, SpecError
 
@@ -71,7 +71,7 @@ def test_schedule_rows_are_data_a_planted_pickle_runs_nothing(tmp_path, caplog):
             sa.text("INSERT INTO apscheduler_jobs VALUES ('evil', 1.0, :s)"),
             {"s": planted.encode()},
         )
-    with caplog.at_level(logging.WARNING, logger="jobctl.engine.scheduler.store"):
+    with caplog.at_level(logging.WARNING, logger="jobctl.engine.recurring.store"):
         result = runner.invoke(app, ["schedule", "list", "--home", str(tmp_path / "home")])
     assert result.exit_code == 0, result.output
     assert any("1 schedule(s) of an older jobctl" in r.getMessage() for r in caplog.records)

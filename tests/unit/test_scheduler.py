@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
-from jobctl.engine.scheduler.book import NoSuchSchedule, ScheduleBook, cron_weekdays, trigger_for
-from jobctl.engine.scheduler.daemon import Daemon
-from jobctl.engine.scheduler.store import rule_json
-from jobctl.engine.scheduler.trigger import Trigger, fire
+from jobctl.engine.recurring.book import NoSuchSchedule, ScheduleBook, cron_weekdays, trigger_for
+from jobctl.engine.recurring.daemon import Daemon
+from jobctl.engine.recurring.store import rule_json
+from jobctl.engine.recurring.trigger import Trigger, fire
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import ScheduleSpec, dump_yaml

@@ -1,7 +1,7 @@
 """The persisted schedules: add, list, pause, resume and remove them in the state DB.
 
 A schedule is an apscheduler job in the ``apscheduler_jobs`` table with the job name as
-its id, :func:`~jobctl.engine.scheduler.trigger.fire` as its callable and
+its id, :func:`~jobctl.engine.recurring.trigger.fire` as its callable and
 ``{"job": name, "spec": path}`` as arguments; its human description (``every 30 s``,
 ``cron '0 */6 * * *' Europe/Berlin``) is kept as the apscheduler job's name. The book
 opens the same store as the daemon, paused, so it never fires anything itself.
@@ -15,10 +15,10 @@ from datetime import datetime
 
 from apscheduler.jobstores.base import JobLookupError
 
-from jobctl.engine.scheduler.daemon import DEFAULT_GRACE_S, Daemon
-from jobctl.engine.scheduler.store import cron_weekdays as cron_weekdays  # re-exported
-from jobctl.engine.scheduler.store import rule_json, trigger_for
-from jobctl.engine.scheduler.trigger import Trigger, fire
+from jobctl.engine.recurring.daemon import DEFAULT_GRACE_S, Daemon
+from jobctl.engine.recurring.store import cron_weekdays as cron_weekdays  # re-exported
+from jobctl.engine.recurring.store import rule_json, trigger_for
+from jobctl.engine.recurring.trigger import Trigger, fire
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents
 from jobctl.spec import ScheduleSpec

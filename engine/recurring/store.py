@@ -33,7 +33,7 @@ from jobctl.spec import ScheduleSpec
 
 TABLE = "jobctl_schedules"
 LEGACY_TABLE = "apscheduler_jobs"  # apscheduler's SQLAlchemyJobStore: pickled jobs
-FIRE = "jobctl.engine.scheduler.trigger:fire"  # the one callable every schedule names
+FIRE = "jobctl.engine.recurring.trigger:fire"  # the one callable every schedule names
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""jobctl.engine.scheduler: persisted schedules that resume jobs on their own.
+"""jobctl.engine.recurring: persisted schedules that resume jobs on their own.
 
 ``book`` adds, lists, pauses and removes schedules in the state DB; ``daemon`` is
 ``jobctl scheduler run``, which fires them; ``trigger`` decides, under a lease,

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from jobctl.engine.core.phases import Phase
 from jobctl.engine.core.process import process_token
-from jobctl.engine.scheduler.procs import (
+from jobctl.engine.recurring.procs import (
     Child,
     ForeignChild,
     Spawn,
@@ -220,7 +220,7 @@ def fire(
 ) -> str:
     """The callable every persisted schedule names; ``jobctl scheduler run`` calls it
     with its :class:`Trigger` (the leases and children of that process). ``rule`` is
-    the schedule's rule as stored (engine/scheduler/store), which the trigger already
+    the schedule's rule as stored (engine/recurring/store), which the trigger already
     follows."""
     if trigger is None:
         raise TypeError("fire() runs inside `jobctl scheduler run`, which passes its Trigger")

@@ -1,7 +1,7 @@
 """``jobctl scheduler run``: the daemon that fires persisted schedules.
 
 An apscheduler 3 scheduler whose job store is a table of plain data in the state DB
-(engine/scheduler/store: no pickles), so schedules survive restarts and every daemon on
+(engine/recurring/store: no pickles), so schedules survive restarts and every daemon on
 that DB sees the same ones. Due triggers are coalesced (many missed firings of a resume
 are one resume) and a trigger later than its ``misfire_grace_time`` is recorded as
 missed. The daemon is one thread: a loop of "fire what is due, renew and reap children,
@@ -28,8 +28,8 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.base import BaseScheduler
 
-from jobctl.engine.scheduler.store import DataJobStore
-from jobctl.engine.scheduler.trigger import Trigger
+from jobctl.engine.recurring.store import DataJobStore
+from jobctl.engine.recurring.trigger import Trigger
 from jobctl.engine.state.db import StateDB
 
 DEFAULT_GRACE_S = 600
