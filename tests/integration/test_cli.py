@@ -3,37 +3,11 @@ messages and files, in this process)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from ..jobrun import QUICKSTART, quickstart_with, run_cli
-
-
-@pytest.mark.multiproc
-def test_quickstart_end_to_end(tmp_path):
-    r = run_cli(tmp_path, "apply", str(QUICKSTART), timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "completed" in r.stdout
-    run_dir = next((tmp_path / "runs").iterdir())
-    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    losses = [s["loss"] for s in steps if s["kind"] == "step"]
-    assert len(losses) == 60 and losses[-1] < losses[0] - 1.0
-    assert (run_dir / "checkpoints" / "step-00000060" / "manifest.json").exists()
-    assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == [
-        f"rank-{r}.log" for r in range(4)
-    ]
-    st = run_cli(tmp_path, "status")
-    assert "completed" in st.stdout and "60/60" in st.stdout
-    lg = run_cli(tmp_path, "logs", "quickstart", "--rank", "3")
-    assert lg.returncode == 0 and "rank 3: done" in lg.stdout
-    # training.log_every defaults to 1: every rank logs every step; last-stage ranks
-    # show the loss, the others "-".
-    shown = [_logged_steps((run_dir / "logs" / f"rank-{r}.log").read_text()) for r in range(4)]
-    assert all(sorted(lines) == list(range(1, 61)) for lines in shown)
-    losses = [lines[60] for lines in shown]
-    assert sorted(x == "-" for x in losses) == [False, False, True, True]
+from ..jobrun import quickstart_with, run_cli
 
 
 def _logged_steps(log: str) -> dict[int, str]:

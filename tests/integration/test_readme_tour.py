@@ -1,7 +1,9 @@
 """Every command of the README's CLI tour, as written (#24 item 4): each line of the
 ``## CLI tour`` block runs in order with the `jobctl` console script, from a folder
 holding a copy of jobs/ (so `out/` and the state home `./.jobctl` land there), and
-exits 0 with no traceback. The tour is the README's: a line added there runs here."""
+exits 0 with no traceback. The tour is the README's: a line added there runs here.
+Its first quickstart run is checked as the end-to-end quickstart test did (one launch
+of that job instead of two)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ..jobrun import ROOT
+from .test_cli import _logged_steps
 
 # What a line must print besides exiting 0, for the lines whose output proves the point.
 EXPECT = {
@@ -70,8 +73,31 @@ def test_every_tour_command_runs_as_written(tmp_path):
             assert "Traceback" not in out, f"{cmd}\n{out[-3000:]}"
             if cmd in EXPECT:
                 assert EXPECT[cmd] in out, f"{cmd}\n{out[-3000:]}"
+        _check_the_quickstart_run(jobctl, tmp_path, env)
     finally:  # the --detach line leaves a run supervised in the background: stop it
         _stop_all(jobctl, tmp_path, env)
+
+
+def _check_the_quickstart_run(jobctl: str, cwd: Path, env: dict) -> None:
+    """The tour's first `jobctl apply jobs/quickstart.yaml` trained what the README says:
+    60 steps, the loss down by more than 1, the final checkpoint, a log per rank in which
+    every rank logs every step (the last stage's ranks the loss, the others "-")."""
+    run_dir = min((cwd / ".jobctl" / "runs").glob("quickstart-*"))  # ids sort by time
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [s["loss"] for s in steps if s["kind"] == "step"]
+    assert len(losses) == 60 and losses[-1] < losses[0] - 1.0
+    assert (run_dir / "checkpoints" / "step-00000060" / "manifest.json").exists()
+    logs = sorted((run_dir / "logs").glob("rank-*.log"))
+    assert [p.name for p in logs] == [f"rank-{r}.log" for r in range(4)]
+    shown = [_logged_steps(p.read_text()) for p in logs]
+    assert all(sorted(lines) == list(range(1, 61)) for lines in shown)
+    assert sorted(lines[60] == "-" for lines in shown) == [False, False, True, True]
+    assert "rank 3: done" in logs[3].read_text()
+    st = subprocess.run(
+        [jobctl, "status", run_dir.name], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    for field, value in (("phase", "completed"), ("step", "60"), ("total_steps", "60")):
+        assert re.search(rf"\b{field}\s+│ {value} ", st.stdout), st.stdout
 
 
 def _stop_all(jobctl: str, cwd: Path, env: dict) -> None:
