@@ -24,17 +24,21 @@ from ..mobius_ranks import spec_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _ranks(tmp_path, optimizer: str, steps: int, placement: str, model: str) -> list[dict]:
+    """Run ``tests.mobius_ranks`` on 2 gloo ranks; what each rank saved."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "tests.mobius_ranks"]
+    args = [str(free_port()), str(tmp_path), optimizer, str(steps), placement, model]
+    procs = [subprocess.Popen([*cmd, str(r), "2", *args], cwd=ROOT, env=env) for r in range(2)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    return [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+
+
 @pytest.mark.multiproc
 def test_two_ranks_train_like_one_process(tmp_path):
     # AdamW: its slots travel with the update on upload (SGD: tests/unit/test_mobius_runtime)
     optimizer = "adamw"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    port = free_port()
-    cmd = [sys.executable, "-m", "tests.mobius_ranks"]
-    args = [str(port), str(tmp_path), optimizer, "3", "0,1,1,0,0,1"]
-    procs = [subprocess.Popen([*cmd, str(r), "2", *args], cwd=ROOT, env=env) for r in range(2)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    got = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+    got = _ranks(tmp_path, optimizer, 3, "0,1,1,0,0,1", "gpt")
     ref_losses, ref_weights = reference_train(spec_for(optimizer, 3), micro_batch=2)
     assert got[1]["losses"] == pytest.approx(ref_losses, abs=1e-5)  # stage 5 on rank 1
     assert got[0]["losses"] == [None] * 3
@@ -56,13 +60,7 @@ def test_a_traced_hugging_face_llama_trains_like_one_process(tmp_path):
     # S = 4 stages on 2 ranks (0, 1, 0, 1): the carriers between the traced subgraphs
     # hold several values (hidden states, position embeddings, masks); their layout
     # goes once, then one tensor per micro-batch, as between resident stages.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    port = free_port()
-    cmd = [sys.executable, "-m", "tests.mobius_ranks"]
-    args = [str(port), str(tmp_path), "adamw", "3", "-", "llama"]
-    procs = [subprocess.Popen([*cmd, str(r), "2", *args], cwd=ROOT, env=env) for r in range(2)]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
-    got = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+    got = _ranks(tmp_path, "adamw", 3, "-", "llama")
     spec = spec_for("adamw", 3, "llama")
     ref_losses, ref_weights = reference_train(spec, micro_batch=2)
     assert got[1]["losses"] == pytest.approx(ref_losses, abs=1e-5)  # stage 3 on rank 1
@@ -80,13 +78,7 @@ def test_fp16_skips_the_steps_grad_scaler_skips(tmp_path):
     # before they go down, the ranks agree on an overflow and skip that step's update
     # (which would run on each stage's next upload) together. Against the one-process
     # torch.amp.GradScaler loop, at test_parity's fp16 tolerances.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    port = free_port()
-    cmd = [sys.executable, "-m", "tests.mobius_ranks"]
-    args = [str(port), str(tmp_path), "sgd", "4", "-", "gpt-fp16"]
-    procs = [subprocess.Popen([*cmd, str(r), "2", *args], cwd=ROOT, env=env) for r in range(2)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    got = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+    got = _ranks(tmp_path, "sgd", 4, "-", "gpt-fp16")
     skipped: list[int] = []
     spec = spec_for("sgd", 4, "gpt-fp16")
     ref_losses, ref_weights = reference_train(spec, micro_batch=2, skipped=skipped)
