@@ -118,7 +118,7 @@ def _teardown():
 
 def _hand_over(store, trainer: Trainer, held: Held, run_dir: Path, torn) -> Decision | None:
     """Steps 1 to 4 of the module docstring; None when the supervisor said nothing."""
-    rank, plan = trainer.rank, trainer.state.plan
+    rank, plan = trainer.rank, trainer.engine.plan
     if os.environ.get(SHARED_CKPT_DISK, "1") != "1":  # parts on separate disks: no one step
         return Decision(None, "the nodes do not share the checkpoint disk")
     if (why := trainer.engine.hand_over_refusal) is not None:  # T > 1, AvgPipe, Mobius
