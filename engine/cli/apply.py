@@ -23,6 +23,7 @@ from jobctl.engine.cli.common import (
     tuned_or_exit,
 )
 from jobctl.engine.core.home import require_run_id
+from jobctl.engine.views.markup import styled
 
 # The supervisor, the planner and the backends (torch, jinja2) load once the spec is
 # read: a broken spec is refused in half a second, as `jobctl validate` refuses it.
@@ -274,11 +275,16 @@ def _report(db: StateDB, run: Run, outcome: Outcome, seconds: float, ctrl_c: boo
             raise typer.Exit(130)  # as a Ctrl-C'd command exits
         return
     if not outcome.ok:
-        err.print(f"[red]run {run.id} failed:[/red]")
+        err.print(styled("[red]run {} failed:[/red]", run.id))
         err.print(outcome.message, highlight=False, markup=False)
         raise typer.Exit(1)
     last = outcome.losses[-1] if outcome.losses else float("nan")
     console.print(
-        f"[green]run {run.id} completed[/green] in {seconds:.1f} s, "
-        f"final loss {last:.4f}; checkpoints in {run.dir / 'checkpoints'}"
+        styled(
+            "[green]run {} completed[/green] in {:.1f} s, final loss {:.4f}; checkpoints in {}",
+            run.id,
+            seconds,
+            last,
+            run.dir / "checkpoints",
+        )
     )

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+
+from jobctl.engine.views.markup import styled
 
 if TYPE_CHECKING:
     from jobctl.engine.core.plan import Plan
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
 
 # soft_wrap: a printed path, command or script is never cut into lines by Rich (at 80
 # columns or in a pipe): what a user copies is exactly what runs. Tables keep their width.
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# markup=False: text from a spec, a worker or the DB prints as it is; jobctl's own colours
+# go through views.markup.styled (#46 item 4).
+console = Console(soft_wrap=True, markup=False)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 HomeOpt = Annotated[
     Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
@@ -40,7 +43,7 @@ def find_run(db: StateDB, ref: str) -> dict:
     """The run ``ref`` names (id, or the newest run of that name); exit 2 if none."""
     row = db.get_run(ref)
     if row is None:
-        err.print(f"[red]error:[/red] no run {escape(repr(ref))}; `jobctl status` lists runs")
+        err.print(styled("[red]error:[/red] no run {!r}; `jobctl status` lists runs", ref))
         raise typer.Exit(2)
     return row
 
@@ -56,11 +59,11 @@ def load_or_exit(path: Path, overrides: dict | None = None, backend: str | None 
         check_data(spec, path, backend)
         return spec
     except SpecError as e:
-        err.print(f"[red]error:[/red] {escape(str(path))}: invalid job spec", highlight=False)
+        err.print(styled("[red]error:[/red] {}: invalid job spec", path), highlight=False)
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(2) from None
     except FileNotFoundError:
-        err.print(f"[red]error:[/red] {escape(str(path))}: no such file")
+        err.print(styled("[red]error:[/red] {}: no such file", path))
         raise typer.Exit(2) from None
 
 
@@ -140,7 +143,7 @@ def plan_or_exit(spec: JobSpec, path: Path, devices: int | None, home: Path | No
     try:
         return make_plan(for_devices(spec, devices), devices, home=home)
     except (PlanError, ValueError) as e:
-        err.print(f"[red]error:[/red] {escape(f'{path}: cannot plan: {e}')}", highlight=False)
+        err.print(styled("[red]error:[/red] {}: cannot plan: {}", path, e), highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -157,9 +160,7 @@ def tuned_or_exit(spec: JobSpec, path: Path, home: Path | None, show: bool = Tru
     try:
         spec, tuning = resolve(spec, home)
     except (ValueError, RuntimeError) as e:
-        err.print(
-            f"[red]error:[/red] {escape(f'{path}: cannot tune (M, N): {e}')}", highlight=False
-        )
+        err.print(styled("[red]error:[/red] {}: cannot tune (M, N): {}", path, e), highlight=False)
         raise typer.Exit(2) from None
     if show and tuning is not None:
         print_tuning(console, tuning)

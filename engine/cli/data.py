@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobctl.engine.cli.common import console, err
+from jobctl.engine.views.markup import styled
 
 data_app = typer.Typer(no_args_is_help=True, help="Prepare training data.")
 
@@ -33,7 +34,7 @@ def prepare(
 
     for path, what in ((source, "SOURCE"), (tokenizer, "--tokenizer")):
         if not path.exists():
-            err.print(f"[red]error:[/red] {what} {path}: no such file or folder", markup=True)
+            err.print(styled("[red]error:[/red] {} {}: no such file or folder", what, path))
             raise typer.Exit(2)
     job = Job(str(source), str(tokenizer), str(out), column, workers)
     try:
@@ -46,7 +47,7 @@ def prepare(
                 ),
             )
     except (MissingExtra, ValueError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(styled("[red]error:[/red] {}", e), highlight=False)
         raise typer.Exit(2) from None
     console.print(f"wrote {out}: {count} tokens", highlight=False)
 

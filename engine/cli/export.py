@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
+from jobctl.engine.views.markup import styled
 
 
 class Format(str, Enum):
@@ -50,11 +50,11 @@ def export(
     except ExportError as e:
         _fail(f"run {row['id']}: cannot export: {e}", e.fix)
     summary = f"wrote {done.out} ({fmt.value}): {done.tensors} tensors from step {done.step}"
-    console.print(escape(summary), highlight=False)
+    console.print(summary, highlight=False)
 
 
 def _fail(message: str, fix: str | None) -> NoReturn:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    err.print(styled("[red]error:[/red] {}", message), highlight=False)
     if fix:
-        err.print(f"  fix: {escape(fix)}", highlight=False)
+        err.print(f"  fix: {fix}", highlight=False)
     raise typer.Exit(2)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, console, err
 from jobctl.engine.fleet.db import FleetDB
@@ -24,6 +23,7 @@ from jobctl.engine.fleet.stopping import stop_fleet
 from jobctl.engine.recurring.procs import hostname
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.views.fleet import FleetProgress, print_fleet_plan, print_fleet_status
+from jobctl.engine.views.markup import styled
 from jobctl.spec import SpecError
 
 fleet_app = typer.Typer(
@@ -38,7 +38,7 @@ PollOpt = Annotated[float, typer.Option("--poll", min=0.05, help="seconds betwee
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    err.print(styled("[red]error:[/red] {}", message), highlight=False)
     return typer.Exit(2)
 
 
@@ -48,9 +48,7 @@ def _planned(path: Path, max_concurrent: int | None) -> FleetPlan:
         fleet: Fleet = load_fleet(path)
         return plan_fleet(fleet, max_concurrent)
     except SpecError as e:
-        err.print(
-            f"[red]error:[/red] {escape(str(path))}: invalid fleet ({len(e.errors)} issue(s))"
-        )
+        err.print(styled("[red]error:[/red] {}: invalid fleet ({} issue(s))", path, len(e.errors)))
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(2) from None
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from jobctl.engine.cli.common import (
     BackendOpt,
@@ -21,6 +20,7 @@ from jobctl.engine.cli.common import (
     plan_or_exit,
     tuned_or_exit,
 )
+from jobctl.engine.views.markup import styled
 
 if TYPE_CHECKING:  # the planner, the views and the backends load in the commands that use them
     from jobctl.engine.calibration.record import Calibration
@@ -33,7 +33,7 @@ def validate(spec_file: SpecArg) -> None:
     """Check a job spec and print a one-line summary."""
     spec = load_or_exit(spec_file)
     summary = f"{spec_file}: job {spec.name!r}, {spec.training.steps} steps"
-    console.print(f"[green]ok[/green] {escape(summary)}")
+    console.print(styled("[green]ok[/green] {}", summary))
 
 
 def schema() -> None:
@@ -72,7 +72,7 @@ def plan(
     try:
         p, sim, choice = plan_priced(planned, devices, cal, home)
     except ValueError as e:  # PlanError, or a schedule the generators reject
-        err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
+        err.print(styled("[red]error:[/red] {}: cannot plan: {}", spec_file, e), highlight=False)
         raise typer.Exit(2) from None
     if _faster_mobius(planned, devices, p, as_json, gantt, cal):
         return
@@ -126,7 +126,7 @@ def _plan_mobius(
         G = devices if devices is not None else spec.hardware.devices
         got = resolve_mobius(spec, cal, G)
     except ValueError as e:  # PlanError
-        err.print(f"[red]error:[/red] {escape(f'{spec_file}: cannot plan: {e}')}", highlight=False)
+        err.print(styled("[red]error:[/red] {}: cannot plan: {}", spec_file, e), highlight=False)
         raise typer.Exit(2) from None
     if got is None:
         return False
@@ -166,7 +166,7 @@ def _show_mobius(spec: JobSpec, got, as_json: bool, gantt: Path | None) -> None:
         views.print_plan(console, p, spec.training.steps)
         console.print(why, soft_wrap=False, highlight=False)
         for line in gantt_lines(sim):
-            console.print(escape(line), soft_wrap=False, highlight=False)
+            console.print(line, soft_wrap=False, highlight=False)
     if gantt is not None:
         _wrote(
             draw_mobius_gantt(sim, gantt, f"{spec.name}: {why.removeprefix('mobius: ')}"), as_json

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err
 from jobctl.engine.state.db import StateDB
+from jobctl.engine.views.markup import styled
 from jobctl.spec import SpecError
 
 
@@ -31,7 +31,7 @@ def report(
     db = StateDB(home)
     row = db.get_run(run)
     if row is None:
-        err.print(f"[red]error:[/red] no run {escape(repr(run))}; `jobctl status` lists runs")
+        err.print(styled("[red]error:[/red] no run {!r}; `jobctl status` lists runs", run))
         raise typer.Exit(2)
     path = write_report(db, row, out, home)
     console.print(f"wrote {path}", markup=False, highlight=False)

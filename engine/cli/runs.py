@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, RunArg, console, err, find_run
+from jobctl.engine.views.markup import styled
 
 ENDED = ("completed", "failed", "stopped")  # as engine/supervise/run_requests.ENDED
 
@@ -127,7 +127,7 @@ def logs(
     offsets = {}
     for f in files:
         if not f.exists() and not follow:
-            err.print(f"[red]error:[/red] no log {escape(str(f))}")
+            err.print(styled("[red]error:[/red] no log {}", f))
             raise typer.Exit(2)
         console.rule(f.name)
         text = f.read_text(errors="replace") if f.exists() else ""
@@ -167,8 +167,6 @@ def events(
 
     rows = timeline(read_state(home), ref)
     if not rows:
-        err.print(
-            f"[red]error:[/red] {escape(f'no events for {ref!r}; `jobctl status` lists runs')}"
-        )
+        err.print(styled("[red]error:[/red] no events for {!r}; `jobctl status` lists runs", ref))
         raise typer.Exit(2)
     print_timeline(console, rows[-last:] if last else rows)

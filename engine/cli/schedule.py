@@ -15,7 +15,6 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 
 from jobctl.engine.cli.common import HomeOpt, console, err
 from jobctl.engine.recurring.book import NoSuchSchedule, ScheduleBook
@@ -23,6 +22,7 @@ from jobctl.engine.recurring.daemon import Daemon
 from jobctl.engine.recurring.trigger import Trigger
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import Leases
+from jobctl.engine.views.markup import styled
 from jobctl.engine.views.schedule import print_leases, print_schedules, when
 from jobctl.spec import ScheduleSpec, SpecError, load_spec
 
@@ -33,7 +33,7 @@ JobArg = Annotated[str, typer.Argument(help="job name", show_default=False)]
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    err.print(styled("[red]error:[/red] {}", message), highlight=False)
     return typer.Exit(2)
 
 
@@ -46,7 +46,7 @@ def _target(db: StateDB, ref: str) -> tuple[str, str | None, ScheduleSpec | None
         try:
             spec = load_spec(path)
         except SpecError as e:
-            err.print(f"[red]error:[/red] {escape(str(path))}: invalid job spec", highlight=False)
+            err.print(styled("[red]error:[/red] {}: invalid job spec", path), highlight=False)
             err.print(str(e), highlight=False, markup=False)
             raise typer.Exit(2) from None
         return spec.name, str(path.resolve()), spec.schedule
@@ -114,9 +114,7 @@ def add(
     full = _rule(rule, cron, every, tz)
     with ScheduleBook(db) as book:
         row = book.add(name, full, spec_path, grace)
-    console.print(
-        escape(f"scheduled {name}: {row.rule}; next trigger {when(row)}"), highlight=False
-    )
+    console.print(f"scheduled {name}: {row.rule}; next trigger {when(row)}", highlight=False)
 
 
 @schedule_app.command("list")
@@ -133,7 +131,7 @@ def _change(job: str, home: Path | None, action: str) -> None:
             getattr(book, action)(job)
         except NoSuchSchedule:
             raise _fail(f"no schedule for {job!r}; `jobctl schedule list` shows them") from None
-    console.print(escape(f"{job}: schedule {action}d"))
+    console.print(f"{job}: schedule {action}d")
 
 
 @schedule_app.command("remove")

@@ -115,7 +115,7 @@ def progress_columns(width: int, label: str, total: int) -> list[ProgressColumn]
         return Column(no_wrap=True, min_width=min_width)
 
     out: list[ProgressColumn] = [
-        TextColumn("[bold]{task.description}", table_column=fixed(len(label)))
+        TextColumn("{task.description}", style="bold", markup=False, table_column=fixed(len(label)))
     ]
     if label_room(width, total) >= len(label):
         out.append(BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=BAR_MIN)))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from jobctl.engine.planner.cost import Forecast
+from jobctl.engine.views.markup import plain, styled
 from jobctl.engine.views.prediction import duration
 from jobctl.engine.views.tables import dollars
 
@@ -41,7 +41,7 @@ def print_costs(
         t.add_row(f"  {part}", *(_time(f.parts.get(part)) for f in found))
     t.add_row("expected preemptions", *(f"{f.preemptions:.2g}" for f in found))
     t.add_row("wall time", *(_time(f.wall_s) for f in found))
-    t.add_row("[bold]$ to finish[/bold]", *(_usd(f) for f in found))
+    t.add_row(styled("[bold]$ to finish[/bold]"), *(_usd(f) for f in found))
     console.print(t)
 
 
@@ -90,14 +90,14 @@ def print_frontier(
     """The frontier (label, forecast) rows: the picture, then one line per point."""
     if len(rows) < 2:
         return
-    console.print(f"[bold]time vs dollars[/bold] (objective {objective}; * = chosen):")
+    console.print(styled("[bold]time vs dollars[/bold] (objective {}; * = chosen):", objective))
     pts = [(f.wall_s, f.usd) for _, f in rows]
     for line in frontier_picture(pts, chosen):
-        console.print(escape(line), highlight=False)
+        console.print(plain(line), highlight=False)
     for i, (label, f) in enumerate(rows):
         mark = "*" if i == chosen else MARKS[i % len(MARKS)]
         console.print(
-            escape(
+            plain(
                 f"  {mark} {label[:40]:<40} {f.devices:>3} dev {_time(f.wall_s):>9} "
                 f"{dollars(f.usd):>9}"
             ),

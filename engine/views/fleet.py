@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from jobctl.engine.fleet.planning import FleetPlan
+from jobctl.engine.views.markup import styled
 
 
 def _value(v: Any) -> str:
@@ -52,9 +53,12 @@ def print_fleet_plan(console: Console, fp: FleetPlan) -> None:
     console.print(t)
     device_h = sum((m.duration_s or 0.0) * m.devices for m in fp.members) / 3600
     console.print(
-        f"[bold]total[/bold] predicted ${fp.total_cost_usd:.3g} to finish {len(fp.members)} "
-        f"member(s), {device_h:.3g} device-hours, about {_duration(fp.makespan_s)} end to end"
-        + _budget(fp.fleet.spec.max_total_usd),
+        styled(
+            "[bold]total[/bold] {}",
+            f"predicted ${fp.total_cost_usd:.3g} to finish {len(fp.members)} "
+            f"member(s), {device_h:.3g} device-hours, about {_duration(fp.makespan_s)} end to end"
+            + _budget(fp.fleet.spec.max_total_usd),
+        ),
         highlight=False,
     )
     print_sources(console, [m.plan for m in fp.members])
@@ -87,7 +91,11 @@ def print_sources(console: Console, plans: list) -> None:
             else ""
         )
         console.print(
-            f"[yellow]prediction source: analytic[/yellow] for {len(analytic)} member(s){hint}",
+            styled(
+                "[yellow]prediction source: analytic[/yellow] for {} member(s){}",
+                len(analytic),
+                hint,
+            ),
             highlight=False,
         )
 
@@ -162,7 +170,13 @@ class FleetProgress:
 def _print_heading(console: Console, what: str, pool: int, at_once: int, tail: str) -> None:
     """The fleet's one-line heading: what it is, its pool, how many run at once."""
     console.print(
-        f"[bold]fleet[/bold] {what}, pool {pool} device(s), at most {at_once} at once; {tail}",
+        styled(
+            "[bold]fleet[/bold] {}, pool {} device(s), at most {} at once; {}",
+            what,
+            pool,
+            at_once,
+            tail,
+        ),
         soft_wrap=True,
         highlight=False,
     )

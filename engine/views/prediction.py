@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from jobctl.engine.core.plan import Plan
+from jobctl.engine.views.markup import styled
 
 
 def duration(seconds: float) -> str:
@@ -41,7 +42,7 @@ def print_end_to_end(console: Console, plan: Plan, steps: int | None, done: int 
                 "`jobctl calibrate JOB.yaml` measures this machine"
             )
         console.print(
-            f"[yellow]prediction source: analytic[/yellow], {how}{hint}",
+            styled("[yellow]prediction source: analytic[/yellow], {}{}", how, hint),
             soft_wrap=True,
             highlight=False,
         )

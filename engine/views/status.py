@@ -7,10 +7,10 @@ import time
 from dataclasses import asdict
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from jobctl.engine.supervise.figures import RunFigures
+from jobctl.engine.views.markup import plain
 from jobctl.engine.views.tables import _num, dollars, hms, human_bytes
 
 
@@ -106,7 +106,7 @@ def print_runs(
     t = Table(*columns)
     t.columns[0].no_wrap = True
     for c in cells:
-        t.add_row(*(escape(c[col]) for col in columns))
+        t.add_row(*(plain(c[col]) for col in columns))
     console.print(t)
     missing = [c for c in RUN_COLUMNS if c not in columns and any(x[c] != "-" for x in cells)]
     if missing:  # a column of "-" only (no run has a price) is not missed
@@ -202,12 +202,12 @@ def print_run(
     f = figures or RunFigures()
     t = Table("field", "value", show_header=False)
     if row.get("unsupervised"):
-        t.add_row("supervisor", f"none: `jobctl resume {escape(row['id'])}` supervises it again")
+        t.add_row("supervisor", plain(f"none: `jobctl resume {row['id']}` supervises it again"))
     for key in RUN_FIELDS:
         if key == "samples_per_s":  # the recent figures below, from one window
             continue
         fmt = "{:.4f}" if key == "loss" else "{}"
-        t.add_row(key, escape(_num(row.get(key), fmt)))  # names, messages: user text
+        t.add_row(key, plain(_num(row.get(key), fmt)))  # names, messages: user text
     t.add_row("steps/s (recent)", _num(f.steps_per_s, "{:.3g}"))
     t.add_row("samples/s (recent)", _num(f.samples_per_s, "{:.1f}"))
     t.add_row("ETA", hms(f.eta_s))
@@ -215,7 +215,7 @@ def print_run(
     t.add_row("upload lag", _lag_cell(f, row))
     t.add_row("newest upload", ago(f.uploaded_at, now))
     t.add_row("recovery times", _recovery_cell(f.recoveries, f.steps_lost))
-    t.add_row("stragglers", escape(_straggler_cell(row, f)))  # the DB's text
+    t.add_row("stragglers", plain(_straggler_cell(row, f)))  # the DB's text
     t.add_row("epoch", "-" if f.epoch is None else str(f.epoch))
     ev_loss = f.eval_loss
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
@@ -226,7 +226,7 @@ def print_run(
     ev = Table("time", "kind", "message", title="recent events", title_justify="left")
     for e in events:
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
-        ev.add_row(when, escape(e["kind"]), escape(e["message"].splitlines()[0]))
+        ev.add_row(when, plain(e["kind"]), plain(e["message"].splitlines()[0]))
     console.print(ev)
 
 

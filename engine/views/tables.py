@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from jobctl.engine.views.markup import styled
+
 if TYPE_CHECKING:  # `jobctl status` formats with this module without plans or records
     from rich.progress import Progress
 
@@ -31,10 +33,13 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None, done: int
     end-to-end prediction (start-up included) of the steps after ``done`` (a resume)."""
     tp = f"T={plan.T} x " if plan.T > 1 or plan.t_search else ""  # T ranks per stage
     console.print(
-        f"[bold]plan[/bold] {tp}P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
-        f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
-        f"{plan.micro_batches} per replica = global batch {plan.global_batch_size}; "
-        f"schedule {plan.schedule}",
+        styled(
+            "[bold]plan[/bold] {}",
+            f"{tp}P={plan.P} x D={plan.D} on {plan.world_size} device(s), "
+            f"{plan.nodes} node(s); micro-batch m={plan.micro_batch_size} x "
+            f"{plan.micro_batches} per replica = global batch {plan.global_batch_size}; "
+            f"schedule {plan.schedule}",
+        ),
         soft_wrap=True,
     )
     for line in plan.t_search:  # tensor_parallel auto: why this T
@@ -93,7 +98,7 @@ def _print_actions(console: Console, plan: Plan) -> None:
     else:
         rows = [(f"D{d}", text) for d, text in enumerate(plan.device_actions)]
         what = "per-device action lists; F3@5: micro-batch 3 on stage 5"
-    console.print(f"[bold]schedule[/bold] {plan.schedule} ({what}):")
+    console.print(styled("[bold]schedule[/bold] {} ({}):", plan.schedule, what))
     for name, text in rows:
         acts = text if len(text) <= 160 else text[:157] + "..."
         console.print(f"  {name}: {acts}", soft_wrap=True, highlight=False)
@@ -153,7 +158,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 def print_explanation(console: Console, plan: Plan) -> None:
     """The planner's reasoning, one line per decision."""
-    console.print("[bold]why this plan[/bold]")
+    console.print(styled("[bold]why this plan[/bold]"))
     for line in plan.explanation:
         console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
 
@@ -182,8 +187,11 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
     """A calibration record: per-block times at each m, links, allreduce, core sharing."""
     fp = cal.fingerprint
     console.print(
-        f"[bold]calibration[/bold] {fp.key} ({cal.source}, {cal.seconds:.1f} s): {fp.device}, "
-        f"torch {fp.torch}, {fp.threads} thread(s); written to {path}",
+        styled(
+            "[bold]calibration[/bold] {}",
+            f"{fp.key} ({cal.source}, {cal.seconds:.1f} s): {fp.device}, "
+            f"torch {fp.torch}, {fp.threads} thread(s); written to {path}",
+        ),
         soft_wrap=True,
     )
     ms = cal.micro_batch_sizes
@@ -238,9 +246,11 @@ def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
     )
     if not rt.steady:
         console.print(
-            "[yellow]the machine's speed moved during the calibration: plans follow the "
-            "probes' speed; run `jobctl calibrate` again at a steadier time if its "
-            "predictions are off[/yellow]",
+            styled(
+                "[yellow]the machine's speed moved during the calibration: plans follow the "
+                "probes' speed; run `jobctl calibrate` again at a steadier time if its "
+                "predictions are off[/yellow]"
+            ),
             soft_wrap=True,
         )
 
