@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from .diagnostics import validation_issues
 from .errors import SpecError, SpecIssue, closest, dotted
+from .files import read_regular
 from .job import JobSpec
 from .paths import is_free_mapping, keys_of, section_model, yaml_key
 from .source import Path as KeyPath
@@ -27,9 +28,10 @@ def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> J
     """
     filename = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_regular(path)
     except OSError as err:
-        issue = SpecIssue(filename, None, None, "", f"cannot read job spec: {err}")
+        fix = getattr(err, "fix", None)
+        issue = SpecIssue(filename, None, None, "", f"cannot read job spec: {err}", fix=fix)
         raise SpecError([issue]) from None
     return load_spec_text(decode_text(raw, filename), filename, overrides=overrides)
 

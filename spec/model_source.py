@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from .base import SpecModel, Violation
+from .files import read_regular
 
 CLASS_PATTERN = r"^[A-Z][A-Za-z0-9_]*$"
 #: What a traced model is trained to do; ``auto`` infers it from the class name.
@@ -64,7 +65,7 @@ def hf_vocab(hf: dict) -> int | None:
             str(Path(hf["pretrained"]) / "config.json") if hf.get("pretrained") else None
         )
         try:
-            config = json.loads(Path(path).read_text()) if path else None
+            config = json.loads(read_regular(path)) if path else None
         except (OSError, ValueError):
             return None  # validate reports the missing or broken file
     vocab = config.get("vocab_size") if isinstance(config, dict) else None

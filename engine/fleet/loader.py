@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from jobctl.engine.fleet.spec import FleetSpec, fleet_issues
 from jobctl.spec import JobSpec, SpecError, SpecIssue, load_spec_text
+from jobctl.spec.files import read_regular, read_regular_text
 from jobctl.spec.loader import decode_text
 from jobctl.spec.source import Source, parse_yaml
 
@@ -78,9 +79,12 @@ def load_fleet(path: str | Path) -> Fleet:
     """Load ``path`` and render its members; raises :class:`SpecError` with every issue."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except OSError as e:
-        raise SpecError([SpecIssue(str(path), None, None, "", f"cannot read: {e}")]) from None
+        issue = SpecIssue(
+            str(path), None, None, "", f"cannot read: {e}", fix=getattr(e, "fix", None)
+        )
+        raise SpecError([issue]) from None
     text = decode_text(raw, str(path))  # bad bytes: a SpecError at their line:column
     source = parse_yaml(text, str(path))
     if source.issues or not isinstance(source.data, dict):
@@ -110,7 +114,7 @@ def _template(spec: FleetSpec, path: Path, source: Source, text: str) -> _Templa
     if spec.base is not None:
         base = (path.parent / spec.base).resolve()
         try:
-            return _Template(base.read_text(encoding="utf-8"), str(base))
+            return _Template(read_regular_text(base), str(base))
         except (OSError, UnicodeDecodeError) as e:
             raise SpecError([_issue(source, ("base",), f"cannot read base spec: {e}")]) from None
     line, column = source.positions[("template",)].value

@@ -106,6 +106,8 @@ def _hf_steps(m: Any) -> list[tuple[str, Callable[[], None]]]:
         local["cfg"] = replace(cfg, pretrained=localized(hf.pretrained))
         _check_directory(local["cfg"].pretrained)
 
+    if hf.config_path:
+        steps.append((f"{HF}.config_path", lambda: _check_regular(hf.config_path)))
     if hf.pretrained:
         steps.append((f"{HF}.pretrained", directory))
     steps.append((f"{HF}.{given}", lambda: _check_shapes(local["cfg"])))
@@ -147,6 +149,19 @@ def _check_directory(directory: str) -> None:
             "point it at a directory written by save_pretrained (it writes config.json)",
         )
     weight_files(directory)
+
+
+def _check_regular(path: str) -> None:
+    """A ``config_path`` that is a FIFO or a device would block the build's read (#46)."""
+    from jobctl.engine.model.graph.source import ModelSourceError
+    from jobctl.spec.files import NotARegularFile, read_regular
+
+    try:
+        read_regular(path)
+    except NotARegularFile as e:
+        raise ModelSourceError(f"{HF}.config_path: {e}", e.fix) from None
+    except OSError:
+        pass  # a missing file: the build reports it as before
 
 
 def _check_shapes(cfg: Any) -> None:
