@@ -67,7 +67,11 @@ def load_spec_text(
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(issues + validation_issues(err, source, applied)) from None
+        placed = {(i.line, i.column) for i in source.issues}  # a value YAML could not read
+        found = [
+            i for i in validation_issues(err, source, applied) if (i.line, i.column) not in placed
+        ]
+        raise SpecError(issues + found) from None
     if issues:
         raise SpecError(issues)
     return spec

@@ -7,6 +7,7 @@ from, and catch what ``safe_load`` silently accepts: duplicate keys and non-name
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +173,11 @@ class _Builder:
             return self.constructor.construct_object(node, deep=True)
         except ConstructorError as err:
             self.source.issue(node, path, f"cannot read value: {err.problem}")
+            return None
+        except ValueError:  # an int past Python's digit limit for str -> int (#46 item 3)
+            limit = sys.get_int_max_str_digits()
+            problem = f"cannot read value: a number of {len(node.value)} characters is too long"
+            self.source.issue(node, path, problem, fix=f"write a number of at most {limit} digits")
             return None
 
     def _sequence(self, node: SequenceNode, path: Path) -> list[Any]:

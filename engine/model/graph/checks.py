@@ -14,6 +14,7 @@ this module imports torch only when a spec names such a model.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -87,8 +88,8 @@ def _first_problem(steps: list[tuple[str, Callable[[], None]]]) -> list[Violatio
     for field, check in steps:
         try:
             check()
-        except ModelSourceError as e:
-            return [Violation(field, str(e), e.fix)]
+        except ModelSourceError as e:  # `field`: a key inside the section, where known
+            return [Violation(getattr(e, "field", None) or field, str(e), e.fix)]
     return []
 
 
@@ -167,12 +168,38 @@ def _check_regular(path: str) -> None:
 def _check_shapes(cfg: Any) -> None:
     """The model builds from its config (meta parameters), and a pretrained directory
     holds every parameter with the shape the config makes."""
-    from jobctl.engine.model.graph.source import build_model
+    from jobctl.engine.model.graph.source import ModelSourceError, build_model
 
-    model = build_model(cfg)
+    try:
+        model = build_model(cfg)
+    except ModelSourceError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- transformers' config classes raise their own kinds
+        raise _config_rejected(cfg, e) from None
     if cfg.pretrained:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         _compare_headers(cfg.pretrained, shapes, tied_names(model))
+
+
+def _config_rejected(cfg: Any, error: Exception) -> Exception:
+    """The config class's refusal of a value (huggingface_hub's strict dataclass
+    errors, a TypeError or ValueError) as a ModelSourceError on the key it names (#46)."""
+    from jobctl.engine.model.graph.source import ModelSourceError
+
+    text = str(error)
+    named = re.search(r"[Ff]ield '(\w+)'", text)
+    key = named.group(1) if named else None
+    body = text.split(":\n", 1)[-1] if "Validation error for field" in text else text
+    message = " ".join(body.split(". Errors:")[0].split())[:400]
+    kind = re.search(r"expected (\w+), got (\w+)", text)
+    if key and kind:
+        fix = f"set {key} to a value of type {kind.group(1)} (it is a {kind.group(2)})"
+    else:
+        fix = f"give {key or 'the config'} a value the {cfg.hf_class} config accepts"
+    found = ModelSourceError(f"the {cfg.hf_class} config rejects {key or 'it'}: {message}", fix)
+    if key and key in (cfg.hf_config or {}):
+        found.field = f"{HF}.config.{key}"  # located at the key's own line
+    return found
 
 
 def tied_names(model: Any) -> dict[str, list[str]]:
