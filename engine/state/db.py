@@ -27,7 +27,7 @@ from jobctl.engine.core.env import DB_URL
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
 from jobctl.engine.state.reader import StateDBError as StateDBError  # re-exported
-from jobctl.engine.state.reader import db_error, note_opened
+from jobctl.engine.state.reader import db_error, home_error, note_opened, url_error
 
 metadata = sa.MetaData()
 
@@ -147,11 +147,17 @@ class StateDB:
         clock: Callable[[], float] = time.time,
     ):
         self.home = Path(home) if home else default_home()
-        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise home_error(self.home, e) from None
         self.url = url or os.environ.get(DB_URL) or f"sqlite:///{self.home / 'state.db'}"
         self.clock = clock
         note_opened(self.url)
-        self.engine = sa.create_engine(self.url)
+        try:
+            self.engine = sa.create_engine(self.url)
+        except (ImportError, ValueError, sa.exc.ArgumentError) as e:
+            raise url_error(self.url, e) from None
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)
         with _reading(self.url):

@@ -14,6 +14,7 @@ command line can catch it without importing SQLAlchemy.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,39 @@ def db_error(url: str, err: Exception, *, writing: bool = False) -> StateDBError
     else:
         fix = f"check the file and its permissions, or point {STATE_HOME} or {DB_URL} elsewhere"
     return StateDBError(f"state DB {url}: {text}; {fix}")
+
+
+def home_error(home: Path, err: OSError) -> StateDBError:
+    """The state home cannot be made a folder (#46 item 12): a file by its name, no
+    permission, a parent that is a file; one line with what to do."""
+    if isinstance(err, FileExistsError) or (home.exists() and not home.is_dir()):
+        why = "it is a file, not a folder"
+    else:
+        why = err.strerror or str(err)
+    fix = f"point {STATE_HOME} (or --home) at a folder jobctl may create, or move {home} aside"
+    return StateDBError(f"state home {home}: {why}; {fix}")
+
+
+def url_error(url: str, err: Exception) -> StateDBError:
+    """``JOBCTL_DB_URL`` names no database SQLAlchemy can open (#46 item 12): not a URL,
+    an unknown dialect, or a driver that is not installed; one line with what to do."""
+    shown = hide_password(url)
+    unset = f"or unset {DB_URL} to use the state home's SQLite file"
+    if isinstance(err, ImportError) and err.name:
+        package = err.name.split(".")[0]
+        return StateDBError(
+            f"state DB {shown}: its driver {package!r} is not installed; "
+            f"`pip install {package}`, {unset}"
+        )
+    return StateDBError(
+        f"state DB {shown}: {DB_URL} is not a database URL ({_first_line(err)}); set it to "
+        f"a SQLAlchemy URL such as postgresql+psycopg://user@host/jobctl, {unset}"
+    )
+
+
+def hide_password(url: str) -> str:
+    """``url`` with the password of ``scheme://user:password@host`` as ``***``."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def write_error(err: Exception) -> StateDBError | None:

@@ -1,0 +1,74 @@
+"""A broken environment is one line with a fix, exit 2, never a traceback (#46 item 12).
+
+Before, ``JOBCTL_HOME`` set to a regular file gave ``FileExistsError`` from every
+command that opens the state DB, ``JOBCTL_DB_URL=nonsense://::`` gave SQLAlchemy's
+``ValueError``, and a postgres URL without its driver ``ModuleNotFoundError: psycopg``.
+Now ``StateDB`` turns each into a ``StateDBError`` naming the home or the URL (its
+password hidden) and what to do, which the command line prints as one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobctl.engine.core.env import DB_URL, STATE_HOME
+from jobctl.engine.state.db import StateDB, StateDBError
+from jobctl.engine.state.reader import hide_password
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_PSYCOPG = importlib.util.find_spec("psycopg") is None
+PG = "postgresql+psycopg://jobctl:s3cret@localhost/jobctl"
+
+
+def _jobctl(tmp_path: Path, env: dict[str, str], *argv: str) -> str:
+    full = {**os.environ, "PYTHONPATH": str(ROOT.parent), **env}
+    cmd = [sys.executable, "-m", "jobctl.engine.cli.app", *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=full, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize("argv", [["status"], ["events", "x"], ["schedule", "list"]])
+def test_a_home_that_is_a_file_is_one_line(tmp_path, argv):
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    out = _jobctl(tmp_path, {STATE_HOME: str(home)}, *argv)
+    assert f"state home {home}: it is a file, not a folder" in out and STATE_HOME in out
+
+
+@pytest.mark.parametrize("argv", [["status"], ["logs", "x"]])
+def test_a_db_url_that_is_not_a_url_is_one_line(tmp_path, argv):
+    out = _jobctl(tmp_path, {DB_URL: "nonsense://::"}, *argv)
+    assert "nonsense://::" in out and "is not a database URL" in out and f"unset {DB_URL}" in out
+
+
+@pytest.mark.skipif(not NO_PSYCOPG, reason="psycopg is installed here")
+def test_a_db_url_whose_driver_is_missing_is_one_line_without_the_password(tmp_path):
+    out = _jobctl(tmp_path, {DB_URL: PG}, "status")
+    assert "driver 'psycopg' is not installed" in out and "pip install psycopg" in out
+    assert "s3cret" not in out and "jobctl:***@localhost" in out
+
+
+def test_state_db_raises_state_db_error_for_each(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StateDBError, match="it is a file, not a folder"):
+        StateDB(tmp_path / "file")
+    with pytest.raises(StateDBError, match="is not a database URL"):
+        StateDB(tmp_path / "home", url="nonsense://::")
+    with pytest.raises(StateDBError, match="is not a database URL"):
+        StateDB(tmp_path / "home", url="nosuchdialect://x")
+    if NO_PSYCOPG:
+        with pytest.raises(StateDBError, match="driver 'psycopg'"):
+            StateDB(tmp_path / "home", url=PG)
+
+
+def test_hide_password():
+    assert hide_password(PG) == "postgresql+psycopg://jobctl:***@localhost/jobctl"
+    assert hide_password("sqlite:////a/b.db") == "sqlite:////a/b.db"
