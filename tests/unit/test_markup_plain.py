@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from jobctl.engine.cli.app import app
 from jobctl.engine.cli.common import console, err
-from jobctl.engine.scheduler.book import ScheduleBook
+from jobctl.engine.recurring.book import ScheduleBook
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.views.markup import plain, styled
 from jobctl.spec import ScheduleSpec
