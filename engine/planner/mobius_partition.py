@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from jobctl.engine.planner.mobius_costs import (
     LayerCost,
@@ -82,6 +80,11 @@ class _Program:
 
     def solve(self, objective: dict[int, float], time_limit: float) -> np.ndarray | None:
         """HiGHS's optimum; None when the rows cannot all hold."""
+        # Imported here: scipy.optimize costs 0.7 s of CPU, and every `jobctl apply`
+        # and `plan` imports this module whether or not the job uses Mobius.
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
         c = np.zeros(len(self.lb))
         for k, v in objective.items():
             c[k] += v
