@@ -92,10 +92,22 @@ def pytest_runtest_makereport(item, call):
             report.outcome, report.longrepr = "failed", message
 
 
-@pytest.fixture
-def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``s3://bucket/ckpt`` on a fresh moto S3 server, with the AWS_* environment set."""
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """One moto S3 server for the whole session (its start and stop cost about a
+    second each time); every test gets a bucket of its own on it (``s3_url``)."""
     server, endpoint = start_moto_server()
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> Iterator[str]:
+    """``s3://bucket/ckpt`` in a new bucket of the session's moto S3 server, with the
+    AWS_* environment set."""
+    endpoint = s3_endpoint
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
@@ -103,7 +115,4 @@ def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv(name, value)
     bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
-    try:
-        yield f"s3://{bucket}/ckpt"
-    finally:
-        server.stop()
+    yield f"s3://{bucket}/ckpt"
