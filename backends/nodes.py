@@ -6,7 +6,9 @@ node's processes, joining the c10d rendezvous the supervisor hosts (``is_host=fa
 
 from __future__ import annotations
 
-from jobctl.engine.core.env import RDZV_ENDPOINT, RUN_DIR, THREADS
+import os
+
+from jobctl.engine.core.env import RDZV_ENDPOINT, RUN_DIR, THREADS, WARM_START
 from jobctl.engine.core.events import Kind
 from jobctl.templates import render
 
@@ -43,5 +45,16 @@ def node_env(ctx: RunContext) -> dict[str, str]:
         # The workers' process groups meet in the run host's store, which outlives any
         # worker (engine/worker/process.py: a packed-away rank may be the one torchrun made 0).
         RDZV_ENDPOINT: ctx.rdzv_endpoint,
+        WARM_START: warm_start(ctx),
         **ctx.env,
     }
+
+
+def warm_start(ctx: RunContext) -> str:
+    """``1``: workers forked from their agent's warm interpreter (engine/worker/agent.py).
+    Not on CUDA, where a driver touched before a fork is unusable after it; and not
+    where the submitting environment says ``JOBCTL_WARM_START=0`` (fresh interpreters,
+    as plain torchrun starts them: ``benchmarks/launch_time.py`` compares both)."""
+    if ctx.hardware.device != "cpu" or os.environ.get(WARM_START) == "0":
+        return "0"
+    return "1"

@@ -66,3 +66,7 @@ EPOCH = "JOBCTL_EPOCH"
 #: ``1`` where the supervisor re-forms survivors in place (it can release their agents
 #: at the end: the local backend); elsewhere they leave at once and are relaunched.
 IN_PLACE = "JOBCTL_IN_PLACE"
+#: ``1``: a node's torchrun agent forks its workers from an interpreter that has already
+#: imported them (engine/worker/agent.py); ``0``: each starts in a fresh interpreter.
+#: Rendered ``1`` for CPU runs, ``0`` for CUDA ones.
+WARM_START = "JOBCTL_WARM_START"

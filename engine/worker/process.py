@@ -15,9 +15,16 @@ import time
 
 STARTED = time.time()  # this process's start, for its start-up timeline
 _early_sigterm: list[int] = []
+_forked_from: list[int] = []  # the warm agent this worker was forked from, if it was
+
+
+def _note_sigterm(signum: int, _frame) -> None:
+    _early_sigterm.append(signum)
+
+
 # Installed before torch is imported: a preemption notice that arrives while the worker
 # is still starting must mean "checkpoint at the first step end", not sudden death.
-signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
+signal.signal(signal.SIGTERM, _note_sigterm)
 
 import gc  # noqa: E402
 import logging  # noqa: E402
@@ -234,7 +241,7 @@ def _await_reform(trainer: Trainer) -> Reform | None:
 
     if os.environ.get(IN_PLACE) != "1":
         return None
-    signal.signal(signal.SIGTERM, lambda signum, _frame: _early_sigterm.append(signum))
+    signal.signal(signal.SIGTERM, _note_sigterm)
     store = lasting_store()
     word = await_word(store, trainer.rank, lambda: bool(_early_sigterm))
     if word is None or _early_sigterm:
@@ -291,6 +298,8 @@ def main() -> int:
     _redirect_output(run_dir, rank)
     node = os.environ.get(NODE, "?")
     print(f"rank {rank} on node {node} (torchrun rank {os.environ[TORCHRUN_RANK]})")
+    if _forked_from:
+        print(f"warm start: forked from agent {_forked_from[0]}")
     mark("process", STARTED)
     mark("imported")
     torch.set_num_threads(int(os.environ.get(THREADS, "1")))
@@ -316,6 +325,18 @@ def main() -> int:
         _leave(trainer)
     _finish(trainer)
     return 0
+
+
+def forked_main() -> int:
+    """``main`` in a worker forked from a warm agent (engine/worker/agent.py): this
+    module was imported there, so its start time and early SIGTERM note are this
+    process's own only once reset."""
+    global STARTED
+    STARTED = time.time()
+    _early_sigterm.clear()
+    signal.signal(signal.SIGTERM, _note_sigterm)
+    _forked_from.append(os.getppid())
+    return main()
 
 
 if __name__ == "__main__":

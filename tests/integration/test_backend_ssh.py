@@ -243,7 +243,9 @@ def test_metacharacters_in_paths_stay_inert_over_ssh(server, tmp_path):
     rendered = backend.render(ctx)
     # The agent's python prints its arguments instead of starting torchrun.
     echo = """-c 'import sys; print(" ".join(sys.argv[1:]))'"""
-    stub = {k: v.replace("-m torch.distributed.run", echo, 1) for k, v in rendered.files.items()}
+    stub = {
+        k: v.replace("-m jobctl.engine.worker.agent", echo, 1) for k, v in rendered.files.items()
+    }
     handles = backend.submit(Rendered("ssh", stub), ctx)
     assert [s.phase for s in wait_done(backend, handles, WAIT_S)] == ["succeeded", "succeeded"]
     assert "--rdzv-id=quick-1" in (run_dir / "logs" / "node-0.log").read_text()

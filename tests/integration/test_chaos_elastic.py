@@ -99,17 +99,28 @@ def test_lost_node_morphs_onto_the_rest(tmp_path):
 
 
 def _workers(node_pid: int) -> list[int]:
-    """The worker processes (not the torchrun agent) under one node's process tree."""
-    out = []
-    for pid in descendants(node_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"jobctl.engine.worker.process" in argv and b"torch.distributed.run" not in argv:
-            out.append(pid)
-    return sorted(out)
+    """The worker processes under one node's process tree: the torchrun agent's
+    children, started fresh or forked from it (engine/worker/agent.py; a forked one
+    keeps the agent's command line)."""
+    tree = descendants(node_pid)
+    agents = {p for p in tree if _is_agent(p) and not _is_agent(_ppid(p))}
+    return sorted(p for p in tree if _ppid(p) in agents)
+
+
+def _is_agent(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"jobctl.engine.worker.agent" in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def _resumed_from_last_checkpoint(db, run_dir, checkpointed: int) -> None:

@@ -81,7 +81,8 @@ def test_every_tour_command_runs_as_written(tmp_path):
 def _check_the_quickstart_run(jobctl: str, cwd: Path, env: dict) -> None:
     """The tour's first `jobctl apply jobs/quickstart.yaml` trained what the README says:
     60 steps, the loss down by more than 1, the final checkpoint, a log per rank in which
-    every rank logs every step (the last stage's ranks the loss, the others "-")."""
+    every rank logs every step (the last stage's ranks the loss, the others "-"), every
+    rank started warm (forked from its node's agent, engine/worker/agent.py)."""
     run_dir = min((cwd / ".jobctl" / "runs").glob("quickstart-*"))  # ids sort by time
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [s["loss"] for s in steps if s["kind"] == "step"]
@@ -93,6 +94,7 @@ def _check_the_quickstart_run(jobctl: str, cwd: Path, env: dict) -> None:
     assert all(sorted(lines) == list(range(1, 61)) for lines in shown)
     assert sorted(lines[60] == "-" for lines in shown) == [False, False, True, True]
     assert "rank 3: done" in logs[3].read_text()
+    assert all("warm start: forked from agent" in p.read_text() for p in logs)
     st = subprocess.run(
         [jobctl, "status", run_dir.name], cwd=cwd, env=env, capture_output=True, text=True
     )

@@ -85,7 +85,7 @@ def test_render_writes_scripts(tmp_path):
 def test_apply_dry_run_starts_nothing(tmp_path):
     r = runner.invoke(app, ["apply", str(QUICKSTART), "--dry-run", "--home", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert "node-0.sh" in r.output and "torch.distributed.run" in r.output
+    assert "node-0.sh" in r.output and "-m jobctl.engine.worker.agent" in r.output
     assert not (tmp_path / "runs").exists()
 
 

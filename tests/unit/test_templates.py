@@ -32,7 +32,7 @@ def test_local_scripts_exact(tmp_path):
     assert "node 1 of 2" in text
     assert "export JOBCTL_RUN_DIR=/runs/quick-1\n" in text
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n" in text
-    assert "\n/usr/bin/python3 -m torch.distributed.run \\\n" in text
+    assert "\n/usr/bin/python3 -m jobctl.engine.worker.agent \\\n" in text
     assert "  --nproc-per-node=2 \\\n" in text
     assert "  --rdzv-endpoint=127.0.0.1:29400 \\\n" in text
     assert "  --rdzv-conf=is_host=false \\\n" in text

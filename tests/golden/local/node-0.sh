@@ -5,6 +5,7 @@ set -euo pipefail
 export JOBCTL_RDZV_ENDPOINT=10.0.0.5:29400
 export JOBCTL_RUN_DIR=/runs/quick-1
 export JOBCTL_THREADS=1
+export JOBCTL_WARM_START=1
 export OMP_NUM_THREADS=1
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 rdzv_id=quick-1
@@ -61,7 +62,7 @@ trap on_term TERM
 trap on_release USR1
 # Where a release finds this script on its machine (Slurm: `srun --overlap` on that node).
 echo "$$" >"$JOBCTL_RUN_DIR/scripts/node-$node.pid" 2>/dev/null || true
-/usr/bin/python3 -m torch.distributed.run \
+/usr/bin/python3 -m jobctl.engine.worker.agent \
   --nnodes=2 \
   --nproc-per-node=2 \
   --rdzv-backend=c10d \
