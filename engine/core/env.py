@@ -13,6 +13,9 @@ from __future__ import annotations
 STATE_HOME = "JOBCTL_HOME"
 #: A SQLAlchemy URL for the state database (default ``sqlite:///$JOBCTL_HOME/state.db``).
 DB_URL = "JOBCTL_DB_URL"
+#: Seconds a write to a SQLite state DB waits for another process's write lock before it
+#: gives up with one line (default 10; a DB on a slow network file system may want more).
+DB_WRITE_WAIT = "JOBCTL_DB_WRITE_WAIT_S"
 
 # What a node script hands its workers.
 #: The run folder: spec, plan, logs, ``metrics.jsonl``.

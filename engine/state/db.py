@@ -27,7 +27,7 @@ from jobctl.engine.core.env import DB_URL
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.phases import PhaseError, check_transition
 from jobctl.engine.state.reader import StateDBError as StateDBError  # re-exported
-from jobctl.engine.state.reader import db_error, home_error, note_opened, url_error
+from jobctl.engine.state.reader import db_error, home_error, note_opened, url_error, write_wait_s
 
 metadata = sa.MetaData()
 
@@ -113,7 +113,7 @@ def _sqlite_wal(dbapi_conn, _record) -> None:
     # but reading does not (`status` must work meanwhile); a later connection switches.
     with contextlib.suppress(sqlite3.OperationalError):
         cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute(f"PRAGMA busy_timeout={round(write_wait_s() * 1000)}")
     cur.close()
 
 
@@ -153,6 +153,7 @@ class StateDB:
             raise home_error(self.home, e) from None
         self.url = url or os.environ.get(DB_URL) or f"sqlite:///{self.home / 'state.db'}"
         self.clock = clock
+        write_wait_s()  # a bad JOBCTL_DB_WRITE_WAIT_S is one line now, not at a write
         note_opened(self.url)
         try:
             self.engine = sa.create_engine(self.url)

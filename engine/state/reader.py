@@ -7,25 +7,28 @@ wrote (it lacks columns ``StateDB`` adds), is read through :class:`StateDB` as b
 Reads wait at most ``READ_WAIT_S`` for a lock: a DB in rollback-journal mode (not WAL,
 e.g. on a file system without shared memory) that another process holds locked makes
 a reader wait, and a reader says so and what to do rather than hang for the writers'
-10 s. ``StateDBError`` (one line naming the DB and the fix) lives here so that the
-command line can catch it without importing SQLAlchemy.
+wait (``write_wait_s``: 10 s unless ``JOBCTL_DB_WRITE_WAIT_S`` says otherwise).
+``StateDBError`` (one line naming the DB and the fix) lives here so that the command
+line can catch it without importing SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobctl.engine.core.env import DB_URL, STATE_HOME
+from jobctl.engine.core.env import DB_URL, DB_WRITE_WAIT, STATE_HOME
 from jobctl.engine.core.home import default_home
 
 if TYPE_CHECKING:
     from jobctl.engine.state.db import StateDB
 
 READ_WAIT_S = 2.0  # a reader's bound on waiting for another process's write lock
+WRITE_WAIT_S = 10.0  # a writer's, unless JOBCTL_DB_WRITE_WAIT_S says otherwise
 
 # The columns of ``runs`` this version reads (``engine.state.db.runs``; a unit test
 # keeps the two equal). A DB lacking one is read through StateDB, which adds it.
@@ -63,6 +66,24 @@ class StateDBError(RuntimeError):
     """The state DB cannot be opened or read: the message names it and what to do."""
 
 
+def write_wait_s() -> float:
+    """How long a write waits for another process's lock: ``JOBCTL_DB_WRITE_WAIT_S``
+    seconds (a finite number >= 0), else ``WRITE_WAIT_S``."""
+    text = os.environ.get(DB_WRITE_WAIT, "").strip()
+    if not text:
+        return WRITE_WAIT_S
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not (math.isfinite(wait) and 0 <= wait <= 86400):
+        raise StateDBError(
+            f"{DB_WRITE_WAIT}={text[:40]!r} is not a number of seconds: set it to one "
+            f"between 0 and 86400, or unset it for the default {WRITE_WAIT_S:g} s"
+        )
+    return wait
+
+
 _opened: list[str] = []  # URLs of the state DBs this process opened, newest last
 
 
@@ -87,7 +108,7 @@ def db_error(url: str, err: Exception, *, writing: bool = False) -> StateDBError
     if _is_locked(text):
         # A reader in WAL mode never waits for a writer, so a locked read means the DB
         # is in rollback-journal mode; a writer always waits for the other writer.
-        why = " (a write waited 10 s)" if writing else ""
+        why = f" (a write waited {write_wait_s():g} s)" if writing else ""
         mode = "" if writing else " (it is not in WAL mode, so readers wait for writers)"
         fix = (
             f"another process holds a write lock on it{mode}: retry when it is done, or "

@@ -15,7 +15,14 @@ from jobctl.engine.state import reader
 from jobctl.engine.state.db import StateDB, runs
 from jobctl.engine.state.leases import JobEvents
 from jobctl.engine.state.leases import timeline as full_timeline
-from jobctl.engine.state.reader import READ_WAIT_S, StateDBError, StateReader, read_state
+from jobctl.engine.state.reader import (
+    READ_WAIT_S,
+    WRITE_WAIT_S,
+    StateDBError,
+    StateReader,
+    read_state,
+    write_wait_s,
+)
 
 
 def _seeded(home, monkeypatch) -> StateDB:
@@ -125,14 +132,20 @@ def test_a_reader_waits_a_bounded_time_for_an_exclusive_lock(tmp_path, monkeypat
 
 def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(tmp_path, monkeypatch):
     """`jobctl stop --home H` against a DB another process keeps write-locked for
-    longer than the writers' 10 s busy wait: one line naming H's DB (not the default
+    longer than the writers' busy wait (JOBCTL_DB_WRITE_WAIT_S, 1 s here: the default
+    10 s is the same path, only slower): one line naming H's DB (not the default
     home's) and the fix, exit 2, no traceback, and the run untouched."""
     db = _seeded(tmp_path, monkeypatch)
     db.update_run("b-1", pids=None)  # no node recorded: stop marks it stopped (a write)
     holder = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a writer in WAL mode: readers go on, writers wait
     try:
-        env = {**os.environ, "JOBCTL_HOME": str(tmp_path / "elsewhere")}
+        env = {
+            **os.environ,
+            "JOBCTL_HOME": str(tmp_path / "elsewhere"),
+            "JOBCTL_DB_WRITE_WAIT_S": "1",
+        }
+        start = time.monotonic()
         done = subprocess.run(
             ["jobctl", "stop", "b-1", "--home", str(tmp_path)],
             env=env,
@@ -142,10 +155,32 @@ def test_a_write_that_gives_up_on_a_lock_is_one_line_and_changes_nothing(tmp_pat
         )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "locked" in done.stderr and "retry when it is done" in done.stderr
-        assert "nothing was changed" in done.stderr and "waited 10 s" in done.stderr
+        assert "nothing was changed" in done.stderr and "waited 1 s" in done.stderr
+        assert time.monotonic() - start < 30  # the asked 1 s, not the default 10 s
         assert str(tmp_path / "state.db") in done.stderr and "elsewhere" not in done.stderr
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     row = db.get_run("b-1")
     assert row["phase"] == "launching" and row["stop_requested"] is None
+
+
+def test_the_writers_wait_is_the_environments_or_ten_seconds(monkeypatch):
+    monkeypatch.delenv("JOBCTL_DB_WRITE_WAIT_S", raising=False)
+    assert write_wait_s() == WRITE_WAIT_S == 10.0
+    monkeypatch.setenv("JOBCTL_DB_WRITE_WAIT_S", " 2.5 ")
+    assert write_wait_s() == 2.5
+    for bad in ("soon", "nan", "inf", "-1", "1e9"):
+        monkeypatch.setenv("JOBCTL_DB_WRITE_WAIT_S", bad)
+        with pytest.raises(StateDBError, match="JOBCTL_DB_WRITE_WAIT_S=.* is not a number"):
+            write_wait_s()
+
+
+def test_a_bad_write_wait_is_one_line_at_the_first_command(tmp_path):
+    env = {**os.environ, "JOBCTL_HOME": str(tmp_path), "JOBCTL_DB_WRITE_WAIT_S": "soon"}
+    done = subprocess.run(
+        ["jobctl", "stop", "nope"], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "JOBCTL_DB_WRITE_WAIT_S='soon' is not a number of seconds" in done.stderr
+    assert "unset it for the default 10 s" in done.stderr
