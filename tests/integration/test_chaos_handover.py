@@ -223,9 +223,13 @@ def test_without_a_replica_it_falls_back_to_the_checkpoint(tmp_path, monkeypatch
 @pytest.mark.multiproc
 @pytest.mark.chaos
 def test_a_hung_node_is_ended_and_its_survivors_hand_over(tmp_path):
-    """Heartbeats stop (the node's processes frozen, SIGSTOP): the survivors wait in a
-    collective that fails only once the supervisor, on the heartbeat timeout, kills the
-    hung node; they then hand their step over as for a SIGKILL."""
+    """Heartbeats stop (the node's processes frozen, SIGSTOP: a hung machine): the
+    survivors wait in a collective that fails only once the supervisor, on the heartbeat
+    timeout, ends the hung node (one ``heartbeat_timeout`` naming it, then a
+    ``preemption``); they then hand their step over as for a SIGKILL. (Was also
+    tests/integration/test_channel_heartbeat.py, the same freeze under stage-major
+    placement; its fallback to a checkpoint after a lost stage is the SIGKILL path of
+    test_chaos_elastic.py::test_lost_node_morphs_onto_the_rest.)"""
     spec = _spec(**{"training.steps": 40, "elasticity.heartbeat_timeout_s": 6.0})
     home = tmp_path / "home"
     proc = start_apply(write_spec(spec, tmp_path / "job.yaml"), home, output=True)
@@ -238,8 +242,11 @@ def test_a_hung_node_is_ended_and_its_survivors_hand_over(tmp_path):
     assert proc.returncode == 0, out
     db = StateDB(home)
     run_id = db.get_run(run_dir.name)["id"]
-    kinds = [e["kind"] for e in db.events(run_id)]
-    assert "heartbeat_timeout" in kinds and db.get_run(run_id)["phase"] == "completed"
+    evs = db.events(run_id)
+    timeouts = [e for e in evs if e["kind"] == "heartbeat_timeout"]
+    assert len(timeouts) == 1 and "node(s) [1]" in timeouts[0]["message"]
+    assert any(e["kind"] == "preemption" for e in evs)
+    assert db.get_run(run_id)["phase"] == "completed"
     handed = _data(db, run_id, "emergency")
     assert handed["step"] is not None and _data(db, run_id, "resume")["step"] == handed["step"]
     assert _data(db, run_id, "recovery")["steps_lost"] == 0
