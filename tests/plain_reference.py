@@ -3,7 +3,7 @@
 ``engine/worker/reference.py`` trains one process with jobctl's own data sharding,
 optimizer builder, LR schedule and model blocks, so a bug in any of those passes every
 parity test that compares against it. This module re-implements the documented
-semantics instead and imports nothing from jobctl:
+semantics instead (``docs/training.md`` states them) and imports nothing from jobctl:
 
 * data (README "Data", ``spec/data.py``): ``data.source: tokens`` with ``data.shuffle:
   false`` -- a flat ``.bin`` token file; sequence ``k`` is the ``seq_len`` tokens from
