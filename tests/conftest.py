@@ -11,6 +11,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 
 import pytest
 import s3fs
@@ -78,6 +79,18 @@ def pytest_configure(config) -> None:
     sets JOBCTL_HOME itself."""
     os.environ["JOBCTL_HOME"] = tempfile.mkdtemp(prefix="jobctl-tests-home-")
     os.environ.pop("JOBCTL_DB_URL", None)  # nor the user's own state database
+
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every test in tests/integration is ``slow`` (real processes, servers, clusters:
+    nearly all of the suite's time), so ``-m "not slow"`` is the developer loop: the
+    unit tier, about 3 minutes on 2 cores. CI runs everything."""
+    for item in items:
+        if INTEGRATION in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(hookwrapper=True)

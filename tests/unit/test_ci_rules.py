@@ -137,3 +137,23 @@ def test_the_suite_never_uses_the_checkouts_state_home():
     home = default_home().resolve()
     assert home != (ROOT / ".jobctl").resolve() and "jobctl-tests-home-" in home.name
     assert "JOBCTL_DB_URL" not in os.environ
+
+
+def test_not_slow_is_the_unit_tier_and_slow_is_every_integration_test():
+    """The developer loop ``-m "not slow"`` keeps every unit test and no integration
+    test; ``-m slow`` the reverse (conftest marks tests/integration)."""
+
+    def collected(marks: str) -> set[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+            + ["-m", marks, "tests/unit/test_templates.py", "tests/integration/test_parity.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {line.split("::")[0] for line in done.stdout.splitlines() if "::" in line}
+
+    assert collected("not slow") == {"tests/unit/test_templates.py"}
+    assert collected("slow") == {"tests/integration/test_parity.py"}
