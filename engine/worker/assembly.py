@@ -53,7 +53,8 @@ def engine_config(spec: JobSpec, plan: Plan) -> EngineConfig:
         training=spec.training,
         seq_len=spec.model.seq_len,
         one_machine=spec.hardware.one_machine,
-        opportunistic=spec.parallelism.schedule == "varuna",
+        # The plan's schedule, not the spec's: `schedule: auto` may resolve to varuna.
+        opportunistic=plan.schedule == "varuna",
         # The step commit lets survivors hand a step over; only an elastic job with
         # replicas has survivors that can (a lost node takes a stage of a D = 1 job).
         commits=spec.elasticity.enabled and plan.D > 1,
