@@ -177,7 +177,7 @@ class AveragingEngine(ResidentEngine):
         stage, after its local update and before the pull (E3) of the step reported."""
         return {**super().heartbeat(stats), "avg_dist2": list(self.dist2)}
 
-    def eval_loss(self, eval_data, done: int) -> float:
+    def eval_loss(self, eval_data, done: int) -> float | None:
         """The eval loss of the reference model, once it has applied batch ``done - 1``."""
         self.parts.reference.wait_for(done)
         ref = self.parts.reference.stage

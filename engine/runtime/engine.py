@@ -90,8 +90,9 @@ class StepEngine(Protocol):
     def global_loss(self, step: int, stats: StepStats, ledger: StepLedger) -> float | None:
         """The global-batch loss of ``step`` on the reporter's side, else None."""
 
-    def eval_loss(self, eval_data, done: int) -> float:
-        """The eval loss of the model after ``done`` steps (collective)."""
+    def eval_loss(self, eval_data, done: int) -> float | None:
+        """The eval loss of the model after ``done`` steps (collective): on the ranks
+        that hold the last stage, None on the others."""
 
     def heartbeat(self, stats: StepStats) -> dict:
         """This rank's compute fields (and the engine's own) for the heartbeat."""
@@ -281,7 +282,7 @@ class ResidentEngine:
             dist.all_reduce(total, group=topo.dp_group)
         return float(total)
 
-    def eval_loss(self, eval_data, done: int) -> float:
+    def eval_loss(self, eval_data, done: int) -> float | None:
         with self.compute():  # the training numerics (the channels were probed so)
             return eval_loss(self.executor, self.state, eval_data)
 
