@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jobctl.engine.supervise.figures import RunFigures
 from jobctl.engine.views.markup import plain
@@ -174,11 +175,12 @@ RUN_FIELDS = (
     "plan",
     "last_checkpoint",
     "last_upload",
-    "run_dir",
-    "spec_path",
     "exit_code",
     "message",
 )
+# Printed under the table in full: a path is copied, and a table cell at 80 columns
+# or in a pipe would cut it with "…" (a path has no space to wrap at).
+PATH_FIELDS = ("run_dir", "spec_path")
 
 
 def _distance_row(t: Table, f: RunFigures) -> None:
@@ -221,6 +223,8 @@ def print_run(
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
     _distance_row(t, f)
     console.print(t)
+    for key in PATH_FIELDS:  # whole, on one line each: never wrapped, never cut
+        console.print(Text(f"{key}: {row.get(key) or '-'}"), soft_wrap=True, highlight=False)
     if ranks:
         print_ranks(console, ranks)
     ev = Table("time", "kind", "message", title="recent events", title_justify="left")

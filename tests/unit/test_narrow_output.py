@@ -113,3 +113,19 @@ def test_calibrate_per_block_table_never_cuts_a_time(tmp_path: Path):
     tables = "\n".join(line for line in text.splitlines() if line.startswith(TABLE))
     _assert_fits(tables)
     assert "F/B m=1 (ms)" in tables and "/" in tables.splitlines()[3]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_status_of_a_run_prints_its_paths_whole_at_80_columns(terminal):
+    """`jobctl status RUN` cut run_dir and spec_path with "…" in its 80-column table;
+    they are now printed whole, one line each, under it (a pipe gets the same)."""
+    from jobctl.engine.views.status import print_run
+
+    run_dir = "/home/someone/projects/" + "deep/" * 12 + "runs/pygpt-20261202-055413-94e8"
+    spec_path = "/home/someone/projects/jobs/a-rather-long-job-name-for-python-source.yaml"
+    row = {"id": "pygpt-20261202-055413-94e8", "phase": "training", "step": 18}
+    console, out = _console(80, terminal=terminal)
+    print_run(console, {**row, "run_dir": run_dir, "spec_path": spec_path}, [], now=0.0)
+    lines = out.getvalue().splitlines()
+    assert f"run_dir: {run_dir}" in lines and f"spec_path: {spec_path}" in lines
+    _assert_fits("\n".join(x for x in lines if not x.startswith(("run_dir:", "spec_path:"))))
