@@ -227,6 +227,11 @@ def print_run(
         console.print(Text(f"{key}: {row.get(key) or '-'}"), soft_wrap=True, highlight=False)
     if ranks:
         print_ranks(console, ranks)
+    print_events(console, events)
+
+
+def print_events(console: Console, events: list[dict]) -> None:
+    """The run's recent events, a line each (their first line: messages are user text)."""
     ev = Table("time", "kind", "message", title="recent events", title_justify="left")
     for e in events:
         when = time.strftime("%H:%M:%S", time.localtime(e["ts"]))
