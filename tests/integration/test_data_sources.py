@@ -17,7 +17,7 @@ from jobctl.engine.core import env
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 
-from ..corpus import train_tokenizer, write_parquet
+from ..corpus import corpus, train_tokenizer, write_parquet
 from ..jobrun import JOBCTL, cli_env, events, run_job, step_losses, tiny_spec
 
 B, STEPS = 16, 4
@@ -162,3 +162,26 @@ def test_hf_parquet_with_a_trained_tokenizer_trains(tmp_path, monkeypatch):
     ref_losses, _ = reference_train(spec)
     assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
     assert sorted(read_trace(tmp_path / "t")) == list(range(2 * B))
+
+
+@pytest.mark.multiproc
+def test_own_text_with_a_tokenizer_trained_by_data_prepare_trains(tmp_path):
+    """A newcomer's path (#47): raw text, `jobctl data prepare --vocab-size` (a BPE
+    trained here, offline), then a real run on the token file equal to one process."""
+    text = tmp_path / "notes.txt"
+    text.write_text("\n\n".join(corpus(600, seed=5)))
+    out = tmp_path / "train.bin"
+    done = subprocess.run(
+        [*JOBCTL, "data", "prepare", str(text), "--vocab-size", "300", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    one = {"hardware.nodes": 1, "hardware.processes_per_node": 1, "model.vocab": 300}
+    spec = data_spec(str(out), 3, 1, 1, **one)
+    run, outcome = run_job(spec, tmp_path / "home")
+    assert outcome.ok, outcome.message
+    ref_losses, _ = reference_train(spec)
+    losses = step_losses(run.dir)
+    assert losses == pytest.approx(ref_losses, abs=1e-5) and losses[-1] < losses[0]
