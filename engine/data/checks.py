@@ -130,13 +130,37 @@ def _ids_fit(tf: TokenFile, path: str, field: str, vocab: int) -> Iterator[Viola
         (a, min(n, a + SAMPLE_IDS)) for a in sorted({0, max(0, n // 2), max(0, n - SAMPLE_IDS)})
     ]
     top = max((int(part.max()) for part in tf.read_many(spans) if part.size), default=0)
-    if top >= vocab:
+    if top >= vocab and looks_like_text(path):
+        yield Violation(
+            field,
+            f"{path} looks like text, not token ids (its bytes read as {tf.dtype} ids reach "
+            f"{top}, outside model.vocab {vocab})",
+            "train on its bytes with data.source: text (model.vocab: 256), or tokenize it "
+            f"first: jobctl data prepare {path} --vocab-size 8000 --out train.bin",
+        )
+    elif top >= vocab:
         yield Violation(
             field,
             f"{path} has token id {top}, outside model.vocab {vocab} (ids 0-{vocab - 1}); "
             f"is it the right file, and data.dtype {tf.dtype} the type it was written with?",
             f"raise model.vocab to at least {top + 1}, or fix data.path / data.dtype",
         )
+
+
+TEXT_PROBE = 4096  # bytes read from a token file's start to tell text from ids
+
+
+def looks_like_text(path: str) -> bool:
+    """Whether a local token file's first bytes are UTF-8 text (a .txt given as
+    ``source: tokens``): ids as uint16/uint32 bytes hold zero bytes and control codes."""
+    if path.endswith(".npy") or not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(TEXT_PROBE).decode("utf-8", errors="replace")
+    if not head:
+        return False
+    printable = sum(c.isprintable() or c in "\n\r\t" for c in head)
+    return head.count("\ufffd") <= 2 and printable >= 0.97 * len(head)
 
 
 def _hf(spec: JobSpec) -> Iterator[Violation]:

@@ -255,6 +255,8 @@ BAD = {
         3,
     ),
     "narrow dtype": ("{source: tokens, path: big-ids.bin, dtype: uint16}", "uint16 holds", 3),
+    # #47: the fix was "raise model.vocab to at least 57985"
+    "text as tokens": ("{source: tokens, path: notes.txt}", "looks like text, not token", 3),
 }
 
 
@@ -265,6 +267,7 @@ def test_bad_data_fails_validate_located_with_a_fix(tmp_path, tokenizer_dir, par
     np.full(2000, 999, dtype=np.uint16).tofile(tmp_path / "big-ids.bin")
     np.save(tmp_path / "narrow.npy", np.zeros(2000, dtype=np.uint16))
     (tmp_path / "tiny.txt").write_text("hello")
+    (tmp_path / "notes.txt").write_text("\n\n".join(corpus(400)) + "\nnaïve ✓\n")
     (tmp_path / "d.parquet").symlink_to(parquet)
     small = Tokenizer(str(tokenizer_dir)).vocab - 1
     vocab = {"tokenizer too big": small, "npy too narrow": 70000, "narrow dtype": 70000}
@@ -345,3 +348,17 @@ def test_prepare_command_writes_a_token_file_that_trains(tmp_path, tokenizer_dir
         text=True,
     )
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_text_is_told_from_token_ids(tmp_path):
+    from jobctl.engine.data.checks import looks_like_text
+
+    (tmp_path / "a.txt").write_text("\n\n".join(corpus(50)) + "\ncafé ✓\n")
+    np.arange(3000, dtype=np.uint16).tofile(tmp_path / "ids.bin")
+    np.random.default_rng(0).integers(0, 50000, 3000).astype(np.uint32).tofile(tmp_path / "w.bin")
+    np.full(3000, 0x6161, dtype=np.uint16).tofile(tmp_path / "aa.bin")  # ids that read "aa"
+    assert looks_like_text(str(tmp_path / "a.txt"))
+    assert not looks_like_text(str(tmp_path / "ids.bin"))
+    assert not looks_like_text(str(tmp_path / "w.bin"))
+    assert looks_like_text(str(tmp_path / "aa.bin"))  # only where its ids exceed the vocab
+    assert not looks_like_text(str(tmp_path / "missing.bin"))
