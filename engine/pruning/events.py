@@ -16,6 +16,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def note(rec: dict) -> str:
+    """One line describing a ``pruning`` record: the sparsity reached, per stage."""
+    stages = ", ".join(_pct(s) for s in rec["stage_sparsity"])
+    return (
+        f"step {rec['step']}: {_pct(rec['achieved_sparsity'])} sparse "
+        f"(target {_pct(rec['target_sparsity'])}); per stage {stages}"
+    )
+
+
 class PruningWatch:
     """Turns pruning/profile records into phases and events of one run."""
 
@@ -25,26 +34,21 @@ class PruningWatch:
 
     def record(self, rec: dict) -> None:
         if rec["kind"] == Kind.PRUNING:
-            stages = ", ".join(_pct(s) for s in rec["stage_sparsity"])
-            note = (
-                f"step {rec['step']}: {_pct(rec['achieved_sparsity'])} sparse "
-                f"(target {_pct(rec['target_sparsity'])}); per stage {stages}"
-            )
             self.db.set_phase(
                 self.run_id, "pruning", f"step {rec['step']} to {_pct(rec['target_sparsity'])}"
             )
-            self.db.add_event(self.run_id, "pruning", note, rec)
+            self.db.add_event(self.run_id, "pruning", note(rec), rec)
             self.pruned_at = rec["step"]
         elif rec["kind"] == Kind.PROFILE and rec["replica"] == 0:
             blocks = rec["blocks"]
             total = sum(b["fwd_s"] + b["bwd_s"] for b in blocks.values())
             mem = rec["memory"]
-            note = (
+            said = (
                 f"step {rec['step']} stage {rec['stage']}: {len(blocks)} blocks, "
                 f"fwd+bwd {1000 * total:.1f} ms, {mem['nonzero_params']} nonzero params, "
                 f"peak RSS {mem['max_rss_mb']:.0f} MiB"
             )
-            self.db.add_event(self.run_id, "profile", note, rec)
+            self.db.add_event(self.run_id, "profile", said, rec)
 
     def step(self, step: int) -> None:
         """A step finished: the profiled step after pruning ends the pruning phase."""

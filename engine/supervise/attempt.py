@@ -31,6 +31,8 @@ from jobctl.backends import get_backend
 from jobctl.engine.channel.host import HOST_FILE, RunHost, spawn_run_host, wait_run_host
 from jobctl.engine.core.events import Kind
 from jobctl.engine.core.process import process_token
+from jobctl.engine.pruning import events as pruning_events
+from jobctl.engine.rebalance import events as rebalance_events
 from jobctl.engine.supervise.launch import Run
 
 
@@ -128,6 +130,13 @@ def progress_columns(width: int, label: str, total: int) -> list[ProgressColumn]
     ]
 
 
+# The training phases a run's output names as they happen (the bar shows only steps).
+PHASE_NOTES = {
+    Kind.PRUNING: ("pruned", pruning_events.note),
+    **{k: ("rebalance", rebalance_events.note) for k in rebalance_events.KINDS},
+}
+
+
 class ProgressView:
     """The attempt's progress bar (steps, loss, throughput) and upload bar; into a
     non-terminal (a pipe, a log file) one line per ``log_every`` steps instead."""
@@ -151,6 +160,9 @@ class ProgressView:
             self.bar.start()
 
     def on_event(self, rec: dict) -> None:
+        if rec["kind"] in PHASE_NOTES:  # a pruning step, a rebalance: above the bar
+            what, note = PHASE_NOTES[rec["kind"]]
+            self.console.print(f"{what} {note(rec)}", markup=False, highlight=False)
         if self.lines:
             self._print_line(rec)
         elif rec["kind"] == Kind.STEP:

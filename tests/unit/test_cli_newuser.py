@@ -123,3 +123,46 @@ def test_apply_into_a_pipe_prints_a_line_per_log_every_steps():
         "step 6/7 loss 4.4000 samples/s 106.0",
         "step 7/7 loss 4.3000 samples/s 107.0",
     ]
+
+
+PRUNED = {
+    "kind": "pruning",
+    "step": 4,
+    "achieved_sparsity": 0.3,
+    "target_sparsity": 0.3,
+    "stage_sparsity": [0.25, 0.35],
+}
+REBALANCED = {
+    "kind": "rebalanced",
+    "step": 5,
+    "balancer": "partition",
+    "by": "params",
+    "imbalance_before": 0.4,
+    "imbalance_after": 0.1,
+    "predicted_step_s_before": 0.2,
+    "predicted_step_s_after": 0.15,
+    "moves": [[3, 1, 0]],
+}
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_apply_names_each_pruning_step_and_rebalance_as_it_happens(terminal):
+    """#47: `apply jobs/pruning.yaml` never mentioned pruning or sparsity; each pruning
+    step (the sparsity reached, per stage) and each rebalance is now a line of its own,
+    in a pipe and above a terminal's bar."""
+    import io
+
+    from rich.console import Console
+
+    from jobctl.engine.supervise.attempt import ProgressView
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=terminal, color_system=None)
+    view = ProgressView(console, "run-1", total=8, start=0)
+    for rec in (PRUNED, REBALANCED):
+        view.on_event(rec)
+    view.stop()
+    text = out.getvalue()
+    assert "pruned step 4: 30.0 % sparse (target 30.0 %); per stage 25.0 %, 35.0 %" in text
+    assert "rebalance step 5: partition by params, imbalance 40.0 % -> 10.0 %" in text
+    assert "block 3: 1->0" in text
