@@ -64,12 +64,14 @@ def check_html(text: str) -> HtmlChecker:
 
 
 def series_points(text: str, css: str) -> int:
-    m = re.search(
+    """The points a chart series draws, over every unbroken run (a polyline each)."""
+    runs = re.findall(
         rf'<polyline class="series {css}"[^>]*data-points="(\d+)"[^>]*points="([^"]*)"', text
     )
-    assert m, css
-    assert len(m.group(2).split()) == int(m.group(1))
-    return int(m.group(1))
+    assert runs, css
+    for count, points in runs:
+        assert len(points.split()) == int(count)
+    return sum(int(count) for count, _ in runs)
 
 
 def png_size(path: Path) -> tuple[int, int]:

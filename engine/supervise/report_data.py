@@ -26,7 +26,7 @@ from jobctl.spec import JobSpec, load_spec
 DB_MARKERS = {
     "preemption": "preemption",
     "heartbeat_timeout": "preemption",
-    "resume": "morph",
+    "resume": "resume",  # a morph where the devices before and after differ (_family)
     "recovery": "recovery",  # its label says the steps lost and what it resumed from
     "emergency": "recovery",  # the survivors' handover, or why there was none
     "adopt": "adopt",
@@ -59,6 +59,8 @@ class RunSeries:
     steps: list[dict] = field(default_factory=list)  # ts, step, loss, sps, devices
     markers: list[Marker] = field(default_factory=list)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, eval loss)
+    # (from, to) seconds with no training between two steps: a stop, a preemption
+    gaps: list[tuple[float, float]] = field(default_factory=list)
     # AvgPipe: (step, each parallel model's distance from the reference)
     distances: list[tuple[int, list[float]]] = field(default_factory=list)
 
@@ -82,18 +84,40 @@ def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> Ru
         sps = r.get("samples_per_s", 0.0)
         out.steps.append(
             {"ts": r["ts"], "step": r["step"], "loss": r.get("loss"), "sps": sps, "dev": devices}
+            | {"step_s": r.get("step_time_s")}
         )
-    out.t0 = min([s["ts"] for s in out.steps] + [r["ts"] for r in recs[:1]], default=time.time())
+    # x = 0 at the first step, as the axis says (records before it get x < 0)
+    first = [s["ts"] for s in out.steps] or [r["ts"] for r in recs[:1]]
+    out.t0 = min(first, default=time.time())
+    out.gaps = gaps(out)
     out.evals = [(r["step"], r["eval_loss"]) for r in recs if r["kind"] == Kind.EVAL]
     out.distances = distance_series(recs)
     _mark(out, recs, db_events)
     return out
 
 
+GAP_MIN_S = 10.0  # a pause shorter than this between steps is not drawn as a gap
+GAP_STEPS = 5  # ... nor one shorter than this many typical step-to-step intervals
+STOP_SIGTERM_S = 60.0  # a SIGTERM this soon after a user's stop is that stop's
+
+
+def gaps(s: RunSeries) -> list[tuple[float, float]]:
+    """Where no step ended for much longer than usual: (from, to), seconds after t0."""
+    ts = sorted(p["ts"] for p in s.steps)
+    dts = sorted(b - a for a, b in zip(ts, ts[1:], strict=False))
+    if not dts:
+        return []
+    least = max(GAP_MIN_S, GAP_STEPS * dts[len(dts) // 2])
+    return [(a - s.t0, b - s.t0) for a, b in zip(ts, ts[1:], strict=False) if b - a > least]
+
+
 def _mark(out: RunSeries, recs: list[dict], db_events: list[dict]) -> None:
     """Markers of the metrics records, then of the state-DB events."""
+    stops = [e["ts"] for e in db_events if e["kind"] == "stop"]
     for r in recs:
         kind = RECORD_MARKERS.get(r["kind"])
+        if kind == "preemption" and any(0 <= r["ts"] - t <= STOP_SIGTERM_S for t in stops):
+            continue  # the notice a user's `jobctl stop` (or Ctrl-C) sent: not a preemption
         if kind == "preemption" and any(
             m.kind == "preemption" and abs(m.x - (r["ts"] - out.t0)) < 1 for m in out.markers
         ):
@@ -104,7 +128,18 @@ def _mark(out: RunSeries, recs: list[dict], db_events: list[dict]) -> None:
     for e in db_events:
         kind = DB_MARKERS.get(e["kind"])
         if kind:
-            out.markers.append(Marker(e["ts"] - out.t0, kind, f"{e['kind']}: {e['message']}"))
+            label = f"{e['kind']}: {e['message']}"
+            out.markers.append(Marker(e["ts"] - out.t0, _family(out, e, kind), label))
+
+
+def _family(out: RunSeries, e: dict, kind: str) -> str:
+    """A resume is drawn as a morph only where the devices training before and after
+    it differ (a stop and resume on the same devices is no morph)."""
+    if kind != "resume":
+        return kind
+    before = [p["dev"] for p in out.steps if p["ts"] < e["ts"]]
+    after = [p["dev"] for p in out.steps if p["ts"] >= e["ts"]]
+    return "morph" if before and after and before[-1] != after[0] else "resume"
 
 
 def simulate_plan(spec: JobSpec, plan: Plan, cal: Calibration) -> SimResult:

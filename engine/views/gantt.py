@@ -46,6 +46,9 @@ LABELS = {
 }
 
 
+LEGEND_IN = 0.35  # inches under the axes for the legend's one row
+
+
 def draw_gantt(
     result: SimResult | DeviceSimResult, path: Path, title: str = "", unit: str = "s"
 ) -> Path:
@@ -53,7 +56,8 @@ def draw_gantt(
     P = len(result.busy)
     events, row, second = _rows(result)
     width = min(24.0, max(8.0, 0.12 * len(events) / max(P, 1) + 6))
-    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.55 * P), dpi=120)
+    height = 1.2 + 0.55 * P + LEGEND_IN
+    fig, ax = plt.subplots(figsize=(width, height), dpi=120)
     span = result.step_time or 1.0
     for e, up in zip(events, second, strict=True):
         _draw_event(ax, e, P - 1 - e.stage, span, hatch="//" if up else None)
@@ -63,22 +67,25 @@ def draw_gantt(
     ax.set_xlabel(f"time ({unit})")
     bubble = f"idle {100 * result.idle_share:.1f} %"
     ax.set_title(title or f"simulated step: {span:.4g} {unit}, {bubble}")
-    ax.legend(
+    # The legend on a strip of its own under the axes: anchored to the axes, it sat on
+    # the x-axis label at some P (#47).
+    fig.legend(
         handles=[Patch(color=COLOURS[k], label=v) for k, v in _shown(result).items()],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.25 if P > 2 else -0.4),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.0),
         ncol=7,
         fontsize=8,
         frameon=False,
     )
-    return save_figure(fig, ax, path)
+    return save_figure(fig, ax, path, bottom=LEGEND_IN / height)
 
 
-def save_figure(fig, ax, path: Path) -> Path:
-    """Grid, lay out and write a timeline figure to ``path`` (its folder made), then
-    close it (pyplot keeps every open figure alive otherwise)."""
+def save_figure(fig, ax, path: Path, bottom: float = 0.0) -> Path:
+    """Grid, lay out (above the ``bottom`` fraction of the figure, kept for a legend)
+    and write a timeline figure to ``path`` (its folder made), then close it (pyplot
+    keeps every open figure alive otherwise)."""
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -31,6 +31,8 @@ def draw_png(chart: Chart, path: Path) -> Path:
     for s in chart.series:
         pts = [(x, y) for x, y in zip(s.xs, s.ys, strict=True) if math.isfinite(y)]
         ax.plot([x for x, _ in pts], [y for _, y in pts], color=s.colour, lw=1.5, label=s.name)
+    for a, b in chart.gaps:  # no training there (the line breaks at its NaN point)
+        ax.axvspan(a, b, color="#eeeeee", zorder=0)
     for m in chart.markers:
         ax.axvline(m.x, color=MARKER_COLOURS.get(m.kind, "#888"), ls="--", lw=1.0, alpha=0.8)
     kinds = sorted({m.kind for m in chart.markers})

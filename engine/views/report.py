@@ -27,10 +27,9 @@ from jobctl.engine.views.tables import _num, dollars, hms
 
 
 def charts(s: RunSeries) -> list[Chart]:
-    """Throughput, throughput per device (both with the event markers) and loss."""
-    xs = [p["ts"] - s.t0 for p in s.steps]
-    sps = [p["sps"] for p in s.steps]
-    per_dev = [p["sps"] / p["dev"] for p in s.steps]
+    """Throughput, throughput per device (both with the event markers and the gaps in
+    training, where their lines break) and loss."""
+    xs, sps, per_dev = _broken(s, [p["sps"] for p in s.steps], [p["dev"] for p in s.steps])
     loss = [p["loss"] if p["loss"] is not None else float("nan") for p in s.steps]
     return [
         Chart(
@@ -39,6 +38,7 @@ def charts(s: RunSeries) -> list[Chart]:
             "samples/s",
             [Series("samples/s", xs, sps, "#4C78A8", "throughput")],
             s.markers,
+            s.gaps,
         ),
         Chart(
             "Throughput per device",
@@ -46,6 +46,7 @@ def charts(s: RunSeries) -> list[Chart]:
             "samples/s/device",
             [Series("samples/s/device", xs, per_dev, "#F58518", "per-device")],
             s.markers,
+            s.gaps,
         ),
         Chart(
             "Loss",
@@ -55,6 +56,23 @@ def charts(s: RunSeries) -> list[Chart]:
             + _eval_series(s),
         ),
     ] + _distance_charts(s)
+
+
+def _broken(s: RunSeries, sps: list[float], dev: list[int]) -> tuple[list, list, list]:
+    """(x, samples/s, samples/s/device) with a NaN point inside each gap, so no line
+    bridges a stretch with no training as if it had gone on (#47)."""
+    nan = float("nan")
+    xs: list[float] = []
+    ys: list[float] = []
+    per: list[float] = []
+    starts = {b for _, b in s.gaps}
+    for p, y, d in zip(s.steps, sps, dev, strict=True):
+        x = p["ts"] - s.t0
+        for out, v in ((xs, x), (ys, y), (per, y / d)):
+            if x in starts:
+                out.append(nan)
+            out.append(v)
+    return xs, ys, per
 
 
 #: One colour per AvgPipe parallel model (cycled past ten).
@@ -107,12 +125,13 @@ class Timeline:
     png: Path
     caption: str
     note: str  # the run's plan.json, or why the page re-planned instead
+    step_s: float = 0.0  # the simulated step time
 
 
 def draw_timeline(step: SimulatedStep, path: Path) -> Timeline:
     """Draw the simulated step as a Gantt chart PNG at ``path``."""
     caption = f"{step.name}: {step.plan.summary()}, simulated {step.sim.step_time:.4g} s/step"
-    return Timeline(draw_gantt(step.sim, path, caption), caption, step.note)
+    return Timeline(draw_gantt(step.sim, path, caption), caption, step.note, step.sim.step_time)
 
 
 def write_pngs(s: RunSeries, stem: Path) -> list[Path]:
@@ -154,7 +173,7 @@ def render_html(
     for chart in charts(s):
         parts.append(f"<h2>{escape(chart.title)}</h2>")
         parts.append(render(chart))
-    parts += _timeline_html(timeline)
+    parts += _timeline_html(timeline, s)
     parts += _files_html(pngs or [])
     parts.append("<h2>Events</h2><table><tr><th>time</th><th>kind</th><th>message</th></tr>")
     for e in db_events:
@@ -194,8 +213,9 @@ def _summary_html(row: dict, s: RunSeries, f: RunFigures | None = None) -> list[
     ]
 
 
-def _timeline_html(t: Timeline | None) -> list[str]:
-    """The Gantt PNG embedded as a data: URL (the page stays one file), and its source."""
+def _timeline_html(t: Timeline | None, s: RunSeries) -> list[str]:
+    """The Gantt PNG embedded as a data: URL (the page stays one file), its source, and
+    the simulated step beside the measured one (the PNG carries the caption itself)."""
     out = ["<h2>Simulated pipeline timeline</h2>"]
     if t is None:
         return [*out, "<p>no simulated timeline (the plan could not be simulated)</p>"]
@@ -204,8 +224,20 @@ def _timeline_html(t: Timeline | None) -> list[str]:
         *out,
         f'<p class="plan-source">plan: {escape(t.note)}</p>',
         f'<figure><img alt="{escape(t.caption)}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{escape(t.caption)}</figcaption></figure>",
+        f'<figcaption class="predicted">{escape(predicted_vs_measured(t.step_s, s))}'
+        "</figcaption></figure>",
     ]
+
+
+def predicted_vs_measured(simulated_s: float, s: RunSeries) -> str:
+    """The simulated step time beside the median of the measured ones."""
+    times = sorted(p["step_s"] for p in s.steps if p.get("step_s"))
+    said = f"simulated {simulated_s:.4g} s/step"
+    if not times:
+        return f"{said}; no step time measured yet"
+    median = times[len(times) // 2]
+    ratio = f", {median / simulated_s:.2f}x the simulation" if simulated_s > 0 else ""
+    return f"{said}; measured {median:.4g} s/step (median of {len(times)} steps){ratio}"
 
 
 def _files_html(pngs: list[Path]) -> list[str]:

@@ -23,6 +23,7 @@ MARKER_COLOURS = {
     "adopt": "#4C78A8",
     "straggler": "#9D755D",
     "stop": "#333333",
+    "resume": "#4C78A8",
 }
 
 
@@ -46,6 +47,7 @@ class Chart:
     y_label: str
     series: list[Series]
     markers: list[Marker] = field(default_factory=list)
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # shaded: no training
     width: int = 960
     height: int = 280
 
@@ -123,6 +125,7 @@ def render(chart: Chart) -> str:
         f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" class="xl">'
         f"{escape(chart.y_label)}</text>"
     )
+    out += _gap_rects(chart, f)
     out += _marker_lines(chart, f)
     out += _polylines(chart, f)
     out.append(_legend(chart, left + pw))
@@ -143,20 +146,39 @@ def _marker_lines(chart: Chart, f: _Frame) -> list[str]:
     return out
 
 
+def _gap_rects(chart: Chart, f: _Frame) -> list[str]:
+    """A shaded band over each stretch with no training (its length as the title)."""
+    return [
+        f'<rect class="gap" x="{f.px(a):.1f}" y="{f.top}" width="{f.px(b) - f.px(a):.1f}" '
+        f'height="{f.ph}" fill="#eeeeee"><title>no training for {b - a:.0f} s</title></rect>'
+        for a, b in chart.gaps
+    ]
+
+
+def _segments(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
+    """The runs of finite points between non-finite ones (a NaN breaks the line)."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for x, y in zip(xs, ys, strict=True):
+        if math.isfinite(x) and math.isfinite(y):
+            runs[-1].append((x, y))
+        elif runs[-1]:
+            runs.append([])
+    return [r for r in runs if r]
+
+
 def _polylines(chart: Chart, f: _Frame) -> list[str]:
-    """A polyline per series over its finite points, their count in ``data-points``."""
+    """A polyline per series and unbroken run of its points, their count in
+    ``data-points`` (a gap in the training is a gap in the line, not a flat bridge)."""
     out = []
     for s in chart.series:
-        coords = [
-            f"{f.px(x):.1f},{f.py(y):.1f}"
-            for x, y in zip(s.xs, s.ys, strict=True)
-            if math.isfinite(x) and math.isfinite(y)
-        ]
-        out.append(
-            f'<polyline class="series {escape(s.css)}" data-name="{escape(s.name)}" '
-            f'data-points="{len(coords)}" fill="none" stroke="{s.colour}" stroke-width="1.5" '
-            f'points="{" ".join(coords)}"><title>{escape(s.name)}</title></polyline>'
-        )
+        for run in _segments(s.xs, s.ys):
+            coords = [f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in run]
+            out.append(
+                f'<polyline class="series {escape(s.css)}" data-name="{escape(s.name)}" '
+                f'data-points="{len(coords)}" fill="none" stroke="{s.colour}" '
+                f'stroke-width="1.5" points="{" ".join(coords)}">'
+                f"<title>{escape(s.name)}</title></polyline>"
+            )
     return out
 
 

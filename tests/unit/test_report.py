@@ -73,9 +73,11 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     check_html(text)
     assert "r&lt;&amp;&gt;" in text and "r<&>" not in text
     assert series_points(text, "throughput") == 5 and series_points(text, "loss") == 5
-    per_dev = re.search(r'class="series per-device"[^>]*points="([^"]*)"', text).group(1)
-    ys = [float(p.split(",")[1]) for p in per_dev.split()]
+    runs = re.findall(r'class="series per-device"[^>]*points="([^"]*)"', text)
+    assert len(runs) == 2  # the 28 s between the attempts breaks the line (#47)
+    ys = [float(p.split(",")[1]) for run in runs for p in run.split()]
     assert ys[0] == ys[1] == ys[2] and ys[3] < ys[0]  # 8 samples/s/device, then 16: higher
+    assert s.gaps == [(2.0, 30.0)] and text.count('class="gap"') == 2
     assert text.count('data-kind="checkpoint"') == 2  # on both throughput charts
     money = RunFigures(eta_s=60.0, cost_usd=1.5, usd_per_step=0.002, usd_to_finish=0.25)
     text = render_html(row, s, db_events, None, figures=money)
@@ -156,3 +158,55 @@ def test_report_png_charts_carry_the_archive(tmp_path):
     a, b = draw_png(plain, tmp_path / "a.png"), draw_png(marked, tmp_path / "b.png")
     assert png_size(a) == png_size(b) == (960, 280)
     assert a.read_bytes() != b.read_bytes()
+
+
+def _stopped_then_resumed(run_dir: Path) -> list[dict]:
+    """Ctrl-C at step 4 (the workers' SIGTERM records, a checkpoint), `jobctl resume`
+    150 s later on the same 4 devices, steps 5-8: the archive and the DB events."""
+    lines = []
+    for step in range(1, 9):
+        ts = 100.0 + step + (150.0 if step > 4 else 0.0)
+        lines += [{"kind": "heartbeat", "ts": ts, "step": step, "rank": r} for r in range(4)]
+        lines.append(
+            {"kind": "step", "ts": ts, "step": step, "loss": 6.0 - step / 4}
+            | {"step_time_s": 0.5, "samples_per_s": 11.0}
+        )
+        if step == 4:
+            lines += [{"kind": "sigterm", "ts": 104.2, "rank": r, "node": r // 2} for r in (0, 2)]
+            lines.append({"kind": "checkpoint", "ts": 104.5, "step": 4, "path": "x"})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return [
+        {"ts": 104.1, "kind": "stop", "message": "stop requested (Ctrl-C)"},
+        {"ts": 105.0, "kind": "stopped", "message": "stopped at step 4, checkpoint 4"},
+        {"ts": 253.0, "kind": "resume", "message": "from step 4 (local) as P=2 D=2"},
+    ]
+
+
+def test_a_stopped_then_resumed_run_shows_the_gap_and_only_what_happened(tmp_path):
+    """#47: such a run was drawn as continued throughput, with a morph marker and a
+    preemption in the legend; the x axis began 4 s in under 'since the first step'."""
+    db_events = _stopped_then_resumed(tmp_path)
+    s = collect(tmp_path, db_events, devices_now=4)
+    assert s.gaps == [(3.0, 154.0)]  # steps 4 -> 5: 150 s with no training
+    kinds = sorted({m.kind for m in s.markers})
+    assert kinds == ["checkpoint", "resume", "stop"]  # no morph, no preemption
+    assert s.steps[0]["ts"] - s.t0 == 0.0  # x = 0 is the first step
+    row = {"id": "r", "phase": "completed", "step": 8, "total_steps": 8, "plan": "P=2 D=2"}
+    text = render_html({**row, "loss": 4.0, "devices": 4}, s, db_events, None)
+    check_html(text)
+    assert series_points(text, "throughput") == 8
+    assert len(re.findall(r'class="series throughput"', text)) == 2  # broken at the gap
+    assert "no training for 151 s" in text  # step 4 ended at 3 s, step 5 at 154 s
+    assert 'data-kind="morph"' not in text and 'data-kind="preemption"' not in text
+    assert ">preemption<" not in text and ">morph<" not in text  # nor in the legend
+
+
+def test_the_timeline_shows_the_simulated_step_beside_the_measured_one(tmp_path):
+    from jobctl.engine.views.report import predicted_vs_measured
+
+    s = collect(tmp_path, _stopped_then_resumed(tmp_path), devices_now=4)
+    said = predicted_vs_measured(0.25, s)
+    assert (
+        said
+        == "simulated 0.25 s/step; measured 0.5 s/step (median of 8 steps), 2.00x the simulation"
+    )
