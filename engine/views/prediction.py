@@ -30,21 +30,20 @@ def print_end_to_end(console: Console, plan: Plan, steps: int | None, done: int 
         console.print(
             f"end to end: about {duration(pr.total_s(left))}: {start} + {what} x "
             f"{pr.step_time_s:.4g} s",
-            soft_wrap=True,
+            soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
             highlight=False,
         )
     if pr.source == "analytic":
         how = "from the hardware spec alone (no measured calibration)"
         hint = ""
         if plan.device == "cpu":
-            hint = (
-                "; on a CPU such predictions are often several times optimistic: "
-                "`jobctl calibrate JOB.yaml` measures this machine"
-            )
+            hint = "; on a CPU such predictions are often several times optimistic"
         console.print(
             styled("[yellow]prediction source: analytic[/yellow], {}{}", how, hint),
-            soft_wrap=True,
+            soft_wrap=False,
             highlight=False,
         )
+        if hint:  # the command on a line of its own: what is copied is what runs
+            console.print("  measure this machine: jobctl calibrate JOB.yaml", highlight=False)
     else:
         console.print(f"prediction source: measured calibration {pr.calibration}", highlight=False)

@@ -40,7 +40,7 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None, done: int
             f"{plan.micro_batches} per replica = global batch {plan.global_batch_size}; "
             f"schedule {plan.schedule}",
         ),
-        soft_wrap=True,
+        soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
     )
     for line in plan.t_search:  # tensor_parallel auto: why this T
         console.print(line, soft_wrap=False, highlight=False)
@@ -115,7 +115,8 @@ def _print_prediction(console: Console, plan: Plan) -> None:
         + f", idle {100 * pr.idle_share:.1f} % of the step, memory per "
         f"{'device' if plan.placement else 'stage'} [{mem}]"
         + (f", ${pr.cost_per_1k_samples:.4f} per 1k samples" if pr.cost_per_1k_samples else ""),
-        soft_wrap=True,
+        soft_wrap=False,  # prose: wraps at words
+        highlight=False,
     )
 
 

@@ -129,3 +129,21 @@ def test_status_of_a_run_prints_its_paths_whole_at_80_columns(terminal):
     lines = out.getvalue().splitlines()
     assert f"run_dir: {run_dir}" in lines and f"spec_path: {spec_path}" in lines
     _assert_fits("\n".join(x for x in lines if not x.startswith(("run_dir:", "spec_path:"))))
+
+
+def test_plans_prose_wraps_at_words_at_80_columns():
+    """#47: the plan, predicted, end-to-end and prediction-source lines ran past 80
+    columns in a pipe (106-196 characters); prose now wraps at words, the calibrate
+    command is a line of its own."""
+    from jobctl.engine.views.tables import print_plan
+
+    plan = make_plan(tiny_spec(), None)
+    console, out = _console(80)
+    print_plan(console, plan, steps=60)
+    text = out.getvalue()
+    prose = [x for x in text.splitlines() if not x.startswith("  S")]  # not action lists
+    _assert_fits("\n".join(prose))
+    words = " ".join(text.split())  # every figure whole, whatever the line breaks
+    assert f"m={plan.micro_batch_size} x {plan.micro_batches} per replica" in words
+    assert f"{plan.prediction.step_time_s:.4g} s/step" in words
+    assert "  measure this machine: jobctl calibrate JOB.yaml" in text.splitlines()
