@@ -71,11 +71,13 @@ def apply(
     """
     spec, p = _planned(spec_file, devices, home, backend)
     if dry_run:
+        _print_plan(spec, p)
         _print_dry_run(spec, p, spec_file, backend)
         return
     from jobctl.engine.supervise.service import ApplyOptions
 
     db, run_id = _run_to_continue(home, spec.name, fresh, resume_dir, run_id)
+    _print_plan(spec, p, _continued_from(db, run_id))
     opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
     if detach:
         _detach(spec_file, spec.name, db, devices, opts)
@@ -86,16 +88,26 @@ def apply(
 def _planned(
     spec_file: Path, devices: int | None, home: Path | None, backend: str | None
 ) -> tuple[JobSpec, Plan]:
-    """The spec, tuned, and its plan, printed; a broken spec, or one this machine cannot
+    """The spec, tuned, and its plan; a broken spec, or one this machine cannot
     run on ``backend`` (``--backend``, else the spec's), exits before the planner and the
     supervisor load."""
     loaded = load_or_exit(spec_file, backend=backend)
-    from jobctl.engine.views import tables as views
 
     spec = tuned_or_exit(loaded, spec_file, home)
-    p = plan_or_exit(spec, spec_file, devices, home)
-    views.print_plan(console, p, spec.training.steps)
-    return spec, p
+    return spec, plan_or_exit(spec, spec_file, devices, home)
+
+
+def _print_plan(spec: JobSpec, p: Plan, done: int = 0) -> None:
+    """The plan, its end-to-end prediction counting the steps after ``done``."""
+    from jobctl.engine.views import tables as views
+
+    views.print_plan(console, p, spec.training.steps, done)
+
+
+def _continued_from(db: StateDB, run_id: str | None) -> int:
+    """The step a continued run goes on from (its newest checkpoint), else 0."""
+    row = db.get_run(run_id) if run_id else None
+    return (row or {}).get("last_checkpoint") or 0
 
 
 def _run_to_continue(

@@ -166,3 +166,16 @@ def test_apply_names_each_pruning_step_and_rebalance_as_it_happens(terminal):
     assert "pruned step 4: 30.0 % sparse (target 30.0 %); per stage 25.0 %, 35.0 %" in text
     assert "rebalance step 5: partition by params, imbalance 40.0 % -> 10.0 %" in text
     assert "block 3: 1->0" in text
+
+
+def test_apply_continuing_a_run_predicts_the_steps_left(tmp_path):
+    """#47: `apply` that continues an unfinished run predicted all its steps; it counts
+    from the run's newest checkpoint now, as `resume` does."""
+    from jobctl.engine.cli.apply import _continued_from
+    from jobctl.engine.state.db import StateDB
+
+    db = StateDB(tmp_path)
+    db.create_run("q-1", "quickstart", tmp_path / "runs" / "q-1", total_steps=300, devices=4)
+    assert _continued_from(db, None) == 0 and _continued_from(db, "q-1") == 0
+    db.update_run("q-1", last_checkpoint=72)
+    assert _continued_from(db, "q-1") == 72
