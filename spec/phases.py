@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
@@ -164,7 +166,9 @@ class CheckpointSpec(SpecModel):
         None, description="Local checkpoint folder; null means <run dir>/checkpoints."
     )
     remote: str | None = Field(
-        None, description="fsspec URL to upload to, e.g. file:///path or s3://bucket/prefix."
+        None,
+        description="fsspec URL to upload to (s3://bucket/prefix, file:///path) or an "
+        "absolute path.",
     )
     keep_last: int = Field(
         3, ge=1, le=MAX_STEPS, description="Keep this many most recent checkpoints."
@@ -184,3 +188,38 @@ class CheckpointSpec(SpecModel):
         "newest checkpoint (bounded memory and lag); false writes and uploads every one, "
         "making training wait if it must.",
     )
+
+    def _violations(self) -> Iterator[Violation]:
+        for name in ("local_dir", "remote"):
+            value = getattr(self, name)
+            if value is not None:
+                yield from _path_violations(name, value)
+        remote = self.remote
+        if remote is not None and not (URL.match(remote) or remote.startswith("/")):
+            yield Violation(
+                "remote",
+                f"remote {remote[:60]!r} is neither a URL nor an absolute path (a bare word "
+                "would be a folder beside wherever the workers start)",
+                "give a URL such as s3://bucket/prefix or file:///absolute/path",
+            )
+
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # fsspec's protocol://...
+
+
+def _path_violations(name: str, value: str) -> Iterator[Violation]:
+    """A checkpoint path with a control character (a newline, U+2028: a paste gone
+    wrong) or a leading '-' (read as an option by the tools it reaches)."""
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if bad is not None:
+        yield Violation(
+            name,
+            f"{name} holds the control character U+{ord(bad):04X}",
+            f"write checkpoint.{name} on one line, without control characters",
+        )
+    elif value.startswith("-") and name == "local_dir":  # a remote must be a URL anyway
+        yield Violation(
+            name,
+            f"{name} {value[:60]!r} starts with '-', which tools read as an option",
+            f"write it as ./{value[:60]} (or an absolute path)",
+        )
