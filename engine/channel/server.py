@@ -29,6 +29,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
@@ -68,7 +69,11 @@ class EventArchive:
             if seq <= self._last_seq.get(src, -1):
                 self.duplicates += 1
                 return False
-            lines = "".join(json.dumps({**e, "src": e.get("src", src)}) + "\n" for e in events)
+            # ``ts`` is optional on the wire; the archive stamps its arrival where it is
+            # missing, so every reader of metrics.jsonl finds one (#46 item 5).
+            now = time.time()
+            events = [{**e, "src": e.get("src", src), "ts": e.get("ts", now)} for e in events]
+            lines = "".join(json.dumps(e) + "\n" for e in events)
             with open(self.path, "a") as f:
                 f.write(lines)
             self._last_seq[src] = seq

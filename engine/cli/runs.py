@@ -86,7 +86,11 @@ def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
         r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else [])) for r in rows
     }
     if as_json:
-        print(json.dumps(views.runs_json(rows, figures, now), indent=2, default=str))
+        from jobctl.engine.core.events import finite
+
+        # NaN is not JSON: a non-finite figure (an eval loss of NaN) is null (#46 item 5)
+        doc = finite(views.runs_json(rows, figures, now))
+        print(json.dumps(doc, indent=2, default=str, allow_nan=False))
     elif run is None:
         views.print_runs(console, rows, figures, now)
     else:

@@ -10,9 +10,11 @@ per line, ``{"kind": ..., "ts": ..., **fields}``, appended to the run's
 from __future__ import annotations
 
 import json
+import math
 import time
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 
 class Kind(StrEnum):
@@ -73,3 +75,15 @@ def _record(line: str) -> dict | None:
     except (ValueError, RecursionError):
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float (NaN, +-inf) as None, in dicts and lists at
+    any depth: what ``json.dumps(..., allow_nan=False)`` can write (NaN is not JSON)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [finite(v) for v in doc]
+    return doc

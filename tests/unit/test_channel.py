@@ -67,9 +67,9 @@ def test_request_with_right_secret_is_archived_once(server, tmp_path):
     # A retry of the same batch (its answer was lost, say) is acknowledged, not re-archived.
     status, body = _request(server, "POST", "/v1/events", BATCH, bearer(server.secret))
     assert (status, body) == (200, {"accepted": 0, "duplicate": True})
-    assert _lines(tmp_path / "metrics.jsonl") == [
-        {"kind": "step", "step": 1, "loss": 2.5, "samples_per_s": 8.0, "src": "rank-0"}
-    ]
+    (line,) = _lines(tmp_path / "metrics.jsonl")
+    assert line.pop("ts") > 0  # stamped on arrival: the batch carried none
+    assert line == {"kind": "step", "step": 1, "loss": 2.5, "samples_per_s": 8.0, "src": "rank-0"}
     status, stats = _request(server, "GET", "/v1/health", None, bearer(server.secret))
     assert status == 200 and stats == {
         "accepted": 1,
@@ -226,3 +226,19 @@ def test_heartbeat_watch_flags_only_silent_running_nodes():
     now[0] = 51.0
     assert w.silent([None, None]) == [0, 1]
     assert HeartbeatWatch(None).silent([None]) == []
+
+
+def test_the_archive_stamps_a_missing_ts_and_keeps_a_given_one(tmp_path):
+    """#46 item 5: a heartbeat without ``ts`` (optional on the wire) was archived
+    without one, and `jobctl report` then died on KeyError 'ts'."""
+    from jobctl.engine.channel.server import EventArchive
+    from jobctl.engine.core.events import read_metrics
+
+    seen: list[dict] = []
+    archive = EventArchive(tmp_path / "metrics.jsonl", seen.extend)
+    before = time.time()
+    beat = {"kind": "heartbeat", "step": 3, "rank": 0, "stage": 0, "compute_s": 0.1}
+    assert archive.add("rank-0", 0, [beat, {**beat, "ts": 12.5}])
+    recs, _ = read_metrics(tmp_path / "metrics.jsonl", 0)
+    assert before <= recs[0]["ts"] <= time.time() and recs[1]["ts"] == 12.5
+    assert [r["ts"] for r in seen] == [r["ts"] for r in recs]  # the supervisor sees them too

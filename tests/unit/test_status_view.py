@@ -315,3 +315,29 @@ def test_a_run_with_no_price_shows_no_dollars(db, tmp_path):
     print_runs(con, [row], {"quick-1": f}, now=NOW)
     text = con.export_text()
     assert "$" not in text and "more columns" not in text
+
+
+NAN = float("nan")
+
+
+def test_status_json_is_json_with_a_nan_eval_loss(db, tmp_path):
+    """#46 item 5: `eval_loss: NaN` (schema-valid) made `status --json` print NaN,
+    which no JSON parser but Python's accepts; it is null now."""
+    run_dir = Path(db.get_run("quick-1")["run_dir"])
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "eval", "ts": 1407.0, "step": 45, "eval_loss": NAN}) + "\n")
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in status --json")
+
+    for args in (["status", "--json"], ["status", "quick-1", "--json"]):
+        r = CliRunner().invoke(app, [*args, "--home", str(tmp_path)])
+        assert r.exit_code == 0, r.output
+        json.loads(r.output, parse_constant=refuse)
+
+
+def test_finite_makes_any_document_json():
+    from jobctl.engine.core.events import finite
+
+    doc = {"a": NAN, "b": [1.0, float("inf"), {"c": -float("inf")}], "d": (2, NAN), "e": "x"}
+    assert finite(doc) == {"a": None, "b": [1.0, None, {"c": None}], "d": [2, None], "e": "x"}
