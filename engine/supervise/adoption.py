@@ -21,7 +21,8 @@ from pathlib import Path
 
 from jobctl.backends import BackendError, NodeStatus, get_backend
 from jobctl.engine.channel.host import read_host
-from jobctl.engine.core.events import Kind
+from jobctl.engine.core import event_schema
+from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.state.db import StateDB
 
@@ -109,3 +110,34 @@ def live_run(db: StateDB, run_id: str):
         host.stop()  # the store goes too: torchrun agents still waiting on it exit
         return None
     return row, host, handles, backend
+
+
+def catch_up(db: StateDB, row: dict) -> dict:
+    """Fold into the state DB what the run's workers wrote after the last record the
+    dead supervisor read (they train on unsupervised): the newest step and its loss,
+    the newest checkpoint and upload. Returns the run's row as it is then (#46 item 1:
+    a run that finished unsupervised was relaunched and recorded as step 43 of 300)."""
+    metrics = Path(row["run_dir"]) / "metrics.jsonl"
+    recs, _ = read_metrics(metrics, archive_offset(metrics, row["step"]))
+    recs = [r for r in recs if event_schema.problem(r) is None]
+    steps = [r for r in recs if r["kind"] == Kind.STEP]
+    fields: dict = {}
+    if steps:
+        last = steps[-1]  # the file's order: a rollback trains lower steps again
+        fields.update(step=last["step"], loss=last["loss"], samples_per_s=last["samples_per_s"])
+    for kind, name in ((Kind.CHECKPOINT, "last_checkpoint"), (Kind.UPLOADED, "last_upload")):
+        found = [r["step"] for r in recs if r["kind"] == kind]
+        if found and max(found) > (row[name] or -1):
+            fields[name] = max(found)
+    if fields:
+        db.update_run(row["id"], **fields)
+        said = ", ".join(f"{k} {v}" for k, v in fields.items() if k != "samples_per_s")
+        db.add_event(row["id"], "caught_up", f"read what ran unsupervised: {said}", fields)
+    return db.get_run(row["id"])
+
+
+def finished_unsupervised(row: dict) -> bool:
+    """Whether the run's newest checkpoint is its last step: it completed while no
+    supervisor ran (the final checkpoint is written after the last step)."""
+    total, ckpt = row.get("total_steps"), row.get("last_checkpoint")
+    return total is not None and ckpt is not None and ckpt >= total

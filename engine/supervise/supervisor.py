@@ -42,7 +42,14 @@ from jobctl.engine.core.process import pid_alive, process_token
 from jobctl.engine.planner.resolver import describe, machine_key, make_plan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.activity import ActivityWatch
-from jobctl.engine.supervise.adoption import AdoptError, FinishedNodes, archive_offset, live_run
+from jobctl.engine.supervise.adoption import (
+    AdoptError,
+    FinishedNodes,
+    archive_offset,
+    catch_up,
+    finished_unsupervised,
+    live_run,
+)
 from jobctl.engine.supervise.attempt import Attempt, ProcessLauncher, ProgressView, claim_host
 from jobctl.engine.supervise.budget import BudgetWatch
 from jobctl.engine.supervise.in_place import InPlaceSteps
@@ -172,8 +179,21 @@ class Supervisor(InPlaceSteps):
         if found is not None:
             return self._adopt(*found)
         if row["phase"] in ORPHANED:
-            self._transition("morphing", "supervisor and nodes gone: relaunching")
+            return self._orphaned(row)
         return self._refresh()
+
+    def _orphaned(self, row: dict) -> str:
+        """A run whose supervisor and nodes are gone: what it wrote meanwhile is read
+        first; it is complete if it checkpointed its last step, else relaunched."""
+        row = catch_up(self.db, row)
+        if not finished_unsupervised(row):
+            self._transition("morphing", "supervisor and nodes gone: relaunching")
+            return self._refresh()
+        if row["phase"] == "launching":  # its records show it trained
+            self._transition("training", "trained while no supervisor ran")
+        losses = [] if row["loss"] is None else [row["loss"]]
+        note = f"completed while no supervisor ran (step {row['step']}, its records read now)"
+        return self._finish(Outcome(True, 0, note, losses))
 
     def _claim(self) -> None:
         me = os.getpid()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from jobctl.engine.channel.host import read_host
 from jobctl.engine.core.process import descendants, kill_tree, pid_alive
 from jobctl.engine.state.db import StateDB
-from jobctl.engine.supervise.adoption import archive_offset
+from jobctl.engine.supervise.adoption import archive_offset, catch_up, finished_unsupervised
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import ROOT, events, start_apply, tiny_spec, wait_for, write_spec
@@ -157,3 +158,48 @@ def test_resume_relaunches_when_a_node_died_meanwhile(tmp_path):
     late = [e for e in events(run_dir) if e["ts"] > resumed_at and "src" in e]
     assert not [e for e in late if any(e["src"].endswith(o) for o in old)]
     _check_losses(spec, _steps(run_dir))
+
+
+def test_catch_up_reads_what_ran_unsupervised(tmp_path):
+    """#46 item 1: the records a run wrote while no supervisor ran reach the DB."""
+    db = StateDB(tmp_path)
+    run_dir = db.runs_dir / "q-1"
+    run_dir.mkdir(parents=True)
+    db.create_run("q-1", "quickstart", run_dir, total_steps=30, devices=4)
+    db.set_phase("q-1", "launching")
+    db.set_phase("q-1", "training")
+    db.update_run("q-1", step=6, loss=3.0, last_checkpoint=5)
+    recs = [
+        {"kind": "step", "ts": float(s), "step": s, "loss": 4 - s / 10, "samples_per_s": 9.0}
+        for s in range(1, 31)
+    ]
+    recs += [{"kind": "checkpoint", "ts": 40.0 + s, "step": s, "path": "x"} for s in (10, 30)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    row = catch_up(db, db.get_run("q-1"))
+    assert (row["step"], row["loss"], row["last_checkpoint"]) == (30, 1.0, 30)
+    assert finished_unsupervised(row)
+    (event,) = [e for e in db.events("q-1") if e["kind"] == "caught_up"]
+    assert "step 30" in event["message"] and "last_checkpoint 30" in event["message"]
+    assert catch_up(db, row) == row  # nothing new the second time
+
+
+@pytest.mark.multiproc
+@pytest.mark.chaos
+def test_resume_of_a_run_that_finished_unsupervised_completes_it(tmp_path):
+    """#46 item 1: supervisor SIGKILLed, the nodes trained on to the end; `resume` then
+    relaunched them and recorded an early step and 'final loss nan'. It reads their
+    records instead: completed at the last step with its loss, nothing relaunched."""
+    spec = _spec()
+    env, home, run_dir, handles, _, _ = _orphan_run(tmp_path, spec)
+    wait_for(lambda: not any(pid_alive(h) for h in handles), 300, "the nodes' end")
+    r = _resume(env, spec.name)
+    db = StateDB(home)
+    row = db.get_run(run_dir.name)
+    steps = _steps(run_dir)
+    assert row["phase"] == "completed" and row["step"] == STEPS == row["last_checkpoint"]
+    assert row["loss"] == pytest.approx(steps[-1]["loss"])
+    assert f"final loss {steps[-1]['loss']:.4f}" in r.stdout and "nan" not in r.stdout
+    kinds = [e["kind"] for e in db.events(row["id"])]
+    assert "caught_up" in kinds and "resume" not in kinds and "adopt" not in kinds
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))  # none trained twice
+    _check_losses(spec, steps)
