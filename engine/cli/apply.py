@@ -69,16 +69,25 @@ def apply(
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    spec, p = _planned(spec_file, devices, home, backend)
+    loaded = load_or_exit(spec_file, backend=backend)
     if dry_run:
+        spec, p = _planned(loaded, spec_file, devices, home)
         _print_plan(spec, p)
         _print_dry_run(spec, p, spec_file, backend)
         return
+    from jobctl.engine.state.db import StateDB
     from jobctl.engine.supervise.service import ApplyOptions
 
-    db, run_id = _run_to_continue(home, spec.name, fresh, resume_dir, run_id)
+    db = StateDB(home)  # a damaged or locked DB is one line before any planning (#46 9)
+    spec, p = _planned(loaded, spec_file, devices, home)
+    run_id = _run_to_continue(db, spec.name, fresh, resume_dir, run_id)
     _print_plan(spec, p, _continued_from(db, run_id))
     opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
+    _start(spec_file, spec, p, db, devices, opts, detach)
+
+
+def _start(spec_file, spec: JobSpec, p: Plan, db: StateDB, devices, opts, detach: bool) -> None:
+    """Supervise the run here to its end, or (``--detach``) in the background."""
     if detach:
         _detach(spec_file, spec.name, db, devices, opts)
         return
@@ -86,13 +95,10 @@ def apply(
 
 
 def _planned(
-    spec_file: Path, devices: int | None, home: Path | None, backend: str | None
+    loaded: JobSpec, spec_file: Path, devices: int | None, home: Path | None
 ) -> tuple[JobSpec, Plan]:
-    """The spec, tuned, and its plan; a broken spec, or one this machine cannot
-    run on ``backend`` (``--backend``, else the spec's), exits before the planner and the
-    supervisor load."""
-    loaded = load_or_exit(spec_file, backend=backend)
-
+    """The loaded spec, tuned, and its plan (a broken spec, or one this machine cannot
+    run on the backend, exited at ``load_or_exit`` before the planner loaded)."""
     spec = tuned_or_exit(loaded, spec_file, home)
     return spec, plan_or_exit(spec, spec_file, devices, home)
 
@@ -111,17 +117,15 @@ def _continued_from(db: StateDB, run_id: str | None) -> int:
 
 
 def _run_to_continue(
-    home: Path | None, name: str, fresh: bool, resume_dir: Path | None, run_id: str | None
-) -> tuple[StateDB, str | None]:
-    """The state DB and the run to go on with: ``run_id``, else the job's unfinished run
-    (said; none with ``fresh``), else none (a new run)."""
-    from jobctl.engine.state.db import StateDB
+    db: StateDB, name: str, fresh: bool, resume_dir: Path | None, run_id: str | None
+) -> str | None:
+    """The run to go on with: ``run_id``, else the job's unfinished run (said; none
+    with ``fresh``), else none (a new run)."""
     from jobctl.engine.supervise.service import unfinished_run
 
-    db = StateDB(home)
     if run_id is None and (run_id := unfinished_run(db, name, fresh, resume_dir)):
         console.print(f"continuing unfinished run {run_id} (use --fresh for a new run)")
-    return db, run_id
+    return run_id
 
 
 def _print_dry_run(spec: JobSpec, p: Plan, spec_file: Path, backend: str | None) -> None:

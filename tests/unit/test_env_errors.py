@@ -72,3 +72,19 @@ def test_state_db_raises_state_db_error_for_each(tmp_path):
 def test_hide_password():
     assert hide_password(PG) == "postgresql+psycopg://jobctl:***@localhost/jobctl"
     assert hide_password("sqlite:////a/b.db") == "sqlite:////a/b.db"
+
+
+def test_apply_on_a_damaged_db_says_so_before_planning(tmp_path):
+    """#46 item 9: `apply` on a damaged state DB planned and printed 21 lines before it
+    said the DB was damaged; it opens the DB first now, as `status` does."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_text("not a database, whatever it is\n")
+    full = {**os.environ, "PYTHONPATH": str(ROOT.parent), STATE_HOME: str(home)}
+    full.pop(DB_URL, None)
+    quickstart = str(ROOT / "jobs" / "quickstart.yaml")
+    cmd = [sys.executable, "-m", "jobctl.engine.cli.app", "apply", quickstart]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=full, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "is damaged or not jobctl's" in done.stderr and done.stderr.count("\n") == 1
+    assert done.stdout == ""  # no plan, nothing launched
