@@ -1,7 +1,9 @@
 """Find the checkpoint a run continues from: the newest complete one, local or remote.
 
 Local checkpoints are verified against their manifest's sha256; a newer remote one is
-downloaded (and verified on the way) into the local tier. A corrupted or incomplete
+downloaded (and verified on the way) into the local tier. Either must then load
+(``engine/checkpoint/contents.py``: every shard opened as the workers open it, shapes
+consistent). A corrupted or incomplete
 checkpoint (a malformed manifest, a symbolic link) is skipped with a one-line logged
 warning that says why, and the previous one is used: a bad upload never costs more than
 one checkpoint interval.
@@ -14,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobctl.engine.checkpoint.contents import Shapes, content_problem
 from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
 from jobctl.engine.checkpoint.store.format import (
     CheckpointWarning,
@@ -55,9 +58,10 @@ def _complete_steps(store: CheckpointStore, verify: bool) -> list[int]:
 
 
 def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | None:
-    """Newest complete checkpoint of the job, downloading it if only the remote has it."""
+    """Newest complete checkpoint of the job that its workers can load, downloading it
+    if only the remote has it."""
     local = _complete_steps(CheckpointStore(str(root)), verify=True) if root.exists() else []
-    best_local = local[0] if local else None
+    best_local = _newest_loadable(root, local)
     if checkpoint.remote:
         remote = CheckpointStore(checkpoint.remote)
         for step in _complete_steps(remote, verify=False):
@@ -68,7 +72,33 @@ def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | N
             except CorruptCheckpointError as e:
                 log.warning("remote step %d failed verification (%s); trying the previous", step, e)
                 continue
-            return ResumePoint(step, path, checkpoint.remote)
+            if _loads(path, step, _shapes_of(root, [s for s in local if s < step])):
+                return ResumePoint(step, path, checkpoint.remote)
     if best_local is None:
         return None
     return ResumePoint(best_local, root / step_dirname(best_local), "local")
+
+
+def _newest_loadable(root: Path, steps: list[int]) -> int | None:
+    """The first of ``steps`` (newest first) whose contents load, each checked against
+    the next older one's shapes; the rest skipped with a warning that says why."""
+    for i, step in enumerate(steps):
+        if _loads(root / step_dirname(step), step, _shapes_of(root, steps[i + 1 :])):
+            return step
+    return None
+
+
+def _shapes_of(root: Path, older: list[int]) -> Shapes | None:
+    """The parameter shapes of the newest of ``older`` that loads (None: no such step)."""
+    for step in older:
+        why, shapes = content_problem(root / step_dirname(step))
+        if why is None:
+            return shapes
+    return None
+
+
+def _loads(path: Path, step: int, like: Shapes | None) -> bool:
+    why, _ = content_problem(path, like)
+    if why is not None:
+        log.warning("checkpoint %s step %d skipped: %s", path.parent, step, why)
+    return why is None
