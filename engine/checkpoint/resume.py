@@ -21,6 +21,7 @@ from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
 from jobctl.engine.checkpoint.store.format import (
     CheckpointWarning,
     CorruptCheckpointError,
+    IncompleteCheckpointError,
     step_dirname,
 )
 from jobctl.spec.phases import CheckpointSpec
@@ -102,3 +103,38 @@ def _loads(path: Path, step: int, like: Shapes | None) -> bool:
     if why is not None:
         log.warning("checkpoint %s step %d skipped: %s", path.parent, step, why)
     return why is None
+
+
+def committed_steps(checkpoint: CheckpointSpec, root: Path) -> list[int]:
+    """The job's steps that were committed once (a manifest is there, valid or not),
+    locally or remotely: where ``find_resume_point`` found none of them usable, the run
+    must not silently start again at step 0 (#46 item 11)."""
+    stores = [CheckpointStore(str(root))] if root.exists() else []
+    if checkpoint.remote:
+        stores.append(CheckpointStore(checkpoint.remote))
+    found: set[int] = set()
+    for store in stores:
+        for step in store.steps():
+            try:
+                store.manifest(step)
+            except IncompleteCheckpointError:
+                continue  # never committed: an interrupted write, nothing was lost
+            except CorruptCheckpointError:
+                pass
+            found.add(step)
+    return sorted(found)
+
+
+def none_usable(checkpoint: CheckpointSpec, root: Path) -> str | None:
+    """Why a run that found no resume point may not start at step 0: it has committed
+    checkpoints and every one failed its checks (the warnings logged say why)."""
+    steps = committed_steps(checkpoint, root)
+    if not steps:
+        return None
+    where = f"{root}" + (f" and {checkpoint.remote}" if checkpoint.remote else "")
+    shown = ", ".join(map(str, steps[-5:])) + (" ..." if len(steps) > 5 else "")
+    return (
+        f"no checkpoint can be resumed from: {len(steps)} committed (steps {shown}) and "
+        "every one failed its checks (the warnings say why); restore one, or move them "
+        f"out of {where} to start again at step 0"
+    )

@@ -34,7 +34,7 @@ from jobctl.backends import Rendered
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.calibration.startup import record_startup
 from jobctl.engine.checkpoint.blocks import read_meta
-from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root
+from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root, none_usable
 from jobctl.engine.core.env import CHANNEL_SECRET, RESUME_DIR
 from jobctl.engine.core.phases import ACTIVE, STOPPABLE
 from jobctl.engine.core.plan import Plan
@@ -264,6 +264,10 @@ class Supervisor(InPlaceSteps):
     def _launch(self) -> str:
         self._transition("launching", self.plan.summary())
         point = self._resume_point()
+        ck = self.spec.checkpoint
+        root = local_root(ck, self.db.runs_dir / self.run_id)
+        if point is None and (unusable := none_usable(ck, root)):  # never silently step 0
+            return self._finish(Outcome(False, 1, unusable, kind="failed"))
         env = {RESUME_DIR: str(point.path)} if point else {}
         env |= self._in_place_env()  # survivors of a loss wait to re-form, where they can
         cenv, senv, cport = channel_env(self.spec.hardware.rendezvous_host)

@@ -175,3 +175,25 @@ def test_mobius_run_stops_and_resumes_under_1f1b(tmp_path):
     weights = final_weights(run2.dir, k + 1)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+def test_when_every_checkpoint_is_damaged_the_run_says_so_instead_of_step_0(tmp_path):
+    """#46 item 11: with every checkpoint corrupt, a run that shares them (the same
+    checkpoint.local_dir) silently trained again from step 0; it fails now, saying which
+    steps it found and what to do, and launches nothing."""
+    shared = tmp_path / "ckpt"
+    spec = _spec(4, 1, 1, **{"checkpoint.interval": 2, "checkpoint.local_dir": str(shared)})
+    first, outcome = run_job(spec, tmp_path / "a", 1)
+    assert outcome.ok, outcome.message
+    for step_dir in sorted(shared.glob("step-*")):
+        shard = step_dir / "block-0000.pt"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # the same size: only the sha256 can tell
+        shard.write_bytes(bytes(data))
+    run, outcome = run_job(spec, tmp_path / "b", 1)
+    assert not outcome.ok
+    assert "no checkpoint can be resumed from: 2 committed (steps 2, 4)" in outcome.message
+    assert f"move them out of {shared}" in outcome.message
+    assert StateDB(tmp_path / "b").get_run(run.id)["phase"] == "failed"
+    assert not [e for e in events(run.dir) if e["kind"] == "step"]  # nothing trained
