@@ -14,12 +14,11 @@ skips such a step with a warning and takes the one before, as for any other dama
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from jobctl.engine.checkpoint.blocks import FORMAT_VERSION
+from jobctl.engine.checkpoint.blocks import read_meta
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -32,18 +31,15 @@ def content_problem(ckpt_dir: Path, like: Shapes | None = None) -> tuple[str | N
     if not (ckpt_dir / "meta.json").exists() and not any(ckpt_dir.glob("block-*.pt")):
         return None, {}
     try:
-        meta = json.loads((ckpt_dir / "meta.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"meta.json cannot be read: {str(e)[:120]}", {}
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        return f"meta.json: checkpoint format {found!r}, expected {FORMAT_VERSION}", {}
+        read_meta(ckpt_dir)  # the workers' own check of meta.json and its format
+    except (OSError, ValueError, AttributeError) as e:  # AttributeError: not a mapping
+        return f"meta.json: {str(e).splitlines()[0][:200]}", {}
     shapes: Shapes = {}
     for shard in sorted(ckpt_dir.glob("block-*.pt")):
         why = _shard_problem(shard, shapes)
         if why is not None:
             return f"{shard.name}: {why}", shapes
-    return _unlike(shapes, like), shapes
+    return shape_problem(shapes, like), shapes
 
 
 def _shard_problem(shard: Path, shapes: Shapes) -> str | None:
@@ -78,7 +74,7 @@ def _part_problem(part: object, shapes: Shapes) -> str | None:
     return None
 
 
-def _unlike(shapes: Shapes, like: Shapes | None) -> str | None:
+def shape_problem(shapes: Shapes, like: Shapes | None) -> str | None:
     """The first parameter whose shape differs from the run's other checkpoint."""
     for name, shape in sorted(shapes.items()):
         if like and name in like and like[name] != shape:

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.engine.checkpoint.contents import Shapes, content_problem
+from jobctl.engine.checkpoint.contents import Shapes, content_problem, shape_problem
 from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
 from jobctl.engine.checkpoint.store.format import (
     CheckpointWarning,
@@ -62,7 +62,8 @@ def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | N
     """Newest complete checkpoint of the job that its workers can load, downloading it
     if only the remote has it."""
     local = _complete_steps(CheckpointStore(str(root)), verify=True) if root.exists() else []
-    best_local = _newest_loadable(root, local)
+    opened = _Opened(root)
+    best_local = next((s for i, s in enumerate(local) if opened.loads(s, local[i + 1 :])), None)
     if checkpoint.remote:
         remote = CheckpointStore(checkpoint.remote)
         for step in _complete_steps(remote, verify=False):
@@ -73,36 +74,34 @@ def find_resume_point(checkpoint: CheckpointSpec, root: Path) -> ResumePoint | N
             except CorruptCheckpointError as e:
                 log.warning("remote step %d failed verification (%s); trying the previous", step, e)
                 continue
-            if _loads(path, step, _shapes_of(root, [s for s in local if s < step])):
+            if opened.loads(step, [s for s in local if s < step]):
                 return ResumePoint(step, path, checkpoint.remote)
     if best_local is None:
         return None
     return ResumePoint(best_local, root / step_dirname(best_local), "local")
 
 
-def _newest_loadable(root: Path, steps: list[int]) -> int | None:
-    """The first of ``steps`` (newest first) whose contents load, each checked against
-    the next older one's shapes; the rest skipped with a warning that says why."""
-    for i, step in enumerate(steps):
-        if _loads(root / step_dirname(step), step, _shapes_of(root, steps[i + 1 :])):
-            return step
-    return None
+class _Opened:
+    """The contents of the checkpoints under ``root``, each opened once per search."""
 
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen: dict[int, tuple[str | None, Shapes]] = {}
 
-def _shapes_of(root: Path, older: list[int]) -> Shapes | None:
-    """The parameter shapes of the newest of ``older`` that loads (None: no such step)."""
-    for step in older:
-        why, shapes = content_problem(root / step_dirname(step))
-        if why is None:
-            return shapes
-    return None
+    def contents(self, step: int) -> tuple[str | None, Shapes]:
+        if step not in self.seen:
+            self.seen[step] = content_problem(self.root / step_dirname(step))
+        return self.seen[step]
 
-
-def _loads(path: Path, step: int, like: Shapes | None) -> bool:
-    why, _ = content_problem(path, like)
-    if why is not None:
-        log.warning("checkpoint %s step %d skipped: %s", path.parent, step, why)
-    return why is None
+    def loads(self, step: int, older: list[int]) -> bool:
+        """Whether ``step`` loads, its shapes those of the newest of ``older`` that
+        loads; if not, a warning that says why."""
+        why, shapes = self.contents(step)
+        like = next((sh for w, sh in map(self.contents, older) if w is None), None)
+        why = why or shape_problem(shapes, like)
+        if why is not None:
+            log.warning("checkpoint %s step %d skipped: %s", self.root, step, why)
+        return why is None
 
 
 def committed_steps(checkpoint: CheckpointSpec, root: Path) -> list[int]:

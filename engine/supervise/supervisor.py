@@ -264,9 +264,8 @@ class Supervisor(InPlaceSteps):
     def _launch(self) -> str:
         self._transition("launching", self.plan.summary())
         point = self._resume_point()
-        ck = self.spec.checkpoint
-        root = local_root(ck, self.db.runs_dir / self.run_id)
-        if point is None and (unusable := none_usable(ck, root)):  # never silently step 0
+        unusable = None if point else none_usable(self.spec.checkpoint, self._ckpt_root())
+        if unusable:  # checkpoints there, none loads: never silently from step 0
             return self._finish(Outcome(False, 1, unusable, kind="failed"))
         env = {RESUME_DIR: str(point.path)} if point else {}
         env |= self._in_place_env()  # survivors of a loss wait to re-form, where they can
@@ -306,8 +305,10 @@ class Supervisor(InPlaceSteps):
         if self.resume_dir is not None:
             step = int(read_meta(self.resume_dir)["step"])
             return ResumePoint(step, Path(self.resume_dir).resolve(), "explicit")
-        ck = self.spec.checkpoint
-        return find_resume_point(ck, local_root(ck, self.db.runs_dir / self.run_id))
+        return find_resume_point(self.spec.checkpoint, self._ckpt_root())
+
+    def _ckpt_root(self) -> Path:
+        return local_root(self.spec.checkpoint, self.db.runs_dir / self.run_id)
 
     def _start_training(self) -> str:
         self.launcher.ready(self.attempt)  # its run host listens: the nodes can meet
