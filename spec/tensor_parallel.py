@@ -48,11 +48,6 @@ NOT_WITH_T = (
         "ZB-V hosts two stages per rank, which are not split over T ranks yet",
     ),
     (
-        "pruning.enabled",
-        lambda s: s.pruning.enabled,
-        "pruning's masks and re-planning see whole weights, not a rank's shard",
-    ),
-    (
         "rebalancing.enabled",
         lambda s: s.rebalancing.enabled,
         "moving layers between stages does not move T shards yet",

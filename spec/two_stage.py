@@ -3,7 +3,7 @@
 A ZB-V job cuts the model into 2P stages and runs two of them on each of the P ranks
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
-move or reshape one stage per rank (pruning, rebalancing, AvgPipe's N models),
+move or copy one stage per rank (rebalancing, AvgPipe's N models),
 Merak's per-stage ratios and a model too short for 2P stages. (A traced
 model's stages pass their carrier between the V's two stages in memory, its layout
 taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
@@ -21,6 +21,9 @@ from typing import Any
 from .base import Violation
 
 V_SCHEDULES = ("zb_v",)
+#: one_stage_features a V rank runs: pruning selects over any blocks a rank holds and
+#: masks its two stages as one (``engine.pruning.selection``)
+V_RUNS = ("pruning.enabled",)
 
 _FIX = "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
 
@@ -31,7 +34,8 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
     if par.schedule not in V_SCHEDULES:
         return
     fix = lambda path: _FIX + f"turn off {path}"  # noqa: E731
-    yield from refusals(one_stage_features(spec), "zb_v (two stages per rank)", fix)
+    refused = [f for f in one_stage_features(spec) if f[0] not in V_RUNS]
+    yield from refusals(refused, "zb_v (two stages per rank)", fix)
     if spec.hardware.device == "cuda":
         yield Violation(
             "hardware.device",

@@ -197,6 +197,10 @@ def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> 
     from jobctl.engine.views.rebalance import print_rebalancing
 
     print_pruning(console, preview_pruning(spec), explain)
+    why = "zb_v" if p.placement is not None else f"tensor_parallel {p.T}" if p.T > 1 else ""
+    if why:  # the preview re-cuts whole stages, one per rank (docs/composability.md)
+        console.print(f"rebalancing preview: none, rebalancing does not run with {why}")
+        return
     print_rebalancing(console, preview_rebalancing(spec, p, home))
 
 

@@ -11,6 +11,15 @@ exactly zero.
 
 A tied pair (embedding / head) is pruned when either name is selected; it counts once
 (as its canonical half) and the stage holding the alias receives the canonical's mask.
+
+With T > 1 (tensor parallelism) a rank holds a shard of each split parameter. The
+selection sees whole weights, as one process does: the T group gathers each prunable
+parameter whole (``tp.whole``), shard 0 of each stage selects (the others take part
+only in the gathers, like a non-zero replica), its whole masks reach the group's other
+shards and then the other replicas, and every rank keeps the shard of each mask that
+covers its shard of the weight (``tp.local``). Checkpoints save whole masks, so a run
+pruned at T = 2 resumes at any T. Ties at the threshold are broken in the whole
+model's order, so the masks are one process's exactly.
 """
 
 from __future__ import annotations
@@ -66,8 +75,10 @@ class Pruner:
         ties: list[Tie],
         events: EventLog | None = None,
         micro_batch: int | None = None,
+        tp=None,
     ):
         self.spec, self.stage, self.named, self.opt, self.topo = spec, stage, named, opt, topo
+        self.tp = tp  # T > 1: the stage's split (model.graph.tp_stage.StageShards)
         self.micro_batch = micro_batch  # the plan's m (the spec's may be ``auto``)
         self.ties, self.events = ties, events
         self.masks: Masks = {}
@@ -80,7 +91,13 @@ class Pruner:
         self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
         self.group = None  # the ranks still training (None: all; packing frees some)
         self.selectors = SelectorGroups()
-        self.selectors.prepare(topo.rank, topo.replica, min(stage.block_ids))  # collective
+        self.selectors.prepare(topo.rank, self.role, min(stage.block_ids))  # collective
+
+    @property
+    def role(self) -> int:
+        """This rank's replica as the selection sees it: shards t > 0 of a T group
+        only receive their shard 0's masks, like a replica other than 0 (-1)."""
+        return self.topo.replica if self.topo.t == 0 else -1
 
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
@@ -113,28 +130,58 @@ class Pruner:
         globs = self.spec.pruning.prunable
         names = prunable_names(list(self.named), globs, self.ties)
         aliases = [t.alias for t in self.ties if t.alias in self.named and pair_selected(t, globs)]
+        params = {n: self._whole(n, self.named[n].detach()) for n in names}  # T: collective
+        held = {n: self._whole(n, self.masks[n]) for n in names if n in self.masks}
         first = min(self.stage.block_ids, default=1 << 40)
         sel = self.selectors
-        ranks, firsts, live = sel.pipeline(self.topo.rank, self.topo.replica, first, self.group)
+        ranks, _, live = sel.pipeline(self.topo.rank, self.role, first, self.group)
         gather, everyone = sel.gather_fn(ranks, live, self.group)
         summary = None
-        if self.topo.replica == 0 or everyone:  # replica 0's pipeline selects (Alg. 2)
-            params = {n: self.named[n] for n in names}
-            masks, k, total, tau = select_masks(params, target, gather, firsts.index(first))
-            masks = {n: m & self.masks[n] if n in self.masks else m for n, m in masks.items()}
+        if self.role == 0 or everyone:  # replica 0's pipeline selects (Alg. 2)
+            masks, k, total, tau = select_masks(params, target, gather)
+            masks = {n: m & held[n] if n in held else m for n, m in masks.items()}
             summary = self._summary(masks, k, total, tau, gather)
             masks.update(self._alias_masks(masks, aliases, gather))
-        else:  # filled by replica 0's broadcast
-            masks = {n: torch.zeros(self.named[n].shape, dtype=torch.bool) for n in names + aliases}
-        masks = {n: masks[n] for n in names + aliases}
-        for n, m in broadcast_masks(masks, self.topo.dp_ranks[0], self.topo.dp_group).items():
-            self.adopt(n, m)
+        else:  # filled by shard 0's and replica 0's broadcasts
+            shapes = {**{n: p.shape for n, p in params.items()}, **self._shapes_of(aliases)}
+            masks = {n: torch.zeros(shapes[n], dtype=torch.bool) for n in names + aliases}
+        masks = self._spread({n: masks[n] for n in names + aliases})
+        for n, m in masks.items():
+            self.adopt(n, self._local(n, m))
         if self.crossovers is None and self.spec.pruning.sparse_threshold == "auto":
             self.crossovers = self._crossovers()
         self.profile_at = step
         self._switch_to_csr()
-        self.last_pruning = self._report(step, target, summary)
+        self.last_pruning = self._report(step, target, summary, masks)
         return self.last_pruning
+
+    def _shapes_of(self, names: list[str]) -> dict[str, torch.Size]:
+        return {n: self.named[n].shape for n in names}
+
+    def _spread(self, masks: Masks) -> Masks:
+        """The selecting rank's whole masks on every shard of its T group, then on
+        every replica (each broadcast over this rank's group of it)."""
+        if self.tp is not None:
+            masks = broadcast_masks(masks, self.topo.tp_ranks[0], self.topo.tp_group)
+        return broadcast_masks(masks, self.topo.dp_ranks[0], self.topo.dp_group)
+
+    def _whole(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        """``name``'s whole tensor from this rank's shard (collective over the T group
+        where T > 1; masks travel as bytes)."""
+        if self.tp is None:
+            return local
+        if local.dtype == torch.bool:
+            return self.tp.whole(name, local.to(torch.uint8)).bool()
+        return self.tp.whole(name, local)
+
+    def _local(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of ``name``'s whole tensor (itself where T = 1)."""
+        return whole if self.tp is None else self.tp.local(name, whole)
+
+    def checkpoint_masks(self) -> Masks:
+        """The masks a checkpoint saves: whole, under the unsplit names, so any layout
+        resumes from them (collective over the T group where T > 1)."""
+        return {n: self._whole(n, m) for n, m in self.masks.items()}
 
     def _alias_masks(self, masks: Masks, aliases: list[str], gather) -> Masks:
         """Within the selecting pipeline: each pruned canonical's mask to its alias' stage."""
@@ -167,9 +214,10 @@ class Pruner:
             "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
         }
 
-    def _report(self, step: int, target: float, summary: dict | None) -> dict:
-        """The ``pruning`` record, the same on every rank; the reporter rank writes it."""
-        mine = (self.topo.replica, self.block_sparsity(), self.layer_sparsity(), summary)
+    def _report(self, step: int, target: float, summary: dict | None, masks: Masks) -> dict:
+        """The ``pruning`` record, the same on every rank; the reporter rank writes it.
+        Sparsities are of the whole ``masks`` (a T group's shards counted once)."""
+        mine = (self.role, self.block_sparsity(masks), self.layer_sparsity(masks), summary)
         every = [mine]
         if world(self.group) > 1:
             every = [None] * world(self.group)
@@ -182,20 +230,21 @@ class Pruner:
             self.events.write(Kind.PRUNING, **rec)
         return rec
 
-    def block_sparsity(self) -> dict[int, float]:
-        """Fraction of pruned prunable elements per block of this stage."""
+    def block_sparsity(self, masks: Masks | None = None) -> dict[int, float]:
+        """Fraction of pruned prunable elements per block of this stage (of ``masks``;
+        by default this rank's own, its shards where T > 1)."""
         out: dict[int, list[int]] = {}
-        for n, m in self.masks.items():
+        for n, m in (self.masks if masks is None else masks).items():
             b = int(n.split(".")[1])
             acc = out.setdefault(b, [0, 0])
             acc[0] += int((~m).sum())
             acc[1] += m.numel()
         return {b: p / max(1, t) for b, (p, t) in sorted(out.items())}
 
-    def layer_sparsity(self) -> dict[str, float]:
+    def layer_sparsity(self, masks: Masks | None = None) -> dict[str, float]:
         """Fraction of pruned elements per masked parameter of this stage (global pruning
         leaves them uneven; ``jobctl plan`` predicts the next run's stage load from it)."""
-        return {n: _sparsity(m) for n, m in self.masks.items()}
+        return {n: _sparsity(m) for n, m in (self.masks if masks is None else masks).items()}
 
     # -- masks coming and going (checkpoints, migration) ---------------------------
     @torch.no_grad()
@@ -306,7 +355,7 @@ class Pruner:
     def load(self, ckpt_dir: Path, step: int) -> None:
         """Masks from a checkpoint (written with the block files) for this stage."""
         for n, m in load_masks(ckpt_dir, list(self.named), self.ties).items():
-            self.adopt(n, m)
+            self.adopt(n, self._local(n, m))
         self._csr_stale = self.spec.pruning.sparse_threshold is not None and bool(self.masks)
         if any(t == step for t, _ in schedule(self.spec.pruning)) and self.masks:
             self.profile_at = step  # the first step after resuming profiles

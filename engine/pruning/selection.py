@@ -8,7 +8,8 @@ global threshold ``tau``. Past 50 % sparsity the shorter list is offered instead
 stage's ``N - k + 1`` largest, of which the ``(N - k + 1)``-th largest is ``tau``.
 Everything below ``tau`` is pruned; elements equal to ``tau`` are pruned in model order
 (block, parameter, flat index) until ``k`` are gone, so the result is exactly that of
-sorting the assembled model, ties included. Masks are ``True`` where a weight is kept.
+sorting the assembled model, ties included, whichever blocks each stage holds. Masks
+are ``True`` where a weight is kept.
 """
 
 from __future__ import annotations
@@ -57,42 +58,65 @@ def threshold(candidates: list[torch.Tensor], k: int) -> float:
     return float(torch.kthvalue(merged, k).values)
 
 
-def below_equal(params: Params, tau: float) -> tuple[int, int]:
-    """How many elements are below ``tau`` and exactly equal to it."""
-    flat = magnitudes(params)
-    return int((flat < tau).sum()), int((flat == tau).sum())
+def block_of(name: str) -> int:
+    """The block of a stage parameter (``layers.<block>.<...>``)."""
+    return int(name.split(".")[1])
 
 
-def keep_masks(params: Params, tau: float | None, prune_equal: int) -> dict[str, torch.Tensor]:
-    """Masks pruning every |w| < tau and the first ``prune_equal`` elements with |w| == tau."""
+def below_equal(params: Params, tau: float) -> torch.Tensor:
+    """Per block of ``params``: (block, elements below ``tau``, elements equal to it),
+    one row each, in the order the blocks first appear."""
+    rows: dict[int, list[int]] = {}
+    for name, p in params.items():
+        a = p.detach().abs().float()
+        row = rows.setdefault(block_of(name), [block_of(name), 0, 0])
+        row[1] += int((a < tau).sum())
+        row[2] += int((a == tau).sum())
+    return torch.tensor(list(rows.values()), dtype=torch.int64).reshape(-1, 3)
+
+
+def equal_shares(k: int, rows: list[torch.Tensor]) -> dict[int, int]:
+    """How many elements equal to tau each block prunes: the first ``k - below`` of
+    them in model order (block by block, ascending), wherever each block lives.
+    ``rows``: every stage's ``below_equal``."""
+    table = sorted((int(b), int(below), int(eq)) for r in rows for b, below, eq in r.tolist())
+    need = k - sum(below for _, below, _ in table)
+    out: dict[int, int] = {}
+    for b, _, eq in table:
+        out[b] = max(0, min(eq, need))
+        need -= out[b]
+    return out
+
+
+def keep_masks(
+    params: Params, tau: float | None, shares: dict[int, int]
+) -> dict[str, torch.Tensor]:
+    """Masks pruning every |w| < tau and, in each block, the first ``shares[block]``
+    elements with |w| == tau (params in model order within a block)."""
     masks: dict[str, torch.Tensor] = {}
-    left = prune_equal
+    left = dict(shares)
     for name, p in params.items():
         if tau is None:
             masks[name] = torch.ones_like(p, dtype=torch.bool)
             continue
         a = p.detach().abs().float()
         pruned = a < tau
-        if left > 0:
-            equal = (a == tau).reshape(-1).nonzero().reshape(-1)[:left]
+        b = block_of(name)
+        if left.get(b, 0) > 0:
+            equal = (a == tau).reshape(-1).nonzero().reshape(-1)[: left[b]]
             pruned.view(-1)[equal] = True
-            left -= equal.numel()
+            left[b] -= equal.numel()
         masks[name] = ~pruned
     return masks
-
-
-def equal_share(k: int, below: list[int], equal: list[int], me: int) -> int:
-    """How many of stage ``me``'s elements equal to tau it prunes (stages in model order)."""
-    need = k - sum(below) - sum(equal[:me])
-    return max(0, min(equal[me], need))
 
 
 GatherFn = Callable[[torch.Tensor], list[torch.Tensor]]
 
 
-def select_masks(params: Params, sparsity: float, gather: GatherFn, me: int):
-    """Alg. 2 for one stage: ``gather(t)`` returns every stage's ``t`` in model order and
-    ``me`` is this stage's position. Returns (masks, k, total, tau)."""
+def select_masks(params: Params, sparsity: float, gather: GatherFn):
+    """Alg. 2 for one stage: ``gather(t)`` returns every stage's ``t`` (collective; any
+    order). A stage may hold any blocks (a V rank holds two stages'): ties at the
+    threshold are broken in the model's block order. Returns (masks, k, total, tau)."""
     counts = gather(torch.tensor([sum(p.numel() for p in params.values())], dtype=torch.int64))
     total = int(sum(int(c) for c in counts))
     if total == 0:
@@ -102,7 +126,7 @@ def select_masks(params: Params, sparsity: float, gather: GatherFn, me: int):
         )
     k = count_to_prune(sparsity, total)
     if k == 0:
-        return keep_masks(params, None, 0), 0, total, None
+        return keep_masks(params, None, {}), 0, total, None
     flat = magnitudes(params)
     rest = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
     if k <= rest:
@@ -110,11 +134,10 @@ def select_masks(params: Params, sparsity: float, gather: GatherFn, me: int):
     else:  # offer the shorter list: each stage's `rest` largest
         offers = torch.cat([c.reshape(-1) for c in gather(largest(flat, rest))])
         tau = threshold([offers], offers.numel() - rest + 1)
-    be = gather(torch.tensor(below_equal(params, tau), dtype=torch.int64))
-    below, equal = [int(x[0]) for x in be], [int(x[1]) for x in be]
-    return keep_masks(params, tau, equal_share(k, below, equal, me)), k, total, tau
+    rows = [r.reshape(-1, 3) for r in gather(below_equal(params, tau).reshape(-1))]
+    return keep_masks(params, tau, equal_shares(k, rows)), k, total, tau
 
 
 def select_single(params: Params, sparsity: float):
     """The assembled-model reference: the whole model is one stage."""
-    return select_masks(params, sparsity, lambda t: [t], 0)
+    return select_masks(params, sparsity, lambda t: [t])

@@ -44,6 +44,7 @@ def _pruner(spec: JobSpec, state: StageState, mdef: ModelDef, events: EventLog) 
         mdef.ties,
         events,
         micro_batch=state.plan.micro_batch_size,
+        tp=state.tp,
     )
 
 
@@ -90,7 +91,7 @@ def build_trainer(
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
     if spec.rebalancing.enabled:
         hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
-    masks = None if pruner is None else (lambda: pruner.masks)
+    masks = None if pruner is None else pruner.checkpoint_masks
     args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
     checkpoints = Checkpointing(*args) if not parts else AveragingCheckpointing(*args, parts=parts)
     hooks += [checkpoints, *_chaos(rank, resume)]

@@ -5,9 +5,11 @@ stages per rank) with the eval pass."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from jobctl.engine.core.actions import Op
 from jobctl.engine.data.dataset import make_eval_data
+from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import events, final_weights, plain_eval
 from .test_data_sources import write_tokens
@@ -54,3 +56,29 @@ def test_zb_v_job_matches_single_process(tmp_path):
     for st in plan.stages:
         ops = [a.op for a in st.action_list()]
         assert ops.count(Op.WEIGHT) == ops.count(Op.RECOMPUTE) == plan.micro_batches
+
+
+@pytest.mark.multiproc
+def test_zb_v_with_pruning_matches_single_process(tmp_path):
+    # Pruning on V ranks (P = 2 x D = 2): each rank masks its two stages as one, the
+    # tied embedding and head (both on rank 0, one Parameter) included; the global
+    # selection and its ties follow the model's block order, so the masks in the
+    # checkpoint, the losses and the weights are one process's.
+    from jobctl.engine.checkpoint.blocks import load_masks
+
+    prunable = ["layers.*.attn.*.weight", "layers.*.mlp.*.weight", "layers.0.wte.weight"]
+    pruning = {"pruning.enabled": True, "pruning.prunable": prunable}
+    pruning |= {"pruning.start_step": 1, "pruning.end_step": 3, "pruning.frequency": 1}
+    pruning |= {"pruning.initial_sparsity": 0.3, "pruning.final_sparsity": 0.7}
+    spec = _spec(2, 2, "zb_v", **SGD, **pruning, **{"hardware.processes_per_node": 4})
+    ref_masks: dict = {}
+    ref_losses, _ = reference_train(spec, masks=ref_masks)
+    run = _run_and_compare(tmp_path, spec, atol=1e-5)
+    assert run.plan.placement == [[0, 3], [1, 2]] and run.plan.D == 2
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    masks = load_masks(ckpt, list(ref_masks), [])
+    assert set(masks) == set(ref_masks) and len(masks) > 8
+    assert all(torch.equal(masks[n], m) for n, m in ref_masks.items())
+    recs = [r for r in events(run.dir) if r["kind"] == "pruning"]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert recs[-1]["pruned"] == recs[-1]["k"] > 0

@@ -85,6 +85,42 @@ def test_pipeline_pruning_matches_single_process(tmp_path):
     _assert_realised_sparsity(run.dir, pruning, spec_ties(spec))
 
 
+@pytest.mark.multiproc
+def test_pruning_at_T2_matches_single_process_and_resumes_at_T1(tmp_path):
+    """Pruning under tensor parallelism (T = 2 x P = 2, the builtin GPT's Megatron
+    split): the selection sees whole weights, so the losses, final weights and the
+    checkpoints' whole masks are one process's; the T = 2 checkpoint resumes at T = 1."""
+    sgd = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
+    extra = {
+        "parallelism.tensor_parallel": 2,
+        "hardware.processes_per_node": 4,
+        "checkpoint.interval": 2,
+        "checkpoint.keep_last": 4,
+    }
+    spec = _spec(2, 1, **sgd, **extra, **{"pruning.prunable": WITH_EMBEDDING})
+    ref_masks: dict = {}
+    ref_losses, ref_weights = reference_train(spec, masks=ref_masks)
+    run, outcome = run_job(spec, tmp_path / "t2")
+    assert outcome.ok, outcome.message
+    assert (run.plan.T, run.plan.P, run.plan.world_size) == (2, 2, 4)
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, STEPS)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    masks = load_masks(ckpt, list(ref_masks), spec_ties(spec))
+    assert set(masks) == set(ref_masks)
+    assert all(torch.equal(masks[n], m) for n, m in ref_masks.items())
+    pruning = [r for r in events(run.dir) if r["kind"] == "pruning"]
+    assert [r["step"] for r in pruning] == [2, 4, 6]
+    _assert_realised_sparsity(run.dir, pruning, spec_ties(spec))
+    at_t1 = _spec(2, 1, **sgd, **{"checkpoint.interval": 4, "pruning.prunable": WITH_EMBEDDING})
+    ckpt4 = run.dir / "checkpoints" / "step-00000004"
+    resumed, outcome = run_job(at_t1, tmp_path / "t1", resume_dir=ckpt4)
+    assert outcome.ok, outcome.message
+    assert step_losses(resumed.dir) == pytest.approx(ref_losses[4:], abs=1e-5)
+
+
 def _assert_realised_sparsity(run_dir, pruning: list[dict], ties) -> None:
     """At every pruning step (checkpointed right after it), per layer: the zeros in the
     weights are exactly the pruned elements, the recorded sparsity is theirs, nothing
@@ -182,3 +218,17 @@ def test_masks_identical_across_replicas_and_equal_to_assembled_model(tmp_path, 
     recs = [r for _, _, r in got]
     assert all(r["k"] == k == count_to_prune(0.9, total) for r in recs)
     assert all(r["pruned"] == k for r in recs)
+
+
+@pytest.mark.multiproc
+def test_pruning_a_traced_llama_at_T2_matches_single_process(tmp_path):
+    """The same on a Hugging Face Llama split by its traced graph's plan
+    (``model.graph.tp_stage``): its MLP linears pruned on the T group's whole weights."""
+    from .test_graph_models import LLAMA, hf_spec, run_and_compare
+
+    schedule = {**SCHEDULE, "pruning.enabled": True, "training.steps": 6, "pruning.end_step": 4}
+    tp = {"parallelism.tensor_parallel": 2, "hardware.processes_per_node": 2}
+    run = run_and_compare(tmp_path, hf_spec(LLAMA, 1, 1, **schedule, **tp))
+    assert run.plan.T == 2
+    pruning = [r for r in events(run.dir) if r["kind"] == "pruning"]
+    assert [r["step"] for r in pruning] == [2, 4] and pruning[-1]["achieved_sparsity"] > 0.5

@@ -96,7 +96,7 @@ def _run_stages(stages: list[dict], sparsity: float):
             barrier.wait()
             return got
 
-        out[i] = select_masks(stages[i], sparsity, gather, i)
+        out[i] = select_masks(stages[i], sparsity, gather)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for th in threads:
@@ -137,6 +137,21 @@ def test_ties_at_threshold_are_broken_in_model_order_across_stages(sparsity, per
         assert all(torch.equal(masks[n], ref[n]) for n in ref)
     assert [int((~ref[f"layers.{b}.w"]).sum()) for b in (1, 2, 3)] == per_tensor
     assert not bool(ref["layers.1.w"].reshape(-1)[0])  # model order: first elements go first
+
+
+@pytest.mark.parametrize("sparsity", [0.4, 0.9])
+def test_ties_follow_model_order_where_ranks_hold_blocks_out_of_order(sparsity):
+    # A V rank (zb_v) holds stages d and 2P-1-d: here blocks {1, 4} and {2, 3}, each
+    # offered by its rank in its own order; the gather returns them in any order.
+    params = {f"layers.{b}.w": torch.full((3, 4), 0.25) for b in (1, 2, 3, 4)}
+    ref = select_single(params, sparsity)[0]
+    ranks = [{n: params[n] for n in ("layers.4.w", "layers.1.w")}]
+    ranks.append({n: params[n] for n in ("layers.3.w", "layers.2.w")})
+    for order in (ranks, ranks[::-1]):
+        results = _run_stages(order, sparsity)
+        masks = {**results[0][0], **results[1][0]}
+        assert all(torch.equal(masks[n], ref[n]) for n in ref)
+    assert int((~ref["layers.4.w"]).sum()) == (0 if sparsity < 0.75 else 7)
 
 
 def test_global_pruning_is_uneven_across_layers():

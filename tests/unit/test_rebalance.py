@@ -300,6 +300,30 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
     assert "idle % = 1 - busy / step time of the simulated step" in r.output
 
 
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [
+        ({"parallelism.schedule": "zb_v", "parallelism.pipeline_stages": 2}, "zb_v"),
+        ({"parallelism.tensor_parallel": 2, "parallelism.pipeline_stages": 2}, "tensor_parallel 2"),
+    ],
+)
+def test_plan_of_a_pruned_zb_v_or_T2_job_says_there_is_no_rebalancing(tmp_path, layout, why):
+    # Pruning runs under zb_v and T > 1; rebalancing, which the preview predicts, does not.
+    from typer.testing import CliRunner
+
+    from jobctl.engine.cli.app import app
+    from jobctl.spec import dump_yaml
+
+    on = {k: v for k, v in PRUNED_3_STAGES.items() if not k.startswith("rebalancing")}
+    spec = tiny_spec(**{**on, **layout, "hardware.nodes": 1, "hardware.processes_per_node": 4})
+    path = tmp_path / "job.yaml"
+    path.write_text(dump_yaml(spec))
+    r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert "pruning schedule" in r.output and "predicted stage idle" not in r.output
+    assert f"rebalancing preview: none, rebalancing does not run with {why}" in r.output
+
+
 def test_spec_target_devices_needs_pack():
     from jobctl.spec.errors import SpecError
 

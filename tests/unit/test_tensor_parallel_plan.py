@@ -110,7 +110,11 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
             "deepcopy a stage",
         ),
         ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
-        ("pruning", ("hardware:", "pruning:\n  enabled: true\nhardware:"), "whole weights"),
+        (
+            "rebalancing",
+            ("hardware:", "rebalancing:\n  enabled: true\nhardware:"),
+            "does not move T shards",
+        ),
     ],
 )
 def test_features_without_T_ranks_are_refused(tmp_path, field, edit, words):
@@ -121,12 +125,17 @@ def test_features_without_T_ranks_are_refused(tmp_path, field, edit, words):
     assert "Traceback" not in r.output
 
 
-def test_elasticity_validates_with_T(tmp_path):
+@pytest.mark.parametrize("section", ["elasticity", "pruning"])
+def test_elasticity_and_pruning_validate_with_T(tmp_path, section):
     # A lost node's survivors fall back to the newest checkpoint and the morph keeps T
-    # (tests/integration/test_chaos_tensor_parallel.py runs it).
+    # (tests/integration/test_chaos_tensor_parallel.py runs it); pruning selects on the
+    # T group's whole weights (tests/integration/test_pruning_multiproc.py).
     path = _spec(tmp_path, 2, model=_gpt2_yaml())
-    elastic = "elasticity:\n  enabled: true\nhardware:"
-    path.write_text(path.read_text().replace("hardware:", elastic))
+    on = f"{section}:\n  enabled: true\n" + (
+        "  end_step: 6\n  frequency: 2\n" * (section == "pruning")
+    )
+    on += "hardware:"
+    path.write_text(path.read_text().replace("hardware:", on))
     r = runner.invoke(app, ["validate", str(path)])
     assert r.exit_code == 0, r.output
 

@@ -39,17 +39,11 @@ parallelism:
     ("extra", "path", "line", "message", "fix"),
     [
         (
-            "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
-            "pruning.enabled",
-            11,
-            "does not support pruning",
-            "set parallelism.schedule to zb_h1",
-        ),
-        (
             "rebalancing:\n  enabled: true\n",
             "rebalancing.enabled",
             11,
             "does not support rebalancing",
+            "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
             "turn off rebalancing.enabled",
         ),
     ],
@@ -60,6 +54,13 @@ def test_zb_v_refusals_name_the_field_line_and_fix(extra, path, line, message, f
     (issue,) = info.value.errors
     assert (issue.path, issue.file, issue.line) == (path, "jobs/zbv.yaml", line)
     assert message in issue.message and fix in issue.fix
+
+
+def test_zb_v_runs_pruning() -> None:
+    # a V rank masks its two stages as one (tests/integration/test_parity_zero_bubble.py)
+    prune = "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n"
+    spec = load_spec_text(SPEC.format(P=2, extra=prune), "jobs/zbv.yaml")
+    assert spec.pruning.enabled and spec.parallelism.schedule == "zb_v"
 
 
 def test_zb_v_needs_2p_blocks() -> None:
