@@ -82,11 +82,9 @@ class AveragingFields(SpecModel):
             )
 
 
-#: Plug-ins that change a stage's weights or layout behind the parallel models' backs.
-_EXCLUSIVE = (
-    ("pruning", "pruning.enabled"),
-    ("rebalancing", "rebalancing.enabled"),
-)
+#: Plug-ins that change a stage's layout behind the parallel models' backs (pruning
+#: runs: its masks hold on every parallel model and the reference).
+_EXCLUSIVE = (("rebalancing", "rebalancing.enabled"),)
 
 
 def averaging_violations(spec: Any) -> Iterator[Violation]:

@@ -32,9 +32,12 @@ from jobctl.engine.model.blocks import Tie
 from jobctl.engine.runtime.hook import StageState
 
 
-def snapshot_averaged(parts: AveragingParts, blocks: list[int], ties: list[Tie]) -> dict:
-    """The reference's blocks, each with the parallel models' under ``parallel``."""
-    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties)
+def snapshot_averaged(
+    parts: AveragingParts, blocks: list[int], ties: list[Tie], masks: dict | None = None
+) -> dict:
+    """The reference's blocks (with pruning's ``masks``, one set for every copy), each
+    with the parallel models' under ``parallel``."""
+    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties, masks)
     shots = [snapshot_blocks(m.stage, m.opt, blocks, ties) for m in parts.models]
     for b in blocks:
         snap[b]["parallel"] = [shot[b] for shot in shots]
@@ -66,7 +69,8 @@ class AveragingCheckpointing(Checkpointing):
     def save(self, state: StageState, step: int, final: bool = False) -> None:
         self.parts.reference.wait_for(step)  # r_step: every batch before it applied
         mine = blocks_written_by(state.plan, self.rank)
-        snap = snapshot_averaged(self.parts, mine, self.ties)
+        masks = self.masks() if self.masks is not None else None
+        snap = snapshot_averaged(self.parts, mine, self.ties, masks)
         self.manager.save(step, snap, self.meta(state.plan, step), final=final)
 
     def meta(self, plan: Plan, step: int) -> dict:

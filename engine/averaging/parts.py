@@ -41,3 +41,12 @@ def averaging_parts(
     models = parallel_models(state.stage, state.opt, make_stage, spec.training, shard, config.N)
     reference = ReferenceModel(reference_stage(state.stage, make_stage), config.N)
     return AveragingParts(config, models, reference)
+
+
+def mirror_averaged(pruner, parts: AveragingParts) -> None:
+    """Pruning under averaging: the masks hold on the parallel models 1 .. N-1 (model
+    0 is the pruner's own stage) and the reference, which the selection reads once it
+    has applied every batch before the pruning step (``pruning.pruner.Pruner.mirror``)."""
+    ref = dict(parts.reference.stage.named_parameters())
+    copies = [(m.named, m.opt) for m in parts.models[1:]] + [(ref, None)]
+    pruner.mirror(copies, source=ref, settle=parts.reference.wait_for)

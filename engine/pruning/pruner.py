@@ -24,7 +24,7 @@ model's order, so the masks are one process's exactly.
 
 from __future__ import annotations
 
-import fnmatch
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,28 +38,12 @@ from jobctl.engine.pruning.comm import SelectorGroups, broadcast_masks, world
 from jobctl.engine.pruning.crossover import Shape, resolve, shape_key
 from jobctl.engine.pruning.profile import BlockProfiler
 from jobctl.engine.pruning.schedule import schedule, target_at
-from jobctl.engine.pruning.selection import select_masks
+from jobctl.engine.pruning.selection import pair_selected, prunable_names, select_masks
 from jobctl.engine.pruning.sparse import refresh, use_csr, use_dense
 from jobctl.engine.runtime.topology import Topology
 from jobctl.spec.job import JobSpec
 
 Masks = dict[str, torch.Tensor]
-
-
-def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[str]:
-    """Names (in model order) selected by ``globs``; a tied alias never counts itself."""
-    aliases = {t.alias: t.canonical for t in ties}
-    partner = {**aliases, **{t.canonical: t.alias for t in ties}}
-
-    def hit(n: str) -> bool:
-        return any(fnmatch.fnmatchcase(x, g) for g in globs for x in (n, partner.get(n, n)))
-
-    return [n for n in names if n not in aliases and hit(n)]
-
-
-def pair_selected(tie: Tie, globs: list[str]) -> bool:
-    """Whether a tied pair is pruned: either of its names matches a glob."""
-    return any(fnmatch.fnmatchcase(n, g) for g in globs for n in (tie.canonical, tie.alias))
 
 
 class Pruner:
@@ -90,6 +74,9 @@ class Pruner:
         self.crossovers: dict[str, float | None] | None = None  # auto: shape -> crossover
         self._csr_stale = False  # blocks moved: rebuild the CSR choice after the next step
         self.group = None  # the ranks still training (None: all; packing frees some)
+        self.copies: list[tuple[dict[str, nn.Parameter], torch.optim.Optimizer | None]] = []
+        self.source: dict[str, nn.Parameter] | None = None  # selected on (None: named)
+        self.settle: Callable[[int], None] | None = None  # waits until `source` is at a step
         self.selectors = SelectorGroups()
         self.selectors.prepare(topo.rank, self.role, min(stage.block_ids))  # collective
 
@@ -99,20 +86,38 @@ class Pruner:
         only receive their shard 0's masks, like a replica other than 0 (-1)."""
         return self.topo.replica if self.topo.t == 0 else -1
 
+    def mirror(self, copies, source=None, settle=None) -> None:
+        """Hold every mask on ``copies`` too: (parameters by name, optimizer or None)
+        of other copies of this stage (AvgPipe's parallel models and reference); each
+        optimizer masks its own step. ``source``: the copy the selection reads, once
+        ``settle(step)`` returns."""
+        self.copies, self.source, self.settle = list(copies), source, settle
+        for named, opt in self.copies:
+            if opt is not None:
+                opt.register_step_pre_hook(lambda *_, named=named: self._mask_grads_of(named))
+                opt.register_step_post_hook(lambda *_, named=named: self._zero_of(named))
+
     # -- the per-step path --------------------------------------------------------
     def mask_grads(self) -> None:
         """Zero pruned elements' gradients (before the optimizer step)."""
+        self._mask_grads_of(self.named)
+
+    def _mask_grads_of(self, named: dict[str, nn.Parameter]) -> None:
         for name, pruned in self._pruned.items():
-            g = self.named[name].grad
+            g = named[name].grad
             if g is not None:
                 g.masked_fill_(pruned, 0.0)
+
+    @torch.no_grad()
+    def _zero_of(self, named: dict[str, nn.Parameter]) -> None:
+        for name, pruned in self._pruned.items():
+            named[name].masked_fill_(pruned, 0.0)
 
     @torch.no_grad()
     def after_step(self) -> None:
         """Re-zero pruned weights after the optimizer step (weight decay, momentum) and
         rebuild the CSR copies of blocks computed sparsely."""
-        for name, pruned in self._pruned.items():
-            self.named[name].masked_fill_(pruned, 0.0)
+        self._zero_of(self.named)
         if self._csr_stale:
             self._switch_to_csr()
         for layers in self.sparse.values():
@@ -130,7 +135,10 @@ class Pruner:
         globs = self.spec.pruning.prunable
         names = prunable_names(list(self.named), globs, self.ties)
         aliases = [t.alias for t in self.ties if t.alias in self.named and pair_selected(t, globs)]
-        params = {n: self._whole(n, self.named[n].detach()) for n in names}  # T: collective
+        if self.settle is not None:
+            self.settle(step)
+        source = self.named if self.source is None else self.source
+        params = {n: self._whole(n, source[n].detach()) for n in names}  # T: collective
         held = {n: self._whole(n, self.masks[n]) for n in names if n in self.masks}
         first = min(self.stage.block_ids, default=1 << 40)
         sel = self.selectors
@@ -148,7 +156,11 @@ class Pruner:
         masks = self._spread({n: masks[n] for n in names + aliases})
         for n, m in masks.items():
             self.adopt(n, self._local(n, m))
-        if self.crossovers is None and self.spec.pruning.sparse_threshold == "auto":
+        if (
+            self.crossovers is None
+            and self.spec.pruning.sparse_threshold == "auto"
+            and not self.copies
+        ):
             self.crossovers = self._crossovers()
         self.profile_at = step
         self._switch_to_csr()
@@ -250,15 +262,18 @@ class Pruner:
     @torch.no_grad()
     def adopt(self, name: str, mask: torch.Tensor) -> None:
         """Take over ``mask`` for parameter ``name`` (now on this stage); zeroes what it
-        prunes in the weight and its optimizer state."""
+        prunes in the weight and its optimizer state, on every copy."""
         p = self.named[name]
         mask = mask.to(device=p.device, dtype=torch.bool).reshape(p.shape)
         self.masks[name] = mask
         self._pruned[name] = ~mask
-        p.masked_fill_(self._pruned[name], 0.0)
-        for v in self.opt.state.get(p, {}).values():
-            if torch.is_tensor(v) and v.shape == p.shape:
-                v.masked_fill_(self._pruned[name], 0)
+        for named, opt in [(self.named, self.opt), *self.copies]:
+            q = named[name]
+            q.masked_fill_(self._pruned[name], 0.0)
+            states = {} if opt is None else opt.state.get(q, {})
+            for v in states.values():
+                if torch.is_tensor(v) and v.shape == q.shape:
+                    v.masked_fill_(self._pruned[name], 0)
 
     def _switch_to_csr(self) -> None:
         """Masked linears compute in CSR where that pays off (``pruning.sparse_threshold``):
@@ -280,8 +295,8 @@ class Pruner:
     def _csr_choice(self):
         """(layer, mask) -> CSR?, or None when everything stays dense."""
         limit = self.spec.pruning.sparse_threshold
-        if limit is None:
-            return None
+        if limit is None or self.copies:  # AvgPipe's pull moves the weights after the
+            return None  # step, where a CSR copy is refreshed: it would go stale
         if limit != "auto":
             return lambda mod, mask: _sparsity(mask) > limit
         cross = self.crossovers  # after a resume: what the cache holds, nothing measured

@@ -14,12 +14,31 @@ are ``True`` where a weight is kept.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Callable
 
 import torch
 
+from jobctl.engine.model.blocks import Tie
+
 Params = dict[str, torch.Tensor]  # in model order
+
+
+def prunable_names(names: list[str], globs: list[str], ties: list[Tie]) -> list[str]:
+    """Names (in model order) selected by ``globs``; a tied alias never counts itself."""
+    aliases = {t.alias: t.canonical for t in ties}
+    partner = {**aliases, **{t.canonical: t.alias for t in ties}}
+
+    def hit(n: str) -> bool:
+        return any(fnmatch.fnmatchcase(x, g) for g in globs for x in (n, partner.get(n, n)))
+
+    return [n for n in names if n not in aliases and hit(n)]
+
+
+def pair_selected(tie: Tie, globs: list[str]) -> bool:
+    """Whether a tied pair is pruned: either of its names matches a glob."""
+    return any(fnmatch.fnmatchcase(n, g) for g in globs for n in (tie.canonical, tie.alias))
 
 
 def count_to_prune(sparsity: float, total: int) -> int:

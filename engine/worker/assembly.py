@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from jobctl.engine.averaging.checkpoint import AveragingCheckpointing, resume_averaged
 from jobctl.engine.averaging.engine import AveragingEngine
-from jobctl.engine.averaging.parts import averaging_parts
+from jobctl.engine.averaging.parts import averaging_parts, mirror_averaged
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
@@ -88,6 +88,8 @@ def build_trainer(
         events.write(Kind.TP_SUBPIPELINE, rank=rank, stage=me, **state.tp.record())
     parts = averaging_parts(spec, mdef, state, device)  # AvgPipe's N models, or None
     pruner = _pruner(spec, state, mdef, events) if spec.pruning.enabled else None
+    if pruner is not None and parts:  # AvgPipe: the masks hold on every copy
+        mirror_averaged(pruner, parts)
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
     if spec.rebalancing.enabled:
         hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
@@ -109,8 +111,9 @@ def _resumed(state: StageState, parts, pruner, mdef: ModelDef, resume: Path) -> 
     """Load checkpoint ``resume`` into this rank's stage (or AvgPipe's models) and its
     pruner; the step to continue at."""
     if parts:
-        return resume_averaged(parts, state.plan.global_batch_size, mdef.ties, resume)
-    start = resume_stage(state, mdef.ties, resume)
+        start = resume_averaged(parts, state.plan.global_batch_size, mdef.ties, resume)
+    else:
+        start = resume_stage(state, mdef.ties, resume)
     if pruner is not None:
         pruner.load(resume, start)
     return start

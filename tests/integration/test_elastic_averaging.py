@@ -39,7 +39,7 @@ def _spec(**extra):
     )
 
 
-def _reference(spec, skipped=None):
+def _reference(spec, skipped=None, prune=None, prunable=lambda name: True):
     """The rule in one process on the whole model: model i's share of batch t is
     samples [tB + iB/N, tB + (i+1)B/N), in micro-batches of m, mean loss; under fp16
     the forward autocast to float16 and one GradScaler at the spec's rule."""
@@ -68,7 +68,10 @@ def _reference(spec, skipped=None):
         scaler = torch.amp.GradScaler(
             "cpu", init_scale=ls.init_scale, backoff_factor=ls.backoff_factor
         )
-    return elastic_train(model, make_opt, loss_of, N, 1 / N, spec.training.steps, scaler, skipped)
+    steps = spec.training.steps
+    return elastic_train(
+        model, make_opt, loss_of, N, 1 / N, steps, scaler, skipped, prune, prunable
+    )
 
 
 def _parallel_weights(ckpt) -> list[dict[str, torch.Tensor]]:
@@ -126,3 +129,44 @@ def test_elastic_averaging_in_fp16_skips_each_overflowed_model_as_grad_scaler_do
     got = final_weights(run.dir, STEPS)
     for name, w in dict(reference.named_parameters()).items():
         torch.testing.assert_close(got[name], w.detach(), atol=5e-4, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+def test_elastic_averaging_with_pruning_matches_the_reference_rule(tmp_path):
+    # The selection reads the reference once it has applied every earlier batch; the
+    # masks hold on both parallel models and the reference (pruned weights and
+    # optimizer state zeroed, gradients masked before each model's own step).
+    import fnmatch
+
+    from jobctl.engine.checkpoint.blocks import load_masks
+    from jobctl.engine.pruning.schedule import target_at
+
+    torch.set_num_threads(1)
+    pruning = {"pruning.enabled": True, "pruning.start_step": 1, "pruning.end_step": 3}
+    pruning |= {"pruning.frequency": 1, "pruning.initial_sparsity": 0.3}
+    spec = _spec(**pruning, **{"pruning.final_sparsity": 0.8, "checkpoint.interval": 2})
+    globs = spec.pruning.prunable
+    losses, reference, models = _reference(
+        spec,
+        prune=lambda t: target_at(spec.pruning, t),
+        prunable=lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs),
+    )
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        for name, w in dict(model.named_parameters()).items():
+            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    masks = load_masks(ckpt, list(got), [])
+    assert masks and all(int((got[n] == 0).sum()) == int((~m).sum()) for n, m in masks.items())
+    pruned = sum(int((~m).sum()) for m in masks.values())
+    assert pruned / sum(m.numel() for m in masks.values()) == pytest.approx(0.8, abs=1e-3)
+    resumed, outcome = run_job(
+        spec, tmp_path / "resumed", resume_dir=run.dir / "checkpoints" / "step-00000002"
+    )
+    assert outcome.ok, outcome.message
+    assert step_losses(resumed.dir) == pytest.approx(losses[2:], abs=1e-5)
