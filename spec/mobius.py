@@ -24,6 +24,9 @@ MOBIUS = "mobius"
 
 #: one_stage_features that Mobius refuses with a reason of its own
 _OWN_RULE = ("parallelism.recompute",)
+#: one_stage_features Mobius runs: pruning masks its swapped records
+#: (``engine.pruning.swapped``)
+_RUNS = ("pruning.enabled",)
 
 _FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
 
@@ -51,7 +54,7 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
             "data parallelism (D > 1)",
         ),
         ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        *[f for f in one_stage_features(spec) if f[0] not in _OWN_RULE],
+        *[f for f in one_stage_features(spec) if f[0] not in _OWN_RULE + _RUNS],
     ]
     yield from refusals(
         features,

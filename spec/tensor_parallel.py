@@ -31,17 +31,12 @@ from .base import SpecModel, Violation, one_error
 MAX_TENSOR_PARALLEL = 64
 FIELD = "parallelism.tensor_parallel"
 
-#: Features that do not run with T > 1 yet: (field, is it on?, why not). Elasticity
+#: Features that do not run with T > 1 yet: (field, is it on?, why not). AvgPipe's
+#: N models run split (each copy split as the stage is) at a fixed (M, N). Elasticity
 #: runs: a lost node's survivors hold T-shards, not whole blocks, so they hand no step
 #: over and the run resumes from its newest checkpoint, re-planned with T
 #: (tests/integration/test_chaos_tensor_parallel.py).
 NOT_WITH_T = (
-    (
-        "parallelism.averaging",
-        lambda s: s.parallelism.averaging != "none",
-        "AvgPipe's N parallel models deepcopy a stage, and a split stage holds its "
-        "T group's process group",
-    ),
     (
         "parallelism.schedule",
         lambda s: s.parallelism.schedule == "zb_v",
@@ -52,7 +47,20 @@ NOT_WITH_T = (
         lambda s: s.rebalancing.enabled,
         "moving layers between stages does not move T shards yet",
     ),
+    (
+        "parallelism.parallel_pipelines",
+        lambda s: (
+            s.parallelism.averaging == "elastic"
+            and "auto" in (s.parallelism.parallel_pipelines, s.parallelism.micro_batches)
+        ),
+        "AvgPipe's (M, N) tuner profiles an unsplit stage (sec. 5.2.1), not a T group's shard",
+    ),
 )
+#: How to turn a NOT_WITH_T feature off where that is not just its switch.
+_OFF = {
+    "parallelism.parallel_pipelines": "set parallelism.parallel_pipelines and "
+    "micro_batches to numbers (e.g. 2 and 4)",
+}
 
 
 TensorParallel = Annotated[
@@ -106,7 +114,7 @@ def tensor_parallel_violations(spec: Any) -> Iterator[Violation]:
             yield Violation(
                 field,
                 f"does not run with tensor_parallel {T}: {why}",
-                f"turn {field} off or set parallelism.tensor_parallel: 1",
+                f"{_OFF.get(field, f'turn {field} off')} or set parallelism.tensor_parallel: 1",
             )
     hw = spec.hardware
     if hw.processes_per_node % T:

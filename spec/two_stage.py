@@ -3,8 +3,8 @@
 A ZB-V job cuts the model into 2P stages and runs two of them on each of the P ranks
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
-move or copy one stage per rank (rebalancing, AvgPipe's N models),
-Merak's per-stage ratios and a model too short for 2P stages. (A traced
+move or copy one stage per rank (rebalancing, AvgPipe's N models) and a model too
+short for 2P stages. (A traced
 model's stages pass their carrier between the V's two stages in memory, its layout
 taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
 between ranks d and d+1 the V's down-leg activations and up-leg gradients travel in
@@ -22,8 +22,9 @@ from .base import Violation
 
 V_SCHEDULES = ("zb_v",)
 #: one_stage_features a V rank runs: pruning selects over any blocks a rank holds and
-#: masks its two stages as one (``engine.pruning.selection``)
-V_RUNS = ("pruning.enabled",)
+#: masks its two stages as one (``engine.pruning.selection``); stage-aware ratios are
+#: tuned per V device (``engine.planner.v_shape.stage_aware``)
+V_RUNS = ("pruning.enabled", "parallelism.recompute")
 
 _FIX = "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
 

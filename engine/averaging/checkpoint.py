@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jobctl.engine.averaging.parts import AveragingParts
 from jobctl.engine.checkpoint.blocks import (
+    Reshard,
     blocks_written_by,
     load_blocks,
     read_meta,
@@ -33,27 +34,40 @@ from jobctl.engine.runtime.hook import StageState
 
 
 def snapshot_averaged(
-    parts: AveragingParts, blocks: list[int], ties: list[Tie], masks: dict | None = None
+    parts: AveragingParts,
+    blocks: list[int],
+    ties: list[Tie],
+    masks: dict | None = None,
+    whole: Reshard | None = None,
 ) -> dict:
     """The reference's blocks (with pruning's ``masks``, one set for every copy), each
-    with the parallel models' under ``parallel``."""
-    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties, masks)
-    shots = [snapshot_blocks(m.stage, m.opt, blocks, ties) for m in parts.models]
+    with the parallel models' under ``parallel``; with ``whole`` (T > 1: collective
+    over the T group) split tensors saved whole."""
+    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties, masks, whole)
+    shots = [snapshot_blocks(m.stage, m.opt, blocks, ties, whole=whole) for m in parts.models]
     for b in blocks:
         snap[b]["parallel"] = [shot[b] for shot in shots]
     return snap
 
 
-def resume_averaged(parts: AveragingParts, batch: int, ties: list[Tie], ckpt_dir: Path) -> int:
+def resume_averaged(
+    parts: AveragingParts,
+    batch: int,
+    ties: list[Tie],
+    ckpt_dir: Path,
+    local: Reshard | None = None,
+) -> int:
     """Load ``ckpt_dir`` into ``parts`` (see the module docstring) for a run of global
-    batch ``batch``; returns the step to continue at."""
+    batch ``batch`` (with ``local``, T > 1: this rank's shard of each whole tensor);
+    returns the step to continue at."""
     meta = read_meta(ckpt_dir)
     if meta["global_batch_size"] != batch:
         raise ValueError(f"checkpoint global batch {meta['global_batch_size']} != spec's")
     same_n = meta.get("averaging", {}).get("N") == parts.config.N
-    load_blocks(parts.reference.stage, None, ckpt_dir, ties)
+    load_blocks(parts.reference.stage, None, ckpt_dir, ties, local=local)
     for i, m in enumerate(parts.models):
-        load_blocks(m.stage, m.opt, ckpt_dir, ties, part=i if same_n else None)
+        part = i if same_n else None
+        load_blocks(m.stage, m.opt, ckpt_dir, ties, part=part, local=local)
     step = int(meta["step"])
     parts.reference.version = step  # the checkpoint holds r_step
     return step
@@ -70,7 +84,10 @@ class AveragingCheckpointing(Checkpointing):
         self.parts.reference.wait_for(step)  # r_step: every batch before it applied
         mine = blocks_written_by(state.plan, self.rank)
         masks = self.masks() if self.masks is not None else None
-        snap = snapshot_averaged(self.parts, mine, self.ties, masks)
+        whole = None if state.tp is None else state.tp.whole  # T > 1: gathered by the group
+        snap = snapshot_averaged(self.parts, mine, self.ties, masks, whole)
+        if state.plan.rank(self.rank).tp_rank:  # the group's whole tensors: t = 0 writes
+            snap = {}
         self.manager.save(step, snap, self.meta(state.plan, step), final=final)
 
     def meta(self, plan: Plan, step: int) -> dict:

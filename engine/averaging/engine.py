@@ -69,10 +69,7 @@ class AveragingEngine(ResidentEngine):
         self.dist2 = [0.0] * parts.config.N
         aliases = {t.alias for t in self.tie_groups}
         ref = dict(parts.reference.stage.named_parameters())
-        self.pairs = [
-            [(p.detach(), ref[k].detach()) for k, p in m.named.items() if k not in aliases]
-            for m in parts.models
-        ]
+        self.pairs = [self._pairs(m.named, ref, aliases) for m in parts.models]
 
     @property
     def hand_over_refusal(self) -> str | None:
@@ -168,9 +165,30 @@ class AveragingEngine(ResidentEngine):
             hook.after_update()
         update = local_update(model.tensors, before)  # E2
         self.parts.reference.wait_for(step)  # r_t: batches 0 .. step-1 applied
-        self.dist2[i] = squared_distance(self.pairs[i])
+        self.dist2[i] = self._distance(i)
         dilute(model.tensors, self.parts.reference.tensors, cfg.alpha)  # E3
         self.parts.reference.submit(step, update)  # step 3, never blocks
+
+    def _pairs(self, named: dict, ref: dict, aliases: set[str]) -> tuple[list, list]:
+        """A model's (weight, reference) pairs: those split over T, the whole ones."""
+        tp = self.state.tp
+        pairs: tuple[list, list] = ([], [])
+        for k, p in named.items():
+            if k not in aliases:
+                split = tp is not None and tp.split_of(k) is not None
+                pairs[0 if split else 1].append((p.detach(), ref[k].detach()))
+        return pairs
+
+    def _distance(self, i: int) -> float:
+        """Model ``i``'s squared distance from r_t on this stage: the whole parameters'
+        here, the split ones' summed over the T group (collective there where T > 1)."""
+        split, whole = self.pairs[i]
+        d = squared_distance(whole)
+        if self.state.tp is None:
+            return d
+        part = torch.tensor([squared_distance(split)], dtype=torch.float64, device=comm_device())
+        dist.all_reduce(part, group=self.state.topo.tp_group)
+        return d + float(part)
 
     def heartbeat(self, stats: StepStats) -> dict:
         """Compute fields and ``avg_dist2``: model i's squared distance from r_t on this

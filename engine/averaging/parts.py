@@ -36,7 +36,10 @@ def averaging_parts(
     shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
 
     def make_stage() -> Stage:
-        return Stage(mdef, me.blocks, me.keep_blocks).to(device)
+        stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
+        if state.tp is not None:  # T > 1: each copy split as model 0 is (same shapes)
+            state.tp.apply(stage)
+        return stage
 
     models = parallel_models(state.stage, state.opt, make_stage, spec.training, shard, config.N)
     reference = ReferenceModel(reference_stage(state.stage, make_stage), config.N)

@@ -167,6 +167,8 @@ def _show_mobius(spec: JobSpec, got, as_json: bool, gantt: Path | None) -> None:
         console.print(why, soft_wrap=False, highlight=False)
         for line in gantt_lines(sim):
             console.print(line, soft_wrap=False, highlight=False)
+        if spec.pruning.enabled:
+            _print_pruning(spec, p, False, None)
     if gantt is not None:
         _wrote(
             draw_mobius_gantt(sim, gantt, f"{spec.name}: {why.removeprefix('mobius: ')}"), as_json
@@ -196,8 +198,9 @@ def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> 
     from jobctl.engine.views.pruning import print_pruning
     from jobctl.engine.views.rebalance import print_rebalancing
 
-    print_pruning(console, preview_pruning(spec), explain)
+    print_pruning(console, preview_pruning(spec), explain, profiled=p.mobius is None)
     why = "zb_v" if p.placement is not None else f"tensor_parallel {p.T}" if p.T > 1 else ""
+    why = "schedule mobius" if p.mobius is not None else why
     if why:  # the preview re-cuts whole stages, one per rank (docs/composability.md)
         console.print(f"rebalancing preview: none, rebalancing does not run with {why}")
         return

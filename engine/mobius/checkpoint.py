@@ -39,14 +39,15 @@ def _bound(runner: MobiusRunner, j: int) -> torch.Tensor:
     return flat
 
 
-def snapshot(runner: MobiusRunner, ties: list[Tie]) -> Snapshot:
-    """Copies of this rank's blocks, parameters and optimizer state, by global block."""
+def snapshot(runner: MobiusRunner, ties: list[Tie], masks: dict | None = None) -> Snapshot:
+    """Copies of this rank's blocks, parameters and optimizer state (and pruning's
+    ``masks``), by global block."""
     runner.flush()  # the pending update belongs to the step being saved
     snap: Snapshot = {}
     for j in runner.mine:
         _bound(runner, j)
         blocks = list(runner.cfg.stages[j])
-        snap.update(snapshot_blocks(runner.mods[j], runner.opts[j], blocks, ties))
+        snap.update(snapshot_blocks(runner.mods[j], runner.opts[j], blocks, ties, masks))
         resident.release(
             runner.mods[j], runner.layouts[j], runner.opts[j], runner.reserved.placeholder
         )
@@ -100,5 +101,6 @@ class MobiusCheckpointing(Checkpointing):
         self.runner = runner
 
     def save(self, state: StageState | None, step: int, final: bool = False) -> None:
-        snap = snapshot(self.runner, self.ties)
+        masks = self.masks() if self.masks is not None else None
+        snap = snapshot(self.runner, self.ties, masks)
         self.manager.save(step, snap, self.meta(self.manager.plan, step), final=final)

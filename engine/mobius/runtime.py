@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from jobctl.engine.data.dataset import Sharding, TokenData
-from jobctl.engine.mobius import memory, resident
+from jobctl.engine.mobius import masks, memory, resident
 from jobctl.engine.mobius.layout import layout_of, slots_of
 from jobctl.engine.mobius.links import Links, round_robin
 from jobctl.engine.mobius.tier import FileTier
@@ -99,7 +99,7 @@ class MobiusRunner:
         self.S = len(cfg.stages)
         self.placement = cfg.ranks()
         self.mine = [j for j in range(self.S) if self.placement[j] == cfg.rank]
-        self.mods, self.opts, self.layouts = {}, {}, {}
+        self.mods, self.opts, self.layouts, self.pruned = {}, {}, {}, {}  # pruned: masks.py
         self.tier = self._tier()
         # Tuning the heap is process-wide: only a rank held to a budget owns its
         # process that far (a test or a notebook running the runtime in-process does not).
@@ -233,7 +233,9 @@ class MobiusRunner:
         lay, opt, flat = self.layouts[j], self.opts[j], self._buffer(j)
         resident.bind(self.mods[j], lay, opt, flat, grads=True, slots=True)
         set_lr(opt, lr_at(step, self.training))
+        masks.zero(self.pruned, lay, flat, 1)  # pruned stay pruned (mobius.masks)
         opt.step()
+        masks.zero(self.pruned, lay, flat, 0)
         ranges = [lay.section(0)] + [lay.section(2 + k) for k in range(len(lay.slots))]
         return self.tier.store(j, flat, ranges, ["params", *["optim"] * len(lay.slots)])
 

@@ -111,6 +111,7 @@ def plan_priced(
     found, aware = stage_aware.apply(spec, cal, choice.found)
     if tc.T == 1:  # ZB-V hosts two stages per rank; a T group holds one split stage
         found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
+        found = v_shape.stage_aware(spec, cal, found)  # Merak 5.2 on its devices
     plan = build_plan(spec, cal, found, G, home, aware)
     plan = with_tensor_parallel(plan, tc.T).model_copy(update={"t_search": tc.lines})
     plan = tp_overlap.resolve(spec, whole_cal, plan)  # Merak 5.3 at the chosen T

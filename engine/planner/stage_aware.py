@@ -84,12 +84,16 @@ class StageAware:
 def apply(spec: JobSpec, cal: Calibration, found: Search) -> tuple[Search, StageAware | None]:
     """The winner of ``found`` with stage-aware recomputation in place of its full
     recomputation (``parallelism.recompute: stage_aware``), re-priced; unchanged where
-    it does not recompute, or its schedule recomputes by design (Varuna, SCP)."""
+    it does not recompute, or its schedule recomputes by design (Varuna, SCP). ZB-H1
+    holds 1F1B's in-flight counts (its W deferred within them), so Merak's ratios
+    serve it as they are."""
     win = found.ranked[0]
     lay = win.layout
     if spec.parallelism.recompute != "stage_aware" or not lay.recompute:
         return found, None
-    if lay.schedule not in ("1f1b", "gpipe"):
+    if spec.parallelism.schedule == "zb_v":  # per V device, on the V variant
+        return found, None  # (planner.v_shape.stage_aware)
+    if lay.schedule not in ("1f1b", "gpipe", "zb_h1"):
         return found, None
     bare = replace(lay, recompute=False)
     peaks = activation_peaks(bare, None)

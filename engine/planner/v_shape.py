@@ -18,6 +18,7 @@ is its two stages' each at its own peak (an upper bound).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, product
 
@@ -33,7 +34,14 @@ from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.spec import JobSpec
 from jobctl.spec.two_stage import two_stage_violations
 
-__all__ = ["VCandidate", "consider", "v_candidate", "v_partition", "v_stage_plans"]
+__all__ = [
+    "VCandidate",
+    "consider",
+    "stage_aware",
+    "v_candidate",
+    "v_partition",
+    "v_stage_plans",
+]
 
 
 @dataclass
@@ -42,6 +50,8 @@ class VCandidate(Candidate):
     devices, ``sim`` is a ``simulator.devices.DeviceSimResult``."""
 
     placed: list[list[Placed]] = field(default_factory=list)
+    keep: list[int] | None = None  # stage-aware: each stage's leading blocks kept
+    alphas: list[float] | None = None  # and its device's ratio alpha
 
 
 def v_candidate(spec: JobSpec, cal: Calibration, base: Candidate) -> VCandidate:
@@ -134,6 +144,63 @@ def _refused(spec: JobSpec) -> bool:
     return any(True for _ in two_stage_violations(as_v))
 
 
+def stage_aware(spec: JobSpec, cal: Calibration, found: Search) -> Search:
+    """Merak 5.2 on a V winner that recomputes (``parallelism.recompute: stage_aware``):
+    per device, the largest ratio alpha (in steps of ``stage_aware.STEP``) whose two
+    stages, each keeping its ``floor(alpha n)`` leading blocks' activations, fit
+    ``hardware.memory_gb``; the rest of each stage recomputes in its backward (no R
+    actions), re-priced. Merak's closed-form ratios are 1F1B's in-flight counts; a V
+    device's two stages hold other counts, which its own memory model sets here."""
+    v = found.ranked[0]
+    if spec.parallelism.recompute != "stage_aware" or not isinstance(v, VCandidate):
+        return found
+    if not v.layout.recompute:
+        return found
+    P, S, lay = v.layout.P, 2 * v.layout.P, replace(v.layout, recompute=False)
+    placed = zb_v(P, lay.M, recompute=False)
+    actions = stage_lists(placed, S)
+    peaks = [peak_activations(a) for a in actions]
+    tuned = _device_ratios(cal, v.stages, peaks, lay.m, spec.hardware.memory_gb * GB, P)
+    if tuned is None:  # even alpha = 0 does not fit: full recompute stays
+        return found
+    keep, alphas, memory = tuned
+    times = Tables(cal).times(lay.m)
+    more = [sum(times.fwd[i] for i in st[k:]) for st, k in zip(v.stages, keep, strict=True)]
+    costs = replace(v.costs, b=[b + x for b, x in zip(v.costs.b, more, strict=True)])
+    model = replace(costs.model(replace(lay, P=S), recompute_counts(actions)), jitter=0.0)
+    sim = simulate_devices(placed, model)
+    aware = replace(v, layout=lay, costs=costs, memory=memory, actions=actions, sim=sim)
+    aware.placed, aware.keep, aware.alphas = placed, keep, alphas
+    note = "stage-aware recomputation (Merak 5.2) per V device: alpha " + ", ".join(
+        f"{alphas[d]:.2f}" for d in range(P)
+    )
+    note += f"; {aware.step:.4g} s/step vs {v.step:.4g} s/step with full recomputation"
+    ranked = [aware, *found.ranked[1:]]
+    return Search(ranked, found.rejected, [*found.explanation, note], found.pruned)
+
+
+def _device_ratios(cal, stages, peaks, m: int, cap: float, P: int):
+    """(keep per stage, alpha per stage, memory per device), or None: each device's
+    largest alpha that fits ``cap``."""
+    from jobctl.engine.planner.stage_aware import STEP, _memory
+
+    keep, alphas, memory = [0] * (2 * P), [0.0] * (2 * P), [0.0] * P
+    for d, pair in enumerate(v_placement(P)):
+        for k in range(round(1 / STEP), -1, -1):
+            trial = list(keep)
+            for s in pair:
+                trial[s] = math.floor(k * STEP * len(stages[s]) + 1e-9)
+            need = _memory(cal, stages, peaks, m, trial)
+            if sum(need[s] for s in pair) <= cap:
+                keep, memory[d] = trial, sum(need[s] for s in pair)
+                for s in pair:
+                    alphas[s] = round(k * STEP, 2)
+                break
+        else:
+            return None
+    return keep, alphas, memory
+
+
 def v_stage_plans(win: VCandidate, by_device: list[list[int]]) -> tuple[list[StagePlan], dict]:
     """The 2P stage plans (each on its device's ranks) and the plan's V fields."""
     P = win.layout.P
@@ -144,6 +211,8 @@ def v_stage_plans(win: VCandidate, by_device: list[list[int]]) -> tuple[list[Sta
             blocks=blocks,
             ranks=by_device[host[s]],
             recompute=win.layout.recompute,
+            keep_blocks=None if win.keep is None else win.keep[s],
+            alpha=None if win.alphas is None else win.alphas[s],
             actions=" ".join(map(str, win.actions[s])),
         )
         for s, blocks in enumerate(win.stages)

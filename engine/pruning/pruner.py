@@ -148,7 +148,7 @@ class Pruner:
         if self.role == 0 or everyone:  # replica 0's pipeline selects (Alg. 2)
             masks, k, total, tau = select_masks(params, target, gather)
             masks = {n: m & held[n] if n in held else m for n, m in masks.items()}
-            summary = self._summary(masks, k, total, tau, gather)
+            summary = summarize(masks, k, total, tau, gather)
             masks.update(self._alias_masks(masks, aliases, gather))
         else:  # filled by shard 0's and replica 0's broadcasts
             shapes = {**{n: p.shape for n, p in params.items()}, **self._shapes_of(aliases)}
@@ -210,22 +210,6 @@ class Pruner:
                 out[tie.alias] = got[src].view(self.named[tie.alias].shape).bool()
         return out
 
-    @staticmethod
-    def _summary(masks: Masks, k: int, total: int, tau, gather) -> dict:
-        """Global figures of the selection (on replica 0's pipeline)."""
-        pruned = sum(int((~m).sum()) for m in masks.values())
-        size = sum(m.numel() for m in masks.values())
-        per_stage = gather(torch.tensor([pruned, size], dtype=torch.int64))
-        done = sum(int(s[0]) for s in per_stage)
-        return {
-            "achieved_sparsity": done / max(1, total),
-            "pruned": done,
-            "k": k,
-            "prunable": total,
-            "threshold": tau,
-            "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
-        }
-
     def _report(self, step: int, target: float, summary: dict | None, masks: Masks) -> dict:
         """The ``pruning`` record, the same on every rank; the reporter rank writes it.
         Sparsities are of the whole ``masks`` (a T group's shards counted once)."""
@@ -245,18 +229,12 @@ class Pruner:
     def block_sparsity(self, masks: Masks | None = None) -> dict[int, float]:
         """Fraction of pruned prunable elements per block of this stage (of ``masks``;
         by default this rank's own, its shards where T > 1)."""
-        out: dict[int, list[int]] = {}
-        for n, m in (self.masks if masks is None else masks).items():
-            b = int(n.split(".")[1])
-            acc = out.setdefault(b, [0, 0])
-            acc[0] += int((~m).sum())
-            acc[1] += m.numel()
-        return {b: p / max(1, t) for b, (p, t) in sorted(out.items())}
+        return block_sparsity(self.masks if masks is None else masks)
 
     def layer_sparsity(self, masks: Masks | None = None) -> dict[str, float]:
         """Fraction of pruned elements per masked parameter of this stage (global pruning
         leaves them uneven; ``jobctl plan`` predicts the next run's stage load from it)."""
-        return {n: _sparsity(m) for n, m in (self.masks if masks is None else masks).items()}
+        return layer_sparsity(self.masks if masks is None else masks)
 
     # -- masks coming and going (checkpoints, migration) ---------------------------
     @torch.no_grad()
@@ -384,3 +362,34 @@ class Pruner:
 
 def _sparsity(mask: torch.Tensor) -> float:
     return 1.0 - int(mask.sum()) / max(1, mask.numel())
+
+
+def block_sparsity(masks: Masks) -> dict[int, float]:
+    """Fraction of pruned elements per block (``layers.<block>.`` names) of ``masks``."""
+    out: dict[int, list[int]] = {}
+    for n, m in masks.items():
+        acc = out.setdefault(int(n.split(".")[1]), [0, 0])
+        acc[0] += int((~m).sum())
+        acc[1] += m.numel()
+    return {b: p / max(1, t) for b, (p, t) in sorted(out.items())}
+
+
+def layer_sparsity(masks: Masks) -> dict[str, float]:
+    """Fraction of pruned elements per masked parameter."""
+    return {n: _sparsity(m) for n, m in masks.items()}
+
+
+def summarize(masks: Masks, k: int, total: int, tau, gather) -> dict:
+    """Global figures of a selection (collective over the selecting stages)."""
+    pruned = sum(int((~m).sum()) for m in masks.values())
+    size = sum(m.numel() for m in masks.values())
+    per_stage = gather(torch.tensor([pruned, size], dtype=torch.int64))
+    done = sum(int(s[0]) for s in per_stage)
+    return {
+        "achieved_sparsity": done / max(1, total),
+        "pruned": done,
+        "k": k,
+        "prunable": total,
+        "threshold": tau,
+        "stage_sparsity": [int(s[0]) / max(1, int(s[1])) for s in per_stage],
+    }

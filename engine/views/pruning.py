@@ -9,14 +9,23 @@ from rich.table import Table
 from jobctl.engine.pruning.preview import PruningPreview
 from jobctl.spec import PruningSpec
 
+PROFILED = (
+    " The step after each pruning step profiles every block's forward+backward time and "
+    "stage memory."
+)
+
 
 def _bar(fraction: float, width: int = 12) -> str:
     full = round(fraction * width)
     return "█" * full + "·" * (width - full)
 
 
-def print_pruning(console: Console, preview: PruningPreview, explain: bool = False) -> None:
-    """A table of the pruning steps; with ``explain``, the equation and its parameters."""
+def print_pruning(
+    console: Console, preview: PruningPreview, explain: bool = False, profiled: bool = True
+) -> None:
+    """A table of the pruning steps; with ``explain``, the equation and its parameters;
+    ``profiled``: the step after each pruning step is profiled per block (not where no
+    rebalancing can use it: Mobius)."""
     p, prunable, total = preview.pruning, preview.prunable, preview.total
     table = Table(title="pruning schedule (eq. 3.1, global magnitude)")
     for col in ("step", "sparsity", "pruned", "kept", "of the rest"):
@@ -34,11 +43,12 @@ def print_pruning(console: Console, preview: PruningPreview, explain: bool = Fal
     console.print(table)
     console.print(
         f"prunable: {prunable:,} of {total:,} parameters ({', '.join(p.prunable)}); at the "
-        f"end {100 * preview.pruned_at_end / max(1, total):.1f} % of the whole model is zero. "
-        "The step after each pruning step profiles every block's forward+backward time and "
-        "stage memory.",
-        soft_wrap=True,
+        f"end {100 * preview.pruned_at_end / max(1, total):.1f} % of the whole model is zero."
+        + PROFILED
+        * profiled,
+        soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
         highlight=False,
+        markup=False,
     )
     if explain:
         _print_explanation(console, p)

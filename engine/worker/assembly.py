@@ -111,7 +111,8 @@ def _resumed(state: StageState, parts, pruner, mdef: ModelDef, resume: Path) -> 
     """Load checkpoint ``resume`` into this rank's stage (or AvgPipe's models) and its
     pruner; the step to continue at."""
     if parts:
-        start = resume_averaged(parts, state.plan.global_batch_size, mdef.ties, resume)
+        local = None if state.tp is None else state.tp.local
+        start = resume_averaged(parts, state.plan.global_batch_size, mdef.ties, resume, local)
     else:
         start = resume_stage(state, mdef.ties, resume)
     if pruner is not None:

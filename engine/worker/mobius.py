@@ -4,7 +4,8 @@ together for the one loop: ``runtime.trainer.Trainer`` over a
 stages through the tier below device memory (files under ``<run>/mobius/rank-<r>/`` on
 a CPU device, pinned host memory on CUDA, held to ``hardware.memory_gb`` per process),
 with the same events, stop protocol and checkpoint hook (the block format:
-``mobius.checkpoint``) as every other run.
+``mobius.checkpoint``) as every other run, and pruning's hook where the spec turns it
+on (``pruning.swapped``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from jobctl.engine.mobius import checkpoint as mobius_checkpoint
 from jobctl.engine.mobius.engine import SwappedEngine
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
+from jobctl.engine.pruning.hook import PruningHook
+from jobctl.engine.pruning.swapped import SwappedPruner
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.loss_scale import loss_scaler
 from jobctl.engine.runtime.trainer import Trainer
@@ -64,12 +67,20 @@ def build_mobius(
     scaler = loss_scaler(spec.training)  # fp16: one loss scale S for the run
     runner = MobiusRunner(mdef, spec.training, make_data(spec), cfg, device, links, scaler)
     engine = SwappedEngine(runner, plan, rank, device)
-    args = (spec, plan, rank, run_dir, events, mdef.ties)
+    pruner = (
+        SwappedPruner(spec.pruning, runner, mdef.ties, events) if spec.pruning.enabled else None
+    )
+    masks = None if pruner is None else pruner.checkpoint_masks
+    args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
     checkpoints = mobius_checkpoint.MobiusCheckpointing(*args, runner=runner)
     start = 0
     if resume is not None:
         start = mobius_checkpoint.resume(runner, mdef.ties, plan.global_batch_size, resume)
+        if pruner is not None:
+            pruner.load(resume, start)
     checkpoints.clear_stale_staging()
     dist.barrier()  # nobody stages before stale staging folders are gone
     eval_data = make_eval_data(spec) if spec.training.eval_every else None
-    return Trainer(spec.training, engine, events, [checkpoints, *hooks], start, eval_data)
+    pruning = [] if pruner is None else [PruningHook(pruner)]
+    hooks = [*pruning, checkpoints, *hooks]
+    return Trainer(spec.training, engine, events, hooks, start, eval_data)

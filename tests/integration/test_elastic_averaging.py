@@ -170,3 +170,32 @@ def test_elastic_averaging_with_pruning_matches_the_reference_rule(tmp_path):
     )
     assert outcome.ok, outcome.message
     assert step_losses(resumed.dir) == pytest.approx(losses[2:], abs=1e-5)
+
+
+@pytest.mark.multiproc
+def test_elastic_averaging_at_T2_matches_the_reference_rule(tmp_path):
+    # AvgPipe's N = 2 models and the reference each split over a T = 2 group (T = 2 x
+    # P = 2 on 4 ranks, the builtin GPT's Megatron plan): the rule on shards is the rule
+    # on whole tensors, so losses, the checkpoint's whole reference and parallel
+    # models equal the plain-torch rule; each model's distance from the reference
+    # counts the split weights over the T group once, as the T = 1 run's does.
+    torch.set_num_threads(1)
+    spec = _spec(**{"parallelism.tensor_parallel": 2, "hardware.processes_per_node": 4})
+    losses, reference, models = _reference(spec)
+    run, outcome = run_job(spec, tmp_path / "t2")
+    assert outcome.ok, outcome.message
+    assert (run.plan.T, run.plan.P) == (2, 2)
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
+    assert set(got) == set(want)
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        for name, w in dict(model.named_parameters()).items():
+            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    plain, outcome = run_job(_spec(), tmp_path / "t1")
+    assert outcome.ok, outcome.message
+    at_t2, at_t1 = avg_distance(tail_records(run.dir)), avg_distance(tail_records(plain.dir))
+    assert at_t2[0] == at_t1[0] == STEPS
+    assert at_t2[1] == pytest.approx(at_t1[1], rel=1e-4)

@@ -232,3 +232,54 @@ def test_pruning_a_traced_llama_at_T2_matches_single_process(tmp_path):
     assert run.plan.T == 2
     pruning = [r for r in events(run.dir) if r["kind"] == "pruning"]
     assert [r["step"] for r in pruning] == [2, 4] and pruning[-1]["achieved_sparsity"] > 0.5
+
+
+@pytest.mark.multiproc
+def test_pruning_under_mobius_with_eval_matches_single_process(tmp_path):
+    """Mobius (S = 4 stages swapped through files on 2 ranks) with pruning and the eval
+    pass: the selection runs over every rank's records (stage j on rank j % 2, so each
+    rank's blocks are not contiguous), the masks are one process's, each update on
+    upload keeps them, and the checkpoints (with their masks) resume under 1F1B."""
+    from jobctl.engine.data.dataset import make_eval_data
+
+    from ..jobrun import plain_eval, tiny_spec
+    from .test_data_sources import write_tokens
+
+    tokens = write_tokens(tmp_path / "tokens.bin")
+    fields = {**SCHEDULE, "pruning.enabled": True, "pruning.prunable": WITH_EMBEDDING}
+    fields |= {"training.steps": 6, "pruning.end_step": 4, "checkpoint.interval": 2}
+    fields |= {"data.source": "tokens", "data.path": str(tokens), "data.eval": 0.1}
+    # SGD keeps weights comparable to 1e-5 (Adam turns the k-bias' rounding-noise
+    # gradient into whole steps); momentum rides in each record's slot
+    fields |= {"training.eval_every": 3, "training.optimizer": "sgd", "training.lr": 0.3}
+    fields |= {"training.momentum": 0.9}
+    one_node = {"hardware.nodes": 1, "hardware.processes_per_node": 2}
+    mobius = {"parallelism.schedule": "mobius", "parallelism.pipeline_stages": 4}
+    spec = tiny_spec(**fields, **one_node, **mobius, **{"parallelism.data_parallel": 1})
+    ref_masks: dict = {}
+    ref_losses, ref_weights = reference_train(spec, masks=ref_masks)
+    run, outcome = run_job(spec, tmp_path / "mobius")
+    assert outcome.ok, outcome.message
+    assert run.plan.mobius is not None and len(run.plan.mobius.stages) == 4
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, 6)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+    masks = load_masks(run.dir / "checkpoints" / "step-00000006", list(ref_masks), [])
+    assert set(masks) == set(ref_masks) and all(torch.equal(masks[n], ref_masks[n]) for n in masks)
+    for f in (run.dir / "checkpoints" / "step-00000006").glob("block-*.pt"):
+        optim = torch.load(f, weights_only=True)["optim"]  # pruned gradients were masked
+        for n in set(optim) & set(masks):
+            assert not optim[n]["momentum_buffer"][~masks[n]].any(), n
+    recs = events(run.dir)
+    assert [r["step"] for r in recs if r["kind"] == "pruning"] == [2, 4]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    m = run.plan.micro_batch_size
+    assert [r["step"] for r in evals] == [3, 6]
+    want = plain_eval(spec, weights, make_eval_data(spec), m)
+    assert evals[-1]["eval_loss"] == pytest.approx(want, abs=1e-5)
+    at_1f1b = tiny_spec(**fields, **one_node, **{"parallelism.data_parallel": 1})
+    ckpt = run.dir / "checkpoints" / "step-00000002"
+    resumed, outcome = run_job(at_1f1b, tmp_path / "1f1b", resume_dir=ckpt)
+    assert outcome.ok, outcome.message
+    assert step_losses(resumed.dir) == pytest.approx(ref_losses[2:], abs=1e-5)

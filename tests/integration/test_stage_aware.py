@@ -42,3 +42,47 @@ def test_stage_aware_plan_runs_like_one_process(tmp_path):
     weights = final_weights(run.dir, 3)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(("schedule", "P"), [("zb_h1", 3), ("zb_v", 2)])
+def test_stage_aware_under_zero_bubble_runs_like_one_process(tmp_path, schedule, P):
+    # ZB-H1 takes Merak's ratios as 1F1B does; ZB-V's ratios are tuned per device (its
+    # two stages' own in-flight counts). A cap between full and no recomputation:
+    # some blocks keep their activations, the rest recompute in the B/W-split backward.
+    shape = {
+        **SGD,
+        "model.layers": 8,
+        "parallelism.pipeline_stages": P,
+        "parallelism.data_parallel": 1,
+        "parallelism.schedule": schedule,
+        "hardware.nodes": 1,
+        "hardware.processes_per_node": P,
+        "training.steps": 3,
+        "checkpoint.interval": 3,
+    }
+    peaks = {
+        how: max(
+            make_plan(
+                tiny_spec(**shape, **{"parallelism.recompute": how})
+            ).prediction.memory_per_stage_gb
+        )
+        for how in ("all", "none")
+    }
+    cap = (peaks["all"] + peaks["none"]) / 2
+    spec = tiny_spec(**shape, **{"parallelism.recompute": "stage_aware", "hardware.memory_gb": cap})
+    ref_losses, ref_weights = reference_train(spec)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    stages = run.plan.stages
+    keep = [s.keep_blocks for s in stages]
+    assert all(k is not None for k in keep), keep
+    assert any(k < len(s.blocks) for k, s in zip(keep, stages, strict=True)), keep
+    assert any(k > 0 for k in keep), keep  # neither full nor no recomputation
+    assert not any(s.recompute for s in stages)  # no R actions: recompute is in backward
+    assert max(run.plan.prediction.memory_per_stage_gb) <= cap
+    assert any("stage-aware recomputation" in line for line in run.plan.explanation)
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, 3)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)

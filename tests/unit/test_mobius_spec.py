@@ -59,12 +59,6 @@ def test_stages_may_not_be_auto():
         ("  averaging: elastic\n", "parallelism.averaging", 12, "elastic averaging"),
         ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
         ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
-        (
-            "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n",
-            "pruning.enabled",
-            13,
-            "pruning",
-        ),
     ],
 )
 def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
@@ -76,6 +70,13 @@ def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
     assert (issue.file, issue.line) == ("jobs/mob.yaml", line)
     assert message in issue.message
     assert "set parallelism.schedule to 1f1b" in issue.fix and path in issue.fix
+
+
+def test_pruning_runs_under_mobius():
+    # masks on the swapped records (tests/integration/test_pruning_multiproc.py)
+    prune = "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n"
+    spec = load_spec_text(SPEC.format(S=4, extra=prune), "jobs/mob.yaml")
+    assert spec.pruning.enabled and spec.parallelism.schedule == "mobius"
 
 
 def test_an_all_auto_spec_plans_with_tensor_parallel_auto():

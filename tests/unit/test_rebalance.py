@@ -305,9 +305,17 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
     [
         ({"parallelism.schedule": "zb_v", "parallelism.pipeline_stages": 2}, "zb_v"),
         ({"parallelism.tensor_parallel": 2, "parallelism.pipeline_stages": 2}, "tensor_parallel 2"),
+        (
+            {
+                "parallelism.schedule": "mobius",
+                "parallelism.pipeline_stages": 4,
+                "hardware.processes_per_node": 2,
+            },
+            "schedule mobius",
+        ),
     ],
 )
-def test_plan_of_a_pruned_zb_v_or_T2_job_says_there_is_no_rebalancing(tmp_path, layout, why):
+def test_plan_of_a_pruned_zb_v_T2_or_mobius_job_says_there_is_no_rebalancing(tmp_path, layout, why):
     # Pruning runs under zb_v and T > 1; rebalancing, which the preview predicts, does not.
     from typer.testing import CliRunner
 
@@ -315,13 +323,17 @@ def test_plan_of_a_pruned_zb_v_or_T2_job_says_there_is_no_rebalancing(tmp_path, 
     from jobctl.spec import dump_yaml
 
     on = {k: v for k, v in PRUNED_3_STAGES.items() if not k.startswith("rebalancing")}
-    spec = tiny_spec(**{**on, **layout, "hardware.nodes": 1, "hardware.processes_per_node": 4})
+    spec = tiny_spec(**{**on, "hardware.nodes": 1, "hardware.processes_per_node": 4, **layout})
     path = tmp_path / "job.yaml"
     path.write_text(dump_yaml(spec))
     r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=80)
     assert r.exit_code == 0, r.output
     assert "pruning schedule" in r.output and "predicted stage idle" not in r.output
     assert f"rebalancing preview: none, rebalancing does not run with {why}" in r.output
+    # Mobius profiles no block after a pruning step (nothing would use it)
+    assert ("profiles every block" in r.output) == ("mobius" not in why)
+    section = r.output[r.output.index("pruning schedule") :]
+    assert max(len(line) for line in section.splitlines()) <= 80
 
 
 def test_spec_target_devices_needs_pack():

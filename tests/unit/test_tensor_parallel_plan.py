@@ -106,8 +106,11 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
     [
         (
             "averaging",
-            ("  schedule: 1f1b", "  schedule: 1f1b\n  averaging: elastic"),
-            "deepcopy a stage",
+            (
+                "  schedule: 1f1b",
+                "  schedule: 1f1b\n  averaging: elastic\n  parallel_pipelines: auto",
+            ),
+            "(M, N) tuner profiles an unsplit stage",
         ),
         ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
         (

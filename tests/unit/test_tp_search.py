@@ -163,14 +163,9 @@ def test_T_groups_stay_inside_a_node_and_are_contiguous(tmp_path):
     [
         (
             2,
-            [
-                (
-                    "  schedule: 1f1b",
-                    "  schedule: 1f1b\n  averaging: elastic\n  parallel_pipelines: 2",
-                )
-            ],
+            [("hardware:", "rebalancing:\n  enabled: true\nhardware:")],
             GPT2,
-            "parallelism.averaging does not run with tensor_parallel > 1",
+            "rebalancing.enabled does not run with tensor_parallel > 1",
         ),
     ],
 )
