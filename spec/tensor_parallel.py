@@ -43,9 +43,10 @@ NOT_WITH_T = (
         "ZB-V hosts two stages per rank, which are not split over T ranks yet",
     ),
     (
-        "rebalancing.enabled",
-        lambda s: s.rebalancing.enabled,
-        "moving layers between stages does not move T shards yet",
+        "rebalancing.pack",
+        lambda s: s.rebalancing.enabled and s.rebalancing.pack,
+        "packing re-places whole T groups onto fewer devices; rebalancing moves each "
+        "block's T shards between the stages' groups, not groups between devices",
     ),
     (
         "parallelism.parallel_pipelines",
@@ -60,6 +61,7 @@ NOT_WITH_T = (
 _OFF = {
     "parallelism.parallel_pipelines": "set parallelism.parallel_pipelines and "
     "micro_batches to numbers (e.g. 2 and 4)",
+    "rebalancing.pack": "set rebalancing.pack: false",
 }
 
 

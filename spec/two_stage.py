@@ -3,7 +3,7 @@
 A ZB-V job cuts the model into 2P stages and runs two of them on each of the P ranks
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
-move or copy one stage per rank (rebalancing, AvgPipe's N models) and a model too
+copy one stage per rank (AvgPipe's N models), packing (another V) and a model too
 short for 2P stages. (A traced
 model's stages pass their carrier between the V's two stages in memory, its layout
 taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
@@ -23,8 +23,9 @@ from .base import Violation
 V_SCHEDULES = ("zb_v",)
 #: one_stage_features a V rank runs: pruning selects over any blocks a rank holds and
 #: masks its two stages as one (``engine.pruning.selection``); stage-aware ratios are
-#: tuned per V device (``engine.planner.v_shape.stage_aware``)
-V_RUNS = ("pruning.enabled", "parallelism.recompute")
+#: tuned per V device (``engine.planner.v_shape.stage_aware``); rebalancing moves
+#: blocks between the 2P stages (``engine.runtime.migration``, memory per device)
+V_RUNS = ("pruning.enabled", "parallelism.recompute", "rebalancing.enabled")
 
 _FIX = "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
 
@@ -43,6 +44,14 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
             "zb_v's two stages per rank send activations and gradients the same way "
             "between two ranks, told apart by tags, which NCCL ignores",
             _FIX + "run it on CPU workers (hardware.device: cpu)",
+        )
+    if spec.rebalancing.enabled and spec.rebalancing.pack:
+        yield Violation(
+            "rebalancing.pack",
+            "packing onto fewer devices would re-cut the V onto P - 1 devices, another "
+            "placement of every stage, not a move of blocks between neighbours",
+            "set rebalancing.pack: false (rebalancing moves blocks between the 2P stages) "
+            "or parallelism.schedule: zb_h1",
         )
     blocks, P = spec.model.num_blocks, par.pipeline_stages
     if isinstance(P, int) and blocks is not None and blocks < 2 * P:

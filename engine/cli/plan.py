@@ -199,10 +199,16 @@ def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> 
     from jobctl.engine.views.rebalance import print_rebalancing
 
     print_pruning(console, preview_pruning(spec), explain, profiled=p.mobius is None)
-    why = "zb_v" if p.placement is not None else f"tensor_parallel {p.T}" if p.T > 1 else ""
-    why = "schedule mobius" if p.mobius is not None else why
-    if why:  # the preview re-cuts whole stages, one per rank (docs/composability.md)
-        console.print(f"rebalancing preview: none, rebalancing does not run with {why}")
+    if p.mobius is not None:  # docs/composability.md
+        console.print("rebalancing preview: none, rebalancing does not run with schedule mobius")
+        return
+    if p.T > 1:  # it runs; the simulator prices the stages unsplit
+        console.print(
+            f"rebalancing preview: none at tensor_parallel {p.T} (the preview simulates "
+            "unsplit stages); the run rebalances by its measured per-block times",
+            soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
+            highlight=False,
+        )
         return
     print_rebalancing(console, preview_rebalancing(spec, p, home))
 

@@ -86,10 +86,13 @@ class GPTShards:
         self.mesh = DeviceMesh.from_group(group, device, mesh=ranks)
         self.t = self.mesh.get_local_rank()
 
-    def apply(self, stage: nn.Module) -> None:
-        """Split every transformer block of ``stage`` in place (each was built whole
-        from its block's seed, so the T ranks' shards are one model's)."""
-        for block in stage.layers.values():
+    def apply(self, stage: nn.Module, blocks: list[int] | None = None) -> None:
+        """Split every transformer block of ``stage`` (or those of ``blocks``: a
+        migration's arrivals) in place (each was built whole from its block's seed, so
+        the T ranks' shards are one model's)."""
+        for key, block in stage.layers.items():
+            if blocks is not None and int(key) not in blocks:
+                continue
             if isinstance(block, Block):
                 self._attention(block.attn)
                 self._mlp(block.mlp)

@@ -42,16 +42,19 @@ from jobctl.engine.rebalance.replan import (
 )
 from jobctl.engine.runtime.executor import StepStats
 from jobctl.engine.runtime.hook import Relayout, StageState, StepEnd, StepHook
-from jobctl.engine.runtime.migration import Migrated, migrate
+from jobctl.engine.runtime.migration import Migrated, hosted_blocks, migrate
 from jobctl.spec.job import JobSpec
 
 
-def _block_nnz(stage) -> dict[int, int]:
-    """Nonzero parameter elements per block (tied halves count where they compute)."""
-    out: dict[int, int] = {}
+def _block_nnz(stage, tp=None, T: int = 1) -> dict[int, float]:
+    """Nonzero parameter elements per block (tied halves count where they compute);
+    T > 1: this rank's part, a whole parameter's 1/T, so the T group sums to the
+    block's count."""
+    out: dict[int, float] = {}
     for name, p in stage.named_parameters(remove_duplicate=False):
         b = int(name.split(".")[1])
-        out[b] = out.get(b, 0) + int(p.count_nonzero())
+        share = 1.0 if tp is None or tp.split_of(name) is not None else 1.0 / T
+        out[b] = out.get(b, 0) + share * int(p.count_nonzero())
     return out
 
 
@@ -102,6 +105,10 @@ class Rebalancer(StepHook):
     def _leader(self) -> bool:
         return self.rank == 0
 
+    def _where(self) -> int:
+        """This rank's place in the per-stage figures: its stage, or a V rank's device."""
+        return self.state.plan.rank(self.rank).stage
+
     def after_step(self, end: StepEnd) -> Relayout | None:
         """Called by every live rank after step ``end.done``; a new stage if layers moved."""
         self.state = end.state
@@ -122,7 +129,7 @@ class Rebalancer(StepHook):
         return self._rebalance(done, prof, end.stats, end.seconds)
 
     def _measure_before(self, record: dict, stats: StepStats, seconds: float) -> None:
-        every = self._gather({"stage": self.state.topo.stage, "c": _compute_s(stats), "s": seconds})
+        every = self._gather({"stage": self._where(), "c": _compute_s(stats), "s": seconds})
         record.update(
             measured_stage_s_before=_stage_maxima(every, self.state.plan.P, "c"),
             measured_step_s_before=max(r["s"] for r in every),
@@ -134,9 +141,9 @@ class Rebalancer(StepHook):
         mine = {
             "rank": self.rank,
             "replica": topo.replica,
-            "stage": topo.stage,
+            "stage": self._where(),
             "time": {int(b): v["fwd_s"] + v["bwd_s"] for b, v in prof["blocks"].items()},
-            "nnz": _block_nnz(self.state.stage),
+            "nnz": _block_nnz(self.state.stage, self.state.tp, self.state.plan.T),
             "compute_s": _compute_s(stats),
             "step_s": seconds,
         }
@@ -174,7 +181,8 @@ class Rebalancer(StepHook):
             if pack is not None:
                 new_stages = pack.stages
         before = simulate_stages(spec, cal, lay, stages, times)
-        after = simulate_stages(spec, cal, layout_of(plan, len(new_stages)), new_stages, times)
+        after_lay = lay if pack is None else layout_of(plan, len(new_stages))
+        after = simulate_stages(spec, cal, after_lay, new_stages, times)
         record = {
             **_decision_fields(done, d, costs, times, stages, new_stages),
             "predicted_step_s_before": before.step_time,
@@ -193,11 +201,12 @@ class Rebalancer(StepHook):
         """Migrate this rank's blocks to ``new``'s layout; the trainer applies the result."""
         st = self.state
         old, rank = st.plan, self.rank
-        mine_new = set(new.stage_of(rank).blocks) if rank < new.world_size else set()
+        mine_new = set(hosted_blocks(new, rank)) if rank < new.world_size else set()
         left = sorted(set(st.stage.block_ids) - mine_new)
         extras = self.pruner.release(left) if self.pruner is not None else {}
         training = self.spec.training
-        got = migrate(old, new, rank, st.stage, st.opt, self.mdef, training, extras, self.device)
+        args = (st.stage, st.opt, self.mdef, training, extras, self.device)
+        got = migrate(old, new, rank, *args, tp=st.tp)
         live = got.live_group if got.live_group is not None else st.live_group
         record.update(
             migrate_s=got.seconds,
@@ -206,7 +215,7 @@ class Rebalancer(StepHook):
         )
         if got.freed:
             return Relayout(None, lambda _: self._freed(old, record, got.seconds))
-        state = StageState(new, got.stage, got.named, got.opt, got.topo, got.actions, live)
+        state = StageState(new, got.stage, got.named, got.opt, got.topo, got.actions, live, st.tp)
         self._rebind_pruner(got, live)
         return Relayout(state, lambda resume_s: self._moved(old, new, record, resume_s))
 
@@ -251,7 +260,7 @@ class Rebalancer(StepHook):
 
     def _report_after(self, done: int, stats: StepStats, seconds: float) -> None:
         before, self.measure = self.measure, None
-        every = self._gather({"stage": self.state.topo.stage, "c": _compute_s(stats), "s": seconds})
+        every = self._gather({"stage": self._where(), "c": _compute_s(stats), "s": seconds})
         if not self._leader():
             return
         measured = _stage_maxima(every, self.state.plan.P, "c")
@@ -268,15 +277,16 @@ class Rebalancer(StepHook):
 
 
 def _replica0_blocks(every: list[dict], n: int) -> tuple[list[float], list[int]]:
-    """Per block, replica 0's measured seconds and nonzero parameter count."""
-    times, nnz = [0.0] * n, [0] * n
+    """Per block, replica 0's measured seconds (the slowest of a T group's shards)
+    and nonzero parameter count (summed over them)."""
+    times, nnz = [0.0] * n, [0.0] * n
     for r in every:
         if r["replica"] == 0:
             for b, v in r["time"].items():
-                times[b] = v
+                times[b] = max(times[b], v)
             for b, v in r["nnz"].items():
-                nnz[b] = v
-    return times, nnz
+                nnz[b] += v
+    return times, [round(x) for x in nnz]
 
 
 def _decision_fields(

@@ -27,6 +27,7 @@ from jobctl.engine.core.plan import Plan, StagePlan
 from jobctl.engine.planner.contention import contend
 from jobctl.engine.planner.layout import Layout, place
 from jobctl.engine.planner.search import GB, generator_options, hosting
+from jobctl.engine.planner.simulator.devices import simulate_devices
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
 from jobctl.engine.planner.stage_costs import (
     BlockTimes,
@@ -36,14 +37,18 @@ from jobctl.engine.planner.stage_costs import (
     stage_memory,
 )
 from jobctl.engine.rebalance.rebalancer import MemoryFn, Stages, first_fit_pack, rebalance
+from jobctl.engine.schedule.checks import peak_activations
 from jobctl.engine.schedule.generators import generate
+from jobctl.engine.schedule.placement import stage_lists, v_placement
+from jobctl.engine.schedule.zero_bubble import zb_v
 from jobctl.spec.job import JobSpec
 from jobctl.spec.sections import HardwareSpec
 
 
 def layout_of(plan: Plan, P: int | None = None) -> Layout:
-    """The planner's Layout of ``plan`` (optionally with another number of stages)."""
-    rec = plan.schedule in ("gpipe", "1f1b") and any(st.recompute for st in plan.stages)
+    """The planner's Layout of ``plan`` (optionally with another number of stages; a
+    V plan's P is its devices, each hosting two of its 2P stages)."""
+    rec = plan.schedule in ("gpipe", "1f1b", "zb_v") and any(st.recompute for st in plan.stages)
     return Layout(
         P or plan.P, plan.D, plan.micro_batch_size, plan.micro_batches, plan.schedule, rec
     )
@@ -54,12 +59,33 @@ def actions_for(spec: JobSpec, layout: Layout):
     return generate(layout.schedule, layout.P, layout.M, **options)
 
 
+def v_lists(layout: Layout):
+    """ZB-V's per-device placed lists and per-stage action lists at ``layout``."""
+    placed = zb_v(layout.P, layout.M, recompute=layout.recompute)
+    return placed, stage_lists(placed, 2 * layout.P)
+
+
 def memory_model(spec: JobSpec, cal: Calibration, layout: Layout) -> MemoryFn:
-    """Bytes per stage of a stage map with ``layout.P`` stages (calibrated estimate)."""
+    """Bytes per stage of a stage map with ``layout.P`` stages (calibrated estimate);
+    under ZB-V each of the 2P stages counts as its device, its pair's sum."""
+    if layout.schedule == "zb_v":
+        return _v_memory(cal, layout)
     peaks = activation_peaks(layout, actions_for(spec, layout))
 
     def memory(stages: Stages) -> list[float]:
         return stage_memory(cal, stages, peaks, layout.m)
+
+    return memory
+
+
+def _v_memory(cal: Calibration, layout: Layout) -> MemoryFn:
+    peaks = [peak_activations(a) for a in v_lists(layout)[1]]
+    pairs = v_placement(layout.P)
+
+    def memory(stages: Stages) -> list[float]:
+        per = stage_memory(cal, stages, peaks, layout.m)
+        device = {s: per[a] + per[b] for a, b in pairs for s in (a, b)}
+        return [device[s] for s in range(len(stages))]
 
     return memory
 
@@ -95,9 +121,18 @@ def simulate_stages(
     block_costs: Sequence[float] | None = None,
     seed: int = 0,
 ) -> SimResult:
-    """Simulated step of ``layout`` with ``stages``, at the given per-block costs."""
+    """Simulated step of ``layout`` with ``stages``, at the given per-block costs (ZB-V:
+    per device, as the planner's ``v_shape`` simulates it)."""
     host = hosting(spec, layout.P, layout.D, cal.host.cores)
-    costs = stage_costs(cal, layout, stages, host, scaled_times(cal, layout.m, block_costs))
+    times = scaled_times(cal, layout.m, block_costs)
+    if layout.schedule == "zb_v":
+        S = len(stages)
+        stage_lay = dataclasses.replace(layout, P=S)
+        costs = stage_costs(cal, stage_lay, stages, dataclasses.replace(host, P=S), times)
+        placed, actions = v_lists(layout)
+        model = costs.model(stage_lay, recompute_counts(actions))
+        return simulate_devices(placed, dataclasses.replace(model, jitter=0.0))
+    costs = stage_costs(cal, layout, stages, host, times)
     actions = actions_for(spec, layout)
     model = costs.model(layout, recompute_counts(actions))
     if host.share_cores:
@@ -129,8 +164,11 @@ def _fewer_stages(spec: JobSpec, plan: Plan, stages: Stages) -> tuple[list[Stage
 
 def _prediction(spec: JobSpec, plan: Plan, stages: Stages, sim: SimResult, cal: Calibration):
     """``plan``'s prediction updated to the simulated step of ``stages``."""
-    P = len(stages)
-    mem = memory_model(spec, cal, layout_of(plan, P))(stages)
+    P = plan.P if plan.placement is not None else len(stages)  # devices per replica
+    lay = layout_of(plan) if plan.placement is not None else layout_of(plan, P)
+    mem = memory_model(spec, cal, lay)(stages)
+    if plan.placement is not None:  # per device: each pair's sum, once
+        mem = [mem[a] for a, _ in plan.placement]
     samples = plan.global_batch_size / sim.step_time
     price = spec.hardware.price_per_hour * P * plan.D / 3600.0
     return plan.prediction.model_copy(
@@ -155,12 +193,12 @@ def replan(
     """``plan`` with a new stage map; fewer stages re-place the ranks (the first
     P' x D global ranks stay, the rest are freed) and regenerate the action lists."""
     P = len(stages)
-    if P == plan.P:
+    if len(plan.stages) == P:  # the same stages (a V plan's 2P on its P devices)
         new_stages = [
             st.model_copy(update={"blocks": list(b)})
             for st, b in zip(plan.stages, stages, strict=True)
         ]
-        ranks = plan.ranks
+        ranks, P = plan.ranks, plan.P
     else:
         new_stages, ranks = _fewer_stages(spec, plan, stages)
     update: dict = {

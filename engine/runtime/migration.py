@@ -32,6 +32,7 @@ from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.optim import build_optimizer
 from jobctl.engine.runtime.p2p.gloo import comm_device
 from jobctl.engine.runtime.topology import Topology, build_topology, tie_blocks
+from jobctl.engine.runtime.two_stage import v_rank
 from jobctl.spec.sections import TrainingSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -58,15 +59,22 @@ class Migrated:
         return self.stage is None
 
 
-def owners(plan: Plan) -> dict[tuple[int, int], int]:
-    """(block, replica) -> global rank holding it."""
-    return {(b, d): r for st in plan.stages for d, r in enumerate(st.ranks) for b in st.blocks}
+def owners(plan: Plan) -> dict[tuple[int, int, int], int]:
+    """(block, replica, shard t) -> global rank holding it (T > 1: shard t of a block
+    travels between the ranks t of its old and new stage's T groups)."""
+    return {
+        (b, d, t): plan.rank_at(d, p, t)
+        for p, st in enumerate(plan.stages)
+        for d in range(len(st.ranks))
+        for t in range(plan.T)
+        for b in st.blocks
+    }
 
 
 def transfers(old: Plan, new: Plan) -> list[tuple[int, int, list[int]]]:
     """(src rank, dst rank, blocks) for every pair that must exchange blocks, sorted."""
-    if old.D != new.D:
-        raise ValueError(f"migration keeps the data-parallel degree: D {old.D} -> {new.D}")
+    if (old.D, old.T) != (new.D, new.T):
+        raise ValueError(f"migration keeps D and T: {old.D}, {old.T} -> {new.D}, {new.T}")
     if sorted(b for s in old.stages for b in s.blocks) != sorted(
         b for s in new.stages for b in s.blocks
     ):
@@ -128,6 +136,11 @@ class _Reuse(ModelDef):
             return self.kept[i]
         with torch.device("meta"):  # shapes only: the values arrive from the old owner
             block = self.build(i)
+        if self.graph is not None:
+            # A traced model's subgraph is built anew, on the CPU (its own weights): to
+            # the meta device in place (a copy would lose its ``shard``: GraphModule's
+            # deepcopy rebuilds it from the graph alone).
+            return block.to("meta")
         if any(not p.is_meta for p in block.parameters()):
             # A user factory (model.import) hands back the modules it built once, with
             # their initial values: a copy of the shapes, so the sent values fill it.
@@ -178,33 +191,67 @@ def migrate(
     training: TrainingSpec,
     extras: Tensors | None = None,
     device: torch.device | None = None,
+    tp=None,
 ) -> Migrated:
-    """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks."""
+    """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks.
+    ``tp`` (T > 1, the stage's split): arriving blocks are split as the stage's are
+    before this rank's shards of them fill them."""
     t0 = time.perf_counter()
     device = device or torch.device("cpu")
-    mine_old = set(old.stage_of(rank).blocks)
+    mine_old = set(hosted_blocks(old, rank))
     member = rank < len(new.ranks)
-    mine_new = list(new.stage_of(rank).blocks) if member else []
+    mine_new = hosted_blocks(new, rank) if member else []
     received, sent = _exchange(old, new, rank, stage, opt, extras or {}, device)
     left = sorted(mine_old - set(mine_new))
     arrived = sorted(set(mine_new) - mine_old)
-    # New groups: every rank of the old world creates them, in the same order.
-    topo = build_topology(new, rank, tie_blocks(mdef.ties))
+    # New groups: every rank of the old world creates them, in the same order (a V
+    # plan's, two stages a rank, in ``v_rank``; packing keeps no V).
+    topo = None if new.placement is not None else build_topology(new, rank, tie_blocks(mdef.ties))
     live = None
     if new.world_size < old.world_size:
         live = dist.new_group(list(range(new.world_size)))
     out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, live_group=live)
     if member:
         kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
-        keep = new.stage_of(rank).keep_blocks
-        out.stage = Stage(_Reuse(mdef, kept), mine_new, keep)
-        _fill_arrivals(out.stage, received, device)
-        out.named = dict(out.stage.named_parameters())
+        _rebuild(out, new, rank, _Reuse(mdef, kept), mine_new)
+        _arrive(out, received, device, tp)
         out.opt = _optimizer(out.named, opt, received, training)
-        out.actions = new.stage_of(rank).action_list()
-        out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _arrive(out: Migrated, received: dict[str, dict], device: torch.device, tp) -> None:
+    """The arrived blocks (built on the meta device) split as the stage's are (T > 1)
+    and filled with the values sent; the stage's parameters and arrived extras."""
+    if tp is not None:
+        tp.apply(out.stage, out.arrived)
+    parts = getattr(out.stage, "parts", [out.stage])  # a V rank: each stage
+    _unheld(parts, received)
+    for part in parts:
+        _fill_arrivals(part, received, device)
+    out.named = dict(out.stage.named_parameters())
+    out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
+
+
+def hosted_blocks(plan: Plan, rank: int) -> list[int]:
+    """The blocks ``rank`` holds under ``plan`` (a V rank: both its stages')."""
+    return [b for sp in plan.hosted(rank) for b in sp.blocks]
+
+
+def _rebuild(out: Migrated, new: Plan, rank: int, reuse: ModelDef, blocks: list[int]) -> None:
+    """The rank's new stage (a V rank's two, with their topology), and action list."""
+    if new.placement is not None:
+        out.stage, out.topo, out.actions = v_rank(reuse, new, rank)  # type: ignore[assignment]
+        return
+    out.stage = Stage(reuse, blocks, new.stage_of(rank).keep_blocks)
+    out.actions = new.stage_of(rank).action_list()
+
+
+def _unheld(parts: list[Stage], received: dict[str, dict]) -> None:
+    """Fail on a received parameter none of the rank's new stages holds."""
+    held = {n for st in parts for n, _ in st.named_parameters(remove_duplicate=False)}
+    for name in sorted(set(received) - held):
+        raise RuntimeError(f"migration received {name!r}, which this stage does not hold")
 
 
 @torch.no_grad()
@@ -217,7 +264,7 @@ def _fill_arrivals(stage: Stage, received: dict[str, dict], device: torch.device
     all_named = dict(stage.named_parameters(remove_duplicate=False))
     for name in sorted(received):
         if name not in all_named:
-            raise RuntimeError(f"migration received {name!r}, which this stage does not hold")
+            continue  # the V rank's other stage's (``_unheld`` checks the rank's)
         p = all_named[name]
         if not p.is_meta:
             continue

@@ -53,6 +53,7 @@ __all__ = [
     "share_ties",
     "v_executor",
     "v_links",
+    "v_rank",
     "v_state",
     "v_topology",
 ]
@@ -178,18 +179,25 @@ def v_state(
 ) -> StageState:
     """The state of ``rank`` under a V plan (collective: creates every process group
     as ``build_topology`` does for any plan)."""
+    whole, topo, placed = v_rank(mdef, plan, rank)
+    whole.to(device)
+    named = dict(whole.named_parameters())
+    opt = build_optimizer(list(named.values()), training)
+    return StageState(plan, whole, named, opt, topo, placed)  # type: ignore[arg-type]
+
+
+def v_rank(mdef: ModelDef, plan: Plan, rank: int) -> tuple[RankStages, Topology, list[Placed]]:
+    """``rank``'s two stages as one module, the topology it trains under (its second
+    stage's: on rank 0 the last stage, which reports the loss) and its placed list
+    (collective: creates every process group; ``runtime.migration`` builds a moved V
+    rank through it too)."""
     # No tied group: both tied copies live on device 0 (``share_ties``).
     base = build_topology(plan, rank, False)
     me = plan.rank(rank)
-    hosted = plan.hosted(rank)
-    stages = [Stage(mdef, sp.blocks, sp.keep_blocks).to(device) for sp in hosted]
+    stages = [Stage(mdef, sp.blocks, sp.keep_blocks) for sp in plan.hosted(rank)]
     share_ties(stages, mdef.ties)
     topos = v_topology(plan.P, me.stage, lambda d: plan.stages[d].ranks[me.replica], base)
-    whole = RankStages(stages, topos)
-    named = dict(whole.named_parameters())
-    opt = build_optimizer(list(named.values()), training)
-    placed = parse_placed(plan.device_actions[me.stage])
-    return StageState(plan, whole, named, opt, topos[1], placed)  # type: ignore[arg-type]
+    return RankStages(stages, topos), topos[1], parse_placed(plan.device_actions[me.stage])
 
 
 Connect = Callable[[int, tuple, torch.dtype], object]  # (peer, shape, dtype) -> link | None

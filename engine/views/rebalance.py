@@ -46,7 +46,7 @@ def print_rebalancing(console: Console, preview: RebalancePreview) -> None:
         "it; 'uniform' = global pruning assumed to leave every prunable layer at the "
         f"schedule's sparsity. {_compute_note(preview.sparse_threshold)} Measured per-block "
         "times after each pruning step drive the real decision.",
-        soft_wrap=True,
+        soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
         highlight=False,
     )
 

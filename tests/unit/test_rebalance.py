@@ -303,8 +303,8 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
 @pytest.mark.parametrize(
     ("layout", "why"),
     [
-        ({"parallelism.schedule": "zb_v", "parallelism.pipeline_stages": 2}, "zb_v"),
-        ({"parallelism.tensor_parallel": 2, "parallelism.pipeline_stages": 2}, "tensor_parallel 2"),
+        ({"parallelism.schedule": "zb_v", "parallelism.pipeline_stages": 2}, None),
+        ({"parallelism.tensor_parallel": 2, "parallelism.pipeline_stages": 2}, "T"),
         (
             {
                 "parallelism.schedule": "mobius",
@@ -315,8 +315,9 @@ def test_plan_shows_predicted_imbalance_and_rebalancing(tmp_path):
         ),
     ],
 )
-def test_plan_of_a_pruned_zb_v_T2_or_mobius_job_says_there_is_no_rebalancing(tmp_path, layout, why):
-    # Pruning runs under zb_v and T > 1; rebalancing, which the preview predicts, does not.
+def test_plan_of_a_pruned_zb_v_T2_or_mobius_job_shows_what_rebalancing_does(tmp_path, layout, why):
+    # Pruning runs under zb_v, T > 1 and Mobius; rebalancing (what the preview
+    # predicts) under zb_v only.
     from typer.testing import CliRunner
 
     from jobctl.engine.cli.app import app
@@ -328,10 +329,15 @@ def test_plan_of_a_pruned_zb_v_T2_or_mobius_job_says_there_is_no_rebalancing(tmp
     path.write_text(dump_yaml(spec))
     r = CliRunner().invoke(app, ["plan", str(path), "--home", str(tmp_path)], terminal_width=80)
     assert r.exit_code == 0, r.output
-    assert "pruning schedule" in r.output and "predicted stage idle" not in r.output
-    assert f"rebalancing preview: none, rebalancing does not run with {why}" in r.output
+    assert "pruning schedule" in r.output
+    # zb_v (why None) rebalances its 2P stages, per device: the preview is there
+    assert ("predicted stage idle" in r.output) == (why is None)
+    if why == "T":
+        assert "rebalancing preview: none at tensor_parallel 2 (the preview" in r.output
+    elif why is not None:
+        assert f"rebalancing preview: none, rebalancing does not run with {why}" in r.output
     # Mobius profiles no block after a pruning step (nothing would use it)
-    assert ("profiles every block" in r.output) == ("mobius" not in why)
+    assert ("profiles every block" in r.output) == ("mobius" not in str(why))
     section = r.output[r.output.index("pruning schedule") :]
     assert max(len(line) for line in section.splitlines()) <= 80
 

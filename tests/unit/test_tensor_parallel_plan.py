@@ -114,9 +114,9 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
         ),
         ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
         (
-            "rebalancing",
-            ("hardware:", "rebalancing:\n  enabled: true\nhardware:"),
-            "does not move T shards",
+            "packing",
+            ("hardware:", "rebalancing:\n  enabled: true\n  pack: true\nhardware:"),
+            "packing re-places whole T groups",
         ),
     ],
 )

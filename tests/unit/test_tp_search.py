@@ -163,9 +163,9 @@ def test_T_groups_stay_inside_a_node_and_are_contiguous(tmp_path):
     [
         (
             2,
-            [("hardware:", "rebalancing:\n  enabled: true\nhardware:")],
+            [("hardware:", "rebalancing:\n  enabled: true\n  pack: true\nhardware:")],
             GPT2,
-            "rebalancing.enabled does not run with tensor_parallel > 1",
+            "rebalancing.pack does not run with tensor_parallel > 1",
         ),
     ],
 )

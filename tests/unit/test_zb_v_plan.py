@@ -39,12 +39,11 @@ parallelism:
     ("extra", "path", "line", "message", "fix"),
     [
         (
-            "rebalancing:\n  enabled: true\n",
-            "rebalancing.enabled",
-            11,
-            "does not support rebalancing",
-            "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
-            "turn off rebalancing.enabled",
+            "rebalancing:\n  enabled: true\n  pack: true\n",
+            "rebalancing.pack",
+            12,
+            "another placement of every stage",
+            "set rebalancing.pack: false",
         ),
     ],
 )

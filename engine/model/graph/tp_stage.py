@@ -229,13 +229,16 @@ class StageShards:
         half = type(self.graph)(self.graph.cfg, self.m // 2)
         return half, discover(half, self.plan.T)
 
-    def apply(self, stage: nn.Module) -> None:
+    def apply(self, stage: nn.Module, blocks: list[int] | None = None) -> None:
         """Split every subgraph of ``stage`` (its ``layers``) in place; each was built
         whole with the run's seed, so the T ranks' shards are one model's. With
         sub-pipelining, each split subgraph that does not end the model also gets
-        its m/2 twin (``tp_subpipeline``)."""
+        its m/2 twin (``tp_subpipeline``). ``blocks``: only those (a migration's
+        arrivals)."""
         recomputed = stage.split_kept()[1]
         for key, block in stage.layers.items():
+            if blocks is not None and int(key) not in blocks:
+                continue  # already split (a migration's kept block)
             parallelize(block, self.plan, self.mesh)
             if self.half is not None:
                 why = self._subpipeline(int(key), block, recomputed)
