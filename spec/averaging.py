@@ -82,23 +82,12 @@ class AveragingFields(SpecModel):
             )
 
 
-#: Plug-ins that change a stage's layout behind the parallel models' backs (pruning
-#: runs: its masks hold on every parallel model and the reference).
-_EXCLUSIVE = (("rebalancing", "rebalancing.enabled"),)
-
-
 def averaging_violations(spec: Any) -> Iterator[Violation]:
     """The rules between ``parallelism.averaging: elastic`` and the rest of ``spec``."""
     par = spec.parallelism
     if par.averaging != "elastic":
         return
-    for section, path in _EXCLUSIVE:
-        if getattr(spec, section).enabled:
-            yield Violation(
-                path,
-                f"{section} does not work with parallelism.averaging: elastic yet",
-                f"set {path}: false or parallelism.averaging: none",
-            )
+    # Pruning and rebalancing run: masks hold on every copy, migrations move them all.
     yield from _share_violations(spec)
 
 

@@ -67,9 +67,18 @@ class AveragingEngine(ResidentEngine):
         # Each model's squared distance from r_t on this stage (tied aliases once), in
         # every heartbeat; the supervisor's figures sum the stages.
         self.dist2 = [0.0] * parts.config.N
+        self.pairs = self._all_pairs()
+
+    def _all_pairs(self) -> list[tuple[list, list]]:
         aliases = {t.alias for t in self.tie_groups}
-        ref = dict(parts.reference.stage.named_parameters())
-        self.pairs = [self._pairs(m.named, ref, aliases) for m in parts.models]
+        ref = dict(self.parts.reference.stage.named_parameters())
+        return [self._pairs(m.named, ref, aliases) for m in self.parts.models]
+
+    def relayout(self, state) -> None:  # noqa: ANN001 - a StageState
+        """Train on under a migration's new stage; ``parts`` were moved with it
+        (``averaging.parts.Moves``)."""
+        super().relayout(state)
+        self.pairs = self._all_pairs()
 
     @property
     def hand_over_refusal(self) -> str | None:

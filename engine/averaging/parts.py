@@ -53,3 +53,31 @@ def mirror_averaged(pruner, parts: AveragingParts) -> None:
     ref = dict(parts.reference.stage.named_parameters())
     copies = [(m.named, m.opt) for m in parts.models[1:]] + [(ref, None)]
     pruner.mirror(copies, source=ref, settle=parts.reference.wait_for)
+
+
+class Moves:
+    """AvgPipe's copies of a stage for a migration (``rebalance.hook.Rebalancer``):
+    parallel models 1 .. N-1 and the reference move with model 0, block by block."""
+
+    def __init__(self, parts: AveragingParts, pruner=None) -> None:
+        self.parts, self.pruner = parts, pruner
+
+    def settled(self, step: int) -> list:
+        """The copies as (stage, optimizer or None), once the reference holds r_step."""
+        self.parts.reference.wait_for(step)
+        models = [(m.stage, m.opt) for m in self.parts.models[1:]]
+        return [*models, (self.parts.reference.stage, None)]
+
+    def adopt(self, stage, named, opt, copies: list, step: int) -> None:
+        """The moved stages as the parts (a new reference thread at r_step); the masks
+        held on the new copies."""
+        *moved, (ref, _, _) = copies
+        old = self.parts.models
+        models = [ParallelModel(stage, named, opt, old[0].share)]
+        for (st, nm, o), m in zip(moved, old[1:], strict=True):
+            models.append(ParallelModel(st, nm, o, m.share))
+        self.parts.reference.close()
+        self.parts.models = models
+        self.parts.reference = ReferenceModel(ref, self.parts.config.N, version=step)
+        if self.pruner is not None:
+            mirror_averaged(self.pruner, self.parts)

@@ -81,9 +81,13 @@ class Rebalancer(StepHook):
         events: EventLog,
         run_dir: Path,
         pruner: Pruner | None = None,
+        copies=None,
     ):
         self.spec, self.cfg, self.mdef, self.device = spec, spec.rebalancing, mdef, device
         self.events, self.run_dir, self.pruner = events, run_dir, pruner
+        # other copies of the stage that move with it (AvgPipe's: averaging.parts.Moves)
+        self.copies = copies
+        self.done = 0  # optimizer steps done, as of the latest step
         self.state: StageState | None = None  # the trainer's, as of the latest step
         self.handled: int | None = None  # profile step already acted on
         self.measure: dict | None = None  # pending "after" measurement
@@ -112,7 +116,7 @@ class Rebalancer(StepHook):
     def after_step(self, end: StepEnd) -> Relayout | None:
         """Called by every live rank after step ``end.done``; a new stage if layers moved."""
         self.state = end.state
-        done = end.done
+        done = self.done = end.done
         if self.measure is not None:
             self._report_after(done, end.stats, end.seconds)
         p = self.pruner
@@ -206,7 +210,10 @@ class Rebalancer(StepHook):
         extras = self.pruner.release(left) if self.pruner is not None else {}
         training = self.spec.training
         args = (st.stage, st.opt, self.mdef, training, extras, self.device)
-        got = migrate(old, new, rank, *args, tp=st.tp)
+        copies = [] if self.copies is None else self.copies.settled(self.done)
+        got = migrate(old, new, rank, *args, tp=st.tp, copies=copies)
+        if self.copies is not None and not got.freed:
+            self.copies.adopt(got.stage, got.named, got.opt, got.copies, self.done)
         live = got.live_group if got.live_group is not None else st.live_group
         record.update(
             migrate_s=got.seconds,

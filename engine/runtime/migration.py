@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import io
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,7 @@ class Migrated:
     bytes_sent: int = 0
     seconds: float = 0.0
     live_group: object | None = None  # group of the ranks still training (after a pack)
+    copies: list = field(default_factory=list)  # the copies moved too: (stage, named, opt)
 
     @property
     def freed(self) -> bool:
@@ -92,9 +93,14 @@ def _state_copy(state: dict) -> dict:
     return {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
-def _pack(stage: Stage, opt, extras: Tensors, blocks: list[int]) -> bytes:
-    """Parameters, optimizer state and extras of ``blocks`` as one byte string."""
+Copies = list[tuple[nn.Module, object]]  # other copies of a stage: (stage, optimizer or None)
+
+
+def _pack(stage: Stage, opt, extras: Tensors, blocks: list[int], copies: Copies = ()) -> bytes:
+    """Parameters, optimizer state and extras of ``blocks`` (and, under ``c``, each
+    copy's parameters and optimizer state) as one byte string."""
     prefixes = tuple(f"layers.{b}." for b in blocks)
+    theirs = [dict(st.named_parameters(remove_duplicate=False)) for st, _ in copies]
     payload: dict[str, dict] = {}
     for name, p in stage.named_parameters(remove_duplicate=False):
         if name.startswith(prefixes):
@@ -102,10 +108,15 @@ def _pack(stage: Stage, opt, extras: Tensors, blocks: list[int]) -> bytes:
                 "p": p.detach().clone(),
                 "s": _state_copy(opt.state.get(p, {})),
                 "x": extras[name].clone() if name in extras else None,
+                "c": [_one(named[name], o) for named, (_, o) in zip(theirs, copies, strict=True)],
             }
     buf = io.BytesIO()
     torch.save(payload, buf)
     return buf.getvalue()
+
+
+def _one(p: torch.Tensor, opt) -> dict:
+    return {"p": p.detach().clone(), "s": {} if opt is None else _state_copy(opt.state.get(p, {}))}
 
 
 def _send_bytes(data: bytes, dst: int) -> None:
@@ -149,7 +160,14 @@ class _Reuse(ModelDef):
 
 
 def _exchange(
-    old: Plan, new: Plan, rank: int, stage: Stage, opt, extras: Tensors, device: torch.device
+    old: Plan,
+    new: Plan,
+    rank: int,
+    stage: Stage,
+    opt,
+    extras: Tensors,
+    device: torch.device,
+    copies: Copies = (),
 ) -> tuple[dict[str, dict], int]:
     """Send this rank's leaving blocks and receive its arriving ones, in the global
     order of ``transfers``; returns what arrived (by unsplit name) and the bytes sent."""
@@ -157,7 +175,7 @@ def _exchange(
     sent = 0
     for src, dst, blocks in transfers(old, new):
         if src == rank:
-            data = _pack(stage, opt, extras, blocks)
+            data = _pack(stage, opt, extras, blocks, copies)
             _send_bytes(data, dst)
             sent += len(data)
         elif dst == rank:
@@ -192,32 +210,49 @@ def migrate(
     extras: Tensors | None = None,
     device: torch.device | None = None,
     tp=None,
+    copies: Copies = (),
 ) -> Migrated:
     """Move blocks from ``old``'s layout to ``new``'s; collective over all old ranks.
     ``tp`` (T > 1, the stage's split): arriving blocks are split as the stage's are
-    before this rank's shards of them fill them."""
+    before this rank's shards of them fill them. ``copies``: other copies of the
+    stage (AvgPipe's parallel models and reference), moved with it block by block
+    (``Migrated.copies``)."""
     t0 = time.perf_counter()
     device = device or torch.device("cpu")
     mine_old = set(hosted_blocks(old, rank))
     member = rank < len(new.ranks)
     mine_new = hosted_blocks(new, rank) if member else []
-    received, sent = _exchange(old, new, rank, stage, opt, extras or {}, device)
+    received, sent = _exchange(old, new, rank, stage, opt, extras or {}, device, copies)
     left = sorted(mine_old - set(mine_new))
     arrived = sorted(set(mine_new) - mine_old)
-    # New groups: every rank of the old world creates them, in the same order (a V
-    # plan's, two stages a rank, in ``v_rank``; packing keeps no V).
-    topo = None if new.placement is not None else build_topology(new, rank, tie_blocks(mdef.ties))
-    live = None
-    if new.world_size < old.world_size:
-        live = dist.new_group(list(range(new.world_size)))
+    topo, live = _groups(old, new, rank, mdef)
     out = Migrated(None, {}, None, topo, [], {}, left, arrived, sent, live_group=live)
     if member:
         kept = {b: stage.layers[str(b)] for b in mine_new if b in mine_old}
         _rebuild(out, new, rank, _Reuse(mdef, kept), mine_new)
         _arrive(out, received, device, tp)
         out.opt = _optimizer(out.named, opt, received, training)
+        for k, (st, o) in enumerate(copies):
+            out.copies.append(_copy(new, rank, mdef, training, (st, o), received, k, tp))
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _copy(new: Plan, rank: int, mdef: ModelDef, training, copy_, received, k: int, tp):
+    """Copy ``k`` of the stage rebuilt as the stage was: (stage, parameters, optimizer
+    or None), its kept blocks' modules and state, its arrivals' sent values."""
+    stage, opt = copy_
+    blocks = hosted_blocks(new, rank)
+    kept = {b: stage.layers[str(b)] for b in blocks if str(b) in stage.layers}
+    part = Migrated(None, {}, None, None, [], {}, [], [], 0)
+    part.arrived = [b for b in blocks if b not in kept]
+    _rebuild(part, new, rank, _Reuse(mdef, kept), blocks)
+    mine = {n: {"p": v["c"][k]["p"], "s": v["c"][k]["s"], "x": None} for n, v in received.items()}
+    _arrive(part, mine, next(stage.parameters()).device, tp)
+    if opt is None:  # the reference: no gradients
+        part.stage.requires_grad_(False)
+        return part.stage, part.named, None
+    return part.stage, part.named, _optimizer(part.named, opt, mine, training)
 
 
 def _arrive(out: Migrated, received: dict[str, dict], device: torch.device, tp) -> None:
@@ -231,6 +266,17 @@ def _arrive(out: Migrated, received: dict[str, dict], device: torch.device, tp) 
         _fill_arrivals(part, received, device)
     out.named = dict(out.stage.named_parameters())
     out.extras = {n: v["x"] for n, v in received.items() if v["x"] is not None}
+
+
+def _groups(old: Plan, new: Plan, rank: int, mdef: ModelDef):
+    """The new topology and, after a pack, the live ranks' group: every rank of the
+    old world creates them, in the same order (a V plan's, two stages a rank, in
+    ``v_rank``; packing keeps no V)."""
+    topo = None if new.placement is not None else build_topology(new, rank, tie_blocks(mdef.ties))
+    live = None
+    if new.world_size < old.world_size:
+        live = dist.new_group(list(range(new.world_size)))
+    return topo, live
 
 
 def hosted_blocks(plan: Plan, rank: int) -> list[int]:

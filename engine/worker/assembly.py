@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from jobctl.engine.averaging.checkpoint import AveragingCheckpointing, resume_averaged
 from jobctl.engine.averaging.engine import AveragingEngine
-from jobctl.engine.averaging.parts import averaging_parts, mirror_averaged
+from jobctl.engine.averaging.parts import Moves, averaging_parts, mirror_averaged
 from jobctl.engine.channel.client import event_sink
 from jobctl.engine.checkpoint.hook import Checkpointing, resume_stage
 from jobctl.engine.core.env import CHAOS
@@ -92,7 +92,8 @@ def build_trainer(
         mirror_averaged(pruner, parts)
     hooks: list[StepHook] = [] if pruner is None else [PruningHook(pruner)]
     if spec.rebalancing.enabled:
-        hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner))
+        moves = Moves(parts, pruner) if parts else None  # AvgPipe's copies move too
+        hooks.append(Rebalancer(spec, mdef, device, events, run_dir, pruner, moves))
     masks = None if pruner is None else pruner.checkpoint_masks
     args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
     checkpoints = Checkpointing(*args) if not parts else AveragingCheckpointing(*args, parts=parts)

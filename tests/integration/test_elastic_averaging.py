@@ -199,3 +199,42 @@ def test_elastic_averaging_at_T2_matches_the_reference_rule(tmp_path):
     at_t2, at_t1 = avg_distance(tail_records(run.dir)), avg_distance(tail_records(plain.dir))
     assert at_t2[0] == at_t1[0] == STEPS
     assert at_t2[1] == pytest.approx(at_t1[1], rel=1e-4)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("pack", [False, True])
+def test_elastic_averaging_rebalances_its_models_and_reference_with_the_stage(tmp_path, pack):
+    # Pruning only stage 0's blocks leaves it light; the partition balancer moves a
+    # block to it, and with it that block of both parallel models and of the
+    # reference (with their optimizer state and masks): still the plain-torch rule.
+    # Packed onto one device, rank 1 hands all its blocks of every copy over and leaves.
+    import fnmatch
+
+    from jobctl.engine.pruning.schedule import target_at
+
+    torch.set_num_threads(1)
+    globs = [f"layers.{b}.{m}.weight" for b in (1, 2) for m in ("attn.*", "mlp.*")]
+    pruning = {"pruning.enabled": True, "pruning.prunable": globs, "pruning.start_step": 1}
+    pruning |= {"pruning.end_step": 3, "pruning.frequency": 1, "pruning.final_sparsity": 0.95}
+    rebalance = {"rebalancing.enabled": True, "rebalancing.tolerance": 0.0}
+    rebalance |= {"rebalancing.balancer": "partition", "rebalancing.by": "params"}
+    rebalance |= {"rebalancing.pack": pack, "rebalancing.target_devices": 1 if pack else None}
+    spec = _spec(**pruning, **rebalance, **{"training.steps": 6})
+    losses, reference, models = _reference(
+        spec,
+        prune=lambda t: target_at(spec.pruning, t),
+        prunable=lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs),
+    )
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    moved = [r for r in events(run.dir) if r["kind"] == ("packed" if pack else "rebalanced")]
+    assert moved and moved[0]["stages_after"] != moved[0]["stages_before"], moved
+    assert len(moved[0]["stages_after"]) == (1 if pack else 2)
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    got, want = final_weights(run.dir, 6), dict(reference.named_parameters())
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / "step-00000006"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        for name, w in dict(model.named_parameters()).items():
+            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)

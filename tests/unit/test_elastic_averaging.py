@@ -84,11 +84,6 @@ def test_spec_config_alpha_auto_is_one_over_n() -> None:
             ("parallel_pipelines: 2", "parallel_pipelines: 2\n  alpha: 1.5"),
             "jobs/avg.yaml:19:10: parallelism.alpha: alpha is 1.5, outside [0, 1]",
         ),
-        (
-            ("name: avg", "name: avg\nrebalancing:\n  enabled: true"),
-            "jobs/avg.yaml:3:3: rebalancing.enabled: rebalancing does not work with "
-            "parallelism.averaging: elastic yet\n  fix: set rebalancing.enabled: false",
-        ),
     ],
 )
 def test_spec_errors_name_field_line_and_fix(edit, expected) -> None:
