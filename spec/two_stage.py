@@ -3,7 +3,7 @@
 A ZB-V job cuts the model into 2P stages and runs two of them on each of the P ranks
 of a pipeline (``engine.runtime.two_stage``). What does not compose with that yet is
 refused here, at validate time, with the field and a fix: the trainer plug-ins that
-copy one stage per rank (AvgPipe's N models), packing (another V) and a model too
+tune one stage per rank (AvgPipe's (M, N) tuner), packing (another V) and a model too
 short for 2P stages. (A traced
 model's stages pass their carrier between the V's two stages in memory, its layout
 taken from the first: ``runtime.two_stage.v_executor``.) And CUDA:
@@ -24,8 +24,14 @@ V_SCHEDULES = ("zb_v",)
 #: one_stage_features a V rank runs: pruning selects over any blocks a rank holds and
 #: masks its two stages as one (``engine.pruning.selection``); stage-aware ratios are
 #: tuned per V device (``engine.planner.v_shape.stage_aware``); rebalancing moves
-#: blocks between the 2P stages (``engine.runtime.migration``, memory per device)
-V_RUNS = ("pruning.enabled", "parallelism.recompute", "rebalancing.enabled")
+#: blocks between the 2P stages (``engine.runtime.migration``, memory per device);
+#: AvgPipe's N models interleave on each stage (``engine.averaging.interleave``)
+V_RUNS = (
+    "pruning.enabled",
+    "parallelism.recompute",
+    "rebalancing.enabled",
+    "parallelism.averaging",
+)
 
 _FIX = "set parallelism.schedule to zb_h1 (one stage per rank, same B/W split), or "
 
@@ -44,6 +50,12 @@ def two_stage_violations(spec: Any) -> Iterator[Violation]:
             "zb_v's two stages per rank send activations and gradients the same way "
             "between two ranks, told apart by tags, which NCCL ignores",
             _FIX + "run it on CPU workers (hardware.device: cpu)",
+        )
+    if par.averaging == "elastic" and "auto" in (par.parallel_pipelines, par.micro_batches):
+        yield Violation(
+            "parallelism.parallel_pipelines",
+            "AvgPipe's (M, N) tuner profiles one stage per rank (sec. 5.2.1), not a V rank's two",
+            "set parallelism.parallel_pipelines and micro_batches to numbers (e.g. 2 and 4)",
         )
     if spec.rebalancing.enabled and spec.rebalancing.pack:
         yield Violation(

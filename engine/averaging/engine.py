@@ -36,7 +36,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from jobctl.engine.averaging.interleave import InterleavedExecutor, InterleavedShare
+from jobctl.engine.averaging.interleave import (
+    InterleavedExecutor,
+    InterleavedShare,
+    InterleavedTwoStage,
+)
 from jobctl.engine.averaging.parts import AveragingParts
 from jobctl.engine.averaging.rule import dilute, local_update, squared_distance
 from jobctl.engine.runtime.engine import ResidentEngine
@@ -47,12 +51,17 @@ from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr, sync_gradients
 from jobctl.engine.runtime.p2p.gloo import comm_device
 from jobctl.engine.runtime.step import StepTimes, seed_rng, step_seed
+from jobctl.engine.runtime.two_stage import TwoStageExecutor
 
 
 def executor_for(ex: StepExecutor, stage, share) -> StepExecutor:
     """``ex`` running ``stage`` on ``share``: a shallow copy with the same links to the
-    neighbours (the evaluation of the reference)."""
+    neighbours (the evaluation of the reference); a V rank's, each stage's."""
     view = copy.copy(ex)
+    if isinstance(ex, TwoStageExecutor):
+        pairs = zip(ex.by_stage.items(), stage.parts, strict=True)
+        view.by_stage = {s: executor_for(e, part, share) for (s, e), part in pairs}
+        return view
     view.stage, view.shard = stage, share
     return view
 
@@ -95,13 +104,17 @@ class AveragingEngine(ResidentEngine):
         ex = super().make_executor()
         first = self.state.stage
         others = [m.stage for m in self.parts.models[1:]] + [self.parts.reference.stage]
-        if first.graph is not None:  # probed on model 0 only: the same layout
-            for stage in others:
-                stage.graph.in_boundary = first.graph.in_boundary
+        for k, part in enumerate(getattr(first, "parts", [first])):  # a V rank: two
+            if part.graph is not None:  # probed on model 0 only: the same layout
+                for stage in others:
+                    getattr(stage, "parts", [stage])[k].graph.in_boundary = part.graph.in_boundary
         sh, n = self.shard, self.parts.config.N
         share = InterleavedShare(sh.global_batch, sh.replicas, sh.micro_batch, N=n)
         stages = [m.stage for m in self.parts.models]
-        self.interleaved = InterleavedExecutor(ex, stages, share)
+        if isinstance(ex, TwoStageExecutor):  # ZB-V: each of the rank's two stages
+            self.interleaved = InterleavedTwoStage(ex, stages, share)
+        else:
+            self.interleaved = InterleavedExecutor(ex, stages, share)
         return ex
 
     def train(

@@ -26,6 +26,10 @@ of the step touches model i, so the trainer runs model i's update there (AvgPipe
 4.2: the update fills the bubble while the later pipelines drain) instead of after
 the whole list. Contiguous owners finish in the order 0 .. N-1 on every schedule, so
 the updates reach the reference in that order, as before.
+
+A V rank (ZB-V, two stages) interleaves each of its stages so
+(``InterleavedTwoStage``): model i's update waits for both stages' last action of
+pipeline i.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.model.blocks import Stage
 from jobctl.engine.runtime.backward import defer_linear_weights
 from jobctl.engine.runtime.executor import StepExecutor, StepStats
+from jobctl.engine.runtime.two_stage import TwoStageExecutor
 
 
 @dataclass(frozen=True)
@@ -99,3 +104,31 @@ class InterleavedExecutor(StepExecutor):
             self.left[i] -= 1
             if self.left[i] == 0 and self.on_done is not None:
                 self.on_done(i)  # model i's gradient is complete
+
+
+class InterleavedTwoStage(TwoStageExecutor):
+    """A V rank's two stages under the N parallel models (ZB-V): each stage's executor
+    runs every micro-batch on its owner's copy of that stage (``InterleavedExecutor``),
+    and ``on_done(i)`` comes once both stages are done with pipeline i."""
+
+    def __init__(self, ex: TwoStageExecutor, models: list, share: InterleavedShare):
+        subs = [
+            InterleavedExecutor(e, [m.parts[k] for m in models], share)
+            for k, e in enumerate(ex.by_stage.values())
+        ]
+        super().__init__(subs)
+        self.on_done: Callable[[int], None] | None = None
+        self.fired: set[int] = set()
+        for sub in subs:
+            sub.on_done = self._stage_done
+
+    def _stage_done(self, i: int) -> None:
+        if i in self.fired or any(sub.left[i] for sub in self.by_stage.values()):
+            return
+        self.fired.add(i)
+        if self.on_done is not None:
+            self.on_done(i)
+
+    def run(self, placed: list, step: int) -> StepStats:
+        self.fired = set()
+        return super().run(placed, step)

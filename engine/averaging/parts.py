@@ -12,6 +12,7 @@ from jobctl.engine.averaging.reference import ReferenceModel
 from jobctl.engine.data.dataset import Sharding
 from jobctl.engine.model.blocks import ModelDef, Stage
 from jobctl.engine.runtime.hook import StageState
+from jobctl.engine.runtime.two_stage import RankStages, rank_stages
 from jobctl.spec.job import JobSpec
 
 
@@ -36,6 +37,9 @@ def averaging_parts(
     shard = Sharding(plan.global_batch_size, plan.D, plan.micro_batch_size)
 
     def make_stage() -> Stage:
+        if isinstance(state.stage, RankStages):  # a V rank: its two stages, again
+            rank, topos = state.topo.rank, state.stage.topos
+            return rank_stages(mdef, plan, rank, topos).to(device)  # type: ignore[return-value]
         stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
         if state.tp is not None:  # T > 1: each copy split as model 0 is (same shapes)
             state.tp.apply(stage)

@@ -52,6 +52,7 @@ __all__ = [
     "TwoStageExecutor",
     "share_ties",
     "v_executor",
+    "rank_stages",
     "v_links",
     "v_rank",
     "v_state",
@@ -194,10 +195,17 @@ def v_rank(mdef: ModelDef, plan: Plan, rank: int) -> tuple[RankStages, Topology,
     # No tied group: both tied copies live on device 0 (``share_ties``).
     base = build_topology(plan, rank, False)
     me = plan.rank(rank)
+    topos = v_topology(plan.P, me.stage, lambda d: plan.stages[d].ranks[me.replica], base)
+    whole = rank_stages(mdef, plan, rank, topos)
+    return whole, topos[1], parse_placed(plan.device_actions[me.stage])
+
+
+def rank_stages(mdef: ModelDef, plan: Plan, rank: int, topos: list[Topology]) -> RankStages:
+    """``rank``'s two stages as one module, under the topologies ``topos`` (another
+    copy of a V rank's stages: AvgPipe's parallel models and reference)."""
     stages = [Stage(mdef, sp.blocks, sp.keep_blocks) for sp in plan.hosted(rank)]
     share_ties(stages, mdef.ties)
-    topos = v_topology(plan.P, me.stage, lambda d: plan.stages[d].ranks[me.replica], base)
-    return RankStages(stages, topos), topos[1], parse_placed(plan.device_actions[me.stage])
+    return RankStages(stages, topos)
 
 
 Connect = Callable[[int, tuple, torch.dtype], object]  # (peer, shape, dtype) -> link | None

@@ -238,3 +238,37 @@ def test_elastic_averaging_rebalances_its_models_and_reference_with_the_stage(tm
     for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
         for name, w in dict(model.named_parameters()).items():
             torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.multiproc
+def test_elastic_averaging_under_zb_v_matches_the_reference_rule(tmp_path):
+    # ZB-V on 2 ranks (4 stages in V shape): each rank's two stages interleave the N = 2
+    # pipelines' micro-batches on their owner's copies, and model i's update runs once
+    # both of the rank's stages finished pipeline i (inside the list, D = 1); the
+    # eval pass reads the reference's two stages.
+    from jobctl.engine.data.dataset import make_eval_data
+
+    from ..jobrun import plain_eval
+    from .test_data_sources import write_tokens
+
+    torch.set_num_threads(1)
+    tokens = write_tokens(tmp_path / "tokens.bin")
+    data = {"data.source": "tokens", "data.path": str(tokens), "data.eval": 0.1}
+    spec = _spec(**{"parallelism.schedule": "zb_v", "training.eval_every": STEPS}, **data)
+    losses, reference, models = _reference(spec)
+    run, outcome = run_job(spec, tmp_path / "home")
+    assert outcome.ok, outcome.message
+    assert run.plan.placement == [[0, 3], [1, 2]]
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        for name, w in dict(model.named_parameters()).items():
+            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    (ev,) = [r for r in events(run.dir) if r["kind"] == "eval"]
+    m = run.plan.micro_batch_size
+    assert ev["eval_loss"] == pytest.approx(
+        plain_eval(spec, got, make_eval_data(spec), m), abs=1e-5
+    )

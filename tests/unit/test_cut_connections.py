@@ -12,7 +12,10 @@ import socket
 from jobctl.engine.runtime.failure import cut_peer_connections
 
 def pair(server):
-    client = socket.create_connection(server.getsockname()[:2])
+    # bound first: a connect()'s own ephemeral port may be one another connection to
+    # another server already uses (Linux shares them by 4-tuple), which would put the
+    # peer's pair under a kept port now and then
+    client = socket.create_connection(server.getsockname()[:2], source_address=("127.0.0.1", 0))
     return client, server.accept()[0]
 
 peer_side = socket.create_server(("127.0.0.1", 0))

@@ -178,3 +178,21 @@ def test_v_partition_balances_devices_not_stages() -> None:
     assert heaviest(start) == 244.0
     assert heaviest(stages) == min(map(heaviest, every)) == 204.0
     assert v_partition(costs, 1, [[0, 1, 2, 3], [4, 5, 6, 7]]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_zb_v_runs_averaging_at_a_fixed_m_n_only() -> None:
+    # AvgPipe's models interleave on a V rank's two stages
+    # (tests/integration/test_elastic_averaging.py); its (M, N) tuner profiles one stage
+    # per rank, so auto is refused with the field and a fix.
+    fields = {
+        "parallelism.schedule": "zb_v",
+        "parallelism.data_parallel": 1,
+        "parallelism.averaging": "elastic",
+        "hardware.nodes": 1,
+    }
+    ok = tiny_spec(**fields, **{"parallelism.parallel_pipelines": 2})
+    assert ok.parallelism.averaging == "elastic"
+    with pytest.raises(SpecError) as info:
+        tiny_spec(**fields, **{"parallelism.parallel_pipelines": "auto"})
+    (issue,) = [i for i in info.value.errors if "tuner" in i.message]
+    assert issue.path == "parallelism.parallel_pipelines" and "to numbers" in issue.fix
