@@ -38,11 +38,6 @@ FIELD = "parallelism.tensor_parallel"
 #: (tests/integration/test_chaos_tensor_parallel.py).
 NOT_WITH_T = (
     (
-        "parallelism.schedule",
-        lambda s: s.parallelism.schedule == "zb_v",
-        "ZB-V hosts two stages per rank, which are not split over T ranks yet",
-    ),
-    (
         "rebalancing.pack",
         lambda s: s.rebalancing.enabled and s.rebalancing.pack,
         "packing re-places whole T groups onto fewer devices; rebalancing moves each "

@@ -38,12 +38,14 @@ def averaging_parts(
 
     def make_stage() -> Stage:
         if isinstance(state.stage, RankStages):  # a V rank: its two stages, again
-            rank, topos = state.topo.rank, state.stage.topos
-            return rank_stages(mdef, plan, rank, topos).to(device)  # type: ignore[return-value]
-        stage = Stage(mdef, me.blocks, me.keep_blocks).to(device)
-        if state.tp is not None:  # T > 1: each copy split as model 0 is (same shapes)
-            state.tp.apply(stage)
-        return stage
+            whole = rank_stages(mdef, plan, state.topo.rank, state.stage.topos).to(device)
+            parts = whole.parts
+        else:
+            whole = Stage(mdef, me.blocks, me.keep_blocks).to(device)
+            parts = [whole]
+        for part in parts if state.tp is not None else []:  # T > 1: split as model 0
+            state.tp.apply(part)
+        return whole  # type: ignore[return-value]
 
     models = parallel_models(state.stage, state.opt, make_stage, spec.training, shard, config.N)
     reference = ReferenceModel(reference_stage(state.stage, make_stage), config.N)

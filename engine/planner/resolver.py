@@ -109,9 +109,9 @@ def plan_priced(
     tc = tp_search.best(spec, G, cal, tp_groups, chooser)  # T x P x D (tp_costs)
     spec, G, cal, choice = tc.spec, tc.G, tc.cal, tc.choice
     found, aware = stage_aware.apply(spec, cal, choice.found)
-    if tc.T == 1:  # ZB-V hosts two stages per rank; a T group holds one split stage
-        found = v_shape.consider(spec, cal, found)  # ZB-V: the chosen layout's V variant
-        found = v_shape.stage_aware(spec, cal, found)  # Merak 5.2 on its devices
+    # ZB-V: the chosen layout's V variant (a T group as one device, its two stages split)
+    found = v_shape.consider(spec, cal, found)
+    found = v_shape.stage_aware(spec, cal, found)  # Merak 5.2 on its devices
     plan = build_plan(spec, cal, found, G, home, aware)
     plan = with_tensor_parallel(plan, tc.T).model_copy(update={"t_search": tc.lines})
     plan = tp_overlap.resolve(spec, whole_cal, plan)  # Merak 5.3 at the chosen T
@@ -154,11 +154,6 @@ def with_tensor_parallel(plan: Plan, T: int) -> Plan:
     ranks are g T .. g T + T - 1, so the group stays on group g's node."""
     if T == 1:
         return plan
-    if plan.placement is not None:
-        raise PlanError(
-            "parallelism.tensor_parallel > 1 runs one stage per rank; "
-            "set parallelism.schedule to one other than zb_v"
-        )
     ranks = [
         r.model_copy(
             update={"rank": r.rank * T + t, "local_rank": r.local_rank * T + t, "tp_rank": t}

@@ -258,9 +258,9 @@ def _copy(new: Plan, rank: int, mdef: ModelDef, training, copy_, received, k: in
 def _arrive(out: Migrated, received: dict[str, dict], device: torch.device, tp) -> None:
     """The arrived blocks (built on the meta device) split as the stage's are (T > 1)
     and filled with the values sent; the stage's parameters and arrived extras."""
-    if tp is not None:
-        tp.apply(out.stage, out.arrived)
     parts = getattr(out.stage, "parts", [out.stage])  # a V rank: each stage
+    for part in parts if tp is not None else []:
+        tp.apply(part, out.arrived)
     _unheld(parts, received)
     for part in parts:
         _fill_arrivals(part, received, device)

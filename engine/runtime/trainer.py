@@ -43,8 +43,11 @@ def build_state(
     and, under fp16, a fresh loss scale (creates the process groups: collective, every
     rank in the same order); a rank hosting two stages (a plan's ``placement``: ZB-V)
     gets ``two_stage.v_state``."""
-    build = v_state if plan.placement is not None else _one_stage
-    state = build(mdef, training, plan, rank, device)
+    if plan.placement is not None:
+        split = (lambda topo: _shards(mdef, plan, topo, device)) if plan.T > 1 else None
+        state = v_state(mdef, training, plan, rank, device, split)
+    else:
+        state = _one_stage(mdef, training, plan, rank, device)
     state.scaler = loss_scaler(training)
     return state
 

@@ -102,8 +102,9 @@ def v_topology(
     me = rank_of(d)
     replica, D = (0, 1) if base is None else (base.replica, base.D)
     dp_ranks, dp_group = ([me], None) if base is None else (base.dp_ranks, base.dp_group)
+    tp = {} if base is None else {"t": base.t, "tp_ranks": base.tp_ranks, "tp_group": base.tp_group}
     return [
-        Topology(me, s, replica, S, D, peer(s - 1), peer(s + 1), dp_ranks, dp_group, [], None)
+        Topology(me, s, replica, S, D, peer(s - 1), peer(s + 1), dp_ranks, dp_group, [], None, **tp)
         for s in (d, S - 1 - d)
     ]
 
@@ -176,15 +177,25 @@ class RankStages(nn.Module):
 
 
 def v_state(
-    mdef: ModelDef, training: TrainingSpec, plan: Plan, rank: int, device: torch.device
+    mdef: ModelDef,
+    training: TrainingSpec,
+    plan: Plan,
+    rank: int,
+    device: torch.device,
+    shards: Callable[[Topology], object] | None = None,
 ) -> StageState:
     """The state of ``rank`` under a V plan (collective: creates every process group
-    as ``build_topology`` does for any plan)."""
+    as ``build_topology`` does for any plan); ``shards(topo)``: T > 1, the split of
+    each stage over the T group (``runtime.trainer``'s)."""
     whole, topo, placed = v_rank(mdef, plan, rank)
     whole.to(device)
+    tp = None if shards is None else shards(topo)
+    if tp is not None:  # T > 1: each of the two stages split over the T group
+        for part in whole.parts:
+            tp.apply(part)
     named = dict(whole.named_parameters())
     opt = build_optimizer(list(named.values()), training)
-    return StageState(plan, whole, named, opt, topo, placed)  # type: ignore[arg-type]
+    return StageState(plan, whole, named, opt, topo, placed, tp=tp)  # type: ignore[arg-type]
 
 
 def v_rank(mdef: ModelDef, plan: Plan, rank: int) -> tuple[RankStages, Topology, list[Placed]]:
@@ -195,7 +206,7 @@ def v_rank(mdef: ModelDef, plan: Plan, rank: int) -> tuple[RankStages, Topology,
     # No tied group: both tied copies live on device 0 (``share_ties``).
     base = build_topology(plan, rank, False)
     me = plan.rank(rank)
-    topos = v_topology(plan.P, me.stage, lambda d: plan.stages[d].ranks[me.replica], base)
+    topos = v_topology(plan.P, me.stage, lambda d: plan.rank_at(me.replica, d, me.tp_rank), base)
     whole = rank_stages(mdef, plan, rank, topos)
     return whole, topos[1], parse_placed(plan.device_actions[me.stage])
 

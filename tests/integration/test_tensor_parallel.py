@@ -441,3 +441,21 @@ def test_builtin_gpt_at_T2_x_P2_equals_one_process(tmp_path):
     run = _run_and_compare(tmp_path, spec, atol=1e-5)
     assert (run.plan.T, run.plan.P, run.plan.world_size) == (2, 2, 4)
     assert run.plan.tp_subpipeline is False
+
+
+@pytest.mark.multiproc
+def test_zb_v_at_T2_equals_one_process(tmp_path):
+    """ZB-V with each of a rank's two stages split over its T group (T = 2 x P = 2 on
+    4 ranks: 4 stages in V shape, rank t of a device talking to rank t of the next):
+    the builtin GPT's Megatron split, and a traced Llama's sub-pipelined (Merak 5.3),
+    each equal to one process."""
+    from .test_graph_models import LLAMA, hf_spec, run_and_compare
+    from .test_parity import SGD, _run_and_compare, _spec
+
+    four = {"parallelism.tensor_parallel": 2, "hardware.nodes": 1, "hardware.processes_per_node": 4}
+    gpt = _spec(2, 1, "zb_v", **SGD, **four)
+    run = _run_and_compare(tmp_path / "gpt", gpt, atol=1e-5)
+    assert (run.plan.T, run.plan.P, run.plan.placement) == (2, 2, [[0, 3], [1, 2]])
+    sub = {"parallelism.schedule": "zb_v", "parallelism.tp_subpipeline": True, **four}
+    run = run_and_compare(tmp_path / "llama", hf_spec(LLAMA, 2, 1, **sub))
+    assert run.plan.tp_subpipeline and run.plan.placement == [[0, 3], [1, 2]]

@@ -112,7 +112,6 @@ def test_valid_T_validates_and_the_plan_places_T_consecutive_ranks(tmp_path):
             ),
             "(M, N) tuner profiles an unsplit stage",
         ),
-        ("zb_v", ("  schedule: 1f1b", "  schedule: zb_v"), "two stages per rank"),
         (
             "packing",
             ("hardware:", "rebalancing:\n  enabled: true\n  pack: true\nhardware:"),
