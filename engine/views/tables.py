@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,8 +101,20 @@ def _print_actions(console: Console, plan: Plan) -> None:
         what = "per-device action lists; F3@5: micro-batch 3 on stage 5"
     console.print(styled("[bold]schedule[/bold] {} ({}):", plan.schedule, what))
     for name, text in rows:
-        acts = text if len(text) <= 160 else text[:157] + "..."
-        console.print(f"  {name}: {acts}", soft_wrap=True, highlight=False)
+        for line in action_lines(name, text, console.width):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def action_lines(name: str, text: str, width: int, most: int = 2) -> list[str]:
+    """``name``'s action list wrapped at actions to ``width`` columns, at most ``most``
+    lines; a longer list ends with how many actions are left out (never a cut one)."""
+    lead = f"  {name}: "
+    body = textwrap.wrap(text, max(20, width - len(lead)), break_long_words=False) or [""]
+    pad = " " * len(lead)
+    if len(body) > most:
+        rest = len(text.split()) - sum(len(x.split()) for x in body[:most])
+        body = [*body[:most], f"... {rest} more (jobctl plan --json)"]
+    return [lead + body[0], *[pad + x for x in body[1:]]]
 
 
 def _print_prediction(console: Console, plan: Plan) -> None:

@@ -82,6 +82,36 @@ def _parallel_weights(ckpt) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def _pruned_reference(spec, globs: list[str]):
+    """The plain-torch rule with the spec's pruning schedule on the weights ``globs``
+    select."""
+    import fnmatch
+
+    from jobctl.engine.pruning.schedule import target_at
+
+    return _reference(
+        spec,
+        prune=lambda t: target_at(spec.pruning, t),
+        prunable=lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs),
+    )
+
+
+def _follows_the_rule(run, steps: int, losses, reference, models) -> dict:
+    """The run's losses, its checkpoint's reference (the run's model) and each
+    parallel model equal the plain-torch rule's to 1e-5; the final weights."""
+    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
+    got, want = final_weights(run.dir, steps), dict(reference.named_parameters())
+    assert set(got) == set(want)
+    for name, w in got.items():
+        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    ckpt = run.dir / "checkpoints" / f"step-{steps:08d}"
+    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
+        assert saved.keys() == got.keys()
+        for name, w in dict(model.named_parameters()).items():
+            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    return got
+
+
 @pytest.mark.multiproc
 def test_elastic_averaging_matches_the_reference_rule(tmp_path):
     torch.set_num_threads(1)
@@ -136,31 +166,19 @@ def test_elastic_averaging_with_pruning_matches_the_reference_rule(tmp_path):
     # The selection reads the reference once it has applied every earlier batch; the
     # masks hold on both parallel models and the reference (pruned weights and
     # optimizer state zeroed, gradients masked before each model's own step).
-    import fnmatch
 
     from jobctl.engine.checkpoint.blocks import load_masks
-    from jobctl.engine.pruning.schedule import target_at
 
     torch.set_num_threads(1)
     pruning = {"pruning.enabled": True, "pruning.start_step": 1, "pruning.end_step": 3}
     pruning |= {"pruning.frequency": 1, "pruning.initial_sparsity": 0.3}
     spec = _spec(**pruning, **{"pruning.final_sparsity": 0.8, "checkpoint.interval": 2})
     globs = spec.pruning.prunable
-    losses, reference, models = _reference(
-        spec,
-        prune=lambda t: target_at(spec.pruning, t),
-        prunable=lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs),
-    )
+    losses, reference, models = _pruned_reference(spec, globs)
     run, outcome = run_job(spec, tmp_path)
     assert outcome.ok, outcome.message
-    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
-    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
-    for name, w in got.items():
-        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
+    got = _follows_the_rule(run, STEPS, losses, reference, models)
     ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
-    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
-        for name, w in dict(model.named_parameters()).items():
-            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
     masks = load_masks(ckpt, list(got), [])
     assert masks and all(int((got[n] == 0).sum()) == int((~m).sum()) for n, m in masks.items())
     pruned = sum(int((~m).sum()) for m in masks.values())
@@ -185,15 +203,7 @@ def test_elastic_averaging_at_T2_matches_the_reference_rule(tmp_path):
     run, outcome = run_job(spec, tmp_path / "t2")
     assert outcome.ok, outcome.message
     assert (run.plan.T, run.plan.P) == (2, 2)
-    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
-    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
-    assert set(got) == set(want)
-    for name, w in got.items():
-        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
-    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
-    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
-        for name, w in dict(model.named_parameters()).items():
-            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    _follows_the_rule(run, STEPS, losses, reference, models)
     plain, outcome = run_job(_spec(), tmp_path / "t1")
     assert outcome.ok, outcome.message
     at_t2, at_t1 = avg_distance(tail_records(run.dir)), avg_distance(tail_records(plain.dir))
@@ -208,9 +218,6 @@ def test_elastic_averaging_rebalances_its_models_and_reference_with_the_stage(tm
     # block to it, and with it that block of both parallel models and of the
     # reference (with their optimizer state and masks): still the plain-torch rule.
     # Packed onto one device, rank 1 hands all its blocks of every copy over and leaves.
-    import fnmatch
-
-    from jobctl.engine.pruning.schedule import target_at
 
     torch.set_num_threads(1)
     globs = [f"layers.{b}.{m}.weight" for b in (1, 2) for m in ("attn.*", "mlp.*")]
@@ -220,24 +227,13 @@ def test_elastic_averaging_rebalances_its_models_and_reference_with_the_stage(tm
     rebalance |= {"rebalancing.balancer": "partition", "rebalancing.by": "params"}
     rebalance |= {"rebalancing.pack": pack, "rebalancing.target_devices": 1 if pack else None}
     spec = _spec(**pruning, **rebalance, **{"training.steps": 6})
-    losses, reference, models = _reference(
-        spec,
-        prune=lambda t: target_at(spec.pruning, t),
-        prunable=lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs),
-    )
+    losses, reference, models = _pruned_reference(spec, globs)
     run, outcome = run_job(spec, tmp_path)
     assert outcome.ok, outcome.message
     moved = [r for r in events(run.dir) if r["kind"] == ("packed" if pack else "rebalanced")]
     assert moved and moved[0]["stages_after"] != moved[0]["stages_before"], moved
     assert len(moved[0]["stages_after"]) == (1 if pack else 2)
-    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
-    got, want = final_weights(run.dir, 6), dict(reference.named_parameters())
-    for name, w in got.items():
-        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
-    ckpt = run.dir / "checkpoints" / "step-00000006"
-    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
-        for name, w in dict(model.named_parameters()).items():
-            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    _follows_the_rule(run, 6, losses, reference, models)
 
 
 @pytest.mark.multiproc
@@ -259,14 +255,7 @@ def test_elastic_averaging_under_zb_v_matches_the_reference_rule(tmp_path):
     run, outcome = run_job(spec, tmp_path / "home")
     assert outcome.ok, outcome.message
     assert run.plan.placement == [[0, 3], [1, 2]]
-    assert step_losses(run.dir) == pytest.approx(losses, abs=1e-5)
-    got, want = final_weights(run.dir, STEPS), dict(reference.named_parameters())
-    for name, w in got.items():
-        torch.testing.assert_close(w, want[name].detach(), atol=1e-5, rtol=0, msg=name)
-    ckpt = run.dir / "checkpoints" / f"step-{STEPS:08d}"
-    for model, saved in zip(models, _parallel_weights(ckpt), strict=True):
-        for name, w in dict(model.named_parameters()).items():
-            torch.testing.assert_close(saved[name], w.detach(), atol=1e-5, rtol=0, msg=name)
+    got = _follows_the_rule(run, STEPS, losses, reference, models)
     (ev,) = [r for r in events(run.dir) if r["kind"] == "eval"]
     m = run.plan.micro_batch_size
     assert ev["eval_loss"] == pytest.approx(

@@ -30,18 +30,24 @@ def test_stage_aware_plan_runs_like_one_process(tmp_path):
     full = make_plan(tiny_spec(**shape)).prediction.memory_per_stage_gb
     cap = 0.9 * full[0]
     spec = tiny_spec(**shape, **{"parallelism.recompute": "stage_aware", "hardware.memory_gb": cap})
+    run = _runs_like_one_process(tmp_path, spec, cap)
+    keep, stages = [s.keep_blocks for s in run.plan.stages], run.plan.stages
+    assert keep[0] < len(stages[0].blocks) and keep[-1] == len(stages[-1].blocks), keep
+
+
+def _runs_like_one_process(tmp_path, spec, cap: float):
+    """Run ``spec``: its plan within ``cap``, recompute inside the backward (no R
+    actions), losses and final weights one process's to 1e-5; the run."""
     ref_losses, ref_weights = reference_train(spec)
     run, outcome = run_job(spec, tmp_path)
     assert outcome.ok, outcome.message
-    stages = run.plan.stages
-    keep = [s.keep_blocks for s in stages]
-    assert keep[0] < len(stages[0].blocks) and keep[-1] == len(stages[-1].blocks), keep
     assert max(run.plan.prediction.memory_per_stage_gb) <= cap
-    assert not any(s.recompute for s in stages)  # no R actions: recompute is in backward
+    assert not any(s.recompute for s in run.plan.stages)
     assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
     weights = final_weights(run.dir, 3)
     for name, w in ref_weights.items():
         torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)
+    return run
 
 
 @pytest.mark.multiproc
@@ -71,18 +77,10 @@ def test_stage_aware_under_zero_bubble_runs_like_one_process(tmp_path, schedule,
     }
     cap = (peaks["all"] + peaks["none"]) / 2
     spec = tiny_spec(**shape, **{"parallelism.recompute": "stage_aware", "hardware.memory_gb": cap})
-    ref_losses, ref_weights = reference_train(spec)
-    run, outcome = run_job(spec, tmp_path)
-    assert outcome.ok, outcome.message
+    run = _runs_like_one_process(tmp_path, spec, cap)
     stages = run.plan.stages
     keep = [s.keep_blocks for s in stages]
     assert all(k is not None for k in keep), keep
     assert any(k < len(s.blocks) for k, s in zip(keep, stages, strict=True)), keep
     assert any(k > 0 for k in keep), keep  # neither full nor no recomputation
-    assert not any(s.recompute for s in stages)  # no R actions: recompute is in backward
-    assert max(run.plan.prediction.memory_per_stage_gb) <= cap
     assert any("stage-aware recomputation" in line for line in run.plan.explanation)
-    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
-    weights = final_weights(run.dir, 3)
-    for name, w in ref_weights.items():
-        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)

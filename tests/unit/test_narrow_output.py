@@ -147,3 +147,18 @@ def test_plans_prose_wraps_at_words_at_80_columns():
     assert f"m={plan.micro_batch_size} x {plan.micro_batches} per replica" in words
     assert f"{plan.prediction.step_time_s:.4g} s/step" in words
     assert "  measure this machine: jobctl calibrate JOB.yaml" in text.splitlines()
+
+
+def test_action_lists_wrap_at_actions_and_say_what_is_left_out():
+    """A long action list (ZB-V's device lists, a large M) is wrapped at whole actions
+    within the width, two lines at most, then how many actions are left out: no
+    action is ever cut in half (it was: ``text[:157] + "..."``)."""
+    from jobctl.engine.views.tables import action_lines
+
+    text = " ".join(f"F{i}@{i % 4}" for i in range(60))
+    lines = action_lines("D0", text, 80)
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines)
+    shown = [a for line in lines[:2] for a in line.split()[1 if line is lines[0] else 0 :]]
+    assert shown == text.split()[: len(shown)]  # whole actions, in order
+    assert lines[2].split()[1] == str(60 - len(shown)) and "plan --json" in lines[2]
+    assert action_lines("S0", "F0 B0", 80) == ["  S0: F0 B0"]
