@@ -19,16 +19,9 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.worker.reference import reference_train
 from jobctl.spec import dump_yaml
 
-from ..jobrun import ROOT, final_weights, start_apply, tiny_spec
+from ..jobrun import ROOT, events, final_weights, start_apply, tiny_spec
 
 STEPS = 40
-
-
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def _wait_for_upload(home: Path, proc: subprocess.Popen, timeout: float = 180.0) -> Path:
@@ -36,7 +29,7 @@ def _wait_for_upload(home: Path, proc: subprocess.Popen, timeout: float = 180.0)
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be killed"
         for run_dir in (home / "runs").glob("*"):
-            if any(e["kind"] == "uploaded" and e["step"] >= 2 for e in _events(run_dir)):
+            if any(e["kind"] == "uploaded" and e["step"] >= 2 for e in events(run_dir)):
                 return run_dir
         time.sleep(0.2)
     raise AssertionError("no checkpoint reached the remote store in time")
@@ -68,7 +61,7 @@ def test_kill_everything_then_resume(tmp_path, s3_url, again):
     for pid in [proc.pid, *map(int, row["pids"].split(","))]:
         kill_tree(pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    killed_at = max((e["step"] for e in _events(run_dir) if e["kind"] == "step"), default=0)
+    killed_at = max((e["step"] for e in events(run_dir) if e["kind"] == "step"), default=0)
     assert killed_at < STEPS, "the kill came too late to test anything"
 
     r = subprocess.run(
@@ -89,7 +82,7 @@ def test_kill_everything_then_resume(tmp_path, s3_url, again):
     assert 2 <= from_step <= killed_at
 
     ref_losses, ref_weights = reference_train(spec)
-    steps = [e for e in _events(run_dir) if e["kind"] == "step"]
+    steps = [e for e in events(run_dir) if e["kind"] == "step"]
     assert sorted({e["step"] for e in steps}) == list(range(1, STEPS + 1))  # nothing skipped
     for e in steps:  # a step trained twice saw the same data and gave the same loss
         assert e["loss"] == pytest.approx(ref_losses[e["step"] - 1], abs=1e-5), e

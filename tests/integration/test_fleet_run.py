@@ -21,7 +21,7 @@ from jobctl.engine.fleet.db import FleetDB
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents
 
-from ..jobrun import QUICKSTART, ROOT
+from ..jobrun import QUICKSTART, ROOT, events
 
 ONE_DEVICE = (
     "hardware.nodes: 1, hardware.processes_per_node: 2, "
@@ -133,8 +133,7 @@ def test_resume_after_the_runner_is_killed_skips_the_completed_member(tmp_path):
     kill_tree(runner.pid, signal.SIGKILL)  # the runner and, separately, the running member
     kill_tree(second["pid"], signal.SIGKILL)
     runner.wait(timeout=30)
-    metrics = Path(db.get_run("pair-150")["run_dir"]) / "metrics.jsonl"
-    steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    steps = events(Path(db.get_run("pair-150")["run_dir"]))
     killed_at = max(e["step"] for e in steps if e["kind"] == "step")
     assert killed_at < 150, "the kill came too late to test anything"
     assert [m["state"] for m in FleetDB(db).members("pair")] == ["completed", "running"]

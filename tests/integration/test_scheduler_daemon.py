@@ -21,7 +21,7 @@ from jobctl.engine.state.db import StateDB
 from jobctl.engine.state.leases import JobEvents, Leases
 from jobctl.spec import dump_yaml
 
-from ..jobrun import JOBCTL, ROOT, cli_env, start_apply, tiny_spec, wait_for
+from ..jobrun import JOBCTL, ROOT, cli_env, events, start_apply, tiny_spec, wait_for
 
 ONE_DEVICE = {
     "hardware.nodes": 1,
@@ -59,12 +59,6 @@ def _cli(home: Path, *args: str) -> str:
     return r.output
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(x) for x in lines if x.strip()]
-
-
 def _kill_run_midway(spec_file: Path, home: Path) -> tuple[Path, int]:
     """Start `jobctl apply`, kill it and its nodes once a checkpoint is uploaded."""
     proc = start_apply(spec_file, home)
@@ -72,7 +66,7 @@ def _kill_run_midway(spec_file: Path, home: Path) -> tuple[Path, int]:
     def uploaded() -> Path | None:
         assert proc.poll() is None, "the run ended before it could be killed"
         for run_dir in (home / "runs").glob("*"):
-            if any(e["kind"] == "uploaded" and e["step"] >= 2 for e in _metrics(run_dir)):
+            if any(e["kind"] == "uploaded" and e["step"] >= 2 for e in events(run_dir)):
                 return run_dir
         return None
 
@@ -81,7 +75,7 @@ def _kill_run_midway(spec_file: Path, home: Path) -> tuple[Path, int]:
     for pid in [proc.pid, *map(int, row["pids"].split(","))]:
         kill_tree(pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    killed_at = max(e["step"] for e in _metrics(run_dir) if e["kind"] == "step")
+    killed_at = max(e["step"] for e in events(run_dir) if e["kind"] == "step")
     return run_dir, killed_at
 
 
