@@ -5,7 +5,9 @@ so training never waits on the network. A background thread posts batches; a
 connection error, a timeout or a 5xx answer retries the same batch (same sequence
 number: the server archives it once) with backoff, so a run host that is briefly
 unreachable loses nothing. A batch the server refuses whole (400: every event
-malformed) would be refused again: it is counted (``refused``) and not retried.
+malformed; 413: one event over the server's size bound) would be refused again: it is
+counted (``refused``) and not retried. A batch is at most ``batch`` events and about
+``BATCH_BYTES`` bytes, within the server's bounds.
 ``close`` (also run at interpreter exit) flushes what is queued. If the queue
 overflows, the oldest events are dropped and counted; the count is reported as a
 ``channel_dropped`` event.
@@ -29,9 +31,11 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from jobctl.engine.channel.server import bearer
+from jobctl.engine.channel.server import MAX_BODY, MAX_EVENTS, bearer
 from jobctl.engine.core.env import CHANNEL_FLUSH_S, CHANNEL_SECRET, CHANNEL_URL, EPOCH, EVENTS
 from jobctl.engine.core.events import EventLog, Kind
+
+BATCH_BYTES = MAX_BODY // 4  # a batch stops growing here (the server refuses MAX_BODY)
 
 
 class ChannelError(RuntimeError):
@@ -61,7 +65,7 @@ class ChannelSink:
         self.src, self.max_queue, self.batch = src, max_queue, batch
         self.interval, self.timeout = interval, timeout
         self.sent = self.dropped = self.failures = 0
-        self.refused = 0  # events of batches the server refused whole (400)
+        self.refused = 0  # events of batches the server refused whole (400, 413)
         self.last_error: str | None = None
         self._q: collections.deque[dict] = collections.deque()
         # Reentrant: a SIGTERM handler may write an event while the main thread is in write().
@@ -132,9 +136,8 @@ class ChannelSink:
                     if self._closing:
                         return None
                     self._cond.wait(self.interval)
-                n = min(self.batch, len(self._q))
-                self._pending = [self._q.popleft() for _ in range(n)]
-                self._pending_real = n
+                self._pending = self._take()
+                n = self._pending_real = len(self._pending)
                 idle = time.monotonic() - self._last_post >= self.alive_s
                 if not n and idle and self.alive is not None and not self._closing:
                     self._pending = [{"kind": Kind.ALIVE, "ts": time.time(), **self.alive}]
@@ -143,6 +146,16 @@ class ChannelSink:
                     self._pending.insert(0, lost)
                     self.dropped = 0
             return self._pending
+
+    def _take(self) -> list[dict]:
+        """Up to ``batch`` queued events and about ``BATCH_BYTES`` bytes (at least one
+        event: one over the server's bound is refused there, counted, and not retried)."""
+        out: list[dict] = []
+        size = 0
+        while self._q and len(out) < min(self.batch, MAX_EVENTS - 2) and size < BATCH_BYTES:
+            out.append(self._q.popleft())
+            size += len(json.dumps(out[-1])) + 2
+        return out
 
     def _run(self) -> None:
         """The sender thread: post each batch until it is acknowledged, backing off."""
@@ -179,15 +192,17 @@ class ChannelSink:
 
     def _post(self, batch: list[dict]) -> str | None:
         """Post ``batch``; None once archived (its malformed events set aside by the
-        server), the answer when the server refused all of it (400: never retried)."""
+        server), the answer when the server refused all of it (400, 413: never retried)."""
         body = json.dumps({"src": self.src, "seq": self._seq, "events": batch}).encode()
+        if len(body) > MAX_BODY:  # one event over the bound (_take stops under it)
+            return f"413 not sent: {len(body)} bytes, the channel takes {MAX_BODY}"
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         self._conn.request("POST", "/v1/events", body=body, headers=self.headers)
         resp = self._conn.getresponse()
         text = resp.read()
-        if resp.status == 400:
-            return f"400 {text[:200]!r}"
+        if resp.status in (400, 413):
+            return f"{resp.status} {text[:200]!r}"
         if resp.status != 200:
             # 401 (wrong secret) and 5xx are retried: a restarted run host may come back.
             raise ChannelError(f"{resp.status} {text[:200]!r}")

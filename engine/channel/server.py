@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,7 +40,12 @@ from jobctl.engine.core.event_schema import MAX_INDEX
 
 log = logging.getLogger("jobctl.channel")
 
-MAX_BODY = 16 << 20  # one batch; larger requests are refused (413)
+# A worker's batch is at most 500 events of well under 1 KB each (client.BATCH_BYTES
+# keeps it under 1 MB): these bounds leave 4x room and refuse what only a flood sends.
+MAX_BODY = 4 << 20  # bytes of one batch; larger requests are refused (413)
+MAX_EVENTS = 2_000  # events of one batch; more are refused (413)
+DISCARD_MAX = 64 << 20  # a larger body is refused with its connection closed, unread
+READ_TIMEOUT_S = 60.0  # a connection silent this long mid-request (or idle) is closed
 SHUTDOWN_POLL_S = 0.05  # how often the serving thread checks for a shutdown
 
 
@@ -99,6 +105,7 @@ class JsonHandler(BaseHTTPRequestHandler):
 class _Handler(JsonHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: one connection per sender
+    timeout = READ_TIMEOUT_S  # a sender that stalls mid-body frees its thread
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s " + format, self.client_address[0], *args)
@@ -119,6 +126,19 @@ class _Handler(JsonHandler):
             self.rfile.read(n)
         elif n != 0:
             self.close_connection = True
+
+    def _discard(self, n: int | None) -> None:
+        """Read and drop a too-large body of up to DISCARD_MAX bytes, outside every lock,
+        so its sender (mid-send) reads the 413 instead of a broken pipe; a body whose end
+        is unknown or beyond that closes the connection unread."""
+        if n is None or n > DISCARD_MAX:
+            self.close_connection = True
+            return
+        while n > 0:
+            chunk = self.rfile.read(min(n, 1 << 20))
+            if not chunk:
+                break
+            n -= len(chunk)
 
     def _length(self) -> int | None:
         """The body's Content-Length; None when it is not a count of bytes (``abc``, -1)."""
@@ -142,16 +162,23 @@ class _Handler(JsonHandler):
             return
         n = self._length()
         if n is None or n > MAX_BODY:
-            self.close_connection = True  # the body's end is unknown: read no further
+            self._discard(n)
             code, why = (400, "bad Content-Length") if n is None else (413, "batch too large")
             self.server.note_malformed(self.client_address[0], why)
             self.reply(code, {"error": f"{why} (at most {MAX_BODY} bytes)"})
             return
         try:
-            b = read_batch(self.rfile.read(n))
+            data = self.rfile.read(n)
+        except (ConnectionError, TimeoutError) as e:  # gone or stalled mid-body
+            self.close_connection = True
+            self.server.note_broken(self.client_address[0], e)
+            return
+        try:
+            b = read_batch(data)
         except ValueError as e:
             self.server.note_malformed(self.client_address[0], str(e))
-            self.reply(400, {"error": f"bad batch: {e}"})
+            code = 413 if isinstance(e, BatchTooLarge) else 400
+            self.reply(code, {"error": f"bad batch: {e}"})
             return
         fresh = self.server.archive.add(b.src, b.seq, b.events)
         answer = {"accepted": len(b.events) if fresh else 0, "duplicate": not fresh}
@@ -159,6 +186,10 @@ class _Handler(JsonHandler):
             self.server.note_invalid(self.client_address[0], b.invalid)
             answer["rejected"] = [{"event": i, "error": why} for i, why in b.invalid]
         self.reply(200, answer)
+
+
+class BatchTooLarge(ValueError):
+    """A batch of more than ``MAX_EVENTS`` events (413: the sender should split it)."""
 
 
 class Batch(NamedTuple):
@@ -187,6 +218,8 @@ def read_batch(data: bytes) -> Batch:
     src, seq, events = body.get("src"), body.get("seq"), body["events"]
     if not isinstance(src, str) or type(seq) is not int or not 0 <= seq <= MAX_INDEX:
         raise ValueError("'src' must be a string and 'seq' an integer >= 0")
+    if len(events) > MAX_EVENTS:  # before any schema check: a flood costs one len()
+        raise BatchTooLarge(f"{len(events)} events (at most {MAX_EVENTS} a batch)")
     good, invalid = [], []
     for i, event in enumerate(events):
         why = event_schema.problem(event)
@@ -212,7 +245,23 @@ class _Server(ThreadingHTTPServer):
         self.rejected = 0
         self.malformed = 0  # requests refused with 400/413: bad length, JSON or event
         self.invalid_events = 0  # events set aside from batches whose others were archived
+        self.broken = 0  # connections lost mid-request or before their answer
         self._lock = threading.Lock()
+
+    def handle_error(self, request, client_address) -> None:
+        """A sender that hung up before its answer (or stalled past the read timeout)
+        is one line at info: it retries its batch; anything else keeps the traceback."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+            return
+        self.note_broken(client_address[0], exc)
+
+    def note_broken(self, client: str, exc: BaseException) -> None:
+        with self._lock:
+            self.broken += 1
+            n = self.broken
+        log.info("channel: connection from %s lost: %s (%d so far)", client, type(exc).__name__, n)
 
     def note_invalid(self, client: str, invalid: list[tuple[int, str]]) -> None:
         with self._lock:
@@ -249,6 +298,7 @@ class _Server(ThreadingHTTPServer):
             "rejected": self.rejected,
             "malformed": self.malformed,
             "invalid_events": self.invalid_events,
+            "broken": self.broken,
         }
 
 

@@ -77,6 +77,7 @@ def test_request_with_right_secret_is_archived_once(server, tmp_path):
         "rejected": 0,
         "malformed": 0,
         "invalid_events": 0,
+        "broken": 0,
     }
 
 

@@ -128,3 +128,71 @@ def test_the_monitor_never_dies_on_a_record(tmp_path):
     _write(mon.run.dir, _step(2), {"kind": "checkpoint", "step": 2, "ts": 0.0})
     outcome = mon.poll_once() or mon.poll_once()
     assert outcome is not None and outcome.ok and db.get_run("r")["step"] == 2
+
+
+def test_a_flood_batch_is_refused_before_it_is_read_or_archived(server, tmp_path):
+    """#46 item 7: 500,000 events (12 MB) were archived under the lock every sender
+    waits on, past their 5 s timeout. Now a body over MAX_BODY is refused on its
+    Content-Length and a batch over MAX_EVENTS before any schema check, both 413."""
+    from jobctl.engine.channel.server import MAX_BODY, MAX_EVENTS
+
+    flood = batch(*[{"kind": "channel_dropped"}] * 500_000)
+    assert len(flood) > 12 << 20 > MAX_BODY
+    status, body = raw_post(server, flood)
+    assert status == 413 and "at most" in body["error"]
+    many = batch(*[{"kind": "channel_dropped"}] * (MAX_EVENTS + 1))
+    assert len(many) < MAX_BODY
+    status, body = raw_post(server, many)
+    assert status == 413 and f"at most {MAX_EVENTS}" in body["error"]
+    assert not (tmp_path / "metrics.jsonl").exists()
+    good = {"kind": "step", "step": 1, "loss": 2.0, "samples_per_s": 4.0}
+    assert raw_post(server, batch(good, seq=1))[0] == 200
+
+
+def test_a_sender_that_hangs_up_is_one_line_not_a_traceback(server, caplog):
+    """#46 item 7: a sender gone before its answer made the server log BrokenPipeError
+    tracebacks; now it is counted and logged in one line, and the channel serves on."""
+    import logging
+    import time
+
+    good = {"kind": "step", "step": 1, "loss": 2.0, "samples_per_s": 4.0}
+    body = batch(good)
+    head = (
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.secret}\r\n"
+        f"Content-Length: {len(body) + 10}\r\n\r\n"
+    )
+    with caplog.at_level(logging.INFO, logger="jobctl.channel"):
+        server._server.RequestHandlerClass.timeout = 0.5  # then the body is late
+        try:
+            with socket.create_connection((server.host, server.port), timeout=10) as sock:
+                sock.sendall(head.encode() + body)  # 10 bytes short: the read times out
+                time.sleep(1.5)
+        finally:
+            server._server.RequestHandlerClass.timeout = 60.0
+        deadline = time.monotonic() + 10
+        while server._server.broken < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert server._server.stats()["broken"] == 1
+    lost = [r for r in caplog.records if "connection from" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].exc_info is None
+    assert raw_post(server, batch(good, seq=1))[0] == 200
+
+
+def test_a_sender_splits_big_batches_and_never_retries_one_too_large(server, tmp_path):
+    """The sink keeps a batch within the server's bounds (about BATCH_BYTES), and an
+    event over MAX_BODY on its own is refused (413) once, counted, not retried for ever."""
+    from jobctl.engine.channel import client
+    from jobctl.engine.channel.server import MAX_BODY
+
+    sink = client.ChannelSink(server.url, server.secret, "rank-0", interval=0.02)
+    pad = "x" * (client.BATCH_BYTES // 40)
+    for i in range(100):  # 2.5 BATCH_BYTES in all: three batches
+        sink.write("upload_error", error=pad, step=i)
+    assert sink.flush(30)
+    sink.write("upload_error", error="x" * MAX_BODY)
+    sink.write("upload_error", error="after")
+    assert sink.flush(30) and sink.close(5)
+    assert sink.refused == 1 and sink.last_error.startswith("413")
+    archived = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["error"] for r in archived[-1:]] == ["after"] and len(archived) == 101
+    assert sink._seq >= 4  # three batches of the 100, then "after"
