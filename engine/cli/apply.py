@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -183,9 +183,27 @@ def _await_row(db: StateDB, run_id: str, proc, log: Path, bound_s: float = 60.0)
     deadline = time.monotonic() + bound_s
     while db.get_run(run_id) is None and time.monotonic() < deadline:
         if proc.poll() is not None:
-            console.print(f"error: the background apply ended ({proc.returncode}); see {log}")
+            why = _last_line(log)
+            err.print(
+                f"error: the background apply ended ({proc.returncode})"
+                + (f": {why}" if why else "")
+                + f"; its log: {log}",
+                highlight=False,
+                markup=False,
+            )
             raise typer.Exit(proc.returncode or 1)
         time.sleep(0.1)
+
+
+def _last_line(log: Path) -> str:
+    """The last line a background apply wrote to ``log`` (its one-line error)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip().removeprefix("error: ") if lines else ""
 
 
 def resume(
@@ -254,7 +272,7 @@ def _launch_and_report(
     from jobctl.backends import BackendError
     from jobctl.engine.cli.backend import exit_with
     from jobctl.engine.supervise.adoption import AdoptError
-    from jobctl.engine.supervise.service import CtrlC, fail_launch, fail_refused, launch
+    from jobctl.engine.supervise.service import CtrlC, fail_refused, launch
 
     _check_credentials(spec, spec_path)
     t0 = time.monotonic()
@@ -270,13 +288,28 @@ def _launch_and_report(
         err.print(f"error: {e}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     except Exception as e:  # never leave a ghost run `launching` behind
-        where = fail_launch(db, spec.name, opts.run_id, e)
-        err.print(
-            f"error: the launch failed: {type(e).__name__}: {e}", highlight=False, markup=False
-        )
-        err.print(f"the run is marked failed; traceback in {where}", markup=False)
-        raise typer.Exit(1) from None
+        _launch_failed(db, spec.name, opts.run_id, e)
     _report(db, run, outcome, time.monotonic() - t0, ctrl_c.interrupted)
+
+
+def _launch_failed(db: StateDB, name: str, run_id: str | None, e: Exception) -> NoReturn:
+    """Say why the launch failed and exit: a DB that refused a write (locked, read-only,
+    damaged: #46 item 12) is one line, exit 2; else the run is marked failed with its
+    traceback in a file, exit 1 (or, where no run was recorded yet, says so)."""
+    from jobctl.engine.state.reader import write_error
+    from jobctl.engine.supervise.service import fail_launch
+
+    refused = write_error(e)
+    if refused is not None:
+        err.print(f"error: {refused}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    where = fail_launch(db, name, run_id, e)
+    err.print(f"error: the launch failed: {type(e).__name__}: {e}", highlight=False, markup=False)
+    if where is None:
+        err.print("no run is marked failed: none was recorded, or it had ended", markup=False)
+    else:
+        err.print(f"the run is marked failed; traceback in {where}", markup=False)
+    raise typer.Exit(1) from None
 
 
 def _report(db: StateDB, run: Run, outcome: Outcome, seconds: float, ctrl_c: bool) -> None:

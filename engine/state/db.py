@@ -137,6 +137,26 @@ def _refuse_partial(url: str, engine: sa.Engine) -> None:
         raise db_error(url, RuntimeError(f"no such table: {missing} (it has {have.pop()})"))
 
 
+# The columns every jobctl DB has had since the first release: a table by one of our
+# names that lacks one is another program's, which adding our columns would deface.
+FIRST_RELEASE = {
+    "runs": {"id", "name", "phase", "run_dir", "created_at", "updated_at"},
+    "events": {"id", "run_id", "ts", "kind", "message", "data"},
+}
+
+
+def _refuse_foreign(url: str, engine: sa.Engine) -> None:
+    """A ``runs`` or ``events`` table that is not jobctl's is refused, unchanged (#46
+    item 12: a foreign ``runs`` table was given jobctl's columns and written to)."""
+    inspector = sa.inspect(engine)
+    for table in sorted(set(inspector.get_table_names()) & set(FIRST_RELEASE)):
+        have = {c["name"] for c in inspector.get_columns(table)}
+        missing = sorted(FIRST_RELEASE[table] - have)
+        if missing:
+            why = f"table {table} is not jobctl's (no column {', '.join(missing)})"
+            raise db_error(url, RuntimeError(why))
+
+
 class StateDB:
     """Persistent record of runs and events."""
 
@@ -162,6 +182,7 @@ class StateDB:
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_wal)
         with _reading(self.url):
+            _refuse_foreign(self.url, self.engine)
             _refuse_partial(self.url, self.engine)
             metadata.create_all(self.engine)
             _add_missing_columns(self.engine)

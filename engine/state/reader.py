@@ -116,7 +116,7 @@ def db_error(url: str, err: Exception, *, writing: bool = False) -> StateDBError
             "transaction open)" + ("; nothing was changed" if writing else "")
         )
         text += why
-    elif "not a database" in text or "malformed" in text or "no such" in text:
+    elif any(w in text for w in ("not a database", "malformed", "no such", "not jobctl's")):
         fix = (
             "it is damaged or not jobctl's: move it aside (jobctl starts an empty one) or "
             f"point {STATE_HOME} or {DB_URL} at another"
@@ -160,9 +160,11 @@ def hide_password(url: str) -> str:
 
 
 def write_error(err: Exception) -> StateDBError | None:
-    """One line for a write that gave up on another process's lock (SQLAlchemy's
-    OperationalError after the writers' 10 s busy wait); None for any other error."""
-    if type(err).__name__ != "OperationalError" or not _is_locked(_first_line(err)):
+    """One line for a write the DB refused: another process's lock held past the
+    writers' 10 s busy wait, a read-only file, a damaged one (SQLAlchemy's
+    OperationalError or DatabaseError); None for any other error (an IntegrityError is
+    a bug of ours, not the environment's)."""
+    if type(err).__name__ not in ("OperationalError", "DatabaseError"):
         return None
     url = _opened[-1] if _opened else os.environ.get(DB_URL) or str(default_home() / "state.db")
     return db_error(url, err, writing=True)

@@ -88,3 +88,51 @@ def test_apply_on_a_damaged_db_says_so_before_planning(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "is damaged or not jobctl's" in done.stderr and done.stderr.count("\n") == 1
     assert done.stdout == ""  # no plan, nothing launched
+
+
+@pytest.mark.parametrize("table", ["runs", "events"])
+def test_a_foreign_table_by_our_name_is_refused_and_left_as_it_was(tmp_path, table):
+    """#46 item 12: another program's ``runs`` table was given jobctl's columns and
+    written to. Now the DB is refused in one line naming the table, and not touched."""
+    import sqlite3
+
+    home = tmp_path / "home"
+    home.mkdir()
+    con = sqlite3.connect(home / "state.db")
+    con.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, invoice TEXT)")
+    con.execute(f"INSERT INTO {table} (invoice) VALUES ('INV-1')")
+    con.commit()
+    before = con.execute(f"SELECT sql FROM sqlite_master WHERE name = '{table}'").fetchone()
+    con.close()
+    with pytest.raises(StateDBError, match=f"table {table} is not jobctl's"):
+        StateDB(home)
+    out = _jobctl(tmp_path, {STATE_HOME: str(home)}, "status")
+    assert f"table {table} is not jobctl's" in out and "move it aside" in out
+    con = sqlite3.connect(home / "state.db")
+    after = con.execute(f"SELECT sql FROM sqlite_master WHERE name = '{table}'").fetchone()
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    rows = con.execute(f"SELECT invoice FROM {table}").fetchall()
+    con.close()
+    assert after == before and rows == [("INV-1",)] and names == {table}
+
+
+def test_a_detached_apply_on_a_db_that_refuses_writes_says_so_in_one_line(tmp_path):
+    """#46 item 12: `apply --detach` on a read-only DB wrote SQLAlchemy's raw error into
+    the supervisor log and said "the run is marked failed; traceback in None" though no
+    run row existed. Now the background apply exits 2 with the DB's one line, and the
+    foreground command repeats it; nothing is recorded."""
+    home = tmp_path / "home"
+    StateDB(home)  # a jobctl DB, then opened read-only (root ignores file modes)
+    url = f"sqlite:///file:{home / 'state.db'}?mode=ro&uri=true"
+    full = {**os.environ, "PYTHONPATH": str(ROOT.parent), STATE_HOME: str(home), DB_URL: url}
+    quickstart = str(ROOT / "jobs" / "quickstart.yaml")
+    cmd = [sys.executable, "-m", "jobctl.engine.cli.app", "apply", quickstart, "--detach"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "the background apply ended (2): state DB" in done.stderr, done.stderr
+    assert "readonly database" in done.stderr and "permissions" in done.stderr
+    (log,) = (home / "supervisors").iterdir()
+    text = log.read_text()
+    assert "Traceback" not in text and "traceback in None" not in text and "[SQL:" not in text
+    assert text.strip().splitlines()[-1].startswith("error: state DB ")
+    assert StateDB(home).list_runs() == []
