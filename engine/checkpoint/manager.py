@@ -153,7 +153,9 @@ class CheckpointManager:
         uploaded = self.uploaded_through()
         # A local checkpoint stays until a remote one at least as new exists.
         protect = None if self.uploader is None else (lambda step: step > uploaded)
-        CheckpointStore(str(self.root)).apply_retention(ck.keep_last, ck.keep_every, protect)
+        CheckpointStore(str(self.root)).apply_retention(
+            ck.keep_last, ck.keep_every, protect, committed=job.step
+        )
         self.events.write(Kind.CHECKPOINT, step=job.step, path=str(published))
         if self.uploader is not None:
             names = sorted(Manifest.from_json((published / "manifest.json").read_bytes()).files)

@@ -330,7 +330,7 @@ class Uploader:
         keep_last, keep_every = self._keep
         if keep_last is not None:
             deleted = self._store.apply_retention(
-                keep_last, keep_every, protect=self._inflight.protected
+                keep_last, keep_every, protect=self._inflight.protected, committed=step
             )
             if deleted:
                 logger.info("retention deleted checkpoint steps %s", deleted)

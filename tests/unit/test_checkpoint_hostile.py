@@ -108,3 +108,55 @@ def test_a_symlinked_file_inside_a_step_makes_it_incomplete(tmp_path):
     manifest_link.unlink()
     manifest_link.symlink_to(real)
     assert "symbolic link" in (store.problem(1) or "")
+
+
+def _corrupt(root: Path, step: int) -> None:
+    """Flip a byte of one shard of ``step``: same size, wrong sha256."""
+    shard = next(p for p in sorted((root / step_dirname(step)).rglob("*.pt")) if p.is_file())
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def test_retention_counts_newer_steps_only_once_verified(tmp_path):
+    """#46 item 11: with corrupt steps 10 and 20 in the root (a run that restarted from
+    nothing beside them), retention counted them as complete and deleted the new step 8.
+    Steps newer than the one just committed now count only when every sha256 matches."""
+    root = tmp_path / "ckpt"
+    store = CheckpointStore(str(root))
+    for step in (10, 20):
+        save_step(store, tmp_path, step)
+        _corrupt(root, step)
+    save_step(store, tmp_path, 8)
+    assert store.apply_retention(keep_last=1, committed=8) == []
+    assert store.steps() == [8, 10, 20]  # the corrupt ones kept for a look, not counted
+    save_step(store, tmp_path, 30)
+    save_step(store, tmp_path, 9)  # 30 verifies, so it counts, and 8 is the oldest
+    assert store.apply_retention(keep_last=2, committed=9) == [8, 10, 20]
+    assert store.steps() == [9, 30]
+
+
+@pytest.mark.parametrize("name", ["final", "staging"])
+def test_a_link_planted_at_the_next_step_is_removed_not_written_through(tmp_path, name):
+    """#46 item 11: a symbolic link planted at the next step's name (or its staging
+    folder's) made the final checkpoint fail, or would be written through out of the
+    root. It is removed with a warning; its target is untouched."""
+    from jobctl.engine.checkpoint.store.local import publish_local, stage_dir
+
+    root, outside = tmp_path / "ckpt", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "keep.txt").write_text("theirs")
+    link = root / (step_dirname(4) + (".tmp" if name == "staging" else ""))
+    link.symlink_to(outside, target_is_directory=True)
+    staging = stage_dir(root, 4)
+    (staging / "w.pt").write_bytes(b"weights")
+    published = publish_local(root, 4, "rank-0", ["w.pt"], {"global_step": 4})
+    assert published == root / step_dirname(4) and not published.is_symlink()
+    assert CheckpointStore(str(root)).problem(4, verify=True) is None
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    store = CheckpointStore(str(root))
+    (root / step_dirname(5)).symlink_to(outside, target_is_directory=True)
+    save_step(store, tmp_path, 5)  # through the store's own writer too
+    assert not (root / step_dirname(5)).is_symlink() and store.problem(5) is None
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]

@@ -54,7 +54,12 @@ from jobctl.engine.checkpoint.store.format import (
     sha256_file,
     step_dirname,
 )
-from jobctl.engine.checkpoint.store.local import publish_local, replace_dir, stage_dir
+from jobctl.engine.checkpoint.store.local import (
+    publish_local,
+    replace_dir,
+    stage_dir,
+    unlink_planted,
+)
 from jobctl.engine.checkpoint.store.transfer import FileUploads, RetryPolicy, run_parallel
 
 __all__ = [
@@ -137,6 +142,8 @@ class CheckpointStore:
         check_part_name(part)
         names = sorted({check_file_name(name) for name in files})
         policy = retry or self.retry
+        if self._local():
+            unlink_planted(Path(self._path(step)))
         upload = FileUploads(
             fs=self.fs,
             remote=partial(self._path, step),
@@ -204,13 +211,15 @@ class CheckpointStore:
         ]
         return {s for s in found if s is not None}, {s for s in staged if s is not None}
 
+    def _local(self) -> bool:
+        protocol = self.fs.protocol
+        return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
+
     def _linked(self, name: str) -> bool:
         """A symbolic link under a local root: never followed (it may lead out of the
         root: resuming from it, or retention deleting there), so never a step."""
-        protocol = self.fs.protocol
-        local = "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
         path = f"{self.root}/{name}"
-        if local and os.path.islink(path):
+        if self._local() and os.path.islink(path):
             logger.warning("skipping %s: a symbolic link, not followed", path)
             return True
         return False
@@ -355,18 +364,28 @@ class CheckpointStore:
         keep_last: int,
         keep_every: int | None = None,
         protect: Callable[[int], bool] | None = None,
+        committed: int | None = None,
     ) -> list[int]:
         """Delete checkpoints outside the policy (see `plan_retention`); return their steps.
 
-        Completeness is the cheap check (manifest and sizes). Stale local staging folders
-        older than the newest complete step are removed too. The newest complete
-        checkpoint is never deleted, nor any step for which ``protect(step)`` is true
-        (e.g. a local checkpoint whose upload has not finished).
+        Completeness is the cheap check (manifest and sizes), except for steps newer than
+        ``committed`` (the step its caller just committed): a run commits in order, so
+        those were written by another life of the root, and they count only once every
+        file matches its sha256 (#46 item 11: corrupt newer steps were counted as kept
+        and the new step deleted). Stale local staging folders older than the newest
+        complete step are removed too. The newest complete checkpoint is never deleted,
+        nor any step for which ``protect(step)`` is true (e.g. a local checkpoint whose
+        upload has not finished).
         """
         found, staged = self._entries()
         steps = sorted(found)
+        ahead = {step for step in steps if committed is not None and step > committed}
+
+        def check(step: int) -> str | None:
+            return self.problem(step, verify=step in ahead)
+
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            verdicts = list(pool.map(partial(self.problem, verify=False), steps))
+            verdicts = list(pool.map(check, steps))
         problems = dict(zip(steps, verdicts, strict=True))
         complete = [step for step, problem in problems.items() if problem is None]
         doomed = plan_retention(complete, set(problems) - set(complete), keep_last, keep_every)

@@ -8,11 +8,15 @@ crash at any point leaves either the previous checkpoints untouched plus a stale
 ``.tmp`` folder (`clear_staging` removes those at restart), or the complete new one:
 never a half checkpoint under its final name.
 The layout and manifest are the remote ones, so ``CheckpointStore(root)`` reads them.
+
+A symbolic link planted by a step's name (``step-X`` or ``step-X.tmp``) is removed, never
+written through (it may lead out of the root) and never a reason to fail (#46 item 11).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,6 +37,16 @@ from jobctl.engine.checkpoint.store.format import (
     step_dirname,
 )
 
+logger = logging.getLogger(__name__)
+
+
+def unlink_planted(path: Path) -> None:
+    """Remove a symbolic link at ``path``, a name that only jobctl's own folders take:
+    writing through it could land outside the root, and its target is not touched."""
+    if path.is_symlink():
+        logger.warning("removing %s: a symbolic link where a step folder goes", path)
+        path.unlink()
+
 
 def stage_dir(root: str | os.PathLike[str], step: int) -> Path:
     """Create (if needed) and return the staging folder ``{root}/step-XXXXXXXX.tmp``.
@@ -40,6 +54,7 @@ def stage_dir(root: str | os.PathLike[str], step: int) -> Path:
     Existing content is kept: several local ranks may stage into the same folder.
     """
     path = Path(root) / f"{step_dirname(step)}{STAGING_SUFFIX}"
+    unlink_planted(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -85,6 +100,7 @@ def replace_dir(staging: Path, target: Path) -> None:
     ``os.replace`` cannot overwrite a non-empty folder, so an existing target (the same
     step published again after a restart) is first renamed aside and removed after.
     """
+    unlink_planted(target)
     if not target.exists():
         os.replace(staging, target)
         return
