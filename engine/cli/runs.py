@@ -75,13 +75,13 @@ def status(
 
 def _show_status(db, run: str | None, as_json: bool) -> list[dict]:
     """Print the runs (or the one run ``run``) once; the rows shown."""
-    from jobctl.engine.supervise.figures import rank_compute, run_figures, tail_records
+    from jobctl.engine.supervise.figures import rank_compute, run_bounds, run_figures, tail_records
     from jobctl.engine.views import status as views
 
     now = time.time()
     rows = db.list_runs() if run is None else [db.get_run(run)]
     rows = [_supervision(r) for r in rows]
-    recs = tail_records(rows[0]["run_dir"]) if run is not None else []
+    recs = tail_records(rows[0]["run_dir"], bounds=run_bounds(rows[0])) if run is not None else []
     figures = {
         r["id"]: run_figures(r, db.events(r["id"]), now, *([recs] if run else [])) for r in rows
     }

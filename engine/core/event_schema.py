@@ -11,9 +11,13 @@ extras (``deviations``, ``epoch``) that only the views read.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from jobctl.engine.core.events import Kind
+
+if TYPE_CHECKING:
+    from jobctl.engine.core.plan import Plan
 
 MAX_INDEX = 1 << 53  # steps, ranks, nodes, stages: exact in a JSON number
 
@@ -112,3 +116,40 @@ def problem(record: Any) -> str | None:
         if not TYPES[type_](record[name]):
             return f"{kind!r}: {name!r} must be {TYPE_WORDS[type_]}"
     return None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one run's plan allows its records: a step up to ``steps`` (its
+    ``training.steps``), a rank, node or stage below ``ranks``, ``nodes``, ``stages``.
+    A record beyond them is schema-valid but impossible (#46 item 5: ``uploaded`` at
+    step 2**53 stayed in ``status`` as the last upload, a heartbeat for rank 999 added
+    a row). The stage bound is the plan's block count: every engine's stage holds at
+    least one block (two a rank under zb_v, S > P under Mobius), so it never refuses a
+    real stage; ranks and nodes only shrink within an attempt (an in-place re-form)."""
+
+    steps: int
+    ranks: int
+    nodes: int
+    stages: int
+
+    @classmethod
+    def of(cls, plan: Plan, steps: int) -> Bounds:
+        ranks = max(plan.world_size, len(plan.ranks))
+        return cls(steps, ranks, plan.nodes, len(plan.block_names))
+
+    def problem(self, record: dict) -> str | None:
+        """Why ``record`` (schema-valid) cannot be this run's, or None."""
+        limits = {
+            "step": self.steps + 1,
+            "rank": self.ranks,
+            "node": self.nodes,
+            "host_node": self.nodes,
+            "stage": self.stages,
+        }
+        for name, limit in limits.items():
+            value = record.get(name)
+            if type(value) is int and value >= limit:
+                kind = record.get("kind")
+                return f"{kind!r}: {name} {value} is beyond the plan's (at most {limit - 1})"
+        return None

@@ -33,7 +33,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobctl.engine.core.event_schema import Bounds
 from jobctl.engine.core.events import Kind
+from jobctl.engine.core.plan import Plan
 from jobctl.engine.supervise.stragglers import per_micro_batch_s
 from jobctl.spec.cost import run_price
 
@@ -71,8 +73,21 @@ class RunFigures:
     avg_distance: tuple[int, list[float]] | None = None
 
 
-def tail_records(run_dir: Path | str, nbytes: int = TAIL_BYTES) -> list[dict]:
-    """The complete JSON lines in the last ``nbytes`` of the run's ``metrics.jsonl``."""
+def run_bounds(row: dict) -> Bounds | None:
+    """What the run's plan (its ``plan.json``) allows its records; None without one."""
+    try:
+        plan = Plan.model_validate_json((Path(row["run_dir"]) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    steps = row.get("total_steps")
+    return Bounds.of(plan, steps) if steps else None
+
+
+def tail_records(
+    run_dir: Path | str, nbytes: int = TAIL_BYTES, bounds: Bounds | None = None
+) -> list[dict]:
+    """The complete JSON lines in the last ``nbytes`` of the run's ``metrics.jsonl``,
+    without those beyond ``bounds`` (a rank 999 heartbeat is no row of ``status``)."""
     path = Path(run_dir) / "metrics.jsonl"
     try:
         with open(path, "rb") as f:
@@ -89,7 +104,8 @@ def tail_records(run_dir: Path | str, nbytes: int = TAIL_BYTES) -> list[dict]:
             rec = json.loads(line)
         except ValueError:
             continue  # empty, or a line still being written
-        if isinstance(rec, dict) and "kind" in rec:
+        wanted = isinstance(rec, dict) and "kind" in rec
+        if wanted and (bounds is None or bounds.problem(rec) is None):
             out.append(rec)
     return out
 

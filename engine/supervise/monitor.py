@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from jobctl.backends import BackendError, NodeStatus
 from jobctl.engine.channel.liveness import HeartbeatWatch
+from jobctl.engine.core.event_schema import Bounds
 from jobctl.engine.core.events import read_metrics
 from jobctl.engine.core.phases import STOPPABLE
 from jobctl.engine.state.db import StateDB
@@ -70,7 +71,10 @@ class Monitor(InPlaceWatch):
         self.scaling = ScaleWatch(run.dir, db.clock)
         self.on_event = on_event
         watches = (self.beats, self.scaling)
-        self.records = AttemptRecords(db, run.id, total_steps, watches, straggler_threshold, clock)
+        bounds = Bounds.of(run.plan, total_steps)
+        self.records = AttemptRecords(
+            db, run.id, total_steps, watches, straggler_threshold, clock, bounds
+        )
         metrics = run.dir / "metrics.jsonl"
         self.offset = metrics.stat().st_size if metrics.exists() else 0  # earlier attempts
         if getattr(run, "metrics_offset", None) is not None:  # adopted: where the last one left

@@ -39,8 +39,10 @@ class AttemptRecords:
         watches: tuple[HeartbeatWatch, ScaleWatch],
         straggler_threshold: float,
         clock: Callable[[], float],
+        bounds: event_schema.Bounds | None = None,
     ):
         self.db, self.run_id, self.total, self.clock = db, run_id, total_steps, clock
+        self.bounds = bounds  # the plan's: a record beyond them is not this run's
         self.beats, self.scaling = watches  # the monitor's, which it also polls
         self.losses: list[float] = []
         self.last_upload = -1
@@ -87,6 +89,8 @@ class AttemptRecords:
         event, but a worker on a shared disk appends to ``metrics.jsonl`` directly. True when
         the record was followed: only those reach the monitor's other readers."""
         why = event_schema.problem(rec)
+        if why is None and self.bounds is not None:
+            why = self.bounds.problem(rec)
         if why is not None:
             self._malformed(why)
             return False

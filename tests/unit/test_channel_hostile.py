@@ -196,3 +196,31 @@ def test_a_sender_splits_big_batches_and_never_retries_one_too_large(server, tmp
     archived = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["error"] for r in archived[-1:]] == ["after"] and len(archived) == 101
     assert sink._seq >= 4  # three batches of the 100, then "after"
+
+
+def test_records_beyond_the_plan_are_skipped_and_counted(tmp_path):
+    """#46 item 5: schema-valid records with impossible values were followed: an
+    ``uploaded`` at step 2**53 stayed in status as the last upload, a heartbeat for
+    rank 999 added a row. The monitor now bounds step, rank, node and stage by the
+    plan (P = 1 x D = 2 on one node, four blocks, four steps) and `status` does too."""
+    from jobctl.engine.supervise.figures import rank_compute, run_bounds, tail_records
+
+    monitor, _, db = _monitor(tmp_path, [RUNNING])
+    run_dir = tmp_path / "run"
+    (run_dir / "plan.json").write_text(monitor.run.plan.model_dump_json())
+    beat = {**BEAT, "ts": 0.0, "fwd_ms": 1.0, "bwd_ms": 1.0}
+    impossible = [
+        {"kind": "uploaded", "step": 2**53, "ts": 0.0},
+        {**beat, "rank": 999},
+        {**beat, "node": 3},
+        {**beat, "stage": 4},
+        {"kind": "checkpoint", "step": 5, "ts": 0.0},
+    ]
+    _write(run_dir, {"kind": "uploaded", "step": 4, "ts": 0.0}, beat, *impossible)
+    assert monitor.poll_once() is None
+    assert monitor.records.malformed == len(impossible)
+    row = db.get_run("r")
+    assert row["last_upload"] == 4 and row["last_checkpoint"] is None
+    recs = tail_records(run_dir, bounds=run_bounds(row))
+    assert [r["rank"] for r in rank_compute(recs)] == [0]
+    assert len(tail_records(run_dir)) == len(impossible) + 2  # unbounded: all of them

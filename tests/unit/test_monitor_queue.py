@@ -12,6 +12,7 @@ import json
 from types import SimpleNamespace
 
 from jobctl.backends.base import NodeStatus
+from jobctl.engine.core.plan import Plan, RankPlan, StagePlan
 from jobctl.engine.state.db import StateDB
 from jobctl.engine.supervise.monitor import Monitor
 
@@ -44,9 +45,29 @@ def _monitor(tmp_path, answers, total=4):
     db.create_run("r", "r", run_dir, total_steps=total, devices=2)
     db.set_phase("r", "launching")
     db.set_phase("r", "training")
-    run = SimpleNamespace(id="r", dir=run_dir, ctx=SimpleNamespace(nnodes=1))
+    run = SimpleNamespace(id="r", dir=run_dir, ctx=SimpleNamespace(nnodes=1), plan=two_ranks())
     backend = Replay(answers)
     return Monitor(run, backend, [0], db, total), backend, db
+
+
+def two_ranks() -> Plan:
+    """A real plan of the monitor's run: P = 1, D = 2 on one node, four blocks."""
+    ranks = [RankPlan(rank=r, node=0, local_rank=r, stage=0, replica=r) for r in range(2)]
+    stage = StagePlan(index=0, blocks=[0, 1, 2, 3], ranks=[0, 1], actions="")
+    return Plan(
+        P=1,
+        D=2,
+        micro_batch_size=1,
+        micro_batches=2,
+        global_batch_size=4,
+        schedule="1f1b",
+        nodes=1,
+        processes_per_node=2,
+        device="cpu",
+        block_names=[f"b{i}" for i in range(4)],
+        stages=[stage],
+        ranks=ranks,
+    )
 
 
 def _write(run_dir, *recs):
