@@ -54,7 +54,7 @@ def warm_start(ctx: RunContext) -> str:
     """``1``: workers forked from their agent's warm interpreter (engine/worker/agent.py).
     Not on CUDA, where a driver touched before a fork is unusable after it; and not
     where the submitting environment says ``JOBCTL_WARM_START=0`` (fresh interpreters,
-    as plain torchrun starts them: ``benchmarks/launch_time.py`` compares both)."""
+    as plain torchrun starts them: ``benchmarks/runtime/launch_time.py`` compares both)."""
     if ctx.hardware.device != "cpu" or os.environ.get(WARM_START) == "0":
         return "0"
     return "1"

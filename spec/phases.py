@@ -79,7 +79,8 @@ class PruningSpec(SpecModel):
         description="When a pruned linear layer computes with torch.sparse CSR kernels instead "
         "of dense ones. 'auto' (default): when its sparsity reaches the CSR/dense crossover "
         "measured on this device for its shape (measured once, cached beside the "
-        "calibrations; benchmarks/sparse_crossover.py prints it), so a layer switches only "
+        "calibrations; python -m benchmarks run sparse_crossover prints it), so a layer "
+        "switches only "
         "where CSR is faster; a number in (0, 1]: when its sparsity exceeds it; null: "
         "always dense.",
     )

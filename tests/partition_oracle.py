@@ -1,5 +1,5 @@
 """The stage partition's oracle, shared by tests/unit/test_partition.py and
-benchmarks/partition_optimality.py: the min-max bottleneck by enumerating every cut."""
+benchmarks/planner/partition_optimality.py: the min-max bottleneck by enumerating every cut."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def _finish(job: Job, dtype) -> int:
 
 def single_process(job: Job) -> int:
     """The plain loop ``prepare`` is measured against: one process, one document at a
-    time (``benchmarks/data_throughput.py``)."""
+    time (``benchmarks/io/data_throughput.py``)."""
     tok = Tokenizer(job.tokenizer)
     dtype = np.uint16 if tok.vocab <= UINT16_VOCAB else np.uint32
     n = 0

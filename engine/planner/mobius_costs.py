@@ -46,7 +46,7 @@ class MobiusConfig(BaseModel):
     )
     micro_batches: int = Field(ge=1, description="M: micro-batches per step")
     # 16: a 48-layer GPT (50 blocks) becomes 14 units and solves in about 2-4 s
-    # (benchmarks/mobius_partition.py); 18 units (g = 3) took 6-10 s there.
+    # (benchmarks/planner/mobius_partition.py); 18 units (g = 3) took 6-10 s there.
     max_units: int = Field(
         16, ge=1, description="merge identical layers until at most this many units remain"
     )

@@ -203,7 +203,7 @@ def _auto_plan(spec: JobSpec, cal: Calibration, G: int) -> tuple[JobSpec, Plan]:
 
 #: Auto's cheap Mobius estimate builds the MIP plan only within this share of the
 #: ordinary plan's step: the MIP moves a few blocks between stages of the even split,
-#: a few per cent of the step (benchmarks/mobius_partition.py).
+#: a few per cent of the step (benchmarks/planner/mobius_partition.py).
 MARGIN = 0.05
 
 

@@ -11,8 +11,8 @@ sparsity from which CSR is faster by at least ``1 - MARGIN`` at every higher one
 
 ``pruning.sparse_threshold: auto`` switches a layer to CSR only when its sparsity is at
 or above the crossover of its shape class; ``resolve`` finds each needed class in the
-cache and measures the missing ones once (then caches them). ``benchmarks/
-sparse_crossover.py`` prints the whole ladder and refreshes the record.
+cache and measures the missing ones once (then caches them). ``python -m benchmarks run
+sparse_crossover`` prints the whole ladder and refreshes the record.
 """
 
 from __future__ import annotations

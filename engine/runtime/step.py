@@ -50,7 +50,7 @@ def seed_rng(seed: int, device: torch.device) -> None:
     the only one the step draws from, and seeding it alone is the same stream:
     ``torch.manual_seed`` also queues the seed for every accelerator backend (CUDA,
     XPU, MTIA), each capturing the caller's traceback for its lazy start, which cost a
-    CPU worker 1.2-1.5 ms a step (cProfile, benchmarks/schedule_throughput's 1f1b)."""
+    CPU worker 1.2-1.5 ms a step (cProfile, benchmarks/runtime/schedule_throughput's 1f1b)."""
     if device.type == "cpu":
         torch.default_generator.manual_seed(seed)
     else:

@@ -70,15 +70,15 @@ def _print_explanation(console: Console, p: PruningSpec) -> None:
     if p.sparse_threshold == "auto":
         console.print(
             "  a pruned linear layer computes in CSR once its sparsity reaches the CSR/dense "
-            "crossover measured on this device for its shape (benchmarks/sparse_crossover.py "
-            "prints it); below that it stays dense",
+            "crossover measured on this device for its shape (python -m benchmarks run "
+            "sparse_crossover prints it); below that it stays dense",
             soft_wrap=True,
             highlight=False,
         )
     elif p.sparse_threshold is not None:
         console.print(
             f"  linear layers above {100 * p.sparse_threshold:.0f} % sparsity compute in CSR "
-            "(benchmarks/sparse_crossover.py measures whether that pays off here)",
+            "(python -m benchmarks run sparse_crossover measures whether that pays off here)",
             soft_wrap=True,
             highlight=False,
         )

@@ -6,7 +6,7 @@ that imports torch (1.5-2 CPU s), then ``torch._dynamo`` (``torch.optim`` import
 the first optimizer, 1.5 CPU s more), then jobctl's runtime. With two agents and four
 workers on a 2-core machine that was about 8 s of every launch's 12 s from "launching"
 to the first step, and it is paid again at every relaunch after a preemption, on every
-backend (``benchmarks/launch_time.py`` measures both ways).
+backend (``benchmarks/runtime/launch_time.py`` measures both ways).
 
 ``python -m jobctl.engine.worker.agent ARGS`` is torchrun (``torch.distributed.run``,
 unchanged: its flags, rendezvous, monitoring, restarts and signal forwarding) with one

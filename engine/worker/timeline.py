@@ -1,6 +1,6 @@
 """A worker's start-up timeline: wall-clock points printed to its log.
 
-``benchmarks/recovery_time.py`` reads them (``jobctl-startup WHAT TS`` lines of
+``benchmarks/recovery/recovery_time.py`` reads them (``jobctl-startup WHAT TS`` lines of
 ``logs/rank-<r>.log``) to split a relaunch into process start, imports, rendezvous,
 model build, checkpoint load and first step, beside the supervisor's own events. Wall
 clock, not a monotonic one: the points are compared across processes.

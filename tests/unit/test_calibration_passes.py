@@ -1,6 +1,6 @@
 """The block timings' passes: 2 x ``repeats`` timed runs per block spread over the
-passes (``COMPUTE_PASSES``, or another count ``benchmarks.calibration_noise --compare``
-tries), the least disturbed pass kept per micro-batch size."""
+passes (``COMPUTE_PASSES``, or another count ``calibrate(passes=)`` is given), the least
+disturbed pass kept per micro-batch size."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ PROBE_MICRO_BATCHES = 4  # of the pipeline probe (calibration_probe)
 BUSY_PROBE_STAGES = 4  # the probe's pipeline when the group has that many ranks
 # Block timings are taken in this many passes, 2 x ``repeats`` timed runs per block and
 # m spread over them; per micro-batch size the least disturbed pass is kept. Six
-# shorter passes were tried (``python -m benchmarks.calibration_noise --compare 6``):
+# shorter passes were tried (calibration_noise, docs/benchmarks.md "Past investigations"):
 # the blocks' times agreed better between calibrations (spread 0.67x) but the plans
 # did not (predicted step spread 1.97x, the order's Kendall tau 0.73 -> 0.74).
 COMPUTE_PASSES = 2

@@ -1,0 +1,2 @@
+"""Benchmarks of data and event I/O: real data sources, data prepare, checkpoint uploads
+and the event channel."""
