@@ -1,4 +1,4 @@
-"""Upper bounds of the spec's count fields.
+"""Bounds of the spec's count and size fields.
 
 Each is far above any real job yet small enough that the planner, the simulator and the
 launchers stay fast: without them `model.layers: 1e30` overflowed, `global_batch_size:
@@ -15,3 +15,4 @@ MAX_NODES = 4096
 MAX_PROCESSES = 1024  # per node
 MAX_RESTARTS = 1000
 MAX_SEED = 2**32 - 1  # what every seeded generator (numpy's too) accepts
+MIN_MEMORY_GB = 1e-6  # 1 kB per device: below it no model fits (1e-300 was taken)

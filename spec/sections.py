@@ -25,6 +25,7 @@ from .limits import (
     MAX_STEPS,
     MAX_VOCAB,
     MAX_WIDTH,
+    MIN_MEMORY_GB,
 )
 from .model_source import HuggingFaceSpec, LossName, Task, hf_defaults, hf_violations
 from .precision import LossScaleSpec, loss_scale_violations
@@ -286,7 +287,8 @@ class HardwareSpec(TopologyFields):
         1, ge=1, le=MAX_PROCESSES, description="Devices per node: GPUs, or CPU worker processes."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device type of every process.")
-    memory_gb: float = Field(4.0, gt=0.0, description="Memory per device, GB.")
+    # 1e-300 made the planner say "needs 0.00 GB" with no line to fix (#46 item 9)
+    memory_gb: float = Field(4.0, ge=MIN_MEMORY_GB, description="Memory per device, GB.")
     flops_tflops: float | None = Field(
         None,
         gt=0.0,

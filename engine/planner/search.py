@@ -211,6 +211,12 @@ def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: i
         simulate_candidate(spec, tables, cand, seed)
 
 
+def _gb(nbytes: float) -> str:
+    """GB to two places, or three figures under 0.01 GB (a tiny stage read "0.00 GB")."""
+    gb = nbytes / GB
+    return f"{gb:.2f}" if gb >= 0.01 else f"{gb:.3g}"
+
+
 def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> bool:
     """Fill ``memory`` (and ``why_not`` when a stage does not fit ``cap``)."""
     lay = cand.layout
@@ -224,7 +230,7 @@ def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> b
     if cand.memory[worst] <= cap:
         return True
     cand.why_not = (
-        f"does not fit memory: stage {worst} needs {cand.memory[worst] / GB:.2f} GB "
+        f"does not fit memory: stage {worst} needs {_gb(cand.memory[worst])} GB "
         f"> {spec.hardware.memory_gb} GB{averaging_costs.refusal_note(spec)}"
     )
     return False

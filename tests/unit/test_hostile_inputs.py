@@ -204,3 +204,24 @@ def test_status_reads_a_rollback_journal_db_while_another_process_writes(tmp_pat
         assert result.exit_code == 0 and "r-1" in result.output, result.output
     finally:
         holder.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("value", ["1e-300", "1e-7"])
+def test_a_device_memory_no_model_fits_is_a_located_validate_error(tmp_path, value):
+    """#46 item 9: ``memory_gb: 1e-300`` reached the planner, which said "stage 0 needs
+    0.00 GB > 1e-300 GB" with no file:line; validate now refuses it at its line."""
+    text = QUICKSTART.read_text()
+    lines = text.splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.startswith("  memory_gb:")]
+    lines[index] = f"  memory_gb: {value}"
+    job = tmp_path / "job.yaml"
+    job.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(app, ["validate", str(job)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert f"{job}:{index + 1}:14: hardware.memory_gb:" in r.output and "0.000001" in r.output
+
+
+def test_a_tiny_stage_is_priced_in_figures_not_zero():
+    from jobctl.engine.planner.search import GB, _gb
+
+    assert (_gb(33.63 * GB), _gb(0.0021 * GB), _gb(2e-6 * GB)) == ("33.63", "0.0021", "2e-06")
