@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,8 +37,22 @@ def validate(spec_file: SpecArg) -> None:
     console.print(styled("[green]ok[/green] {}", summary))
 
 
-def schema() -> None:
+def schema(
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown",
+            help="print the spec reference page instead (every field's type, default, "
+            "description and example): jobctl schema --markdown > docs/spec.md",
+        ),
+    ] = False,
+) -> None:
     """Print the job spec's JSON schema."""
+    if markdown:
+        from jobctl.spec.reference import render
+
+        sys.stdout.write(render())  # print() would add a newline the page does not have
+        return
     from jobctl.spec import json_schema
 
     print(json.dumps(json_schema(), indent=2))
