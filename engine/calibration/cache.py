@@ -28,6 +28,7 @@ from jobctl.engine.calibration.analytic import (
 from jobctl.engine.calibration.record import CALIBRATION_VERSION, Calibration, Fingerprint
 from jobctl.engine.core.home import default_home
 from jobctl.spec import HardwareSpec, JobSpec
+from jobctl.spec.files import read_regular_text
 
 DEFAULT_THREADS = 1  # worker processes run with one intra-op thread (JOBCTL_THREADS)
 
@@ -91,16 +92,24 @@ def save(cal: Calibration, home: Path | None = None) -> Path:
 
 def load(path: Path) -> Calibration:
     """Read a calibration file; CalibrationError if it is not a usable record."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    try:  # a regular file only: a FIFO planted in the cache hung `plan` (#46 item 6)
+        raw = json.loads(read_regular_text(path))
+    except (OSError, ValueError) as e:  # also not UTF-8
         raise CalibrationError(f"{path}: cannot read calibration: {e}") from None
+    if not isinstance(raw, dict):
+        raise CalibrationError(f"{path}: not a calibration record: run `jobctl calibrate` again")
     if raw.get("version") != CALIBRATION_VERSION:
         raise CalibrationError(
             f"{path}: calibration format version {raw.get('version')}, "
             f"this jobctl reads version {CALIBRATION_VERSION}: run `jobctl calibrate` again"
         )
-    return Calibration.model_validate(raw)
+    try:
+        return Calibration.model_validate(raw)
+    except ValueError as e:  # pydantic's ValidationError: a damaged or edited record
+        first = str(e).splitlines()[0]
+        raise CalibrationError(
+            f"{path}: damaged calibration ({first}): run `jobctl calibrate` again"
+        ) from None
 
 
 def find_cached(

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from jobctl.engine.core.home import default_home
+from jobctl.spec.files import read_regular_text
 
 KEEP = 5  # measurements kept per machine
 
@@ -51,7 +52,7 @@ def startup_for(home: Path | None, machine: str, kind: str = "startup") -> float
 
 def _read(path: Path) -> list[float]:
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_regular_text(path))  # never a FIFO's blocking read
         return [float(x) for x in raw["samples"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []

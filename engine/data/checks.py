@@ -11,12 +11,14 @@ the vocabulary, a dataset without the text column, a missing optional package.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from jobctl.spec import JobSpec
 from jobctl.spec.base import Violation
 from jobctl.spec.data import UINT16_VOCAB
+from jobctl.spec.files import KINDS, NotARegularFile
 
 if TYPE_CHECKING:
     from jobctl.engine.data.tokens import TokenFile
@@ -51,12 +53,22 @@ def _need(spec: JobSpec) -> int:
     return spec.training.global_batch_size
 
 
-def _missing(path: str, field: str) -> Violation | None:
+def _missing(path: str, field: str, folder_ok: bool = False) -> Violation | None:
+    """Why the local ``path`` cannot be read as ``field``'s file: missing, or a FIFO,
+    device or socket (#46 item 6: reading a FIFO blocks until a writer comes, so a
+    token file that was one hung `validate`); a folder only where ``folder_ok``."""
     from jobctl.engine.data.tokens import is_url
 
-    if is_url(path) or os.path.exists(path):
+    if is_url(path):
         return None
-    return Violation(field, f"{path}: no such file or folder", f"fix {field} or create the file")
+    if not os.path.exists(path):
+        return Violation(
+            field, f"{path}: no such file or folder", f"fix {field} or create the file"
+        )
+    if os.path.isfile(path) or (folder_ok and os.path.isdir(path)):
+        return None
+    what = KINDS.get(stat.S_IFMT(os.stat(path).st_mode), "a special file")
+    return Violation(field, f"{path} is {what}, not a regular file", NotARegularFile.fix)
 
 
 def _text(spec: JobSpec) -> Iterator[Violation]:
@@ -168,7 +180,7 @@ def _hf(spec: JobSpec) -> Iterator[Violation]:
 
     d = spec.data
     for path, field in ((d.path or "", "data.path"), (d.tokenizer or "", "data.tokenizer")):
-        if (missing := _missing(path, field)) is not None:
+        if (missing := _missing(path, field, folder_ok=True)) is not None:
             yield missing
             return
     try:

@@ -91,3 +91,41 @@ def test_a_regular_file_reads_as_before(tmp_path):
         read_regular(tmp_path / "missing")
     with pytest.raises(NotARegularFile):
         read_regular(tmp_path)
+
+
+@pytest.mark.parametrize("source", ["tokens", "text"])
+def test_a_fifo_as_the_data_path_is_a_violation_at_once(fifo, tmp_path, source):
+    """#46 item 6: a FIFO as ``data.path`` (source tokens) blocked `validate` in the
+    token file's open; now a located violation says what it is, for text too."""
+    data = tmp_path / "train.fifo"
+    os.mkfifo(data)
+    spec = tmp_path / "data.yaml"
+    spec.write_text(
+        (ROOT / "jobs" / "quickstart.yaml")
+        .read_text()
+        .replace("  source: synthetic", f"  source: {source}\n  path: {data}")
+    )
+    loaded = load_spec(spec)
+    assert loaded.data.source == source
+    error = _within(60, lambda: check_data(loaded, spec))
+    assert isinstance(error, SpecError), error
+    (issue,) = [i for i in error.errors if i.path == "data.path"]
+    assert "a FIFO (named pipe), not a regular file" in issue.message and issue.line
+
+
+def test_a_planted_calibration_is_skipped_not_a_hang(tmp_path):
+    """#46 item 6: a FIFO or a damaged record in the calibration cache hung `plan` or
+    raised a traceback (``[]``: AttributeError); each is a CalibrationError, which
+    the cache's reader treats as no calibration."""
+    from jobctl.engine.calibration.cache import CalibrationError, load
+    from jobctl.engine.calibration.record import CALIBRATION_VERSION
+
+    planted = tmp_path / "cal.json"
+    os.mkfifo(planted)
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "old.json").write_text('{"version": 999}')
+    (tmp_path / "shape.json").write_text(f'{{"version": {CALIBRATION_VERSION}, "names": 3}}')
+    for path in (planted, *(tmp_path / f"{n}.json" for n in ("list", "old", "shape"))):
+        error = _within(10, lambda path=path: load(path))
+        assert isinstance(error, CalibrationError), error
+        assert str(path) in str(error) and "\n" not in str(error)
