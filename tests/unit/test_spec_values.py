@@ -67,3 +67,32 @@ def test_a_count_of_5000_digits_is_located_not_a_traceback(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(text)
     assert f"{path}:{issue.line}:" in _validate(path)
+
+
+def test_a_wrong_value_inside_a_config_path_json_names_its_own_line(tmp_path):
+    """#46 item 3, the rest: a wrong value inside ``config_path``'s JSON was reported
+    at the spec's config_path line only; the message now names the key's own
+    file:line:column in the JSON."""
+    import json
+
+    config = {
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": "café",
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+    }
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config, indent=2) + "\n")
+    text = HF_LLAMA.read_text()
+    start = text.index("    config:")
+    end = text.index("  seq_len:")
+    path = tmp_path / "job.yaml"
+    path.write_text(text[:start] + f"    config_path: {cfg}\n" + text[end:])
+    out = " ".join(_validate(path).split())
+    json_line = _line_of(cfg.read_text(), '"num_key_value_heads"')
+    assert f"(at {cfg}:{json_line}:3)" in out, out
+    assert f"{path}:{_line_of(path.read_text(), 'config_path')}:" in out
+    assert "fix: set num_key_value_heads to a value of type int (it is a str)" in out

@@ -196,10 +196,30 @@ def _config_rejected(cfg: Any, error: Exception) -> Exception:
         fix = f"set {key} to a value of type {kind.group(1)} (it is a {kind.group(2)})"
     else:
         fix = f"give {key or 'the config'} a value the {cfg.hf_class} config accepts"
-    found = ModelSourceError(f"the {cfg.hf_class} config rejects {key or 'it'}: {message}", fix)
+    where = _json_key_at(cfg.hf_config_path, key) if key and cfg.hf_config_path else ""
+    found = ModelSourceError(
+        f"the {cfg.hf_class} config rejects {key or 'it'}{where}: {message}", fix
+    )
     if key and key in (cfg.hf_config or {}):
         found.field = f"{HF}.config.{key}"  # located at the key's own line
     return found
+
+
+def _json_key_at(path: str, key: str) -> str:
+    """`` (at FILE:LINE:COL)`` of ``key`` in the config_path JSON file, so a wrong value
+    there is found at its own line, not at the spec's config_path line (#46 item 3)."""
+    from jobctl.spec.files import read_regular_text
+
+    try:
+        text = read_regular_text(path)
+    except (OSError, ValueError):
+        return ""
+    found = re.search(rf'"{re.escape(key)}"\s*:', text)
+    if found is None:
+        return ""
+    line = text.count("\n", 0, found.start()) + 1
+    column = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+    return f" (at {path}:{line}:{column})"
 
 
 def tied_names(model: Any) -> dict[str, list[str]]:
