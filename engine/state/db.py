@@ -106,6 +106,13 @@ def _clean(row: Mapping[str, Any], table: sa.Table) -> dict[str, Any]:
 CAS_RETRIES = 8  # a transition that keeps losing its compare-and-set gives up (never seen)
 
 
+def _sqlite_busy(dbapi_conn, _record) -> None:
+    """Wait for another process's lock as a writer does (a supervisor commits often)."""
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={round(write_wait_s() * 1000)}")
+    cur.close()
+
+
 def _sqlite_wal(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=0")
@@ -180,10 +187,15 @@ class StateDB:
         except (ImportError, ValueError, sa.exc.ArgumentError) as e:
             raise url_error(self.url, e) from None
         if self.engine.dialect.name == "sqlite":
-            sa.event.listen(self.engine, "connect", _sqlite_wal)
+            sa.event.listen(self.engine, "connect", _sqlite_busy)
         with _reading(self.url):
+            # Judged before WAL mode is set: switching it rewrites the file's header,
+            # and a DB that is not jobctl's is refused unchanged.
             _refuse_foreign(self.url, self.engine)
             _refuse_partial(self.url, self.engine)
+            if self.engine.dialect.name == "sqlite":
+                self.engine.dispose()  # the connection that judged it has no WAL mode
+                sa.event.listen(self.engine, "connect", _sqlite_wal)
             metadata.create_all(self.engine)
             _add_missing_columns(self.engine)
 
