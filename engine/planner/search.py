@@ -34,7 +34,7 @@ from jobctl.engine.planner.replicas import (
 from jobctl.engine.planner.shortlist import Shortlist, sweep_lines
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.engine.planner.simulator.steady import steady_simulate
-from jobctl.engine.planner.sizing import GB, choose_m, fit_hint
+from jobctl.engine.planner.sizing import GB, choose_m, fit_hint, gb_text
 from jobctl.engine.planner.stage_costs import (
     CLOSED_FORM_PEAKS,
     StageCosts,
@@ -211,12 +211,6 @@ def evaluate(spec: JobSpec, tables: Tables, cand: Candidate, cap: float, seed: i
         simulate_candidate(spec, tables, cand, seed)
 
 
-def _gb(nbytes: float) -> str:
-    """GB to two places, or three figures under 0.01 GB (a tiny stage read "0.00 GB")."""
-    gb = nbytes / GB
-    return f"{gb:.2f}" if gb >= 0.01 else f"{gb:.3g}"
-
-
 def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> bool:
     """Fill ``memory`` (and ``why_not`` when a stage does not fit ``cap``)."""
     lay = cand.layout
@@ -230,7 +224,7 @@ def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> b
     if cand.memory[worst] <= cap:
         return True
     cand.why_not = (
-        f"does not fit memory: stage {worst} needs {_gb(cand.memory[worst])} GB "
+        f"does not fit memory: stage {worst} needs {gb_text(cand.memory[worst])} GB "
         f"> {spec.hardware.memory_gb} GB{averaging_costs.refusal_note(spec)}"
     )
     return False

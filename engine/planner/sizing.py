@@ -7,6 +7,12 @@ from jobctl.engine.planner.stage_costs import Tables
 from jobctl.spec import HardwareSpec, JobSpec
 
 GB = 1024**3
+
+
+def gb_text(nbytes: float) -> str:
+    """GB to two places, or three figures under 0.01 GB (a tiny stage read "0.00 GB")."""
+    gb = nbytes / GB
+    return f"{gb:.2f}" if gb >= 0.01 else f"{gb:.3g}"
 STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
 
 
@@ -43,7 +49,7 @@ def fit_hint(hardware: HardwareSpec, tables: Tables, G: int) -> str:
     if low is None:
         return (
             f"the model does not fit {mem} GB devices even with one block per stage "
-            f"(P={n}): the heaviest block needs {need[n] / GB:.2f} GB with m=1; raise "
+            f"(P={n}): the heaviest block needs {gb_text(need[n])} GB with m=1; raise "
             "hardware.memory_gb or use a smaller model"
         )
     if low > G:
@@ -51,6 +57,6 @@ def fit_hint(hardware: HardwareSpec, tables: Tables, G: int) -> str:
         return (
             f"the model needs at least P={low} stages to fit {mem} GB devices, but only "
             f"G={G} devices are available: add devices (>= {low}), or raise "
-            f"hardware.memory_gb to {need[top] / GB:.2f} GB to fit P={top}"
+            f"hardware.memory_gb to {gb_text(need[top])} GB to fit P={top}"
         )
     return f"P >= {low} stages fit {mem} GB at m=1: lower micro_batch_size or raise P"

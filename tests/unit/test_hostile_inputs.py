@@ -222,6 +222,7 @@ def test_a_device_memory_no_model_fits_is_a_located_validate_error(tmp_path, val
 
 
 def test_a_tiny_stage_is_priced_in_figures_not_zero():
-    from jobctl.engine.planner.search import GB, _gb
+    from jobctl.engine.planner.sizing import GB, gb_text
 
-    assert (_gb(33.63 * GB), _gb(0.0021 * GB), _gb(2e-6 * GB)) == ("33.63", "0.0021", "2e-06")
+    got = (gb_text(33.63 * GB), gb_text(0.0021 * GB), gb_text(2e-6 * GB))
+    assert got == ("33.63", "0.0021", "2e-06")
