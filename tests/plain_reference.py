@@ -5,7 +5,7 @@ optimizer builder, LR schedule and model blocks, so a bug in any of those passes
 parity test that compares against it. This module re-implements the documented
 semantics instead (``docs/training.md`` states them) and imports nothing from jobctl:
 
-* data (README "Data", ``spec/data.py``): ``data.source: tokens`` with ``data.shuffle:
+* data (``docs/data.md``, ``spec/data.py``): ``data.source: tokens`` with ``data.shuffle:
   false`` -- a flat ``.bin`` token file; sequence ``k`` is the ``seq_len`` tokens from
   offset ``k * seq_len``, predicting the tokens one position later (nanoGPT's cut, which
   is what "as GPT training scripts write it" means: a sequence holds ``seq_len`` tokens
