@@ -13,6 +13,8 @@ def gb_text(nbytes: float) -> str:
     """GB to two places, or three figures under 0.01 GB (a tiny stage read "0.00 GB")."""
     gb = nbytes / GB
     return f"{gb:.2f}" if gb >= 0.01 else f"{gb:.3g}"
+
+
 STOP_GAIN = 0.05  # F(m)/m "stops improving": less than 5 % better at the next m
 
 
