@@ -165,17 +165,37 @@ def _resolve_data_path(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def _resolve_model_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """Make relative ``model.huggingface.config_path`` and ``pretrained`` absolute
-    against ``base``, as ``data.path`` is, so every process reads the same files."""
-    model = data.get("model")
-    hf = model.get("huggingface") if isinstance(model, dict) else None
-    if not isinstance(hf, dict):
+    against ``base``, as ``data.path`` is, so every process reads the same files; and
+    ``hardware.ssh``'s key and known-hosts files, which the rendered start.sh passes to
+    ssh from the run folder (a relative key was checked here, then not found there)."""
+    data = _resolved_in(data, base, ("model", "huggingface"), ("config_path", "pretrained"))
+    ssh = ("identity_file", "known_hosts_file")  # ~ stays: ssh expands it itself
+    return _resolved_in(data, base, ("hardware", "ssh"), ssh, expand=False)
+
+
+def _resolved_in(
+    data: dict[str, Any],
+    base: Path,
+    where: tuple[str, str],
+    keys: tuple[str, ...],
+    expand: bool = True,
+) -> dict[str, Any]:
+    """``data`` with each of ``keys`` of the section at ``where`` absolute against
+    ``base`` (``~`` expanded, or with ``expand=False`` left as written; URLs and blank
+    values too, for the validators to judge)."""
+    outer = data.get(where[0])
+    inner = outer.get(where[1]) if isinstance(outer, dict) else None
+    if not isinstance(inner, dict):
         return data
     resolved = {}
-    for key in ("config_path", "pretrained"):
-        value = hf.get(key)
-        if isinstance(value, str) and value and "://" not in value:
-            path = Path(value).expanduser()
-            resolved[key] = os.path.abspath(path if path.is_absolute() else base / path)
+    for key in keys:
+        value = inner.get(key)
+        if not isinstance(value, str) or not value.strip() or "://" in value:
+            continue
+        if not expand and value.startswith("~"):
+            continue
+        path = Path(value).expanduser()
+        resolved[key] = os.path.abspath(path if path.is_absolute() else base / path)
     if not resolved:
         return data
-    return {**data, "model": {**model, "huggingface": {**hf, **resolved}}}
+    return {**data, where[0]: {**outer, where[1]: {**inner, **resolved}}}

@@ -177,3 +177,18 @@ def test_bytes_that_are_not_utf8_are_placed_by_line_and_column(tmp_path: Path):
     [issue] = info.value.errors
     assert (issue.line, issue.column) == (6, 8)
     assert "0xff" in issue.message and "codec" not in issue.message and issue.fix
+
+
+def test_a_relative_ssh_key_is_the_one_beside_the_spec(tmp_path: Path, monkeypatch):
+    """A relative ``identity_file`` was checked against the current folder at
+    `validate` and then handed as written to ssh, which start.sh runs from the run
+    folder, where it was not; it resolves against the spec's folder now, as
+    ``data.path`` does (``~`` stays for ssh to expand)."""
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    ssh = "ssh: {identity_file: keys/id, known_hosts_file: ~/.ssh/kh}"
+    text = spec_with({"hardware": f"backend: ssh, nodes: 1, hosts: [127.0.0.1], {ssh}"})
+    (tmp_path / "job.yaml").write_text(text)
+    monkeypatch.chdir("/")
+    got = load_spec(tmp_path / "job.yaml").hardware.ssh
+    assert (got.identity_file, got.known_hosts_file) == (str(tmp_path / "keys/id"), "~/.ssh/kh")
