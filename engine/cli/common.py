@@ -123,6 +123,13 @@ def for_devices(spec: JobSpec, devices: int | None) -> JobSpec:
     batch), and the command says so."""
     par = spec.parallelism
     P, D = par.pipeline_stages, par.data_parallel
+    pool = spec.hardware.devices
+    if devices is not None and devices > pool:  # #47: it was planned without a word
+        err.print(
+            f"--devices {devices}: more than the pool's {pool} (hardware.nodes x "
+            f"processes_per_node); planned for {devices} as asked",
+            highlight=False,
+        )
     if devices is None or not (isinstance(P, int) and isinstance(D, int)) or devices == P * D:
         return spec
     err.print(

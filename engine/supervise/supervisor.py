@@ -395,7 +395,9 @@ class Supervisor(InPlaceSteps):
         self.attempt.backend.cancel(self.attempt.handles, signal.SIGTERM)
         n = len(self.attempt.handles)
         note = f"SIGTERM sent to the {n} node(s) running now: checkpoint, then stop"
-        self.db.add_event(self.run_id, "stop", note, {"handles": self.attempt.handles})
+        # The request wrote the run's one "stop" event; this says how it reached the
+        # nodes (both were "stop", so `status` listed the stop twice: #47).
+        self.db.add_event(self.run_id, "stop_signal", note, {"handles": self.attempt.handles})
         # Ctrl-C on apply asks through the DB alone; `jobctl stop` has moved it already.
         self.db.set_phase_if(self.run_id, {p.value for p in STOPPABLE}, "stopping", note)
 

@@ -90,6 +90,15 @@ def test_devices_replans_fixed_p_and_d():
     assert "on 2 device(s)" in r.output
 
 
+def test_devices_above_the_pool_are_said_not_silent():
+    """#47: `plan --devices 8` on the quickstart's pool of 4 planned without a word."""
+    r = _run("plan", str(JOBS / "quickstart.yaml"), "--devices", "8")
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "--devices 8: more than the pool's 4 (hardware.nodes x processes_per_node)" in said
+    assert "planned for 8 as asked" in said
+
+
 def test_resume_of_a_completed_run_says_so(tmp_path):
     db = StateDB(tmp_path)
     db.create_run("done-1", "done", tmp_path / "done-1", total_steps=10)

@@ -177,6 +177,8 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
     assert old.cancels == cancels_before  # the dead attempt's handles are left alone
     assert sup.step() == "stopping"  # applied once
     assert new.cancels == [(["a1n0"], signal.SIGTERM)]
+    kinds = [e["kind"] for e in db.events(sup.run_id)]
+    assert kinds.count("stop") == 1 and kinds.count("stop_signal") == 1  # #47: listed twice
     r = CliRunner().invoke(app, ["status", "--home", str(db.home)], env={"COLUMNS": "80"})
     assert r.exit_code == 0 and "stopping" in r.output, r.output
     run_dir = sup.current.dir
