@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from jobctl.engine.views.markup import styled
 
@@ -67,9 +67,12 @@ def print_plan(console: Console, plan: Plan, steps: int | None = None, done: int
 def _stage_table(plan: Plan) -> Table:
     """A row per stage: its blocks (by index and name), ranks and recomputation."""
     first = "ranks (replica 0..D-1)" if plan.T == 1 else "first ranks (+0..T-1)"
-    stages = Table("stage", "blocks", first, "recompute")
+    # A name longer than the column at 80 is folded, never cut with an ellipsis (#47).
+    blocks, ranks = Column("blocks", overflow="fold"), Column(first, overflow="fold")
+    stages = Table("stage", blocks, ranks, "recompute")
     for st in plan.stages:
-        names = [plan.block_names[b] for b in st.blocks]
+        # a traced block spanning modules, "a..b", may wrap between them
+        names = [plan.block_names[b].replace("..", " .. ") for b in st.blocks]
         shown = names if len(names) <= 4 else [names[0], "...", names[-1]]
         stages.add_row(
             str(st.index),

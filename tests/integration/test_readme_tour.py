@@ -71,6 +71,8 @@ def test_every_tour_command_runs_as_written(tmp_path):
             out = run.stdout + run.stderr
             assert run.returncode == 0, f"{cmd}: exit {run.returncode}\n{out[-3000:]}"
             assert "Traceback" not in out, f"{cmd}\n{out[-3000:]}"
+            # #47: at 80 columns in a pipe, no value is cut short with an ellipsis
+            assert "\u2026" not in out, f"{cmd}: a value cut with an ellipsis\n{out[-3000:]}"
             if cmd in EXPECT:
                 assert EXPECT[cmd] in out, f"{cmd}\n{out[-3000:]}"
         _check_the_quickstart_run(jobctl, tmp_path, env)
