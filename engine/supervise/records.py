@@ -57,7 +57,11 @@ class AttemptRecords:
         self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
         self.malformed = 0  # records skipped: no handler could read them
         self.restart()
-        self.handlers: dict[str, Callable[[dict], None]] = {
+        self.handlers = self._handlers()
+
+    def _handlers(self) -> dict[str, Callable[[dict], None]]:
+        """Each kind's handler (kinds with none are the views' only)."""
+        return {
             Kind.STEP: self._on_step,
             Kind.EVAL: self._on_eval,
             Kind.CHECKPOINT: self._on_checkpoint,

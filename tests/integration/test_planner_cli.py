@@ -33,7 +33,9 @@ def test_calibrate_caches_a_record_that_plan_then_uses(tmp_path):
     assert rings == {(2, 1), (2, 2), (3, 1), (4, 1)}
     rt = cal.runtime  # the probes ran the runtime's executor: 1, 2 and 4 stages
     assert rt is not None and rt.source == "measured" and set(rt.probe) == {"idle", "busy"}
-    assert rt.probe["idle"]["measured_s"] > 0 and rt.step_s > 0 and 0.5 < rt.drift < 2
+    # step_s is clamped at 0 (solo_costs): on a loaded machine the probe's optimizer
+    # step can time faster than the calibrated one and the rest round to nothing
+    assert rt.probe["idle"]["measured_s"] > 0 and rt.step_s >= 0 and 0.5 < rt.drift < 2
     # Negative where shared memory beats the gloo ping-pong, never below a free send.
     assert rt.message_s >= -max(p.median for p in cal.p2p_intra.points.values())
     assert rt.load_idle > 0 and rt.load_busy > 0 and rt.action_s >= 0

@@ -359,6 +359,17 @@ class CheckpointStore:
             self.fs.rm(self._path(step), recursive=True)
         self.fs.invalidate_cache()
 
+    def _problems(self, steps: list[int], committed: int | None) -> dict[int, str | None]:
+        """Each step's problem (None: complete), in parallel; the sha256 check for the
+        steps newer than ``committed``, the cheap one for the others."""
+        ahead = {step for step in steps if committed is not None and step > committed}
+
+        def check(step: int) -> str | None:
+            return self.problem(step, verify=step in ahead)
+
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            return dict(zip(steps, pool.map(check, steps), strict=True))
+
     def apply_retention(
         self,
         keep_last: int,
@@ -378,15 +389,7 @@ class CheckpointStore:
         upload has not finished).
         """
         found, staged = self._entries()
-        steps = sorted(found)
-        ahead = {step for step in steps if committed is not None and step > committed}
-
-        def check(step: int) -> str | None:
-            return self.problem(step, verify=step in ahead)
-
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            verdicts = list(pool.map(check, steps))
-        problems = dict(zip(steps, verdicts, strict=True))
+        problems = self._problems(sorted(found), committed)
         complete = [step for step, problem in problems.items() if problem is None]
         doomed = plan_retention(complete, set(problems) - set(complete), keep_last, keep_every)
         doomed = [step for step in doomed if protect is None or not protect(step)]
