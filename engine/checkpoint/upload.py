@@ -329,8 +329,10 @@ class Uploader:
             self._last_committed = step
         keep_last, keep_every = self._keep
         if keep_last is not None:
+            # No ``committed``: uploads finish out of order (step 2's may commit after
+            # step 3's), and verifying a newer remote step would download all of it.
             deleted = self._store.apply_retention(
-                keep_last, keep_every, protect=self._inflight.protected, committed=step
+                keep_last, keep_every, protect=self._inflight.protected
             )
             if deleted:
                 logger.info("retention deleted checkpoint steps %s", deleted)
