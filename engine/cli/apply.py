@@ -64,13 +64,12 @@ def apply(
     run_id: Annotated[
         str | None, typer.Option("--run-id", hidden=True, callback=_checked_run_id)
     ] = None,
-    handed_over: Annotated[Path | None, typer.Option("--handed-over", hidden=True)] = None,
 ) -> None:
     """Validate, plan, render, launch and supervise a job until it ends.
 
     An unfinished earlier run of the same job is continued from its newest checkpoint.
     """
-    loaded = None if handed_over else load_or_exit(spec_file, backend=backend)
+    loaded = load_or_exit(spec_file, backend=backend)
     if dry_run:
         spec, p = _planned(loaded, spec_file, devices, home)
         _print_plan(spec, p)
@@ -80,10 +79,7 @@ def apply(
     from jobctl.engine.supervise.service import ApplyOptions
 
     db = StateDB(home)  # a damaged or locked DB is one line before any planning (#46 9)
-    if handed_over:  # a detached apply: its parent validated, tuned and planned
-        spec, p = _take_handover(handed_over)
-    else:
-        spec, p = _planned(loaded, spec_file, devices, home)
+    spec, p = _planned(loaded, spec_file, devices, home)
     run_id = _run_to_continue(db, spec.name, fresh, resume_dir, run_id)
     _print_plan(spec, p, _continued_from(db, run_id))
     opts = ApplyOptions(backend=backend, resume_dir=resume_dir, run_id=run_id)
@@ -93,7 +89,7 @@ def apply(
 def _start(spec_file, spec: JobSpec, p: Plan, db: StateDB, devices, opts, detach: bool) -> None:
     """Supervise the run here to its end, or (``--detach``) in the background."""
     if detach:
-        _detach(spec_file, (spec, p), db, devices, opts)
+        _detach(spec_file, spec.name, db, devices, opts)
         return
     _launch_and_report(spec, p, db, str(spec_file.resolve()), opts)
 
@@ -145,24 +141,16 @@ def _print_dry_run(spec: JobSpec, p: Plan, spec_file: Path, backend: str | None)
 
 
 def _detach(
-    spec_file: Path,
-    planned: tuple[JobSpec, Plan],
-    db: StateDB,
-    devices: int | None,
-    opts: ApplyOptions,
+    spec_file: Path, name: str, db: StateDB, devices: int | None, opts: ApplyOptions
 ) -> None:
-    """Start this same `apply` as a background supervisor in its own session, handed
-    the spec and plan made here (#47: validating and planning again there made
-    `--detach` return in twice the time)."""
+    """Start this same `apply` as a background supervisor in its own session."""
     import subprocess
 
     from jobctl.engine.recurring.procs import jobctl_argv
     from jobctl.engine.supervise.launch import new_run_id
 
-    run_id = opts.run_id or new_run_id(planned[0].name)
-    handover = _write_handover(db.home / "supervisors" / f"{run_id}.handover.json", planned)
+    run_id = opts.run_id or new_run_id(name)
     cmd = jobctl_argv("apply", str(spec_file.resolve()), "--home", str(db.home), "--run-id", run_id)
-    cmd += ["--handed-over", str(handover)]
     for flag, value in (
         ("--devices", devices),
         ("--backend", opts.backend),
@@ -185,34 +173,6 @@ def _detach(
         f"run {run_id} supervised in the background by pid {proc.pid} (log {log}); "
         f"`jobctl status {run_id}`, `jobctl logs {run_id} -f`, `jobctl stop {run_id}`"
     )
-
-
-def _write_handover(path: Path, planned: tuple[JobSpec, Plan]) -> Path:
-    """The tuned spec and its plan, for the background apply to start from."""
-    import json
-
-    from jobctl.spec import dump_yaml
-
-    spec, plan = planned
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"spec": dump_yaml(spec), "plan": plan.model_dump_json()}))
-    return path
-
-
-def _take_handover(path: Path) -> tuple[JobSpec, Plan]:
-    """What ``_write_handover`` wrote (the file is removed once read)."""
-    import json
-
-    from jobctl.engine.core.plan import Plan
-    from jobctl.spec import SpecError, load_spec_text
-
-    try:
-        doc = json.loads(path.read_text())
-        path.unlink()
-        return load_spec_text(doc["spec"], str(path)), Plan.model_validate_json(doc["plan"])
-    except (OSError, ValueError, KeyError, TypeError, SpecError) as e:
-        err.print(f"error: {path}: not a handed-over plan: {e}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
 
 
 def _await_row(db: StateDB, run_id: str, proc, log: Path, bound_s: float = 60.0) -> None:

@@ -188,23 +188,3 @@ def test_apply_continuing_a_run_predicts_the_steps_left(tmp_path):
     assert _continued_from(db, None) == 0 and _continued_from(db, "q-1") == 0
     db.update_run("q-1", last_checkpoint=72)
     assert _continued_from(db, "q-1") == 72
-
-
-def test_a_detached_apply_is_handed_the_spec_and_plan_made_in_front(tmp_path):
-    """#47: `apply --detach` validated and planned twice (in front, then again in the
-    background) before it returned; the background apply now starts from the spec and
-    plan the front one made, and a damaged hand-over is one line, exit 2."""
-    import typer
-
-    from jobctl.engine.cli.apply import _take_handover, _write_handover
-    from jobctl.engine.planner.resolver import make_plan
-
-    spec = load_spec(JOBS / "quickstart.yaml")
-    plan = make_plan(spec)
-    path = _write_handover(tmp_path / "supervisors" / "r.handover.json", (spec, plan))
-    got_spec, got_plan = _take_handover(path)
-    assert got_spec == spec and got_plan == plan and not path.exists()
-    path.write_text('{"spec": "name: [", "plan": "{}"}')
-    with pytest.raises(typer.Exit) as caught:
-        _take_handover(path)
-    assert caught.value.exit_code == 2
