@@ -65,8 +65,9 @@ BACKENDS = {
 
 # Stand-ins, on PATH before the real ones. python: the run host writes host.json (what
 # start.sh waits for), anything else is recorded. sbatch runs its batch script; srun runs
-# its command once per node; ssh runs the remote command here (its tar on stdin lands in
-# the same run folder); kubectl applies nothing and says the pods succeeded.
+# its command once per node; ssh runs the remote command here, in a folder of its own
+# per host (its tar on stdin lands in that host's copy of the run folder); kubectl
+# applies nothing and says the pods succeeded.
 PYTHON = """#!{python}
 import json, os, sys
 with open(os.path.join(os.environ["REC"], "python.calls"), "a") as f:
@@ -82,7 +83,14 @@ STANDINS = {
         'while [ "${1:0:2}" = -- ]; do shift; done\n'
         'for k in 0 1; do SLURM_NODEID=$k "$@"; done\n'
     ),
-    "ssh": '#!/usr/bin/env bash\nexec bash -c "${@: -1}"\n',
+    # Each host has its own root, as real hosts do: were the remote command to unpack
+    # into the very run folder the next host's tar is reading, tar -x's unlinking of
+    # plan.json races that read (CI read "tar: plan.json: Cannot stat").
+    "ssh": (
+        "#!/usr/bin/env bash\n"
+        'cmd="${@: -1}"; root="$REC/hosts/${@: -2:1}"\n'
+        'exec bash -c "${cmd//"$RUN"/"$root$RUN"}"\n'
+    ),
     "kubectl": (
         "#!/usr/bin/env bash\n"
         'printf "%s\\n" "$*" >> "$REC/kubectl.calls"\n'
@@ -194,6 +202,7 @@ def test_no_payload_in_any_spec_field_runs_on_any_backend(tmp_path, monkeypatch,
     bin_dir, rec = _standins(tmp_path)
     _point_at_standin(out, bin_dir / "python")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)}
+    env["RUN"] = str(out / "run")
     env.pop("JOBCTL_HOME", None)
     done = subprocess.run(
         ["bash", str(out / "start.sh")], env=env, capture_output=True, text=True, timeout=120
