@@ -67,12 +67,20 @@ def main(argv: list[str] | None = None) -> None:
 
 def _preload() -> None:
     """Import the worker's modules, keeping this agent's signal handlers (the worker
-    module installs its own SIGTERM note on import)."""
-    kept = {s: signal.getsignal(getattr(signal, s)) for s in SIGNALS + ("SIGINT",)}
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for name, handler in kept.items():
-        signal.signal(getattr(signal, name), handler)
+    module installs its own SIGTERM note on import). The signals are held back until
+    the handlers are the agent's again: a SIGTERM (a `jobctl stop` just after launch)
+    that reached the worker's note during the seconds of importing was lost, and the
+    node trained on to the end."""
+    held = {getattr(signal, s) for s in SIGNALS + ("SIGINT",)}
+    kept = {sig: signal.getsignal(sig) for sig in held}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one held back arrives now
 
 
 def _install() -> bool:

@@ -141,3 +141,22 @@ def test_warm_start_is_rendered_for_cpu_runs_only(monkeypatch, tmp_path, device,
         monkeypatch.setenv(WARM_START, asked)
     ctx = RunContext("r", tmp_path, 1, [2], "127.0.0.1:1", hardware=HardwareSpec(device=device))
     assert node_env(ctx)[WARM_START] == rendered
+
+
+def test_a_sigterm_while_the_agent_imports_the_worker_still_stops_it(tmp_path):
+    """A `jobctl stop` just after launch reaches the agent while it imports the worker's
+    modules (seconds), whose import installs the worker's SIGTERM note: the agent took
+    that note for its own, ignored the signal and started its workers, and the node
+    trained on to the end. Now the signal is held back until the agent's own handler is
+    back, and the agent ends by it before any worker starts."""
+    marker = tmp_path / "worker-ran"
+    script = tmp_path / "entry.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    argv = [sys.executable, "-m", "jobctl.engine.worker.agent", "--standalone"]
+    argv += ["--nnodes", "1", "--nproc-per-node", "1", str(script)]
+    env = {**os.environ, WARM_START: "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.3)  # importing torch and the worker's modules takes seconds
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == -signal.SIGTERM, proc.stderr.read().decode()[-2000:]
+    assert not marker.exists()
