@@ -26,6 +26,7 @@ what matters here. The machine has 2 cores shared with other work: 4 processes a
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -53,11 +54,6 @@ def job_yaml(args) -> str:
         "resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"
     )
     edits = [
-        (
-            "  family: gpt\n  layers: 4        # transformer blocks; with embedding and head, "
-            "6 splittable blocks\n  hidden: 64       # must be divisible by heads\n  heads: 4\n",
-            gpt2 + "\n",
-        ),
         ("  seq_len: 32", f"  seq_len: {args.seq}"),
         ("  steps: 60", f"  steps: {args.steps}"),
         ("  nodes: 2\n  processes_per_node: 2", f"  nodes: 1\n  processes_per_node: {WORLD}"),
@@ -67,7 +63,11 @@ def job_yaml(args) -> str:
         ),
         ("  interval: 30", "  interval: 100000"),
     ]
-    text = QUICKSTART.read_text()
+    # the builtin family's lines, matched by field so a reworded comment does not break it
+    builtin = r"  family: gpt\n(?:  (?:layers|hidden|heads):.*\n)+"
+    text, n = re.subn(builtin, lambda _: gpt2 + "\n", QUICKSTART.read_text())
+    if n != 1:
+        raise SystemExit("jobs/quickstart.yaml changed: its builtin gpt model block not found")
     for old, new in edits:
         if old not in text:
             raise SystemExit(f"jobs/quickstart.yaml changed: {old!r} not found")
