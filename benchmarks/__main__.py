@@ -9,6 +9,10 @@ it is compared against in the same run (``BASELINE``), and has ``main(argv)``. T
 found by walking the subpackages and read without importing them (``ast``), so
 ``list`` is quick and needs none of their dependencies. NAME is ``name`` or
 ``group/name``; ARGS go to the benchmark (``run NAME --help`` shows its flags).
+
+Every run's output is also written, as printed, to a dated file
+``benchmarks/results/YYYY-MM-DD-NAME.txt`` (under ``--results DIR`` or
+``$BENCHMARKS_RESULTS`` where given), unless the benchmark wrote its own result file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.lib import results as results_lib  # stdlib only: list stays quick
 
 HERE = Path(__file__).resolve().parent
 SHARED = {"lib"}  # subpackages of shared code, not benchmarks
@@ -112,13 +118,20 @@ def resolve(name: str, found: list[Benchmark]) -> Benchmark:
 
 
 def run(bench: Benchmark, args: list[str], results: str | None) -> int:
-    """Import the benchmark and call its ``main`` with ``args``; its exit status."""
+    """Import the benchmark and call its ``main`` with ``args``; its exit status. What
+    it prints is kept as a dated file (``results.kept``), unless it only shows --help."""
     if results:
         os.environ["BENCHMARKS_RESULTS"] = str(Path(results).resolve())
     module = importlib.import_module(f"benchmarks.{bench.group}.{bench.name}")
     sys.argv = [f"benchmarks run {bench.name}", *args]  # argparse's prog in --help
-    got = module.main(args)
-    return got if isinstance(got, int) else 0
+    if "-h" in args or "--help" in args:
+        got = module.main(args)
+        return got if isinstance(got, int) else 0
+    with results_lib.kept(bench.name, args) as state:
+        got = module.main(args)
+        got = got if isinstance(got, int) else 0
+        state["status"] = f"exit {got}"
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The benchmarks' index (issue #48): ``python -m benchmarks list`` names every benchmark
 with its question and baseline, the one-off investigations are gone, ``run`` refuses an
-unknown name in one line, and no test imports benchmark code.
+unknown name in one line, keeps every run's output as a dated file, and no test imports
+benchmark code.
 
 Everything here runs the runner as a subprocess or reads files: the tests import
 nothing from ``benchmarks``.
@@ -9,6 +10,8 @@ nothing from ``benchmarks``.
 from __future__ import annotations
 
 import ast
+import datetime
+import os
 import re
 import subprocess
 import sys
@@ -29,9 +32,14 @@ REMOVED = [  # one-off investigations of past changes: docs/benchmarks.md keeps 
 ]
 
 
-def _runner(*args: str) -> subprocess.CompletedProcess:
+def _runner(*args: str, results: Path | None = None) -> subprocess.CompletedProcess:
+    """The runner as a subprocess; its result files go to ``results`` (a run writes
+    one: never into the tree's benchmarks/results from a test)."""
     cmd = [sys.executable, "-m", "benchmarks", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "BENCHMARKS_RESULTS"}
+    if results is not None:
+        env["BENCHMARKS_RESULTS"] = str(results)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _modules() -> set[str]:
@@ -101,8 +109,30 @@ def test_run_of_an_unknown_name_exits_2_in_one_line():
     assert done.stdout == ""
 
 
-def test_a_quick_benchmark_runs_through_the_runner():
+def test_a_quick_benchmark_runs_through_the_runner(tmp_path):
     """The exact partition against brute force, 20 instances (well under a second)."""
-    done = _runner("run", "planner/partition_optimality", "--instances", "20")
+    done = _runner("run", "planner/partition_optimality", "--instances", "20", results=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "max 1.000, min 1.000 over 20 instances" in done.stdout
+
+
+def test_every_run_keeps_its_output_as_a_dated_file(tmp_path):
+    """What a run printed lands in YYYY-MM-DD-NAME.txt under $BENCHMARKS_RESULTS (or
+    --results DIR), headed by its command and machine, its exit last; a second run the
+    same day gets -2; --help writes nothing."""
+    args = ("run", "partition_optimality", "--instances", "3")
+    first = _runner(*args, results=tmp_path)
+    assert first.returncode == 0, first.stderr
+    day = datetime.date.today().isoformat()
+    kept = (tmp_path / f"{day}-partition_optimality.txt").read_text().splitlines()
+    assert kept[0] == "$ python -m benchmarks run partition_optimality --instances 3"
+    assert kept[1].startswith(f"# {day} ") and "cpus" in kept[1]
+    assert "\n".join(kept[3:-1]) == first.stdout.rstrip("\n")  # as printed, live
+    assert kept[-1] == "# exit 0"
+    other = tmp_path / "elsewhere"
+    again = _runner("run", "--results", str(other), *args[1:], results=tmp_path)
+    assert again.returncode == 0 and (other / f"{day}-partition_optimality.txt").exists()
+    _runner(*args, results=tmp_path)
+    assert (tmp_path / f"{day}-partition_optimality-2.txt").exists()
+    _runner("run", "partition_optimality", "--help", results=tmp_path)
+    assert len(list(tmp_path.glob("*.txt"))) == 2
