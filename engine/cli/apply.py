@@ -137,7 +137,7 @@ def _print_dry_run(spec: JobSpec, p: Plan, spec_file: Path, backend: str | None)
     rendered = render_or_exit(err, spec_file, backend or spec.hardware.backend, ctx)
     for name, text in rendered.files.items():
         console.rule(name)
-        console.print(text, markup=False, highlight=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)  # a file, as is
 
 
 def _detach(
@@ -226,7 +226,6 @@ def resume(
             f"run {row['id']} is already complete (step {row['step']}/{row['total_steps']}, "
             f"loss {loss}); `jobctl apply {row['spec_path'] or 'SPEC'} --fresh` starts a new run",
             highlight=False,
-            soft_wrap=True,
         )
         return
     spec_file = Path(row["run_dir"]) / "spec.yaml"

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from jobctl.engine.views.markup import styled
+from jobctl.engine.views.prose import ProseConsole
 
 if TYPE_CHECKING:
     from jobctl.engine.core.plan import Plan
@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     from jobctl.spec import JobSpec
     from jobctl.spec.base import Violation
 
-# soft_wrap: a printed path, command or script is never cut into lines by Rich (at 80
-# columns or in a pipe): what a user copies is exactly what runs. Tables keep their width.
-# markup=False: text from a spec, a worker or the DB prints as it is; jobctl's own colours
-# go through views.markup.styled (#46 item 4).
-console = Console(soft_wrap=True, markup=False)
-err = Console(stderr=True, soft_wrap=True, markup=False)
+# ProseConsole: at a terminal, a line of prose wraps between words at its width, never
+# inside a word, a path or a `command`: what a user copies is exactly what runs (#47); in
+# a pipe each line stays whole. A script or a log line prints as it is (soft_wrap=True).
+# Tables keep their width. markup=False: text from a spec, a worker or the DB prints as
+# it is; jobctl's own colours go through views.markup.styled (#46 item 4).
+console = ProseConsole(soft_wrap=True, markup=False)
+err = ProseConsole(stderr=True, soft_wrap=True, markup=False)
 
 HomeOpt = Annotated[
     Path | None, typer.Option("--home", help="state dir (default $JOBCTL_HOME or ./.jobctl)")
@@ -59,12 +60,29 @@ def load_or_exit(path: Path, overrides: dict | None = None, backend: str | None 
         check_data(spec, path, backend)
         return spec
     except SpecError as e:
+        if _is_fleet_file(path):  # a newcomer's `jobctl plan jobs/fleet-sweep.yaml`
+            err.print(styled("[red]error:[/red] {}: a fleet file, not a job spec", path))
+            err.print(f"  fix: `jobctl fleet plan {path}`, then `jobctl fleet apply {path}`")
+            raise typer.Exit(2) from None
         err.print(styled("[red]error:[/red] {}: invalid job spec", path), highlight=False)
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(2) from None
     except FileNotFoundError:
         err.print(styled("[red]error:[/red] {}: no such file", path))
         raise typer.Exit(2) from None
+
+
+def _is_fleet_file(path: Path) -> bool:
+    """Whether ``path`` holds a fleet (a ``template`` and its members) rather than a
+    job spec: the job spec's own errors would list a dozen keys it does not know."""
+    import yaml
+
+    try:  # a regular file only: a FIFO given as the spec must not block here (#46 6)
+        doc = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):  # as the spec's loader
+        return False
+    keys = set(doc) if isinstance(doc, dict) else set()
+    return "template" in keys and bool(keys & {"matrix", "runs", "params", "member_name"})
 
 
 def check_data(spec: JobSpec, path: Path, backend: str | None = None) -> None:

@@ -137,7 +137,7 @@ def logs(
         text = f.read_text(errors="replace") if f.exists() else ""
         offsets[f] = len(text.encode())
         for line in text.splitlines()[-lines:]:
-            console.print(line, markup=False, highlight=False)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)  # as logged
     while follow and db.get_run(row["id"])["phase"] not in ENDED:
         time.sleep(0.5)
         for f in (f for f in files if f.exists()):
@@ -146,7 +146,7 @@ def logs(
                 chunk = fh.read()
             offsets[f] += len(chunk)
             for line in chunk.decode(errors="replace").splitlines():
-                console.print(f"{f.stem}: {line}", markup=False, highlight=False)
+                console.print(f"{f.stem}: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _fetched_logs(row: dict) -> dict[str, Path]:
