@@ -118,6 +118,14 @@ def problem(record: Any) -> str | None:
     return None
 
 
+def timed(record: dict) -> bool:
+    """Whether ``record`` has a finite ``ts``, which the readers that place records in
+    time need: the channel stamps one, but a worker on a shared disk appends to
+    ``metrics.jsonl`` directly, and ``problem`` lets a record go without one."""
+    ts = record.get("ts")
+    return type(ts) in (int, float) and math.isfinite(ts)
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What one run's plan allows its records: a step up to ``steps`` (its

@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobctl.engine.core.event_schema import Bounds
+from jobctl.engine.core.event_schema import Bounds, timed
 from jobctl.engine.core.events import Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.supervise.stragglers import per_micro_batch_s
@@ -112,7 +112,10 @@ def tail_records(
 
 def recent_rate(records: list[dict]) -> float | None:
     """Steps per second over the newest step records of the current attempt."""
-    steps = [r for r in records if r["kind"] == Kind.STEP]
+    # A step without a time or an integer step (appended past the channel) tells no rate
+    steps = [
+        r for r in records if r["kind"] == Kind.STEP and timed(r) and type(r.get("step")) is int
+    ]
     run = steps[-1:]
     for r in reversed(steps[:-1]):
         if r["step"] >= run[0]["step"] or len(run) >= RATE_WINDOW:

@@ -10,12 +10,15 @@ matches the model).
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.core import event_schema
 from jobctl.engine.core.events import Kind, read_metrics
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.planner.simulator.simulation import SimResult, simulate
@@ -63,28 +66,45 @@ class RunSeries:
     gaps: list[tuple[float, float]] = field(default_factory=list)
     # AvgPipe: (step, each parallel model's distance from the reference)
     distances: list[tuple[int, list[float]]] = field(default_factory=list)
+    skipped: int = 0  # records of metrics.jsonl the page could not place (see readable)
+
+
+log = logging.getLogger(__name__)
+
+
+def readable(recs: list[dict]) -> tuple[list[dict], int]:
+    """(the records the page can place, how many it skipped). A worker on a shared disk
+    appends to ``metrics.jsonl`` directly, past the channel's checks and its ``ts``
+    stamping: a record its kind's schema refuses, or without a finite ``ts`` (the page
+    places everything in time), is skipped and counted, as the monitor does, never fatal."""
+    ok = [r for r in recs if event_schema.problem(r) is None and event_schema.timed(r)]
+    return ok, len(recs) - len(ok)
 
 
 def collect(run_dir: Path, db_events: list[dict], devices_now: int | None) -> RunSeries:
     """Step points (each with the devices that trained it) and event markers."""
-    recs, _ = read_metrics(Path(run_dir) / "metrics.jsonl", 0)
+    recs, skipped = readable(read_metrics(Path(run_dir) / "metrics.jsonl", 0)[0])
+    if skipped:
+        log.warning("%s: skipped %d unreadable record(s) of metrics.jsonl", run_dir, skipped)
     beats: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for r in recs:
         if r["kind"] == Kind.HEARTBEAT:
             beats[r["step"]].append((r["ts"], r["rank"]))
-    out = RunSeries()
+    out = RunSeries(skipped=skipped)
     for r in recs:
         if r["kind"] != Kind.STEP:
             continue
         # The ranks that trained this step: heartbeats of the same step from the same
         # attempt (an earlier attempt that trained the same step did so long before).
-        near = max(1.0, 2 * r.get("step_time_s", 0.0))
+        step_s = r.get("step_time_s")  # optional: of the workers' records only
+        step_s = step_s if type(step_s) in (int, float) and math.isfinite(step_s) else None
+        near = max(1.0, 2 * (step_s or 0.0))
         ranks = {k for ts, k in beats.get(r["step"], []) if abs(ts - r["ts"]) <= near}
         devices = len(ranks) or devices_now or 1
         sps = r.get("samples_per_s", 0.0)
         out.steps.append(
             {"ts": r["ts"], "step": r["step"], "loss": r.get("loss"), "sps": sps, "dev": devices}
-            | {"step_s": r.get("step_time_s")}
+            | {"step_s": step_s}
         )
     # x = 0 at the first step, as the axis says (records before it get x < 0)
     first = [s["ts"] for s in out.steps] or [r["ts"] for r in recs[:1]]

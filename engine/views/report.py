@@ -199,6 +199,8 @@ def _summary_html(row: dict, s: RunSeries, f: RunFigures | None = None) -> list[
         ("step points", len(s.steps)),
         ("event markers", len(s.markers)),
     ]
+    if s.skipped:  # a shared-disk writer's record without a time, or missing a field
+        summary.append(("records skipped", f"{s.skipped} unreadable in metrics.jsonl"))
     if f is not None:  # dollars only for a run with a price (else all $0.0000)
         money = [
             ("$ so far", dollars(f.cost_usd)),

@@ -21,6 +21,13 @@ from ..jobrun import QUICKSTART
 from ..report_pages import check_html, check_pngs, png_size, series_points
 
 
+def _beat(ts: float, step: int, rank: int) -> dict:
+    """A heartbeat with every field a real one carries (the report skips one without)."""
+    return {"kind": "heartbeat", "ts": ts, "step": step, "rank": rank, "stage": 0, "node": 0} | {
+        "compute_s": 0.1
+    }
+
+
 def test_series_devices_and_markers_from_an_archive(tmp_path):
     """Two attempts (4 then 2 devices) trained steps 1-3 and 3-4; markers from both sources."""
     run_dir = tmp_path
@@ -33,7 +40,7 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
         (4, 131, 2),
     ]:
         for r in range(ranks):
-            lines.append({"kind": "heartbeat", "ts": ts, "step": step, "rank": r})
+            lines.append(_beat(ts, step, r))
         lines.append(
             {
                 "kind": "step",
@@ -59,6 +66,7 @@ def test_series_devices_and_markers_from_an_archive(tmp_path):
     assert [p["dev"] for p in s.steps] == [4, 4, 4, 2, 2]
     kinds = sorted(m.kind for m in s.markers)
     assert kinds == ["checkpoint", "morph", "preemption", "recovery", "upload"]
+    assert s.skipped == 0
     assert min(m.x for m in s.markers) == pytest.approx(1.1)  # seconds after the first step
     row = {
         "id": "r<&>",
@@ -166,7 +174,7 @@ def _stopped_then_resumed(run_dir: Path) -> list[dict]:
     lines = []
     for step in range(1, 9):
         ts = 100.0 + step + (150.0 if step > 4 else 0.0)
-        lines += [{"kind": "heartbeat", "ts": ts, "step": step, "rank": r} for r in range(4)]
+        lines += [_beat(ts, step, r) for r in range(4)]
         lines.append(
             {"kind": "step", "ts": ts, "step": step, "loss": 6.0 - step / 4}
             | {"step_time_s": 0.5, "samples_per_s": 11.0}
@@ -210,3 +218,29 @@ def test_the_timeline_shows_the_simulated_step_beside_the_measured_one(tmp_path)
         said
         == "simulated 0.25 s/step; measured 0.5 s/step (median of 8 steps), 2.00x the simulation"
     )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ts": None},
+        {"ts": "soon"},
+        {"ts": float("inf")},
+        {"rank": "0"},
+    ],
+)
+def test_a_record_without_a_usable_time_is_skipped_and_counted(tmp_path, bad):
+    """#46: a heartbeat a worker on a shared disk appended without "ts" (no channel
+    stamped it) crashed `jobctl report` with KeyError 'ts'; it is skipped and counted,
+    as the monitor skips and counts a malformed record, and the page says so."""
+    db, row = _run_with_plan(tmp_path, {})
+    beat = {"kind": "heartbeat", "step": 6, "rank": 0, "stage": 0, "node": 0}
+    beat |= {"fwd_ms": 1.0, "bwd_ms": 1.0, "compute_s": 0.002}
+    beat = {k: v for k, v in (beat | bad).items() if v is not None}  # None: no such field
+    with open(Path(row["run_dir"]) / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(beat) + "\n")
+        f.write(json.dumps({"kind": "step", "step": 7, "loss": 1.0, "samples_per_s": 1}) + "\n")
+    s = collect(row["run_dir"], db.events(row["id"]), devices_now=4)
+    assert s.skipped == 2 and [p["step"] for p in s.steps] == [1, 2, 3, 4, 5, 6]
+    text = write_report(db, row).read_text()
+    assert "records skipped</th><td>2 unreadable in metrics.jsonl" in text
