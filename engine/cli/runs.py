@@ -29,13 +29,23 @@ STOP_MESSAGES = {
 }
 
 
-def stop(run: RunArg, home: HomeOpt = None) -> None:
+def stop(
+    run: RunArg,
+    home: HomeOpt = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="return once asked, not once it has stopped")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for it to stop at most")
+    ] = 300.0,
+) -> None:
     """Stop a run gracefully: every rank checkpoints at the end of its step, then exits.
 
     A supervised run gets the request through the state DB: its supervisor signals the
     nodes running at that moment (after a morph, the new ones), or stops the run there
-    if it is between two attempts. Without a live supervisor the recorded nodes are
-    signalled directly.
+    if it is between two attempts; this waits until it has stopped and its supervisor
+    has ended, so `jobctl resume` can follow at once. Without a live supervisor the
+    recorded nodes are signalled directly.
     """
     from jobctl.engine.state.db import StateDB
     from jobctl.engine.supervise.run_requests import request_stop
@@ -43,6 +53,35 @@ def stop(run: RunArg, home: HomeOpt = None) -> None:
     db = StateDB(home)
     s = request_stop(db, find_run(db, run))
     console.print(STOP_MESSAGES[s.how].format(s=s))
+    if s.how == "asked" and not no_wait:
+        _await_stopped(db, s.run_id, s.supervisor, timeout)
+
+
+def _await_stopped(db, run_id: str, supervisor: int, timeout: float) -> None:
+    """Wait (bounded) until the run has ended and its supervisor with it; say how."""
+    from jobctl.engine.core.process import pid_alive
+
+    deadline = time.monotonic() + timeout
+    with console.status(f"waiting for {run_id}'s nodes to checkpoint and stop"):
+        while time.monotonic() < deadline:
+            row = db.get_run(run_id)
+            if row["phase"] in ENDED and not pid_alive(supervisor, row["supervisor_token"]):
+                break
+            time.sleep(0.5)
+        else:
+            console.print(
+                f"still stopping after {timeout:g} s; `jobctl status {run_id}` follows it"
+            )
+            return
+    done = row["last_checkpoint"]
+    if row["phase"] == "stopped":
+        where = f"its newest checkpoint is step {done}" if done else "no checkpoint was made"
+        console.print(
+            f"run {run_id} stopped at step {row['step']} ({where}); "
+            f"`jobctl resume {run_id}` continues it"
+        )
+    else:
+        console.print(f"run {run_id} {row['phase']} at step {row['step']} before it stopped")
 
 
 def status(

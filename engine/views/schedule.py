@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:  # `jobctl events` prints a timeline without the scheduler's imports
     from jobctl.engine.recurring.book import ScheduleRow
@@ -45,13 +47,22 @@ def print_leases(console: Console, leases: list[Lease], now: float) -> None:
 
 
 def print_timeline(console: Console, rows: list[dict]) -> None:
-    """A job's events, oldest first: time, source, kind and the message's first line."""
-    t = Table("time", "source", "kind", "message")
-    for e in rows:
-        t.add_row(
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])),
-            e["source"],
-            e["kind"],
-            e["message"].splitlines()[0],
-        )
-    console.print(t)
+    """A job's events, oldest first: a heading per source (a run, the scheduler, the
+    fleet runner) and its events' time, kind and the message's first line. A run id
+    is a heading line of its own, never a column cut to "varuna-20261207-14…" at 80
+    columns (#47); the date goes in the heading where a source's events share one."""
+    for source, group in groupby(rows, key=lambda e: e["source"]):
+        group = list(group)
+        days = {time.strftime("%Y-%m-%d", time.localtime(e["ts"])) for e in group}
+        one_day = len(days) == 1
+        console.print(Text(f"{source}" + (f" ({days.pop()})" if one_day else ""), "bold"))
+        t = Table("time", "kind", "message")
+        for e in group:
+            t.add_row(
+                time.strftime(
+                    "%H:%M:%S" if one_day else "%Y-%m-%d %H:%M:%S", time.localtime(e["ts"])
+                ),
+                e["kind"],
+                e["message"].splitlines()[0],
+            )
+        console.print(t)

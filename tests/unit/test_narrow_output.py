@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,28 @@ def test_action_lists_wrap_at_actions_and_say_what_is_left_out():
     assert shown == text.split()[: len(shown)]  # whole actions, in order
     assert lines[2].split()[1] == str(60 - len(shown)) and "plan --json" in lines[2]
     assert action_lines("S0", "F0 B0", 80) == ["  S0: F0 B0"]
+
+
+def test_events_name_each_run_whole_above_its_events_at_80_columns():
+    """`jobctl events` cut the run id to "varuna-20261207-14…" in a source column; each
+    source is now a heading line of its own, its events' date in it where they share one."""
+    from jobctl.engine.views.schedule import print_timeline
+
+    day = 1796654395.0
+    rows = [
+        {"ts": day + k, "source": src, "kind": "phase", "message": f"training {k}\nmore"}
+        for k, src in enumerate(["varuna-20261207-143947-1551"] * 2 + ["schedule"])
+    ]
+    rows.append({**rows[0], "ts": day + 86400 * 3, "source": "schedule", "message": "fired"})
+    console, out = _console()
+    print_timeline(console, rows)
+    text = out.getvalue()
+    _assert_fits(text)
+    headings = [line for line in text.splitlines() if not line.startswith(TABLE)]
+    assert (
+        headings[0]
+        == f"varuna-20261207-143947-1551 ({time.strftime('%Y-%m-%d', time.localtime(day))})"
+    )
+    assert headings[1] == "schedule"  # two days: each row carries its date
+    assert text.count("training 0") == 1 and "more" not in text
+    assert re.search(r"│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d │ phase", text)
