@@ -26,6 +26,7 @@ from jobctl.engine.calibration.analytic import (
     link_from_spec,
 )
 from jobctl.engine.calibration.record import CALIBRATION_VERSION, Calibration, Fingerprint
+from jobctl.engine.core.env import STATE_HOME
 from jobctl.engine.core.home import default_home
 from jobctl.spec import HardwareSpec, JobSpec
 from jobctl.spec.files import read_regular_text
@@ -81,12 +82,20 @@ def cache_path(home: Path | None, fp: Fingerprint) -> Path:
 
 
 def save(cal: Calibration, home: Path | None = None) -> Path:
-    """Write ``cal`` to the cache (atomically: a reader never sees half a file)."""
+    """Write ``cal`` to the cache (atomically: a reader never sees half a file);
+    CalibrationError, one line with the fix, when the cache's folder cannot be written
+    (a home that is a file gave NotADirectoryError after a whole measurement)."""
     path = cache_path(home, cal.fingerprint)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(cal.model_dump_json(indent=1))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(cal.model_dump_json(indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        raise CalibrationError(
+            f"calibration cache {path.parent}: cannot write it ({e.strerror or e}); point "
+            f"{STATE_HOME} (or --home) at a folder jobctl may write"
+        ) from None
     return path
 
 

@@ -6,8 +6,10 @@ from typing import Annotated
 
 import typer
 
-from jobctl.engine.cli.common import HomeOpt, SpecArg, console, load_or_exit
+from jobctl.engine.cli.common import HomeOpt, SpecArg, console, err, load_or_exit
+from jobctl.engine.core.home import HomeError, make_home
 from jobctl.engine.views import tables as views
+from jobctl.engine.views.markup import styled
 
 
 def calibrate(
@@ -23,14 +25,22 @@ def calibrate(
     machine (and the tensor-parallel all-reduce of each admissible T). `jobctl plan`
     reuses the record for any G.
     """
+    from jobctl.engine.calibration.cache import CalibrationError
     from jobctl.engine.calibration.measure.runner import calibrate as measure
 
     spec = load_or_exit(spec_file)
-    with views.calibration_progress(console) as bar:
-        task = bar.add_task("calibrating", total=1.0)
+    try:
+        # The record is cached under the home: a home that cannot be a folder is said
+        # before a measurement of a minute whose result could not be kept (#46 item 12)
+        make_home(home)
+        with views.calibration_progress(console) as bar:
+            task = bar.add_task("calibrating", total=1.0)
 
-        def report(what: str, done: float) -> None:
-            bar.update(task, completed=done, description=what)
+            def report(what: str, done: float) -> None:
+                bar.update(task, completed=done, description=what)
 
-        cal, path = measure(spec, home, repeats=repeats, progress=report)
+            cal, path = measure(spec, home, repeats=repeats, progress=report)
+    except (HomeError, CalibrationError) as e:
+        err.print(styled("[red]error:[/red] {}", str(e)))
+        raise typer.Exit(2) from None
     views.print_calibration(console, cal, path)

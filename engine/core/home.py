@@ -2,7 +2,9 @@
 
 It is ``JOBCTL_HOME`` (``engine.core.env.STATE_HOME``) or ``./.jobctl``; the state DB
 (engine/state) keeps runs there, and the calibration and crossover caches live under
-its ``calibration/``.
+its ``calibration/``. A home that cannot be a folder (a file by its name) is one line
+with the fix (``home_problem``), said by the state DB and by ``jobctl calibrate``
+before it measures (#46 item 12).
 """
 
 from __future__ import annotations
@@ -22,6 +24,32 @@ def default_home() -> Path:
 # A run id names a folder under the home's runs/: `<job name>-<date>-<time>-<hex>`; no
 # '/', no leading '.', so `--run-id ../../x` cannot reach outside the state home.
 RUN_ID_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"
+
+
+class HomeError(Exception):
+    """The state home cannot be made a folder; the message is one line with the fix."""
+
+
+def home_problem(home: Path, err: OSError) -> str:
+    """Why ``home`` cannot be made a folder (a file by its name, no permission, a parent
+    that is a file) and what to do, on one line."""
+    if isinstance(err, FileExistsError) or (home.exists() and not home.is_dir()):
+        why = "it is a file, not a folder"
+    else:
+        why = err.strerror or str(err)
+    fix = f"point {STATE_HOME} (or --home) at a folder jobctl may create, or move {home} aside"
+    return f"state home {home}: {why}; {fix}"
+
+
+def make_home(home: Path | None = None) -> Path:
+    """The state home (``home``, else the default), created if missing; HomeError when
+    it cannot be (checked before work whose result is cached there)."""
+    path = Path(home) if home else default_home()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HomeError(home_problem(path, e)) from None
+    return path
 
 
 def require_run_id(run_id: str) -> str:

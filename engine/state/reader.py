@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobctl.engine.core.env import DB_URL, DB_WRITE_WAIT, STATE_HOME
-from jobctl.engine.core.home import default_home
+from jobctl.engine.core.home import default_home, home_problem
 
 if TYPE_CHECKING:
     from jobctl.engine.state.db import StateDB
@@ -129,12 +129,7 @@ def db_error(url: str, err: Exception, *, writing: bool = False) -> StateDBError
 def home_error(home: Path, err: OSError) -> StateDBError:
     """The state home cannot be made a folder (#46 item 12): a file by its name, no
     permission, a parent that is a file; one line with what to do."""
-    if isinstance(err, FileExistsError) or (home.exists() and not home.is_dir()):
-        why = "it is a file, not a folder"
-    else:
-        why = err.strerror or str(err)
-    fix = f"point {STATE_HOME} (or --home) at a folder jobctl may create, or move {home} aside"
-    return StateDBError(f"state home {home}: {why}; {fix}")
+    return StateDBError(home_problem(home, err))
 
 
 def url_error(url: str, err: Exception) -> StateDBError:

@@ -1,0 +1,57 @@
+"""Commands that must refuse a broken environment or input in one line with a fix, exit 2,
+before any long work (#46, the hostile-input probe's review): `calibrate` with a home
+that is a file measured for 50 s and then died in the cache's mkdir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jobctl.engine.calibration.cache import CalibrationError, save
+from jobctl.engine.calibration.record import Calibration
+from jobctl.engine.cli.app import app
+from jobctl.engine.core.env import STATE_HOME
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
+
+
+def test_calibrate_refuses_a_home_that_is_a_file_before_measuring(tmp_path, monkeypatch):
+    import jobctl.engine.calibration.measure.runner as runner
+
+    def measured(*args, **kwargs):
+        raise AssertionError("calibrate measured with a home it cannot cache into")
+
+    monkeypatch.setattr(runner, "calibrate", measured)  # a regression fails, never waits
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    r = CliRunner().invoke(app, ["calibrate", str(QUICKSTART)], env={STATE_HOME: str(home)})
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: state home {home}: it is a file, not a folder; ")
+    assert f"point {STATE_HOME} (or --home) at a folder" in r.stderr
+    assert home.read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize("layout", ["home is a file", "calibration/ is a file"])
+def test_a_calibration_cache_that_cannot_be_written_is_one_line(tmp_path, layout):
+    """What `calibrate` says if the write still fails after its check (a home made a
+    file meanwhile): CalibrationError naming the folder, not NotADirectoryError."""
+    from jobctl.engine.calibration.cache import analytic_for
+    from jobctl.spec import load_spec
+
+    home = tmp_path / "home"
+    if layout == "home is a file":
+        home.write_text("")
+    else:
+        home.mkdir()
+        (home / "calibration").write_text("")
+    cal: Calibration = analytic_for(load_spec(QUICKSTART))
+    with pytest.raises(CalibrationError) as e:
+        save(cal, home)
+    said = str(e.value)
+    assert said.startswith(f"calibration cache {home / 'calibration'}: cannot write it (")
+    assert "\n" not in said and f"point {STATE_HOME} (or --home)" in said
