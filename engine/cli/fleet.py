@@ -42,22 +42,33 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _planned(path: Path, max_concurrent: int | None) -> FleetPlan:
-    """Load, render and plan every member, or report every issue and exit 2."""
+def _invalid(path: Path, e: SpecError) -> typer.Exit:
+    err.print(styled("[red]error:[/red] {}: invalid fleet ({} issue(s))", path, len(e.errors)))
+    err.print(str(e), highlight=False, markup=False)
+    return typer.Exit(2)
+
+
+def _loaded(path: Path) -> Fleet:
+    """Load the fleet file and render every member, or report every issue and exit 2."""
     try:
-        fleet: Fleet = load_fleet(path)
+        return load_fleet(path)
+    except SpecError as e:
+        raise _invalid(path, e) from None
+
+
+def _planned(fleet: Fleet, path: Path, max_concurrent: int | None) -> FleetPlan:
+    """Plan every member of the loaded ``fleet``, or report every issue and exit 2."""
+    try:
         return plan_fleet(fleet, max_concurrent)
     except SpecError as e:
-        err.print(styled("[red]error:[/red] {}: invalid fleet ({} issue(s))", path, len(e.errors)))
-        err.print(str(e), highlight=False, markup=False)
-        raise typer.Exit(2) from None
+        raise _invalid(path, e) from None
 
 
 @fleet_app.command("plan")
 def plan(fleet_file: FleetArg, max_concurrent: ConcurrentOpt = None) -> None:
     """Every member's changes against the base, predicted step time, throughput and
     cost, and the fleet's total; starts nothing."""
-    print_fleet_plan(console, _planned(fleet_file, max_concurrent))
+    print_fleet_plan(console, _planned(_loaded(fleet_file), fleet_file, max_concurrent))
 
 
 @fleet_app.command("apply")
@@ -68,10 +79,13 @@ def apply(
     poll: PollOpt = 1.0,
 ) -> None:
     """Plan the fleet, then run its members in the shared pool until all have ended."""
-    fp = _planned(fleet_file, max_concurrent)
-    print_fleet_plan(console, fp)
+    fleet = _loaded(fleet_file)
+    # The DB first, as `apply` does: a damaged or locked one is one line, with no plan
+    # printed before it and no planning done for nothing (#46 item 9)
     db = StateDB(home)
     fleets = FleetDB(db)
+    fp = _planned(fleet, fleet_file, max_concurrent)
+    print_fleet_plan(console, fp)
     name, now = fp.fleet.spec.name, time.time()
     old = fleets.get(name)
     if old is not None and fleets.runner_alive(old, now):

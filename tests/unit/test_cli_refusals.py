@@ -1,10 +1,14 @@
 """Commands that must refuse a broken environment or input in one line with a fix, exit 2,
 before any long work (#46, the hostile-input probe's review): `calibrate` with a home
-that is a file measured for 50 s and then died in the cache's mkdir.
+that is a file measured for 50 s and then died in the cache's mkdir; `fleet apply` on a
+damaged state DB printed 48 lines of fleet plan before the DB's one line.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +17,11 @@ from typer.testing import CliRunner
 from jobctl.engine.calibration.cache import CalibrationError, save
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.cli.app import app
-from jobctl.engine.core.env import STATE_HOME
+from jobctl.engine.core.env import DB_URL, STATE_HOME
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "jobs" / "quickstart.yaml"
+FLEET = ROOT / "jobs" / "fleet-sweep.yaml"
 
 
 def test_calibrate_refuses_a_home_that_is_a_file_before_measuring(tmp_path, monkeypatch):
@@ -55,3 +60,21 @@ def test_a_calibration_cache_that_cannot_be_written_is_one_line(tmp_path, layout
     said = str(e.value)
     assert said.startswith(f"calibration cache {home / 'calibration'}: cannot write it (")
     assert "\n" not in said and f"point {STATE_HOME} (or --home)" in said
+
+
+def test_fleet_apply_on_a_damaged_db_is_the_db_line_alone(tmp_path):
+    """As `apply` does (#46 item 9): the DB is opened before the fleet is planned."""
+    home = tmp_path / "home"
+    home.mkdir()
+    damaged = b"not a database at all " * 100
+    (home / "state.db").write_bytes(damaged)
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent), STATE_HOME: str(home)}
+    env.pop(DB_URL, None)
+    cmd = [sys.executable, "-m", "jobctl.engine.cli.app", "fleet", "apply", str(FLEET)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "", done.stdout  # no fleet plan
+    assert done.stderr.startswith(f"error: state DB sqlite:///{home / 'state.db'}: ")
+    assert done.stderr.count("\n") == 1 and "is damaged or not jobctl's" in done.stderr
+    assert (home / "state.db").read_bytes() == damaged
+    assert sorted(p.name for p in home.iterdir()) == ["state.db"]
