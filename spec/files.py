@@ -31,6 +31,16 @@ class NotARegularFile(OSError):
         return f"{self.filename} is {self.strerror}, not a regular file"
 
 
+def special(path: str | Path, folder_ok: bool = False) -> str | None:
+    """What the existing ``path`` is when no reader may open it, 'a FIFO (named pipe)',
+    a device, a socket (or a folder unless ``folder_ok``); None for a regular file. It
+    stats and never opens: for a check before a reader that opens the path itself."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode) or (folder_ok and stat.S_ISDIR(mode)):
+        return None
+    return KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
 def read_regular(path: str | Path) -> bytes:
     """The bytes of the regular file at ``path``; ``NotARegularFile`` for anything else."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

@@ -43,13 +43,14 @@ def prepare(
     from jobctl.engine.data.prepare import Job
 
     _exists(source, "SOURCE")
+    _corpus(source)
     try:
         folder = _tokenizer(source, out, tokenizer, vocab_size, column)
         count = _tokenize(Job(str(source), str(folder), str(out), column, workers))
     except (MissingExtra, ValueError) as e:
         err.print(styled("[red]error:[/red] {}", e), highlight=False)
         raise typer.Exit(2) from None
-    console.print(f"wrote {out}: {count} tokens", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out}: {count} tokens", markup=False, highlight=False)
 
 
 def _tokenize(job) -> int:
@@ -69,6 +70,25 @@ def _tokenize(job) -> int:
 def _exists(path: Path, what: str) -> None:
     if not path.exists():
         err.print(styled("[red]error:[/red] {} {}: no such file or folder", what, path))
+        raise typer.Exit(2)
+
+
+def _corpus(source: Path) -> None:
+    """Exit 2 unless ``source`` is a regular file or a dataset folder: it is read with a
+    plain open, which on a FIFO blocks until a writer comes (`data prepare FIFO` hung)
+    and on a device never ends (#46 item 6)."""
+    from jobctl.spec.files import special
+
+    what = special(source, folder_ok=True)
+    if what is not None:
+        err.print(
+            styled(
+                "[red]error:[/red] SOURCE {} is {}, not a corpus file or folder; give a "
+                "corpus file (.txt, .jsonl, .parquet, .arrow) or a dataset folder",
+                source,
+                what,
+            )
+        )
         raise typer.Exit(2)
 
 
@@ -92,9 +112,7 @@ def _tokenizer(
     folder = folder or out.with_name(out.stem + "-tokenizer")
     asked = {"source": str(source.resolve()), "column": column}
     if bpe.reusable(folder, asked, vocab_size):
-        console.print(
-            f"tokenizer: {folder} (trained earlier on SOURCE)", markup=False, soft_wrap=True
-        )
+        console.print(f"tokenizer: {folder} (trained earlier on SOURCE)", markup=False)
         return folder
     with err.status(Text(f"training a byte-level BPE of {vocab_size} tokens on {source}")):
         got = bpe.train(documents(str(source), column)[1], vocab_size, folder, asked)
@@ -103,7 +121,6 @@ def _tokenizer(
         f"(train with model.vocab: {got} or more)",
         markup=False,
         highlight=False,
-        soft_wrap=True,
     )
     return folder
 

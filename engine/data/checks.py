@@ -11,14 +11,13 @@ the vocabulary, a dataset without the text column, a missing optional package.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from jobctl.spec import JobSpec
 from jobctl.spec.base import Violation
 from jobctl.spec.data import UINT16_VOCAB
-from jobctl.spec.files import KINDS, NotARegularFile
+from jobctl.spec.files import NotARegularFile, special
 
 if TYPE_CHECKING:
     from jobctl.engine.data.tokens import TokenFile
@@ -65,9 +64,8 @@ def _missing(path: str, field: str, folder_ok: bool = False) -> Violation | None
         return Violation(
             field, f"{path}: no such file or folder", f"fix {field} or create the file"
         )
-    if os.path.isfile(path) or (folder_ok and os.path.isdir(path)):
+    if (what := special(path, folder_ok)) is None:
         return None
-    what = KINDS.get(stat.S_IFMT(os.stat(path).st_mode), "a special file")
     return Violation(field, f"{path} is {what}, not a regular file", NotARegularFile.fix)
 
 

@@ -1,7 +1,8 @@
 """Commands that must refuse a broken environment or input in one line with a fix, exit 2,
 before any long work (#46, the hostile-input probe's review): `calibrate` with a home
 that is a file measured for 50 s and then died in the cache's mkdir; `fleet apply` on a
-damaged state DB printed 48 lines of fleet plan before the DB's one line.
+damaged state DB printed 48 lines of fleet plan before the DB's one line; `data prepare`
+of a FIFO hung in its open.
 """
 
 from __future__ import annotations
@@ -78,3 +79,22 @@ def test_fleet_apply_on_a_damaged_db_is_the_db_line_alone(tmp_path):
     assert done.stderr.count("\n") == 1 and "is damaged or not jobctl's" in done.stderr
     assert (home / "state.db").read_bytes() == damaged
     assert sorted(p.name for p in home.iterdir()) == ["state.db"]
+
+
+@pytest.mark.timeout(30)  # the old code blocked for good in the FIFO's open
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_data_prepare_refuses_a_source_that_is_no_file_or_folder(tmp_path, kind):
+    if kind == "fifo":
+        source = tmp_path / "fifo.txt"
+        os.mkfifo(source)
+        what = "a FIFO (named pipe)"
+    else:
+        source, what = Path("/dev/null"), "a character device"
+    out = tmp_path / "x" / "tok.bin"
+    argv = ["data", "prepare", str(source), "--vocab-size", "300", "--out", str(out)]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: SOURCE {source} is {what}, not a corpus file or folder;")
+    assert "give a corpus file (.txt, .jsonl, .parquet, .arrow) or a dataset folder" in r.stderr
+    assert not out.parent.exists()  # nothing trained, nothing written
