@@ -177,6 +177,5 @@ def _print_heading(console: Console, what: str, pool: int, at_once: int, tail: s
             at_once,
             tail,
         ),
-        soft_wrap=True,
         highlight=False,
     )

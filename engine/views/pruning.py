@@ -63,7 +63,6 @@ def _print_explanation(console: Console, p: PruningSpec) -> None:
         "(DynPipe eq. 3.1): prune fast while many weights are irrelevant, slower later. "
         "The threshold is global: each stage offers its k smallest |w|, the k-th smallest "
         "of all offers is cut (Alg. 2), so stages end up unevenly sparse.",
-        soft_wrap=True,
         highlight=False,
         markup=False,
     )
@@ -72,13 +71,11 @@ def _print_explanation(console: Console, p: PruningSpec) -> None:
             "  a pruned linear layer computes in CSR once its sparsity reaches the CSR/dense "
             "crossover measured on this device for its shape (python -m benchmarks run "
             "sparse_crossover prints it); below that it stays dense",
-            soft_wrap=True,
             highlight=False,
         )
     elif p.sparse_threshold is not None:
         console.print(
             f"  linear layers above {100 * p.sparse_threshold:.0f} % sparsity compute in CSR "
             "(python -m benchmarks run sparse_crossover measures whether that pays off here)",
-            soft_wrap=True,
             highlight=False,
         )

@@ -223,11 +223,21 @@ def print_run(
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
     _distance_row(t, f)
     console.print(t)
-    for key in PATH_FIELDS:  # whole, on one line each: never wrapped, never cut
-        console.print(Text(f"{key}: {row.get(key) or '-'}"), soft_wrap=True, highlight=False)
+    for key in PATH_FIELDS:  # whole, never wrapped, never cut
+        _print_path(console, key, row.get(key) or "-")
     if ranks:
         print_ranks(console, ranks)
     print_events(console, events)
+
+
+def _print_path(console: Console, key: str, path: str) -> None:
+    """``key: path`` on one line; at a terminal too narrow for both, the path on a line
+    of its own under the key, so the terminal never cuts it mid-path (#47)."""
+    line = f"{key}: {path}"
+    if console.is_terminal and len(line) > console.width:
+        console.print(Text(f"{key}:"), soft_wrap=True, highlight=False)
+        line = f"  {path}"
+    console.print(Text(line), soft_wrap=True, highlight=False)
 
 
 def print_events(console: Console, events: list[dict]) -> None:

@@ -177,7 +177,7 @@ def print_explanation(console: Console, plan: Plan) -> None:
     """The planner's reasoning, one line per decision."""
     console.print(styled("[bold]why this plan[/bold]"))
     for line in plan.explanation:
-        console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
+        console.print(f"  {line}", highlight=False, markup=False)
 
 
 def calibration_progress(console: Console) -> Progress:
@@ -209,7 +209,6 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
             f"{fp.key} ({cal.source}, {cal.seconds:.1f} s): {fp.device}, "
             f"torch {fp.torch}, {fp.threads} thread(s); written to {path}",
         ),
-        soft_wrap=True,
     )
     ms = cal.micro_batch_sizes
     heads = [f"F/B m={m} (ms)" for m in ms]
@@ -225,14 +224,12 @@ def print_calibration(console: Console, cal: Calibration, path: Path) -> None:
         f"point-to-point intra-node ({link.source}): latency {1e6 * link.latency_s:.0f} us, "
         f"{link.bandwidth_Bps / 1e9:.2f} GB/s, jitter {100 * link.jitter:.0f} %; inter-node "
         f"({cal.p2p_inter.source}): {cal.p2p_inter.bandwidth_Bps / 1e9:.2f} GB/s",
-        soft_wrap=True,
     )
     ar = cal.allreduce_intra
     rings = sorted({(p.ring, p.inflight) for p in ar.points})
     console.print(
         f"allreduce intra-node ({ar.source}): rings x in flight {rings}, latency "
         f"{1e6 * ar.latency_s:.0f} us/hop, {ar.bandwidth_Bps / 1e9:.2f} GB/s",
-        soft_wrap=True,
     )
     slow = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(cal.host.slowdown.items()))
     console.print(f"core sharing ({cal.host.source}, {cal.host.cores} cores): {slow or 'none'}")
@@ -248,7 +245,7 @@ def _print_tp_allreduce(console: Console, ar: AllreduceCalibration) -> None:
         f"T={p.ring} {p.bytes / 1024:.0f} KiB {1e3 * p.time.median:.3f} ms"
         for p in sorted(ar.points, key=lambda p: (p.ring, p.bytes))
     )
-    console.print(f"tensor-parallel all-reduce ({ar.source}): {by_T}", soft_wrap=True)
+    console.print(f"tensor-parallel all-reduce ({ar.source}): {by_T}")
 
 
 def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
@@ -259,7 +256,6 @@ def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
         f"with cores shared), {1e3 * rt.step_s:.2f} ms per step; machine "
         f"{100 * (rt.drift - 1):+.0f} % slower during the probes than the block timing "
         "(compute times scaled to the probes)",
-        soft_wrap=True,
     )
     if not rt.steady:
         console.print(
@@ -268,7 +264,6 @@ def _print_runtime(console: Console, rt: RuntimeCalibration) -> None:
                 "probes' speed; run `jobctl calibrate` again at a steadier time if its "
                 "predictions are off[/yellow]"
             ),
-            soft_wrap=True,
         )
 
 
