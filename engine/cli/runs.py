@@ -54,10 +54,10 @@ def stop(
     s = request_stop(db, find_run(db, run))
     console.print(STOP_MESSAGES[s.how].format(s=s))
     if s.how == "asked" and not no_wait:
-        _await_stopped(db, s.run_id, s.supervisor, timeout)
+        _await_stopped(db, s.run_id, timeout)
 
 
-def _await_stopped(db, run_id: str, supervisor: int, timeout: float) -> None:
+def _await_stopped(db, run_id: str, timeout: float) -> None:
     """Wait (bounded) until the run has ended and its supervisor with it; say how."""
     from jobctl.engine.core.process import pid_alive
 
@@ -65,7 +65,8 @@ def _await_stopped(db, run_id: str, supervisor: int, timeout: float) -> None:
     with console.status(f"waiting for {run_id}'s nodes to checkpoint and stop"):
         while time.monotonic() < deadline:
             row = db.get_run(run_id)
-            if row["phase"] in ENDED and not pid_alive(supervisor, row["supervisor_token"]):
+            sup = row["supervisor_pid"]  # cleared by a supervisor that has finished
+            if row["phase"] in ENDED and not pid_alive(sup, row["supervisor_token"]):
                 break
             time.sleep(0.5)
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 from typer.testing import CliRunner
 
@@ -153,7 +154,7 @@ def test_stop_during_a_morph_stops_between_attempts(tmp_path):
     to_training(sup)
     launcher.nodes.state["a0n1"] = KILLED
     assert sup.step() == "morphing"
-    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home), "--no-wait"])
     assert r.exit_code == 0 and "checkpoint and stop" in r.output, r.output
     assert "supervisor" in r.output  # a request for the supervisor, no stale pid signalled
     assert sup.step() == "stopped" and sup.outcome.kind == "stopped"
@@ -169,7 +170,7 @@ def test_stop_after_a_morph_signals_the_new_nodes(tmp_path):
         assert sup.step() == want
     old, new = (a.backend for a in launcher.attempts)
     cancels_before = list(old.cancels)
-    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home), "--no-wait"])
     assert r.exit_code == 0, r.output
     assert db.get_run(sup.run_id)["phase"] == "stopping"  # from the request on
     assert sup.step() == "stopping"
@@ -221,7 +222,7 @@ def test_stop_without_a_supervisor_signals_the_recorded_nodes(tmp_path):
     db.release_supervisor(sup.run_id, sup_pid := db.get_run(sup.run_id)["supervisor_pid"])
     assert sup_pid is not None
     db.update_run(sup.run_id, pids="999999991")  # a pid that does not exist
-    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home)])
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home), "--no-wait"])
     assert r.exit_code == 0 and "asked 1 node(s)" in r.output, r.output
     assert db.get_run(sup.run_id)["stop_requested"] is None
     assert db.get_run(sup.run_id)["phase"] == "stopping"
@@ -270,3 +271,30 @@ def test_failed_peers_without_a_silent_rank_fail_after_the_grace(tmp_path):
     clock.sleep(11)
     launcher.nodes.state["a0n1"] = RUNNING
     assert sup.step() == "failed"  # nobody lost a process: not a preemption
+
+
+def test_stop_waits_until_the_run_has_stopped_and_says_where(tmp_path):
+    """#47: `jobctl stop` returned at once, so the README's next line (`jobctl resume`)
+    found the run still supervised; it now waits until the supervisor has ended it."""
+    import threading
+
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    db.update_run(sup.run_id, step=7, last_checkpoint=5)
+
+    def supervise():  # the supervisor's loop, in the background as a real one runs
+        while db.get_run(sup.run_id)["stop_requested"] is None:
+            time.sleep(0.1)
+        assert sup.step() == "stopping"  # it signals the nodes; they checkpoint and end
+        write(sup.current.dir, {"kind": "stopped", "step": 7, "rank": 0, "ts": 1003.2})
+        launcher.attempts[-1].backend.set_all(NodeStatus("stopped", -15, "exit -15", "cancelled"))
+        time.sleep(1.0)  # stop is waiting by now
+        assert sup.step() == "stopped"
+
+    t = threading.Thread(target=supervise)
+    t.start()
+    r = CliRunner().invoke(app, ["stop", sup.run_id, "--home", str(db.home), "--timeout", "60"])
+    t.join(60)
+    assert r.exit_code == 0, r.output
+    assert db.get_run(sup.run_id)["phase"] == "stopped"
+    assert f"run {sup.run_id} stopped at step 7 (its newest checkpoint is step 5)" in r.output
