@@ -117,9 +117,12 @@ def resolve(name: str, found: list[Benchmark]) -> Benchmark:
     raise SystemExit(2)
 
 
-def run(bench: Benchmark, args: list[str], results: str | None) -> int:
+def run(
+    bench: Benchmark, args: list[str], results: str | None, typed: list[str] | None = None
+) -> int:
     """Import the benchmark and call its ``main`` with ``args``; its exit status. What
-    it prints is kept as a dated file (``results.kept``), unless it only shows --help."""
+    it prints is kept as a dated file (``results.kept``) headed by ``typed`` (the
+    runner's arguments as given), unless it only shows --help."""
     if results:
         os.environ["BENCHMARKS_RESULTS"] = str(Path(results).resolve())
     module = importlib.import_module(f"benchmarks.{bench.group}.{bench.name}")
@@ -127,7 +130,8 @@ def run(bench: Benchmark, args: list[str], results: str | None) -> int:
     if "-h" in args or "--help" in args:
         got = module.main(args)
         return got if isinstance(got, int) else 0
-    with results_lib.kept(bench.name, args) as state:
+    typed = typed or ["run", bench.name, *args]
+    with results_lib.kept(bench.name, typed) as state:
         got = module.main(args)
         got = got if isinstance(got, int) else 0
         state["status"] = f"exit {got}"
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # `list | head`: the reader has what it wanted
             sys.stderr.close()
         return 0
-    return run(resolve(args.name, found), args.args, args.results)
+    typed = sys.argv[1:] if argv is None else argv  # the result file's first line
+    return run(resolve(args.name, found), args.args, args.results, typed)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,9 +135,10 @@ class _Tee(io.TextIOBase):
 @contextlib.contextmanager
 def kept(name: str, argv: list[str]) -> Iterator[dict]:
     """Run the block with stdout and stderr teed; then, unless it wrote its own result
-    through ``write``, write what it printed to ``YYYY-MM-DD-<name>.txt``. The block
-    sets the yielded dict's ``status`` (its exit); a failure is written too, so a
-    broken run leaves its evidence."""
+    through ``write``, write what it printed to ``YYYY-MM-DD-<name>.txt``, headed by
+    ``argv`` (the runner's arguments as typed). The block sets the yielded dict's
+    ``status`` (its exit); a failure is written too, so a broken run leaves its
+    evidence."""
     text: list[str] = []
     out, err, before = sys.stdout, sys.stderr, len(WRITTEN)
     sys.stdout, sys.stderr = _Tee(out, text), _Tee(err, text)
@@ -164,7 +166,7 @@ def _keep(name: str, argv: list[str], text: str, status: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     m = machine()
     where = ", ".join(f"{k} {v}" for k, v in m.items())
-    head = f"$ python -m benchmarks run {' '.join([name, *argv])}\n"
+    head = f"$ python -m benchmarks {shlex.join(argv)}\n"
     head += f"# {now:%Y-%m-%d %H:%M}, {where}\n\n"
     body = ANSI.sub("", text)
     path.write_text(head + body + ("" if body.endswith("\n") else "\n") + f"# {status}\n")

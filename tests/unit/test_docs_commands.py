@@ -13,7 +13,11 @@ Not run here, and nothing else:
 docs/spec.md is generated (tests/unit/test_spec_reference.py) and has no commands.
 To stay a unit test, the docs keep to cheap commands (validate, plan, render, apply
 --dry-run, schema, schedules); plain `jobctl` lines of those run in this process through
-typer's runner (the same app the console script runs), everything else in bash."""
+typer's runner (the same app the console script runs), everything else in bash. The
+pages' benchmark commands (`python -m benchmarks run NAME`, each reproducing a paper's
+table or a measured figure) are written in their smallest real form (a round, a few
+steps), each page saying what the full run takes; together they cost this test a few
+minutes. Their dated result files go to the temporary folder, not benchmarks/results."""
 
 from __future__ import annotations
 
@@ -157,6 +161,7 @@ def test_every_docs_command_runs_as_written(page, tmp_path, monkeypatch):
     env["JOBCTL_HOME"] = str(tmp_path / ".jobctl")  # what ./.jobctl is, made explicit
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)  # `python -m benchmarks`, run from the repository root
+    env["BENCHMARKS_RESULTS"] = str(tmp_path / "results")  # every run writes one: not the tree's
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("JOBCTL_HOME", env["JOBCTL_HOME"])
     runner = CliRunner()
