@@ -11,7 +11,9 @@ prediction includes. For the second quickstart run and for the fleet (2 members 
 taken first (`jobctl calibrate`, minutes), else the plans use the analytic costs, which
 on a CPU are often several times optimistic: the ratio says by how much.
 
-    python -m benchmarks run cost_prediction [--steps 60] [--calibrate]
+    python -m benchmarks run cost_prediction [--steps 60] [--calibrate] [--skip-fleet]
+
+``--skip-fleet``: the quickstart's row only.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--calibrate", action="store_true", help="measure a calibration first")
+    ap.add_argument("--skip-fleet", action="store_true", help="the quickstart only")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         home, work = Path(tmp) / "home", Path(tmp)
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
             spec_file = write_spec(tiny_spec(), work / "q.yaml")
             subprocess.run([*JOBCTL, "calibrate", str(spec_file)], env=cli_env(home), check=True)
         rows = [("quickstart (2x2)", *quickstart(home, args.steps))]
-        rows.append(("fleet (2 x 1x2)", *fleet(home, args.steps, work)))
+        if not args.skip_fleet:
+            rows.append(("fleet (2 x 1x2)", *fleet(home, args.steps, work)))
     print(
         f"{args.steps} steps at ${PRICE:g} per device-hour; measured = device-hours in "
         f"training phases x price ({QUICKSTART.name})"

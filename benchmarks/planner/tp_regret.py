@@ -13,7 +13,11 @@ seconds per step, the regret (the pick's measured throughput over the best
 measured one) and the predicted against the measured order (Kendall's tau).
 
     python -m benchmarks run tp_regret [--rounds 2] [--steps 25] [--width 64]
-        [--layers 2] [--seq 32]
+        [--layers 2] [--seq 32] [--layouts 5] [--patience 10]
+
+``--layouts N`` runs the pick and the first N of the five fixed layouts only (1: the
+pick against T = 2 P = 1 D = 2); ``--patience`` is how long each run waits for a quiet
+CPU.
 
 A traced model has no measured calibration (``jobctl calibrate`` measures hand-cut
 blocks only), so the planner prices it analytically: FLOPs from the subgraphs' real
@@ -43,7 +47,8 @@ BASELINE = (
 )
 
 WORLD = 4
-LAYOUTS = [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1)]  # (T, P, D)
+# (T, P, D); T alternating, so the first few (--layouts N) already hold a T = 2 one
+LAYOUTS = [(2, 1, 2), (1, 1, 4), (2, 2, 1), (1, 2, 2), (1, 4, 1)]
 
 
 def job_yaml(args) -> str:
@@ -81,8 +86,8 @@ def fixed(spec, T: int, P: int, D: int):
     return spec.model_copy(update={"parallelism": par})
 
 
-def plans(spec, home: Path) -> tuple[tuple, dict]:
-    """The planner's pick (T, P, D) and a plan per layout to run."""
+def plans(spec, home: Path, layouts: list[tuple]) -> tuple[tuple, dict]:
+    """The planner's pick (T, P, D) and a plan per layout to run (``layouts`` and it)."""
     auto = make_plan(spec, home=home)
     pick = (auto.T, auto.P, auto.D)
     print(
@@ -93,7 +98,7 @@ def plans(spec, home: Path) -> tuple[tuple, dict]:
     for line in auto.t_search:
         print(line)
     out = {}
-    for T, P, D in dict.fromkeys([*LAYOUTS, pick]):
+    for T, P, D in dict.fromkeys([*layouts, pick]):
         s = fixed(spec, T, P, D)
         out[T, P, D] = (s, make_plan(s, home=home))
     return pick, out
@@ -103,14 +108,15 @@ def label(k: tuple) -> str:
     return f"T={k[0]} P={k[1]} D={k[2]}"
 
 
-def run_rounds(planned: dict, home: Path, rounds: int) -> dict:
-    """Median step seconds per layout over ``rounds`` alternating rounds."""
+def run_rounds(planned: dict, home: Path, rounds: int, patience: float) -> dict:
+    """Median step seconds per layout over ``rounds`` alternating rounds, each run
+    after up to ``patience`` s of waiting for a quiet CPU."""
     keys = list(planned)
     seen: dict = {k: [] for k in keys}
     for r in range(rounds):
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
         for k in order:
-            wait_quiet(patience_s=10)
+            wait_quiet(patience_s=patience)
             spec, plan = planned[k]
             got = measure(spec, plan, home)
             seen[k].append(got.step_s)
@@ -156,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--layouts", type=int, default=len(LAYOUTS), help="the pick and N of 5")
+    p.add_argument("--patience", type=float, default=10.0, help="s to wait for a quiet CPU")
     args = p.parse_args(argv)
     if args.steps <= WARMUP_STEPS + 2:
         raise SystemExit(f"--steps must exceed the {WARMUP_STEPS} warm-up steps by 3")
@@ -163,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         home, path = Path(tmp) / "home", Path(tmp) / "job.yaml"
         path.write_text(job_yaml(args))
         spec = load_spec(path)
-        pick, planned = plans(spec, home)
-        measured = run_rounds(planned, home, args.rounds)
+        pick, planned = plans(spec, home, LAYOUTS[: args.layouts])
+        measured = run_rounds(planned, home, args.rounds, args.patience)
         report(pick, planned, measured)
 
 

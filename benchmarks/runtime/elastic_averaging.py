@@ -17,7 +17,10 @@ per pipeline, not the N fill/drains of the pipelines one after another (the rows
 cost before). AvgPipe's 1.7x compares against synchronous training at the batch each
 parallel model sees (B / N here): that ratio is the ``vs B/N`` column.
 
-    python -m benchmarks run elastic_averaging [--rounds 3] [--steps 20]
+    python -m benchmarks run elastic_averaging [--rounds 3] [--steps 20] [--pipelines 2,4]
+
+``--pipelines 2`` runs N = 2 alone (and synchronous at B and B / 2): 3 runs a round
+instead of 5.
 """
 
 from __future__ import annotations
@@ -48,13 +51,14 @@ SHAPE = {
 B = 16
 
 
-def modes(m: int) -> dict[str, dict]:
-    """Synchronous at B and at B / N, elastic with N = 2 and 4 at B, all in ``m``."""
+def modes(m: int, pipelines: list[int]) -> dict[str, dict]:
+    """Synchronous at B and at B / N, elastic with each N of ``pipelines`` at B, all in
+    ``m``."""
     out: dict[str, dict] = {}
-    for n in (1, 2, 4):
+    for n in (1, *pipelines):
         name = "sync B" if n == 1 else f"sync B/{n}"
         out[name] = {"training.global_batch_size": B // n, "training.micro_batch_size": m}
-    for n in (2, 4):
+    for n in pipelines:
         out[f"elastic N={n}"] = {
             "training.global_batch_size": B,
             "training.micro_batch_size": m,
@@ -68,11 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--pipelines", default="2,4", help="the N to run, comma-separated")
     args = ap.parse_args(argv)
+    pipelines = [int(n) for n in args.pipelines.split(",")]
     auto = job_spec(**SHAPE, **{"training.global_batch_size": B})
     m = make_plan(auto).micro_batch_size  # the planner's micro-batch size at B
     plans = {}
-    for mode, extra in modes(m).items():
+    for mode, extra in modes(m, pipelines).items():
         spec = job_spec(**SHAPE, **extra, **{"training.steps": args.steps})
         plans[mode] = (spec, make_plan(spec))
     times: dict[str, list[float]] = {mode: [] for mode in plans}

@@ -35,6 +35,10 @@ own pruning pattern, static and with the partition balancer by time, so the gain
 an unprepared model is printed beside it.
 
     python -m benchmarks run rebalance_gain [--model both|scenario|builtin] [--patience 15]
+        [--quick]
+
+``--quick`` runs two of each model's runs, static and the partition balancer by time,
+at once (no wait for a quiet CPU) and once (no repeats): the same table, fewer rows.
 """
 
 from __future__ import annotations
@@ -279,6 +283,15 @@ CONFIGS = [
     ("packed to 1", "pack", "time"),
 ]
 BUILTIN = [("static", "static", "time"), ("partition by time", "partition", "time")]
+LEGEND = (
+    "idle % = 1 - busy / step time per stage: 'before -> after' the move at that sparsity "
+    "in the same run, after as most idle stage [each stage]; the static row never moves. "
+    "in-run = step time before / after the move at the same sparsity (- = no move). "
+    "cost = rebalancing wall time / mean step time per pruning step (* = layers moved; "
+    "DynPipe Table 4.1: 4-25). per device = samples/s / devices in use at 90 %, vs the "
+    "static run's on 2. Timings from a shared 2-core CPU: see others' CPU."
+)
+QUICK = {"static", "partition by time"}  # --quick's runs: the baseline and one balancer
 SCENARIO_NOTE = (
     "scenario: built for this benchmark (benchmarks.lib.rebalance_model): a GPT whose weights "
     "scale with depth (x1.5 per block), hidden 256, where CSR pays off on this CPU; "
@@ -349,7 +362,10 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds after which disturbed runs are no longer repeated",
     )
     ap.add_argument("--home", type=Path, default=None, help="keep the runs here (default: temp)")
+    ap.add_argument("--quick", action="store_true", help="static and partition by time only")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.patience = args.budget = 0.0
     jobbench.QUIET_PATIENCE_S = args.patience
     console = Console(width=180)
     cross = crossovers()
@@ -358,17 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
             configs = CONFIGS if model == "scenario" else BUILTIN
+            configs = [c for c in configs if not args.quick or c[0] in QUICK]
             got[model] = measure_all(args.home or Path(tmp), args.budget, configs, model)
-    console.print(
-        "idle % = 1 - busy / step time per stage: 'before -> after' the move at that sparsity "
-        "in the same run, after as most idle stage [each stage]; the static row never moves. "
-        "in-run = step time before / after the move at the same sparsity (- = no move). "
-        "cost = rebalancing wall time / mean step time per pruning step (* = layers moved; "
-        "DynPipe Table 4.1: 4-25). per device = samples/s / devices in use at 90 %, vs the "
-        "static run's on 2. Timings from a shared 2-core CPU: see others' CPU.",
-        highlight=False,
-        markup=False,
-    )
+    console.print(LEGEND, highlight=False, markup=False)
     for model in models:
         report(console, model, got[model], cross)
 
