@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from jobctl.engine.cli.common import HomeOpt, SpecArg, console, err, load_or_exit
+from jobctl.engine.cli.common import HomeOpt, SpecArg, cannot_plan, console, err, load_or_exit
 from jobctl.engine.core.home import HomeError, make_home
 from jobctl.engine.views import tables as views
 from jobctl.engine.views.markup import styled
@@ -27,6 +27,7 @@ def calibrate(
     """
     from jobctl.engine.calibration.cache import CalibrationError
     from jobctl.engine.calibration.measure.runner import calibrate as measure
+    from jobctl.engine.model.graph.source import FixableError
 
     spec = load_or_exit(spec_file)
     try:
@@ -43,4 +44,6 @@ def calibrate(
     except (HomeError, CalibrationError) as e:
         err.print(styled("[red]error:[/red] {}", str(e)))
         raise typer.Exit(2) from None
+    except FixableError as e:  # a model that cannot be built or traced, with its fix
+        cannot_plan(spec_file, e, "calibrate")
     views.print_calibration(console, cal, path)

@@ -8,7 +8,7 @@ without the planner (torch).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -168,8 +168,17 @@ def plan_or_exit(spec: JobSpec, path: Path, devices: int | None, home: Path | No
     try:
         return make_plan(for_devices(spec, devices), devices, home=home)
     except (PlanError, ValueError) as e:
-        err.print(styled("[red]error:[/red] {}: cannot plan: {}", path, e), highlight=False)
-        raise typer.Exit(2) from None
+        cannot_plan(path, e)
+
+
+def cannot_plan(path: Path, e: Exception, doing: str = "plan") -> NoReturn:
+    """Exit 2 with ``e`` (a PlanError, a model that cannot be built or traced) and its
+    fix where it carries one (``FixableError.fix``)."""
+    err.print(styled("[red]error:[/red] {}: cannot {}: {}", path, doing, e), highlight=False)
+    fix = getattr(e, "fix", None)
+    if fix:
+        err.print(f"  fix: {fix}", highlight=False)
+    raise typer.Exit(2) from None
 
 
 def tuned_or_exit(spec: JobSpec, path: Path, home: Path | None, show: bool = True) -> JobSpec:

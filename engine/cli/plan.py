@@ -14,6 +14,7 @@ from jobctl.engine.cli.common import (
     DevicesOpt,
     HomeOpt,
     SpecArg,
+    cannot_plan,
     console,
     err,
     for_devices,
@@ -81,14 +82,13 @@ def plan(
 
     spec = tuned_or_exit(loaded, spec_file, home, show=not as_json)
     planned = for_devices(spec, devices)  # once: it says so when it re-plans P x D
-    cal = calibration_for(planned, home)
-    if _plan_mobius(spec_file, planned, devices, as_json, gantt, cal):
-        return
-    try:
+    try:  # the calibration builds (traces) the model: a TraceError is a ValueError too
+        cal = calibration_for(planned, home)
+        if _plan_mobius(spec_file, planned, devices, as_json, gantt, cal):
+            return
         p, sim, choice = plan_priced(planned, devices, cal, home)
-    except ValueError as e:  # PlanError, or a schedule the generators reject
-        err.print(styled("[red]error:[/red] {}: cannot plan: {}", spec_file, e), highlight=False)
-        raise typer.Exit(2) from None
+    except ValueError as e:  # PlanError, a model that cannot be traced, a bad schedule
+        cannot_plan(spec_file, e)
     if _faster_mobius(planned, devices, p, as_json, gantt, cal):
         return
     if as_json:
@@ -141,8 +141,7 @@ def _plan_mobius(
         G = devices if devices is not None else spec.hardware.devices
         got = resolve_mobius(spec, cal, G)
     except ValueError as e:  # PlanError
-        err.print(styled("[red]error:[/red] {}: cannot plan: {}", spec_file, e), highlight=False)
-        raise typer.Exit(2) from None
+        cannot_plan(spec_file, e)
     if got is None:
         return False
     _show_mobius(spec, got, as_json, gantt)

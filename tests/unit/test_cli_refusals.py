@@ -98,3 +98,59 @@ def test_data_prepare_refuses_a_source_that_is_no_file_or_folder(tmp_path, kind)
     assert r.stderr.startswith(f"error: SOURCE {source} is {what}, not a corpus file or folder;")
     assert "give a corpus file (.txt, .jsonl, .parquet, .arrow) or a dataset folder" in r.stderr
     assert not out.parent.exists()  # nothing trained, nothing written
+
+
+GATE = """
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, h):
+        if h.sum() > 0:  # a branch on a tensor's value: torch.export cannot trace it
+            return self.lin(h)
+        return h
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.gate, self.head = nn.Embedding(64, 16), Gate(), nn.Linear(16, 64)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.gate(self.emb(input_ids)))
+        if labels is None:
+            return logits
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def make():
+    return Net()
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "calibrate"])
+def test_a_model_torch_export_cannot_trace_is_one_error_with_its_fix(
+    tmp_path, monkeypatch, command
+):
+    """validate does not trace, so `plan` was the first to meet a model with a branch on
+    a tensor's value: a TraceError traceback, exit 1 (and `calibrate` after its bar)."""
+    import yaml
+
+    (tmp_path / "gated_net.py").write_text(GATE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = yaml.safe_load(QUICKSTART.read_text())
+    spec["model"] = {"import": "gated_net:make", "seq_len": 32, "vocab": 64}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    env = {STATE_HOME: str(tmp_path / "home"), "COLUMNS": "200"}
+    r = CliRunner().invoke(app, [command, str(job)], env=env)
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    said = r.stderr.splitlines()
+    assert said[0].startswith(f"error: {job}: cannot {command}: torch.export could not trace")
+    assert said[-1].startswith("  fix: make that code independent of tensor values")
+    assert "Traceback" not in r.output

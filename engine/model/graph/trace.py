@@ -11,7 +11,11 @@ Shapes are specialised to the plan's micro-batch size and sequence length.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import linecache
+import logging
+import sys
 
 import torch
 from torch import fx, nn
@@ -42,12 +46,28 @@ class _CallsOnly(nn.Module):
         return tuple(v for v in out if isinstance(v, torch.Tensor))
 
 
+def _quietly(call):
+    """``call()`` with what torch writes meanwhile held back (logging's warnings and
+    stderr): on a data-dependent branch it prints the partial graph, a hundred lines
+    of generated code, before it raises, and the TraceError that follows says what
+    the user needs (file, line, fix). What a trace that succeeds wrote is passed on."""
+    held = io.StringIO()
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(held):
+            got = call()
+    finally:
+        logging.disable(logging.NOTSET)
+    sys.stderr.write(held.getvalue())
+    return got
+
+
 def trace(model: nn.Module, inputs: dict) -> fx.GraphModule:
     """The model's training graph for ``inputs`` (meta tensors)."""
     extra = _call_options(model)
     wrapped = _CallsOnly(model, extra).train()
     try:
-        program = torch.export.export(wrapped, (), inputs, strict=False)
+        program = _quietly(lambda: torch.export.export(wrapped, (), inputs, strict=False))
     except Exception as exc:  # noqa: BLE001 -- export raises many kinds
         raise TraceError(
             f"torch.export could not trace {type(model).__name__}: {_where(exc)}"
