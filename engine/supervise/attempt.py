@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     TextColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Column
 
@@ -33,6 +33,7 @@ from jobctl.engine.core.events import Kind
 from jobctl.engine.core.process import process_token
 from jobctl.engine.pruning import events as pruning_events
 from jobctl.engine.rebalance import events as rebalance_events
+from jobctl.engine.supervise.figures import RATE_WINDOW, eta_s, recent_rate
 from jobctl.engine.supervise.launch import Run
 
 
@@ -126,7 +127,7 @@ def progress_columns(width: int, label: str, total: int) -> list[ProgressColumn]
         TextColumn("loss {task.fields[loss]}", table_column=fixed(VALUE_WIDTHS[0])),
         TextColumn("{task.fields[sps]} samples/s", table_column=fixed(VALUE_WIDTHS[1])),
         TextColumn("ETA", table_column=fixed(VALUE_WIDTHS[2])),
-        TimeRemainingColumn(table_column=fixed(VALUE_WIDTHS[3])),
+        TextColumn("{task.fields[eta]}", table_column=fixed(VALUE_WIDTHS[3])),
     ]
 
 
@@ -150,7 +151,10 @@ class ProgressView:
         self.label = run_id if fits else SHORT_LABEL  # else the run id goes above the bar
         columns = progress_columns(console.width, self.label, total)
         self.bar = Progress(*columns, console=console, transient=False)
-        self.task = self.bar.add_task(self.label, total=total, completed=start, loss="-", sps="-")
+        self.task = self.bar.add_task(
+            self.label, total=total, completed=start, loss="-", sps="-", eta="-:--:--"
+        )
+        self.steps: deque[dict] = deque(maxlen=RATE_WINDOW)  # the ETA's, as status's
         self.upload = self.bar.add_task(
             "upload", total=1, completed=0, loss="", sps="-", visible=False
         )
@@ -166,11 +170,13 @@ class ProgressView:
         if self.lines:
             self._print_line(rec)
         elif rec["kind"] == Kind.STEP:
+            self.steps.append(rec)
             self.bar.update(
                 self.task,
                 completed=rec["step"],
                 loss=f"{rec['loss']:.4f}",
                 sps=f"{rec['samples_per_s']:.1f}",
+                eta=self._eta(rec["step"]),
             )
         elif rec["kind"] == Kind.UPLOAD:
             self.bar.update(
@@ -180,6 +186,16 @@ class ProgressView:
                 completed=rec["bytes_done"],
                 description=f"upload step {rec['step']}" if self.label != SHORT_LABEL else "upload",
             )
+
+    def _eta(self, step: int) -> str:
+        """Time to the last step as `jobctl status` computes it (figures.eta_s over the
+        newest RATE_WINDOW step records), not Rich's own estimate: one ETA, one way."""
+        row = {"phase": "training", "total_steps": self.total, "step": step}
+        left = eta_s(row, recent_rate(list(self.steps)))
+        if left is None:
+            return "-:--:--" if step < self.total else "0:00:00"
+        s = round(left)
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
     def _print_line(self, rec: dict) -> None:
         step = rec.get("step")

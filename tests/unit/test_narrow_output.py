@@ -193,3 +193,25 @@ def test_events_name_each_run_whole_above_its_events_at_80_columns():
     assert headings[1] == "schedule"  # two days: each row carries its date
     assert text.count("training 0") == 1 and "more" not in text
     assert re.search(r"│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d │ phase", text)
+
+
+def test_the_progress_eta_is_the_one_status_computes():
+    """#47, one way of computing each figure: the bar's ETA was Rich's own estimate
+    (its speed over 30 s) beside `jobctl status`'s figures.eta_s over the newest step
+    records; the bar now asks figures.eta_s too."""
+    from jobctl.engine.supervise.figures import eta_s, recent_rate
+
+    console, out = _console(120, terminal=True)
+    view = ProgressView(console, "q-1", total=300, start=0)
+    records = [
+        {"kind": "step", "step": s, "loss": 3.0, "samples_per_s": 16.0, "ts": 100.0 + 0.5 * s}
+        for s in range(1, 20)
+    ]
+    for rec in records:
+        view.on_event(rec)
+    view.bar.refresh()
+    view.stop()
+    left = eta_s({"phase": "training", "total_steps": 300, "step": 19}, recent_rate(records))
+    assert left == 140.5  # 281 steps at 2 steps/s
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).split("\r")[-1]
+    assert "ETA 0:02:20" in " ".join(frame.split()), frame
