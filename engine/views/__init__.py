@@ -6,7 +6,8 @@ over. ``tables`` (plans, calibrations, runs), ``fleet``, ``pruning``, ``rebalanc
 ``cost`` (dollars to finish, the time-vs-dollars frontier) print to the terminal;
 ``gantt`` draws a simulated step (``mobius_gantt``: a Mobius step with its swaps, as
 80-column lanes or a figure); ``svg`` and ``png`` draw charts; ``report`` writes
-the HTML page of ``jobctl report``.
+the HTML page of ``jobctl report``. ``prose`` is the CLI's console (prose wrapped
+between words at a terminal, whole in a pipe); ``markup`` the one place markup is parsed.
 
 In layer 9 of ``engine.LAYERS``: it may import the layers below (core to fleet and
 scheduler).
