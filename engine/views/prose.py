@@ -69,6 +69,14 @@ def wrapped(text: str | Text, width: int) -> list[Text]:
     return out
 
 
+def say(console: Console, text: str | Text, **kw) -> None:
+    """Print ``text`` on any console as ``ProseConsole`` prints prose: at a terminal
+    wrapped by ``wrapped`` at its width, in a pipe each line whole."""
+    lines = wrapped(text, console.width) if console.is_terminal else [text]
+    for line in lines:
+        console.print(line, soft_wrap=True, **kw)
+
+
 class ProseConsole(Console):
     """The CLI's console: at a terminal, a ``print`` of one string or ``Text`` without
     an explicit ``soft_wrap`` is prose, wrapped by ``wrapped`` at the terminal's width.
@@ -79,8 +87,7 @@ class ProseConsole(Console):
 
     def print(self, *objects, **kw) -> None:
         prose = len(objects) == 1 and isinstance(objects[0], str | Text)
-        if not prose or "soft_wrap" in kw or not self.is_terminal:
+        if not prose or "soft_wrap" in kw:
             super().print(*objects, **kw)
-            return
-        for line in wrapped(objects[0], self.width):
-            super().print(line, soft_wrap=True, **kw)
+        else:
+            say(self, objects[0], **kw)  # back here with soft_wrap: to Console.print

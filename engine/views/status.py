@@ -12,6 +12,7 @@ from rich.text import Text
 
 from jobctl.engine.supervise.figures import RunFigures
 from jobctl.engine.views.markup import plain
+from jobctl.engine.views.prose import say
 from jobctl.engine.views.tables import _num, dollars, hms, human_bytes
 
 
@@ -223,21 +224,11 @@ def print_run(
     t.add_row("eval loss", "-" if ev_loss is None else f"{ev_loss[1]:.4f} (step {ev_loss[0]})")
     _distance_row(t, f)
     console.print(t)
-    for key in PATH_FIELDS:  # whole, never wrapped, never cut
-        _print_path(console, key, row.get(key) or "-")
+    for key in PATH_FIELDS:  # whole: at a terminal too narrow, under its key (#47)
+        say(console, Text(f"{key}: {row.get(key) or '-'}"), highlight=False)
     if ranks:
         print_ranks(console, ranks)
     print_events(console, events)
-
-
-def _print_path(console: Console, key: str, path: str) -> None:
-    """``key: path`` on one line; at a terminal too narrow for both, the path on a line
-    of its own under the key, so the terminal never cuts it mid-path (#47)."""
-    line = f"{key}: {path}"
-    if console.is_terminal and len(line) > console.width:
-        console.print(Text(f"{key}:"), soft_wrap=True, highlight=False)
-        line = f"  {path}"
-    console.print(Text(line), soft_wrap=True, highlight=False)
 
 
 def print_events(console: Console, events: list[dict]) -> None:
