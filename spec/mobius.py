@@ -4,12 +4,14 @@ A Mobius job cuts the model into S = ``parallelism.pipeline_stages`` stages over
 N devices of the pool (``hardware.devices``), S > N: each stage lives in the tier
 below device memory and is uploaded before it runs (``engine.mobius``), under
 ``hardware.memory_gb`` per process. So ``pipeline_stages`` may exceed the pool here,
-and one pipeline uses the whole pool. What the runtime does not compose with yet is
-refused at validate time with the field and a fix: data or tensor parallelism,
-AvgPipe's averaging, the trainer plug-ins that move or reshape stages (pruning,
-rebalancing), Merak's stage-aware ratios (every Mobius stage
-recomputes its forward already) and ``auto`` stages (S is the user's: the MIP cuts
-the blocks into exactly S stages).
+and one pipeline uses the whole pool. Pruning masks the swapped records and
+rebalancing re-cuts the S stages (``engine.mobius.relayout``). Refused at validate
+time with the field, the reason and a fix: data or tensor parallelism and AvgPipe's
+averaging (not built: a T group or N models would swap shards or copies of every
+record in step), packing (S and each stage's rank are the cross mapping's: a re-cut
+keeps them), Merak's stage-aware ratios (physical: every Mobius stage recomputes its
+forward already) and ``auto`` stages (S is the user's: the MIP cuts the blocks into
+exactly S stages).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ MOBIUS = "mobius"
 #: one_stage_features that Mobius refuses with a reason of its own
 _OWN_RULE = ("parallelism.recompute",)
 #: one_stage_features Mobius runs: pruning masks its swapped records
-#: (``engine.pruning.swapped``)
-_RUNS = ("pruning.enabled",)
+#: (``engine.pruning.swapped``), rebalancing re-cuts them (``engine.rebalance.swapped``)
+_RUNS = ("pruning.enabled", "rebalancing.enabled")
 
 _FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
 
@@ -61,7 +63,20 @@ def _unsupported(spec: Any) -> Iterator[Violation]:
         "mobius (stages swapped through host memory or disk)",
         lambda path: _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
     )
-    if par.recompute == "stage_aware":
+    yield from _own_rules(spec)
+
+
+def _own_rules(spec: Any) -> Iterator[Violation]:
+    """What Mobius refuses for a reason of its own."""
+    if spec.rebalancing.enabled and spec.rebalancing.pack:
+        yield Violation(
+            "rebalancing.pack",
+            "schedule mobius already runs more stages than devices, each stage's rank "
+            "placed by the cross mapping (sec. 3.3); rebalancing re-cuts the S stages on "
+            "the same ranks and frees none",
+            "remove rebalancing.pack (a smaller pool: fewer hardware.processes_per_node)",
+        )
+    if spec.parallelism.recompute == "stage_aware":
         yield Violation(
             "parallelism.recompute",
             "schedule mobius recomputes every stage's forward from its offloaded input "

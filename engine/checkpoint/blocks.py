@@ -97,25 +97,24 @@ def _cpu_state(state: dict, copy=lambda v: v.detach().cpu().clone()) -> dict:
 def load_blocks(
     stage: Stage,
     opt: torch.optim.Optimizer | None,
-    ckpt_dir: Path,
+    ckpt_dir: Path | Snapshot,
     ties: list[Tie],
     part: int | None = None,
     local: Reshard | None = None,
 ) -> None:
     """Load this stage's parameters and optimizer state (if ``opt``) from a checkpoint
-    folder; with ``part``, those of AvgPipe's parallel model ``part`` instead (a block
-    file's ``parallel`` list, ``engine/averaging/checkpoint.py``); with ``local``
-    (T > 1), this rank's shard of each whole tensor."""
+    folder, or from a :data:`Snapshot` in memory (blocks moving between ranks); with
+    ``part``, those of AvgPipe's parallel model ``part`` instead (a block file's
+    ``parallel`` list, ``engine/averaging/checkpoint.py``); with ``local`` (T > 1),
+    this rank's shard of each whole tensor."""
     alias_of = {t.alias: t.canonical for t in ties}
     named = dict(stage.named_parameters())
-    cache: dict[int, dict] = {}
+    cache: dict[int, dict] = ckpt_dir if isinstance(ckpt_dir, dict) else {}
     for name, p in named.items():
         source = alias_of.get(name, name)
         block = int(source.split(".")[1])
         if block not in cache:
-            cache[block] = torch.load(
-                ckpt_dir / block_file(block), map_location="cpu", weights_only=True
-            )
+            cache[block] = _read_block(ckpt_dir, block)
         payload = cache[block] if part is None else cache[block]["parallel"][part]
         if source not in payload["params"]:
             raise KeyError(f"checkpoint {ckpt_dir} has no parameter {source!r}")
@@ -132,6 +131,12 @@ def load_blocks(
                 )
                 for k, v in state.items()
             }
+
+
+def _read_block(ckpt_dir: Path | Snapshot, block: int) -> dict:
+    if isinstance(ckpt_dir, dict):  # a snapshot holds every block it is asked for
+        raise KeyError(f"the blocks received hold no block {block}")
+    return torch.load(ckpt_dir / block_file(block), map_location="cpu", weights_only=True)
 
 
 def load_masks(ckpt_dir: Path, names: list[str], ties: list[Tie]) -> dict[str, torch.Tensor]:

@@ -212,14 +212,15 @@ def _print_pruning(spec: JobSpec, p: Plan, explain: bool, home: Path | None) -> 
     from jobctl.engine.views.pruning import print_pruning
     from jobctl.engine.views.rebalance import print_rebalancing
 
-    print_pruning(console, preview_pruning(spec), explain, profiled=p.mobius is None)
-    if p.mobius is not None:  # docs/composability.md
-        console.print("rebalancing preview: none, rebalancing does not run with schedule mobius")
-        return
-    if p.T > 1:  # it runs; the simulator prices the stages unsplit
+    print_pruning(console, preview_pruning(spec), explain)
+    why = None
+    if p.mobius is not None:  # it runs (rebalance.swapped); the preview is resident
+        why = "under schedule mobius (the preview simulates resident stages)"
+    elif p.T > 1:  # it runs; the simulator prices the stages unsplit
+        why = f"at tensor_parallel {p.T} (the preview simulates unsplit stages)"
+    if why is not None:
         console.print(
-            f"rebalancing preview: none at tensor_parallel {p.T} (the preview simulates "
-            "unsplit stages); the run rebalances by its measured per-block times",
+            f"rebalancing preview: none {why}; the run rebalances by its measured per-block times",
             soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
             highlight=False,
         )

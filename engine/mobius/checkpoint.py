@@ -54,10 +54,11 @@ def snapshot(runner: MobiusRunner, ties: list[Tie], masks: dict | None = None) -
     return snap
 
 
-def load(runner: MobiusRunner, ties: list[Tie], ckpt_dir: Path) -> None:
+def load(runner: MobiusRunner, ties: list[Tie], ckpt_dir: Path | Snapshot) -> None:
     """This rank's stages' weights and optimizer state from checkpoint ``ckpt_dir``
-    (any layout's), written into their records; the runner starts with no pending
-    update (a checkpoint holds its step's update applied)."""
+    (any layout's; or a snapshot in memory, ``mobius.relayout``), written into their
+    records; the runner starts with no pending update (a checkpoint holds its step's
+    update applied)."""
     for j in runner.mine:
         mod, lay, opt = runner.mods[j], runner.layouts[j], runner.opts[j]
         flat = _bound(runner, j)
@@ -94,13 +95,14 @@ def resume(runner: MobiusRunner, ties: list[Tie], batch: int, ckpt_dir: Path) ->
 
 
 class MobiusCheckpointing(Checkpointing):
-    """:class:`Checkpointing` of a Mobius rank: its parts come from the runner's tier."""
+    """:class:`Checkpointing` of a Mobius rank: its parts come from the tier of the
+    engine's runner (a re-cut's new one after rebalancing, ``mobius.relayout``)."""
 
-    def __init__(self, *args, runner: MobiusRunner, **kwargs):
+    def __init__(self, *args, engine, **kwargs):  # noqa: ANN001 - a SwappedEngine
         super().__init__(*args, **kwargs)
-        self.runner = runner
+        self.engine = engine
 
     def save(self, state: StageState | None, step: int, final: bool = False) -> None:
         masks = self.masks() if self.masks is not None else None
-        snap = snapshot(self.runner, self.ties, masks)
-        self.manager.save(step, snap, self.meta(self.manager.plan, step), final=final)
+        snap = snapshot(self.engine.runner, self.ties, masks)
+        self.manager.save(step, snap, self.meta(self.engine.plan, step), final=final)

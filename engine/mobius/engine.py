@@ -2,6 +2,10 @@
 memory (``runtime.MobiusRunner``), driven by the one loop (``runtime.trainer``) like
 every other engine: the same events, stop vote, checkpoint hook and plug-ins.
 
+A rebalancing re-cut (``mobius.relayout``) hands the loop a :class:`SwappedLayout`,
+the new plan and the runner over the new stages; the plug-ins that read the runner
+(pruning's masks, the checkpoint hook) read it here, so they follow it.
+
 What it does not offer, and why: a lost peer's step is not handed over (a swapped
 stage's state lives in its rank's tier, which goes with the rank; an elastic run
 re-plans S over the devices left and resumes from its newest checkpoint), and a
@@ -14,6 +18,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,6 +29,14 @@ from jobctl.engine.runtime.executor import StepStats
 from jobctl.engine.runtime.failure import StepLedger
 from jobctl.engine.runtime.hook import StageState, StepHook
 from jobctl.engine.runtime.step import StepTimes
+
+
+@dataclass(frozen=True)
+class SwappedLayout:
+    """A re-cut Mobius run: its plan and the runner over its new stages."""
+
+    plan: Plan
+    runner: MobiusRunner
 
 
 class SwappedEngine:
@@ -90,8 +103,9 @@ class SwappedEngine:
         """The runner does not split compute from waits: compute_s is the step's."""
         return {"compute_s": self._seconds}
 
-    def relayout(self, state: StageState) -> None:
-        raise ValueError("a Mobius run keeps its layout (spec.mobius refuses rebalancing)")
+    def relayout(self, state: SwappedLayout) -> None:
+        """Train on over a re-cut's stages (the old runner is closed already)."""
+        self._plan, self.runner = state.plan, state.runner
 
     def apply_pending(self, step: int, hooks: Sequence[StepHook]) -> None:
         raise ValueError("a Mobius step is not handed over")

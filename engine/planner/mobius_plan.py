@@ -21,7 +21,13 @@ from jobctl.engine.planner.cross_mapping import (
     cross_mapping,
     topology_of,
 )
-from jobctl.engine.planner.mobius_costs import LayerCost, MobiusConfig, layer_costs
+from jobctl.engine.planner.mobius_costs import (
+    LayerCost,
+    MobiusConfig,
+    layer_costs,
+    stage_sums,
+    step_time,
+)
 from jobctl.engine.planner.mobius_partition import MobiusPartition, mobius_partition
 from jobctl.engine.planner.search import PlanError
 from jobctl.engine.planner.sizing import GB
@@ -70,6 +76,47 @@ def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
     pred = _prediction(spec, cal, layers, layout, m)
     _check_budget(spec, pred)
     return _plan(spec, cal, layout, m, pred)
+
+
+def _config(spec: JobSpec, plan: Plan) -> MobiusConfig:
+    """The MIP's machine for ``plan``'s N ranks and M micro-batches."""
+    return MobiusConfig(
+        devices=plan.mobius.N,
+        memory_bytes=spec.hardware.memory_gb * GB,
+        tier_Bps=TIER_BPS[spec.hardware.device],
+        micro_batches=plan.micro_batches,
+        max_units=max(16, plan.mobius.S),
+    )
+
+
+def stage_memory(spec: JobSpec, cal: Calibration, plan: Plan):
+    """Device bytes of each stage of a stage map, and the cap they must fit: the MIP's
+    constraint 4 and the runtime's two reserved buffers of a stage record (what
+    rebalancing's balancer keeps a re-cut within)."""
+    layers = layer_costs(cal, plan.micro_batch_size, plan.micro_batches)
+    per_block = [_sections(spec) * 4.0 * b.params for b in cal.blocks]
+
+    def memory(stages: list[list[int]]) -> list[float]:
+        sums = stage_sums(layers, [len(s) for s in stages])
+        records = [2 * sum(per_block[b] for b in s) for s in stages]
+        return [max(c.memory_f, c.memory_b, r) for c, r in zip(sums, records, strict=True)]
+
+    return memory, spec.hardware.memory_gb * GB
+
+
+def recut(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[int]]) -> Plan:
+    """``plan`` with its S stages cut at new boundaries (rebalancing, ``mobius.relayout``):
+    the same ranks per stage, each rank's blocks and the prediction re-derived, the
+    step priced by the MIP's own model (``mobius_costs.step_time``)."""
+    m, N = plan.micro_batch_size, plan.mobius.N
+    layers = layer_costs(cal, m, plan.micro_batches)
+    step = step_time(layers, [len(s) for s in stages], _config(spec, plan))
+    update = {"stages": [list(s) for s in stages], "step_time_s": step}
+    lay = plan.mobius.model_copy(update=update)
+    hosted = [[b for j in lay.hosted(r) for b in lay.stages[j]] for r in range(N)]
+    plan_stages = [s.model_copy(update={"blocks": hosted[s.index]}) for s in plan.stages]
+    pred = _prediction(spec, cal, layers, lay, m)
+    return plan.model_copy(update={"mobius": lay, "stages": plan_stages, "prediction": pred})
 
 
 def _check_budget(spec: JobSpec, pred: Prediction) -> None:

@@ -37,12 +37,16 @@ class BlockProfiler:
     def __enter__(self) -> BlockProfiler:
         if not self.active:
             return self
-        for b in self.pruner.stage.block_ids:
-            mod = self.pruner.stage.layers[str(b)]
+        for b, mod in self.blocks():
             self.fwd[b], self.bwd[b] = 0.0, 0.0
             self._handles.append(mod.register_forward_pre_hook(self._pre(b)))
             self._handles.append(mod.register_forward_hook(self._post(b)))
         return self
+
+    def blocks(self) -> list[tuple[int, torch.nn.Module]]:
+        """The blocks timed, by global index: the pruner's stage's."""
+        stage = self.pruner.stage
+        return [(b, stage.layers[str(b)]) for b in stage.block_ids]
 
     def _pre(self, b: int):
         def hook(module, args):

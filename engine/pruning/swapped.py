@@ -8,13 +8,14 @@ rank j % N), Alg. 2 selects over the N ranks exactly as over a pipeline (ties at
 threshold in the model's block order, ``selection``), a tied alias takes its
 canonical's mask, and ``mobius.masks.hold`` zeroes what is pruned in every record;
 each later update on upload keeps it zero. The ``pruning`` record is the resident
-pruner's. The step after is not profiled per block: Mobius runs no rebalancing, which
-is what the profile feeds.
+pruner's. The step after is profiled per block (:class:`SwappedProfiler`: every block
+of every stage of the rank, its forward timed twice, as Mobius runs it: once without
+a graph, once recomputed in backward), which feeds rebalancing (``rebalance.swapped``).
+The pruner reads the runner through the engine, so a re-cut's new runner is its.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
@@ -26,21 +27,73 @@ from jobctl.engine.mobius.masks import held, hold
 from jobctl.engine.mobius.runtime import MobiusRunner
 from jobctl.engine.model.blocks import Tie
 from jobctl.engine.pruning.comm import all_gather_var, world
+from jobctl.engine.pruning.profile import BlockProfiler
 from jobctl.engine.pruning.pruner import block_sparsity, layer_sparsity, summarize
-from jobctl.engine.pruning.schedule import target_at
+from jobctl.engine.pruning.schedule import schedule, target_at
 from jobctl.engine.pruning.selection import pair_selected, prunable_names, select_masks
+from jobctl.engine.runtime.vitals import max_rss_mb
 from jobctl.spec.phases import PruningSpec
+
+
+class SwappedProfiler(BlockProfiler):
+    """:class:`BlockProfiler` over every block of a Mobius rank's stages."""
+
+    def blocks(self) -> list[tuple[int, torch.nn.Module]]:
+        runner = self.pruner.runner
+        mods = [runner.mods[j] for j in runner.mine]
+        return [(b, mod.layers[str(b)]) for mod in mods for b in mod.block_ids]
+
+    def report(self) -> dict:
+        """The ``profile`` event (a Mobius rank hosts stage = its rank's plan stage)."""
+        p, weights = self.pruner, self.pruner.runner.weights()
+        sp, nnz = block_sparsity(held(p.runner)), block_nonzero(weights)
+        rank = p.runner.cfg.rank
+        blocks = {
+            str(b): {"fwd_s": self.fwd[b], "bwd_s": self.bwd[b], "sparsity": sp.get(b, 0.0)}
+            for b in self.fwd
+        }
+        records = sum(lay.nbytes for lay in p.runner.layouts.values())
+        memory = {"record_bytes": records, "nonzero_params": sum(nnz.values())}
+        return {
+            "step": self.step,
+            "rank": rank,
+            "stage": rank,
+            "replica": 0,
+            "blocks": blocks,
+            "nonzero": {str(b): n for b, n in nnz.items()},
+            "memory": {**memory, "max_rss_mb": max_rss_mb()},
+        }
+
+
+def block_nonzero(weights: dict[str, torch.Tensor]) -> dict[int, int]:
+    """Nonzero elements per block of ``weights`` (a tie's two copies each where it
+    computes, as the resident rebalancer counts them)."""
+    out: dict[int, int] = {}
+    for name, w in weights.items():
+        b = int(name.split(".")[1])
+        out[b] = out.get(b, 0) + int(w.count_nonzero())
+    return dict(sorted(out.items()))
 
 
 class SwappedPruner:
     """The masks of a Mobius rank's stages and the collective pruning step."""
 
-    def __init__(
-        self, cfg: PruningSpec, runner: MobiusRunner, ties: list[Tie], events: EventLog | None
-    ):
-        self.cfg, self.runner, self.ties, self.events = cfg, runner, ties, events
-        self.group = runner.links.group
-        self.reporter = runner.placement[-1] == runner.cfg.rank  # holds the last stage
+    def __init__(self, cfg: PruningSpec, engine, ties: list[Tie], events: EventLog | None):  # noqa: ANN001 - a SwappedEngine
+        self.cfg, self.engine, self.ties, self.events = cfg, engine, ties, events
+        self.profile_at: int | None = None  # loop step that profiles (the one after pruning)
+        self.last_profile: dict | None = None
+
+    @property
+    def runner(self) -> MobiusRunner:
+        return self.engine.runner
+
+    @property
+    def group(self):
+        return self.runner.links.group
+
+    @property
+    def reporter(self) -> bool:
+        return self.runner.placement[-1] == self.runner.cfg.rank  # holds the last stage
 
     def maybe_prune(self, step: int) -> dict | None:
         """Prune if ``step`` (optimizer steps done) is a pruning step; collective."""
@@ -55,6 +108,7 @@ class SwappedPruner:
         summary = summarize(masks, k, total, tau, gather)
         masks.update(self._alias_masks(masks, weights, gather))
         hold(self.runner, masks)
+        self.profile_at = step
         return self._report(step, target, summary, masks)
 
     def _alias_masks(self, masks: dict, weights: dict, gather) -> dict:
@@ -90,8 +144,10 @@ class SwappedPruner:
     def after_step(self) -> None:
         """Nothing: each update on upload re-zeroes its stage's pruned weights."""
 
-    def profile_step(self, step: int):
-        return contextlib.nullcontext()
+    def profile_step(self, step: int) -> SwappedProfiler:
+        """Context for loop step ``step``: profiles it if it follows a pruning step."""
+        active = self.profile_at is not None and step == self.profile_at
+        return SwappedProfiler(self, step + 1, active)
 
     def checkpoint_masks(self) -> dict[str, torch.Tensor]:
         """The masks a checkpoint saves with this rank's blocks."""
@@ -103,3 +159,5 @@ class SwappedPruner:
         masks = load_masks(ckpt_dir, names, self.ties)
         if masks:
             hold(self.runner, masks)
+            if any(t == step for t, _ in schedule(self.cfg)):
+                self.profile_at = step  # the first step after resuming profiles

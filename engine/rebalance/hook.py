@@ -188,7 +188,7 @@ class Rebalancer(StepHook):
         after_lay = lay if pack is None else layout_of(plan, len(new_stages))
         after = simulate_stages(spec, cal, after_lay, new_stages, times)
         record = {
-            **_decision_fields(done, d, costs, times, stages, new_stages),
+            **decision_fields(done, d, costs, times, stages, new_stages),
             "predicted_step_s_before": before.step_time,
             "predicted_step_s_after": after.step_time,
             "measured_stage_s_before": _stage_maxima(every, plan.P, "compute_s"),
@@ -296,7 +296,7 @@ def _replica0_blocks(every: list[dict], n: int) -> tuple[list[float], list[int]]
     return times, [round(x) for x in nnz]
 
 
-def _decision_fields(
+def decision_fields(
     done: int,
     d: Decision,
     costs: list[float],

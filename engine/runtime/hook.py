@@ -54,14 +54,16 @@ class StepEnd:
 
 @dataclass
 class Relayout:
-    """A new stage state a hook migrated this rank to; the trainer applies it.
+    """A new stage state a hook migrated this rank to; the trainer applies it
+    (``StepEngine.relayout``): a resident engine's :class:`StageState`, or the engine's
+    own layout (Mobius: ``mobius.engine.SwappedLayout``).
 
     ``settled`` is called once the trainer trains again under it, with the seconds it
     took to resume (the new executor and a barrier over the live ranks), or with None
     when ``state`` is None: the rank was packed away and leaves the loop.
     """
 
-    state: StageState | None
+    state: StageState | object | None
     settled: Callable[[float | None], None]
 
 

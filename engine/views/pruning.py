@@ -20,12 +20,9 @@ def _bar(fraction: float, width: int = 12) -> str:
     return "█" * full + "·" * (width - full)
 
 
-def print_pruning(
-    console: Console, preview: PruningPreview, explain: bool = False, profiled: bool = True
-) -> None:
-    """A table of the pruning steps; with ``explain``, the equation and its parameters;
-    ``profiled``: the step after each pruning step is profiled per block (not where no
-    rebalancing can use it: Mobius)."""
+def print_pruning(console: Console, preview: PruningPreview, explain: bool = False) -> None:
+    """A table of the pruning steps (the step after each is profiled per block); with
+    ``explain``, the equation and its parameters."""
     p, prunable, total = preview.pruning, preview.prunable, preview.total
     table = Table(title="pruning schedule (eq. 3.1, global magnitude)")
     for col in ("step", "sparsity", "pruned", "kept", "of the rest"):
@@ -44,8 +41,7 @@ def print_pruning(
     console.print(
         f"prunable: {prunable:,} of {total:,} parameters ({', '.join(p.prunable)}); at the "
         f"end {100 * preview.pruned_at_end / max(1, total):.1f} % of the whole model is zero."
-        + PROFILED
-        * profiled,
+        + PROFILED,
         soft_wrap=False,  # prose: wraps at words at 80 columns and in a pipe (#47)
         highlight=False,
         markup=False,

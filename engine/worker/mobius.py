@@ -4,8 +4,8 @@ together for the one loop: ``runtime.trainer.Trainer`` over a
 stages through the tier below device memory (files under ``<run>/mobius/rank-<r>/`` on
 a CPU device, pinned host memory on CUDA, held to ``hardware.memory_gb`` per process),
 with the same events, stop protocol and checkpoint hook (the block format:
-``mobius.checkpoint``) as every other run, and pruning's hook where the spec turns it
-on (``pruning.swapped``).
+``mobius.checkpoint``) as every other run, pruning's hook where the spec turns it
+on (``pruning.swapped``) and rebalancing's after it (``rebalance.swapped``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
 from jobctl.engine.pruning.hook import PruningHook
 from jobctl.engine.pruning.swapped import SwappedPruner
+from jobctl.engine.rebalance.swapped import SwappedRebalancer
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.loss_scale import loss_scaler
 from jobctl.engine.runtime.trainer import Trainer
@@ -68,11 +69,11 @@ def build_mobius(
     runner = MobiusRunner(mdef, spec.training, make_data(spec), cfg, device, links, scaler)
     engine = SwappedEngine(runner, plan, rank, device)
     pruner = (
-        SwappedPruner(spec.pruning, runner, mdef.ties, events) if spec.pruning.enabled else None
+        SwappedPruner(spec.pruning, engine, mdef.ties, events) if spec.pruning.enabled else None
     )
     masks = None if pruner is None else pruner.checkpoint_masks
     args = (spec, plan, rank, run_dir, events, mdef.ties, masks)
-    checkpoints = mobius_checkpoint.MobiusCheckpointing(*args, runner=runner)
+    checkpoints = mobius_checkpoint.MobiusCheckpointing(*args, engine=engine)
     start = 0
     if resume is not None:
         start = mobius_checkpoint.resume(runner, mdef.ties, plan.global_batch_size, resume)
@@ -82,5 +83,7 @@ def build_mobius(
     dist.barrier()  # nobody stages before stale staging folders are gone
     eval_data = make_eval_data(spec) if spec.training.eval_every else None
     pruning = [] if pruner is None else [PruningHook(pruner)]
+    if pruner is not None and spec.rebalancing.enabled:  # it acts on pruning's profiles
+        pruning.append(SwappedRebalancer(spec, mdef, engine, pruner, events, run_dir))
     hooks = [*pruning, checkpoints, *hooks]
     return Trainer(spec.training, engine, events, hooks, start, eval_data)

@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from jobctl.engine.checkpoint.blocks import load_masks
+from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.pruning.pruner import Pruner, prunable_names
@@ -235,11 +236,13 @@ def test_pruning_a_traced_llama_at_T2_matches_single_process(tmp_path):
 
 
 @pytest.mark.multiproc
-def test_pruning_under_mobius_with_eval_matches_single_process(tmp_path):
-    """Mobius (S = 4 stages swapped through files on 2 ranks) with pruning and the eval
-    pass: the selection runs over every rank's records (stage j on rank j % 2, so each
-    rank's blocks are not contiguous), the masks are one process's, each update on
-    upload keeps them, and the checkpoints (with their masks) resume under 1F1B."""
+def test_pruning_and_rebalancing_under_mobius_with_eval_match_single_process(tmp_path):
+    """Mobius (S = 4 stages swapped through files on 2 ranks) with pruning, rebalancing
+    and the eval pass: the selection runs over every rank's records (stage j on rank
+    j % 2, so each rank's blocks are not contiguous), the masks are one process's, each
+    update on upload keeps them; after each profiled step the balancer re-cuts the S
+    stages by nonzero counts, blocks (weights, slots, masks) change rank, and the run
+    still trains as one process; the checkpoints (with their masks) resume under 1F1B."""
     from jobctl.engine.data.dataset import make_eval_data
 
     from ..jobrun import plain_eval, tiny_spec
@@ -253,6 +256,7 @@ def test_pruning_under_mobius_with_eval_matches_single_process(tmp_path):
     # gradient into whole steps); momentum rides in each record's slot
     fields |= {"training.eval_every": 3, "training.optimizer": "sgd", "training.lr": 0.3}
     fields |= {"training.momentum": 0.9}
+    fields |= {"rebalancing.enabled": True, "rebalancing.by": "params"}
     one_node = {"hardware.nodes": 1, "hardware.processes_per_node": 2}
     mobius = {"parallelism.schedule": "mobius", "parallelism.pipeline_stages": 4}
     spec = tiny_spec(**fields, **one_node, **mobius, **{"parallelism.data_parallel": 1})
@@ -273,6 +277,7 @@ def test_pruning_under_mobius_with_eval_matches_single_process(tmp_path):
             assert not optim[n]["momentum_buffer"][~masks[n]].any(), n
     recs = events(run.dir)
     assert [r["step"] for r in recs if r["kind"] == "pruning"] == [2, 4]
+    _assert_re_cut(run, recs)
     evals = [r for r in recs if r["kind"] == "eval"]
     m = run.plan.micro_batch_size
     assert [r["step"] for r in evals] == [3, 6]
@@ -283,3 +288,19 @@ def test_pruning_under_mobius_with_eval_matches_single_process(tmp_path):
     resumed, outcome = run_job(at_1f1b, tmp_path / "1f1b", resume_dir=ckpt)
     assert outcome.ok, outcome.message
     assert step_losses(resumed.dir) == pytest.approx(ref_losses[2:], abs=1e-5)
+
+
+def _assert_re_cut(run, recs: list[dict]) -> None:
+    """The Mobius run re-cut its stages after a profiled step, on the same ranks, and
+    measured the new cut; plan.json holds the last cut."""
+    moved = [r for r in recs if r["kind"] == "rebalanced"]
+    assert moved and all(r["step"] in (3, 5) for r in moved), recs
+    first = moved[0]
+    assert first["stages_before"] == run.plan.mobius.stages
+    assert first["stages_after"] != first["stages_before"] and first["moves"]
+    assert max(first["load_after"]) < max(first["load_before"])
+    measured = [r for r in recs if r["kind"] == "rebalance_measured"]
+    assert [r["step"] for r in measured] == [r["step"] + 1 for r in moved]
+    now = Plan.model_validate_json((run.dir / "plan.json").read_text())
+    assert now.mobius.stages == moved[-1]["stages_after"]
+    assert now.mobius.ranks == run.plan.mobius.ranks

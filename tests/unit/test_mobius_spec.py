@@ -58,7 +58,6 @@ def test_stages_may_not_be_auto():
         ("  tensor_parallel: auto\n", "parallelism.tensor_parallel", 12, "tensor parallel"),
         ("  averaging: elastic\n", "parallelism.averaging", 12, "elastic averaging"),
         ("  recompute: stage_aware\n", "parallelism.recompute", 12, "stage-aware"),
-        ("rebalancing:\n  enabled: true\n", "rebalancing.enabled", 13, "rebalancing"),
     ],
 )
 def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
@@ -72,11 +71,23 @@ def test_refusals_name_the_field_line_and_fix(extra, path, line, message):
     assert "set parallelism.schedule to 1f1b" in issue.fix and path in issue.fix
 
 
-def test_pruning_runs_under_mobius():
-    # masks on the swapped records (tests/integration/test_pruning_multiproc.py)
+def test_pruning_and_rebalancing_run_under_mobius():
+    # masks on the swapped records, the S stages re-cut on their ranks
+    # (tests/integration/test_pruning_multiproc.py)
     prune = "pruning:\n  enabled: true\n  start_step: 1\n  end_step: 4\n  frequency: 1\n"
-    spec = load_spec_text(SPEC.format(S=4, extra=prune), "jobs/mob.yaml")
-    assert spec.pruning.enabled and spec.parallelism.schedule == "mobius"
+    rebalance = "rebalancing:\n  enabled: true\n"
+    spec = load_spec_text(SPEC.format(S=4, extra=prune + rebalance), "jobs/mob.yaml")
+    assert spec.pruning.enabled and spec.rebalancing.enabled
+    assert spec.parallelism.schedule == "mobius"
+
+
+def test_packing_is_refused_with_its_reason():
+    extra = "rebalancing:\n  enabled: true\n  pack: true\n"
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(S=4, extra=extra), "jobs/mob.yaml")
+    (issue,) = [i for i in info.value.errors if i.path == "rebalancing.pack"]
+    assert "cross mapping" in issue.message and "frees none" in issue.message
+    assert "remove rebalancing.pack" in issue.fix
 
 
 def test_an_all_auto_spec_plans_with_tensor_parallel_auto():
