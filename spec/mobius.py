@@ -20,15 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .base import Violation
-from .two_stage import one_stage_features, refusals
 
 MOBIUS = "mobius"
-
-#: one_stage_features that Mobius refuses with a reason of its own
-_OWN_RULE = ("parallelism.recompute",)
-#: one_stage_features Mobius runs: pruning masks its swapped records
-#: (``engine.pruning.swapped``), rebalancing re-cuts them (``engine.rebalance.swapped``)
-_RUNS = ("pruning.enabled", "rebalancing.enabled")
 
 _FIX = "set parallelism.schedule to 1f1b (one stage per device, all resident), or "
 
@@ -47,22 +40,42 @@ def mobius_violations(spec: Any) -> Iterator[Violation]:
     yield from _stage_count(spec)
 
 
-def _unsupported(spec: Any) -> Iterator[Violation]:
+def _not_built(spec: Any) -> list[tuple[str, bool, str, str]]:
+    """(field, is it on?, what, why Mobius refuses it): each not built, and what
+    building it would take."""
     par = spec.parallelism
-    features = [
+    return [
         (
             "parallelism.data_parallel",
             par.data_parallel not in (1, "auto"),
             "data parallelism (D > 1)",
+            "a Mobius job is one pipeline over the whole pool; D replicas would each swap "
+            "their own records and all-reduce every stage's gradients before its update "
+            "on upload (not built)",
         ),
-        ("parallelism.tensor_parallel", par.tensor_parallel != 1, "tensor parallelism"),
-        *[f for f in one_stage_features(spec) if f[0] not in _OWN_RULE + _RUNS],
+        (
+            "parallelism.tensor_parallel",
+            par.tensor_parallel != 1,
+            "tensor parallelism",
+            "Mobius swaps whole stage records through the tier; a T group would swap each "
+            "record's T shards in step (not built)",
+        ),
+        (
+            "parallelism.averaging",
+            par.averaging != "none",
+            "elastic averaging",
+            "AvgPipe's N parallel models would multiply every swapped record and the "
+            "tier's traffic by N (not built)",
+        ),
     ]
-    yield from refusals(
-        features,
-        "mobius (stages swapped through host memory or disk)",
-        lambda path: _FIX + f"turn off {path}" + (" (set it to 1)" if "parallel" in path else ""),
-    )
+
+
+def _unsupported(spec: Any) -> Iterator[Violation]:
+    for path, on, what, why in _not_built(spec):
+        if on:
+            off = "none" if path == "parallelism.averaging" else "1"
+            fix = _FIX + f"turn off {path} (set it to {off})"
+            yield Violation(path, f"schedule mobius does not run {what}: {why}", fix)
     yield from _own_rules(spec)
 
 
