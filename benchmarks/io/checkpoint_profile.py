@@ -4,9 +4,11 @@ One rank's state, in one process: the quickstart model (jobs/quickstart.yaml's m
 as a P=1 D=1 plan of the whole model) and the builtin GPT at hidden 768 (327 MiB of
 parameters + AdamW state), each with an AdamW optimizer that has stepped once. First
 the profile: one checkpoint through the product's own calls, in
-``CheckpointManager._write``'s order (snapshot_blocks and the hook's meta, which
-training waits for; stage_dir + write_snapshot, write_meta, publish_local,
-apply_retention, the checkpoint event), each phase timed in wall time, the calling
+``CheckpointManager._write``'s order (snapshot_blocks into the reused host buffers
+the manager's pool gives the hook, ``checkpoint.buffers``, and the hook's meta, which
+training waits for; stage_dir + write_snapshot, each file hashed as it is written,
+write_meta, publish_local, apply_retention, the checkpoint event), each phase timed
+in wall time, the calling
 thread's CPU time and the process's CPU time. publish_local is split by timing the
 product's ``sha256_file``, ``os.fsync`` and ``replace_dir`` as it calls them. Not
 covered: the events flush (a plain EventLog has none; a real run's channel does) and
@@ -54,6 +56,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from jobctl.engine.checkpoint import blocks as ck_blocks
+from jobctl.engine.checkpoint.buffers import Buffers
 from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.checkpoint.manager import CheckpointManager
 from jobctl.engine.checkpoint.store import format as ck_format
@@ -132,7 +135,7 @@ def spied(into: dict[str, Cost], spies: list[tuple[object, str, str]]) -> Iterat
 # publish_local's parts: hashing (measure_files -> FileEntry.of_local -> sha256_file),
 # fsync (write_bytes_atomic of the part record and the manifest), the folder rename
 PUBLISH_SPIES = [
-    (ck_format, "sha256_file", "  sha256 (re-read)"),
+    (ck_format, "sha256_file", "  sha256 (meta.json read back)"),
     (os, "fsync", "  fsync (record+manifest)"),
     (ck_local, "replace_dir", "  rename"),
 ]
@@ -151,6 +154,7 @@ class Rank:
     batch: tuple[torch.Tensor, torch.Tensor]
     blocks: list[int] = field(default_factory=list)
     spec_hash: str = ""  # the hook's is a cached property: computed once
+    buffers: Buffers = field(default_factory=Buffers)  # the profile's reused snapshot set
 
     def step(self) -> None:
         x, y = self.batch
@@ -158,8 +162,9 @@ class Rank:
         self.opt.step()
         self.opt.zero_grad()
 
-    def snapshot(self) -> dict:
-        return ck_blocks.snapshot_blocks(self.stage, self.opt, self.blocks, self.ties)
+    def snapshot(self, into: Buffers | None = None) -> dict:
+        """The hook's snapshot, into reused host tensors where given (the product's)."""
+        return ck_blocks.snapshot_blocks(self.stage, self.opt, self.blocks, self.ties, into=into)
 
     def meta(self, step: int) -> dict:
         """The meta.json the real hook writes (``Checkpointing.meta``, no fp16 scale)."""
@@ -206,16 +211,17 @@ def jobctl_once(rank: Rank, root: Path, step: int, events: EventLog) -> dict[str
     order (its events flush is absent: a plain EventLog has none), phase by phase."""
     c: dict[str, Cost] = {}
     with timed(c, "snapshot (blocking)"):
-        snap = rank.snapshot()
+        snap = rank.snapshot(rank.buffers)  # the pool's idle set, refilled each time
     with timed(c, "meta dict (blocking)"):
         meta = rank.meta(step)
-    with timed(c, "write blocks (torch.save)"):
-        staging = ck_local.stage_dir(root, step)
-        files = ck_blocks.write_snapshot(snap, staging)
+    with timed(c, "write blocks (+ sha256)"):
+        staging, digests = ck_local.stage_dir(root, step), {}
+        files = ck_blocks.write_snapshot(snap, staging, digests)  # hashed as written
     with timed(c, "write meta.json"):
         files.append(ck_blocks.write_meta(staging, meta))
     with spied(c, PUBLISH_SPIES), timed(c, "publish_local"):
-        published = ck_local.publish_local(root, step, "rank-0", files, meta, ["rank-0"])
+        got = ck_local.publish_local(root, step, "rank-0", files, meta, ["rank-0"], digests)
+        published = got
     with timed(c, "retention"):
         CheckpointStore(str(root)).apply_retention(KEEP_LAST, None, None, committed=step)
     with timed(c, "checkpoint event"):
@@ -320,7 +326,10 @@ class JobctlSaver:
         self.manager = CheckpointManager(cfg, rank.plan, 0, root / "ckpt", self.events)
 
     def save(self, step: int) -> None:
-        self.manager.save(step, self.rank.snapshot(), self.rank.meta(step))
+        """What ``Checkpointing.save`` does: a snapshot into the manager's buffers."""
+        into = self.manager.buffers()
+        snap = self.rank.snapshot(into)
+        self.manager.save(step, snap, self.rank.meta(step), buffers=into)
 
     def close(self) -> int:
         """Wait for the writer; the checkpoints it wrote (its checkpoint events)."""
@@ -412,7 +421,7 @@ def ms(xs: list[float]) -> str:
 TOP = [  # the phases of one checkpoint, in order; indented keys are parts of the last
     "snapshot (blocking)",
     "meta dict (blocking)",
-    "write blocks (torch.save)",
+    "write blocks (+ sha256)",
     "write meta.json",
     "publish_local",
     *(key for _, _, key in PUBLISH_SPIES),

@@ -10,7 +10,9 @@ of this machine's last ``KEEP`` measurements to a plan's end-to-end prediction
 say so. Kept per machine (``cache.device_name`` of the device kind) under the state
 home's calibration folder. Recoveries (losing nodes to training again, recorded by
 the supervisor after each) are kept the same way (``kind="recovery"``): the cost
-forecast prices a preemption with them (``planner.cost``).
+forecast prices a preemption with them (``planner.cost``); so are the checkpoint
+snapshot rates, GB/s of host copy per attempt (``kind="snapshot"``), which price the
+time each checkpoint blocks training.
 """
 
 from __future__ import annotations

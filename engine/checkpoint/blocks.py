@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from jobctl.engine.checkpoint.buffers import Buffers
+from jobctl.engine.checkpoint.store.format import FileEntry, HashingWriter
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import Stage, Tie
 
@@ -54,32 +56,61 @@ def snapshot_blocks(
     ties: list[Tie],
     masks: dict[str, torch.Tensor] | None = None,
     whole: Reshard | None = None,
+    into: Buffers | None = None,
 ) -> Snapshot:
     """Copies of the parameters, optimizer state and pruning masks (if any) of ``blocks``
-    (the only part of a checkpoint that must happen while training waits). A stage
+    (the only part of a checkpoint that must happen while training waits), in ``into``'s
+    reused host tensors where given (``checkpoint.buffers``), else in new ones. A stage
     without an optimizer (AvgPipe's reference model) saves no optimizer state. With
     ``whole`` (T > 1: collective over the T group) split tensors are saved whole."""
     aliases = {t.alias for t in ties}
+    hold = into.copy if into is not None else lambda _, v: v.detach().cpu().clone()
     snap: Snapshot = {}
     states = {} if opt is None else opt.state
     for b in blocks:
         params = {n: p for n, p in _block_params(stage, b).items() if n not in aliases}
         snap[b] = {
-            "params": {n: _reshard(whole, n, p.detach(), p) for n, p in params.items()},
+            "params": {n: hold((b, n, "param"), _whole(whole, n, p, p)) for n, p in params.items()},
             "optim": {
-                n: _cpu_state(states.get(p, {}), lambda v, n=n, p=p: _reshard(whole, n, v, p))
+                n: {
+                    k: hold((b, n, k), _whole(whole, n, v, p)) if torch.is_tensor(v) else v
+                    for k, v in states.get(p, {}).items()
+                }
                 for n, p in params.items()
             },
         }
         if masks:
-            snap[b]["masks"] = {n: masks[n].cpu().clone() for n in params if n in masks}
+            snap[b]["masks"] = {n: hold((b, n, "mask"), masks[n]) for n in params if n in masks}
     return snap
 
 
-def write_snapshot(snap: Snapshot, out_dir: Path) -> list[str]:
-    """Write one file per block of ``snap`` into ``out_dir``; returns the file names."""
+def _whole(how: Reshard | None, name: str, value: torch.Tensor, like) -> torch.Tensor:
+    """``value``, through ``how`` where it is shaped like the parameter (not copied)."""
+    if how is not None and value.shape == like.shape:
+        return how(name, value.detach())
+    return value.detach()
+
+
+def snapshot_bytes(snap: Snapshot) -> int:
+    """Bytes of the tensors a snapshot copied (what training waited for)."""
+    parts = [p.get(k, {}) for p in snap.values() for k in ("params", "masks")]
+    tensors = [t for part in parts for t in part.values()]
+    tensors += [v for p in snap.values() for st in p["optim"].values() for v in st.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def write_snapshot(
+    snap: Snapshot, out_dir: Path, digests: dict[str, FileEntry] | None = None
+) -> list[str]:
+    """Write one file per block of ``snap`` into ``out_dir``; returns the file names.
+    Each file is hashed as it is written; ``digests`` receives its entry (size, sha256)
+    so publishing need not read it back."""
     for b, payload in snap.items():
-        torch.save(payload, out_dir / block_file(b))
+        with open(out_dir / block_file(b), "wb") as handle:
+            writer = HashingWriter(handle)
+            torch.save(payload, writer)
+        if digests is not None:
+            digests[block_file(b)] = writer.entry()
     return [block_file(b) for b in snap]
 
 
@@ -88,10 +119,6 @@ def _reshard(how: Reshard | None, name: str, value: torch.Tensor, like) -> torch
     if how is not None and value.shape == like.shape:
         value = how(name, value)
     return value.detach().cpu().clone()
-
-
-def _cpu_state(state: dict, copy=lambda v: v.detach().cpu().clone()) -> dict:
-    return {k: (copy(v) if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
 def load_blocks(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +24,9 @@ from jobctl.engine.checkpoint.blocks import (
     load_blocks,
     read_meta,
     snapshot_blocks,
+    snapshot_bytes,
 )
-from jobctl.engine.checkpoint.manager import CheckpointManager
+from jobctl.engine.checkpoint.manager import CheckpointManager, Copied
 from jobctl.engine.checkpoint.resume import local_root
 from jobctl.engine.core.env import SHARED_CKPT_DISK
 from jobctl.engine.core.events import EventLog
@@ -103,10 +105,14 @@ class Checkpointing(StepHook):
         masks = self.masks() if self.masks is not None else None
         mine = blocks_written_by(plan, self.rank)
         whole = None if state.tp is None else state.tp.whole  # T > 1: gathered by the group
-        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks, whole)
+        into = self.manager.buffers()  # reused host tensors: the copy maps no new pages
+        t0 = time.perf_counter()
+        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks, whole, into)
+        copied = Copied(time.perf_counter() - t0, snapshot_bytes(snap))
         if plan.rank(self.rank).tp_rank:  # the group's whole tensors: t = 0 writes them
             snap = {}
-        self.manager.save(step, snap, self.meta(plan, step), final=final)
+        meta = self.meta(plan, step)
+        self.manager.save(step, snap, meta, final=final, buffers=into, copied=copied)
 
     def meta(self, plan: Plan, step: int) -> dict:
         """The ``meta.json`` of a checkpoint of ``step`` taken under ``plan``."""

@@ -11,7 +11,9 @@ run's ``metrics.jsonl``.
 If the writer falls behind, a waiting snapshot is replaced by a newer one (the newest
 checkpoint is what a resume needs; memory stays bounded at two snapshots) unless
 ``checkpoint.coalesce`` is false, which makes training wait instead. The final
-checkpoint is never replaced, and ``close`` waits for it.
+checkpoint is never replaced, and ``close`` waits for it. A snapshot's host tensors
+come from the manager's pool (``buffers``) and go back to it once written or replaced,
+so the next snapshot copies into memory already mapped (``checkpoint.buffers``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.engine.checkpoint.blocks import Snapshot, write_meta, write_snapshot
+from jobctl.engine.checkpoint.buffers import BufferPool, Buffers
 from jobctl.engine.checkpoint.store.checkpoint_store import CheckpointStore
 from jobctl.engine.checkpoint.store.format import Manifest
 from jobctl.engine.checkpoint.store.local import (
@@ -45,12 +48,23 @@ def local_groups(plan: Plan, shared_disk: bool) -> dict[int, str]:
     return {r.rank: "all" if shared_disk else f"node-{r.node}" for r in plan.ranks}
 
 
+@dataclass(frozen=True)
+class Copied:
+    """A snapshot's copy: the seconds training waited for it and the bytes copied
+    (the ``checkpoint`` event carries them; the planner prices snapshots with them)."""
+
+    seconds: float
+    nbytes: int
+
+
 @dataclass
 class _Job:
     step: int
     snap: Snapshot
     meta: dict
     final: bool
+    buffers: Buffers | None = None  # the snapshot's host tensors, back to the pool after
+    copied: Copied | None = None
 
 
 class CheckpointManager:
@@ -78,6 +92,7 @@ class CheckpointManager:
         self._cond = threading.Condition()
         self._pending: _Job | None = None
         self._busy = False
+        self._pool = BufferPool()
         self._error: BaseException | None = None
         self._worker = threading.Thread(target=self._run, name="ckpt-writer", daemon=True)
         self._worker.start()
@@ -102,16 +117,31 @@ class CheckpointManager:
         for path in clear_staging(self.root):
             self.events.write(Kind.STAGING_CLEARED, path=str(path))
 
-    def save(self, step: int, snap: Snapshot, meta: dict, final: bool = False) -> None:
-        """Queue a snapshot for writing; returns at once (raises an earlier write error)."""
+    def buffers(self) -> Buffers:
+        """Host tensors for the next snapshot (``snapshot_blocks(into=...)``); hand them
+        to ``save`` with it."""
+        return self._pool.take()
+
+    def save(
+        self,
+        step: int,
+        snap: Snapshot,
+        meta: dict,
+        final: bool = False,
+        buffers: Buffers | None = None,
+        copied: Copied | None = None,
+    ) -> None:
+        """Queue a snapshot (copied into ``buffers``, if it was, as ``copied`` says) for
+        writing; returns at once (raises an earlier write error)."""
         with self._cond:
             self._raise_error()
             coalesce = self.cfg.coalesce
             if self._pending is not None and coalesce and not self._pending.final:
                 self.events.write(Kind.CHECKPOINT_SKIPPED, step=self._pending.step, newer=step)
+                self._pool.give(self._pending.buffers)
                 self._pending = None
             self._cond.wait_for(lambda: self._pending is None)  # backpressure otherwise
-            self._pending = _Job(step, snap, meta, final)
+            self._pending = _Job(step, snap, meta, final, buffers, copied)
             self._cond.notify_all()
 
     def _raise_error(self) -> None:
@@ -131,13 +161,15 @@ class CheckpointManager:
                 with self._cond:
                     self._error = e
             finally:
+                self._pool.give(job.buffers)  # written (or failed): refill it next time
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
     def _write(self, job: _Job) -> None:
         staging = stage_dir(self.root, job.step)
-        files = write_snapshot(job.snap, staging)
+        digests: dict = {}  # hashed as written: publishing reads nothing back
+        files = write_snapshot(job.snap, staging, digests)
         if self.rank == 0:
             files.append(write_meta(staging, job.meta))
         part = f"rank-{self.rank}"
@@ -146,7 +178,8 @@ class CheckpointManager:
         flush = getattr(self.events, "flush", None)
         if flush is not None:
             flush(EVENT_FLUSH_S)
-        published = publish_local(self.root, job.step, part, files, job.meta, self.local_parts)
+        parts = self.local_parts
+        published = publish_local(self.root, job.step, part, files, job.meta, parts, digests)
         if published is None:
             return
         ck = self.cfg
@@ -156,7 +189,10 @@ class CheckpointManager:
         CheckpointStore(str(self.root)).apply_retention(
             ck.keep_last, ck.keep_every, protect, committed=job.step
         )
-        self.events.write(Kind.CHECKPOINT, step=job.step, path=str(published))
+        copied = {}
+        if job.copied is not None:
+            copied = {"snapshot_s": job.copied.seconds, "snapshot_bytes": job.copied.nbytes}
+        self.events.write(Kind.CHECKPOINT, step=job.step, path=str(published), **copied)
         if self.uploader is not None:
             names = sorted(Manifest.from_json((published / "manifest.json").read_bytes()).files)
             self.uploader.submit(

@@ -17,8 +17,10 @@ is lost). The expected preemptions are lambda x T, so T solves T = T0 + lambda T
 The devices are paid for all of T: dollars = devices x price x T / 3600.
 
 The blocking part of a checkpoint is the snapshot of the largest stage's state (the
-write and upload run in the background); the final checkpoint is written (and
-uploaded) before the run ends. Their bandwidths are assumptions, named below.
+write and upload run in the background), at this machine's measured snapshot rate
+(the supervisor records each run's from its checkpoints, ``calibration.startup``'s
+``snapshot`` kind) or, until one is measured, an assumed one; the final checkpoint is
+written (and uploaded) before the run ends, at assumed bandwidths. All named below.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from jobctl.engine.calibration.record import Calibration
 from jobctl.spec import JobSpec
 
-SNAPSHOT_GBYTES_S = 2.0  # host copy of a stage's state before the background write
+SNAPSHOT_GBYTES_S = 2.0  # host copy of a stage's state, until this machine's is measured
 DISK_GBYTES_S = 0.5  # the final checkpoint's local write
 
 
@@ -49,6 +51,7 @@ class Measured:
 
     startup_s: float | None = None
     recovery_s: float | None = None
+    snapshot_gbytes_s: float | None = None  # a checkpoint's host copy, GB/s
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def cost_config(spec: JobSpec, state_bytes: float, measured: Measured) -> CostCo
         startup_s=start,
         recovery_s=recovery_s,
         checkpoint_every=spec.checkpoint.interval,
-        snapshot_s=state_bytes / (SNAPSHOT_GBYTES_S * 1e9),
+        snapshot_s=state_bytes / ((measured.snapshot_gbytes_s or SNAPSHOT_GBYTES_S) * 1e9),
         final_s=final,
         pricings=found,
         paid=paid,

@@ -56,6 +56,7 @@ class AttemptRecords:
         self.started: set[int] = set()  # ranks that sent a heartbeat in this attempt
         self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
         self.malformed = 0  # records skipped: no handler could read them
+        self.snapshot_rates: list[float] = []  # bytes/s of each checkpoint's host copy
         self.restart()
         self.handlers = self._handlers()
 
@@ -143,6 +144,9 @@ class AttemptRecords:
         self.scaling.checkpointed(rec.get("ts", 0.0))
         self.finished = self.finished or step == self.total
         self.db.update_run(self.run_id, last_checkpoint=step)
+        copied, seconds = rec.get("snapshot_bytes"), rec.get("snapshot_s")
+        if isinstance(copied, int | float) and isinstance(seconds, int | float) and seconds > 0:
+            self.snapshot_rates.append(copied / seconds)
         note = f"checkpoint at step {step} (local)"
         self.db.add_event(self.run_id, "checkpoint", note, {"step": step})
 

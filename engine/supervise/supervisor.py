@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -412,6 +413,10 @@ class Supervisor(InPlaceSteps):
             self.db.add_event(self.run_id, "detach", note)
 
     def _close_attempt(self) -> None:
+        if self.monitor is not None and self.monitor.records.snapshot_rates:
+            # this machine's snapshot rate, GB/s: what the planner prices a checkpoint with
+            rate = statistics.median(self.monitor.records.snapshot_rates) / 1e9
+            record_startup(self.db.home, machine_key(self.spec), rate, kind="snapshot")
         if self.progress is not None:
             self.progress.stop()
         if self.attempt is not None:

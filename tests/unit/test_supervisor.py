@@ -298,3 +298,27 @@ def test_stop_waits_until_the_run_has_stopped_and_says_where(tmp_path):
     assert r.exit_code == 0, r.output
     assert db.get_run(sup.run_id)["phase"] == "stopped"
     assert f"run {sup.run_id} stopped at step 7 (its newest checkpoint is step 5)" in r.output
+
+
+def test_the_checkpoints_snapshot_rate_is_recorded_for_the_planner(tmp_path):
+    """#55: each checkpoint says how long its host copy blocked and how many bytes it
+    copied; the supervisor keeps the attempt's median rate for this machine, and the
+    cost forecast prices a checkpoint's blocking with it instead of an assumed rate."""
+    from jobctl.engine.calibration.startup import startup_for
+    from jobctl.engine.planner.cost import SNAPSHOT_GBYTES_S, Measured, cost_config
+    from jobctl.engine.planner.resolver import machine_key
+
+    sup, launcher, db, clock = supervisor(tmp_path)
+    to_training(sup)
+    _train(sup, launcher, clock, [1, 2, 3])
+    copied = {"snapshot_bytes": 4_000_000, "kind": "checkpoint"}
+    write(sup.current.dir, {**copied, "step": 3, "ts": 1004.0, "snapshot_s": 0.001})
+    _train(sup, launcher, clock, [4, 5, 6])
+    write(sup.current.dir, {**copied, "step": 6, "ts": 1007.0, "snapshot_s": 0.002})
+    launcher.nodes.set_all(SUCCEEDED)
+    assert sup.step() == "completed"
+    rate = startup_for(db.home, machine_key(sup.spec), "snapshot")
+    assert rate == 3.0  # GB/s: the median of 4 and 2
+    assert rate != SNAPSHOT_GBYTES_S
+    cfg = cost_config(sup.spec, 6e9, Measured(snapshot_gbytes_s=rate))
+    assert cfg.snapshot_s == 2.0 and cost_config(sup.spec, 6e9, Measured()).snapshot_s == 3.0
