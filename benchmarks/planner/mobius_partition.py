@@ -12,7 +12,7 @@ MIP's predicted step time, and for comparison the even split
 (same number of blocks per stage) at every feasible S, the best of them, and the
 paper's baselines of sec. 4.3: minimum-stage (one block per stage) and
 maximum-stage (as many blocks per stage as fit). All step times are the partition's
-own model (``mobius_costs.step_time``), not a measured run.
+own model (``mobius.planning.costs.step_time``), not a measured run.
 
     python -m benchmarks run mobius_partition [--devices 4] [--memory-gb 16] [--unmerged]
 """
@@ -31,7 +31,7 @@ from jobctl.engine.calibration.analytic import (  # noqa: E402
     analytic_calibration,
     analytic_fingerprint,
 )
-from jobctl.engine.planner.mobius_costs import (  # noqa: E402
+from jobctl.engine.mobius.planning.costs import (  # noqa: E402
     MobiusConfig,
     even_sizes,
     fits,
@@ -40,7 +40,7 @@ from jobctl.engine.planner.mobius_costs import (  # noqa: E402
     stage_sums,
     step_time,
 )
-from jobctl.engine.planner.mobius_partition import mobius_partition  # noqa: E402
+from jobctl.engine.mobius.planning.partition import mobius_partition  # noqa: E402
 from jobctl.spec import load_spec  # noqa: E402
 
 QUESTION = (

@@ -23,13 +23,13 @@ so the update on upload moves gradients up and parameters and Adam's slots both
 ways, printed separately.
 
 ``--partition`` measures partition quality instead: the sec. 3.2 MIP
-(``planner.mobius_partition``, priced by the analytic calibration of this CPU with
+(``mobius.planning.partition``, priced by the analytic calibration of this CPU with
 the device memory ``--memory-mb`` and the tier at ``--tier-gbps``) against the even
 split into the same number of stages, both trained with prefetch in interleaved
 rounds; printed: each one's stages, modelled and measured median step with its
 quartiles, and the ratio (of the medians, and each round's with its range).
 
-Beside each measured median, the simulator's prediction (``planner.simulator.mobius``)
+Beside each measured median, the simulator's prediction (``mobius.planning.simulator``)
 for the same stages: per-stage forward, recompute + backward and AdamW update timed
 here with the weights in memory (the best of ``--probe`` runs before and after the
 timed rounds), the tier's bandwidth
@@ -61,20 +61,20 @@ from jobctl.engine.calibration.analytic import (  # noqa: E402
     analytic_fingerprint,
 )
 from jobctl.engine.data.dataset import make_data  # noqa: E402
-from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig  # noqa: E402
-from jobctl.engine.model.blocks import Stage, model_def  # noqa: E402
-from jobctl.engine.planner.mobius_costs import (  # noqa: E402
+from jobctl.engine.mobius.planning.costs import (  # noqa: E402
     MobiusConfig,
     even_sizes,
     layer_costs,
     step_time,
 )
-from jobctl.engine.planner.mobius_partition import mobius_partition  # noqa: E402
-from jobctl.engine.planner.simulator.mobius import (  # noqa: E402
+from jobctl.engine.mobius.planning.partition import mobius_partition  # noqa: E402
+from jobctl.engine.mobius.planning.simulator import (  # noqa: E402
     MobiusSimConfig,
     SwapStage,
     simulate_mobius,
 )
+from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig  # noqa: E402
+from jobctl.engine.model.blocks import Stage, model_def  # noqa: E402
 from jobctl.engine.runtime.optim import build_optimizer  # noqa: E402
 from jobctl.spec import load_spec  # noqa: E402
 

@@ -135,7 +135,7 @@ def _plan_mobius(
     simulated step with the swaps; False where the search plans ``spec``."""
     if spec.parallelism.schedule not in ("mobius", "auto"):
         return False
-    from jobctl.engine.planner.mobius_step import resolve_mobius
+    from jobctl.engine.mobius.planning.step import resolve_mobius
 
     try:
         G = devices if devices is not None else spec.hardware.devices
@@ -158,7 +158,7 @@ def _faster_mobius(
 ) -> bool:
     """Auto's Mobius plan where it is simulated faster than ``base`` (the search's),
     shown as ``_plan_mobius`` shows one; False where ``base`` stands."""
-    from jobctl.engine.planner.mobius_step import faster_mobius
+    from jobctl.engine.mobius.planning.step import faster_mobius
 
     G = devices if devices is not None else spec.hardware.devices
     got = faster_mobius(spec, cal, G, base)

@@ -14,7 +14,9 @@ uploaded before it runs, the next one prefetched while the current one computes.
 * ``memory``: the process's resident memory (now and its peak), as tests measure it.
 * ``checkpoint``: a rank's records as the block checkpoint a 1f1b rank writes, and
   such a checkpoint (any layout's) loaded into them.
+* ``planning/``: the planning half (costs, the MIP partition, the cross mapping, a
+  ``schedule: mobius`` job as a Plan, the simulated step, ``auto``'s choice of Mobius),
+  which the planner's resolver reaches only through ``core.systems``.
 
-The planning half (costs, the MIP partition, cross mapping, ``mobius_plan``) is in
-``planner``; ``planned`` joins the two; ``worker.mobius`` runs a rank of a run.
+``planned`` joins the two halves; ``worker.mobius`` runs a rank of a run.
 """

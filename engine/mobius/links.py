@@ -2,7 +2,7 @@
 
 Stage j runs on rank ``placement[j]``: by default ``j % N`` (the paper's Figure 4a:
 stages 1 and 5 on P1, 2 and 6 on P2, ...), or a cross mapping (sec. 3.3,
-``planner.cross_mapping``) that keeps adjacent stages off one PCIe root complex. A
+``mobius.planning.cross_mapping``) that keeps adjacent stages off one PCIe root complex. A
 boundary tensor whose two stages share a rank is handed over in memory; otherwise it
 goes over the process group as a small header (dtype, shape) and the tensor, tagged
 by (kind, stage, micro-batch). A traced model's carrier holds several values

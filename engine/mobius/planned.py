@@ -1,8 +1,8 @@
 """A Mobius run's swap configuration from its plan: the sec. 3.2 MIP's stages and the
 sec. 3.3 cross mapping's devices.
 
-``planner.mobius_partition`` cuts the layers into S stages (ranges of block indices)
-and ``planner.cross_mapping`` gives each stage a device so adjacent stages avoid
+``planning.partition`` cuts the layers into S stages (ranges of block indices) and
+``planning.cross_mapping`` gives each stage a device so adjacent stages avoid
 sharing a PCIe root complex; with one rank per device, that device is the stage's
 rank (``SwapConfig.placement``). Without a topology, stage j runs on rank j % N, as
 the partition priced it.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jobctl.engine.mobius.planning.cross_mapping import Topology, cross_mapping
+from jobctl.engine.mobius.planning.partition import MobiusPartition
 from jobctl.engine.mobius.runtime import SwapConfig
-from jobctl.engine.planner.cross_mapping import Topology, cross_mapping
-from jobctl.engine.planner.mobius_partition import MobiusPartition
 
 
 def planned_config(

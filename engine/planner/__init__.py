@@ -13,14 +13,12 @@ one profile, eqs. 1-8) and ``contention`` stretches it by core sharing;
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
 start-up, checkpoints, expected preemptions; on-demand and spot); ``objective`` chooses
-among the priced candidates by ``planner.objective`` within ``budget``. Mobius (more
-stages than devices, swapped through a slower tier), which the search does not weigh
-yet: ``mobius_costs`` (per-layer costs, a partition's step time),
-``mobius_partition`` (the MIP, HiGHS), ``cross_mapping`` (stages to devices by root
-complex), ``mobius_plan`` (a ``schedule: mobius`` job as a Plan, from the two) and
-``mobius_step`` (a Mobius plan's step simulated by ``simulator.mobius``; ``auto``
-turning to Mobius when no P x D layout fits memory, or when its simulated step beats
-the search's plan).
+among the priced candidates by ``planner.objective`` within ``budget``. A step system
+that plans itself (Mobius: more stages than devices, swapped through a slower tier)
+lives in its own room (``engine.mobius.planning``) and ``resolver`` reaches it only
+through the registry ``core.systems``: a job that names its schedule, and ``auto``
+turning to it when no P x D layout fits memory or when its simulated step beats the
+search's plan.
 
 In layer 3 of ``engine.LAYERS``: it may import the layers below (core to calibration).
 """

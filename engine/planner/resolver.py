@@ -17,12 +17,11 @@ from pathlib import Path
 from jobctl.engine.calibration.cache import calibration_for, device_name
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.calibration.startup import startup_for
+from jobctl.engine.core import systems
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan, idle_share
 from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
 from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
-from jobctl.engine.planner.mobius_plan import mobius_plan
-from jobctl.engine.planner.mobius_step import faster_mobius, resolve_mobius
 from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
@@ -45,32 +44,43 @@ def make_plan(
 
     ``calibration`` defaults to the cached measured record under ``home`` (the state
     home) that matches the spec's model and this machine, else the analytic one.
-    A ``parallelism.schedule: mobius`` job is planned by ``mobius_plan``; under
-    ``schedule: auto`` a job no P x D layout fits is planned as Mobius where it can be
-    (``mobius_step.resolve_mobius``), and so is one whose Mobius plan is simulated
-    faster than the search's (``mobius_step.faster_mobius``).
+    A job whose ``parallelism.schedule`` names a step system that plans itself
+    (``core.systems``: ``mobius``) is planned by that system; under ``schedule: auto``
+    a job no P x D layout fits is planned by such a system where it can be (its
+    ``resolve``), and so is one whose plan by it is simulated faster than the
+    search's (its ``faster``).
     """
-    if spec.parallelism.schedule == "mobius":
+    own = systems.planned_by(spec.parallelism.schedule)
+    if own is not None:
         G = devices if devices is not None else spec.hardware.devices
-        return mobius_plan(spec, calibration or calibration_for(spec, home), G)
+        return own.plan(spec, calibration or calibration_for(spec, home), G)
     par = spec.parallelism
-    if par.schedule == "auto" and par.pipeline_stages == "auto":  # Mobius where nothing fits
-        calibration = calibration or calibration_for(spec, home)
-        G = devices if devices is not None else spec.hardware.devices
+    if par.schedule == "auto" and par.pipeline_stages == "auto":
+        return _auto(spec, devices, calibration or calibration_for(spec, home), home)
+    return plan_and_simulate(spec, devices, calibration, home)[0]
+
+
+def _auto(spec: JobSpec, devices: int | None, calibration: Calibration, home: Path | None) -> Plan:
+    """``schedule: auto``: a step system's plan where nothing else fits, else the
+    search's plan, unless a system's is simulated faster (each registered system in
+    ``core.systems.SYSTEMS``' order, each against the best plan so far)."""
+    G = devices if devices is not None else spec.hardware.devices
+    for own in systems.every():  # where nothing fits
         try:
-            got = resolve_mobius(spec, calibration, G)
-        except PlanError as no_mobius:  # neither fits: the search's own reason first
+            got = own.resolve(spec, calibration, G)
+        except PlanError as no_system:  # neither fits: the search's own reason first
             try:
                 plan_and_simulate(spec, devices, calibration, home)
             except PlanError as err:
-                raise PlanError(f"{err}; as Mobius: {no_mobius}") from None
+                raise PlanError(f"{err}; as {own.NAME}: {no_system}") from None
             raise
         if got is not None:
             return got[0]
-        plan = plan_and_simulate(spec, devices, calibration, home)[0]
-        got = faster_mobius(spec, calibration, G, plan)  # Mobius where it is faster
-        return plan if got is None else got[0]
-    return plan_and_simulate(spec, devices, calibration, home)[0]
+    plan = plan_and_simulate(spec, devices, calibration, home)[0]
+    for own in systems.every():  # where it is faster
+        got = own.faster(spec, calibration, G, plan)
+        plan = plan if got is None else got[0]
+    return plan
 
 
 def plan_and_simulate(
@@ -94,12 +104,9 @@ def plan_priced(
     G = devices if devices is not None else spec.hardware.devices
     if G < 1:
         raise PlanError("no devices available: the pool is empty")
-    if spec.parallelism.schedule == "mobius":
-        raise PlanError(
-            "a mobius job has no pipeline-schedule simulation to show here: "
-            "`jobctl plan` simulates its swaps (planner.mobius_step) and "
-            "`jobctl apply` runs it"
-        )
+    own = systems.planned_by(spec.parallelism.schedule)
+    if own is not None:  # e.g. mobius: its own step, simulated by its own room
+        raise PlanError(own.EXPLAIN)
     cal = calibration or calibration_for(spec, home)
     whole_cal = cal  # before the T search prices one rank of a group
 

@@ -7,8 +7,8 @@ and, with sparse kernels, their time). After the profiled step that follows a
 pruning step (``pruning.swapped.SwappedProfiler``: every block of every stage), every
 rank offers its blocks' measured seconds and nonzero counts; rank 0 runs the spec's
 balancer (``rebalancer.rebalance``) over the S stages under the Mobius memory rule
-(the MIP's constraint 4 and two stage records per device, ``planner.mobius_plan.
-stage_memory``), re-prices the cut with the MIP's step model (``mobius_plan.recut``)
+(the MIP's constraint 4 and two stage records per device, ``mobius.planning.plan.
+stage_memory``), re-prices the cut with the MIP's step model (``planning.plan.recut``)
 and broadcasts it. Every rank then re-cuts its runner (``mobius.relayout``) and hands
 the loop a ``SwappedLayout``. S and the rank of each stage stay: Mobius's cross
 mapping (sec. 3.3) placed the stages, and packing onto fewer devices is refused at
@@ -27,9 +27,9 @@ from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.mobius.engine import SwappedEngine, SwappedLayout
+from jobctl.engine.mobius.planning.plan import recut, stage_memory
 from jobctl.engine.mobius.relayout import relaid
 from jobctl.engine.model.blocks import ModelDef
-from jobctl.engine.planner.mobius_plan import recut, stage_memory
 from jobctl.engine.pruning.swapped import SwappedPruner
 from jobctl.engine.rebalance.hook import decision_fields
 from jobctl.engine.rebalance.rebalancer import imbalance, loads_of, rebalance

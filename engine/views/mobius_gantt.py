@@ -7,14 +7,14 @@ r reload, D gradients or updated state down, u the optimizer update on upload), 
 cell the glyph that covers most of its time. ``draw_mobius_gantt`` writes the same
 as a PNG/SVG: compute bars labelled with their stage, and under them a thinner lane
 of transfers in their own colours and hatches. Given a simulated step
-(``planner.simulator.mobius``), never a simulation.
+(``mobius.planning.simulator``), never a simulation.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from jobctl.engine.planner.simulator.mobius import MobiusSimResult, SwapEvent
+from jobctl.engine.mobius.planning.simulator import MobiusSimResult, SwapEvent
 
 GLYPHS = {
     "F": "F",

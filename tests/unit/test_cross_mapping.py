@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
-from jobctl.engine.planner.cross_mapping import (
+from jobctl.engine.mobius.planning.cross_mapping import (
     Topology,
     contention,
     cross_mapping,

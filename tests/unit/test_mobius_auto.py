@@ -1,4 +1,4 @@
-"""Mobius in the planner: a plan's simulated step (planner.mobius_step), ``auto``
+"""Mobius in the planner: a plan's simulated step (mobius.planning.step), ``auto``
 turning to Mobius when no P x D layout fits memory, and the swaps drawn
 (views.mobius_gantt, ``jobctl plan``)."""
 
@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.cli.app import app
-from jobctl.engine.planner.mobius_plan import mobius_plan
-from jobctl.engine.planner.mobius_step import (
+from jobctl.engine.mobius.planning.plan import mobius_plan
+from jobctl.engine.mobius.planning.simulator import MobiusSimConfig, SwapStage, simulate_mobius
+from jobctl.engine.mobius.planning.step import (
     MARGIN,
     as_mobius,
     even_estimate,
@@ -23,7 +24,6 @@ from jobctl.engine.planner.mobius_step import (
     swap_stages,
 )
 from jobctl.engine.planner.resolver import make_plan, plan_and_simulate
-from jobctl.engine.planner.simulator.mobius import MobiusSimConfig, SwapStage, simulate_mobius
 from jobctl.engine.views.mobius_gantt import draw_mobius_gantt, gantt_lines
 
 from ..jobrun import QUICKSTART, tiny_spec
@@ -197,7 +197,7 @@ def test_auto_keeps_the_search_plan_where_mobius_loses():
 
 @pytest.mark.parametrize("S", [2, 3, 4, 8])
 def test_the_mip_prices_what_the_simulator_plays(S):
-    """The MIP's step (mobius_costs with the runtime's update on upload, store back,
+    """The MIP's step (planning.costs with the runtime's update on upload, store back,
     input reloads, gradients down and recompute) is within 10 % of the simulated step
     of its own plan (the paper's terms alone: 0.63-0.82 of it here)."""
     spec = as_mobius(_one_v100(0.1), S)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from jobctl.engine.calibration.analytic import analytic_calibration, analytic_fingerprint
-from jobctl.engine.planner.mobius_costs import (
+from jobctl.engine.mobius.planning.costs import (
     LayerCost,
     MobiusConfig,
     layer_costs,
@@ -18,7 +18,7 @@ from jobctl.engine.planner.mobius_costs import (
     step_time,
     unit_layers,
 )
-from jobctl.engine.planner.mobius_partition import mobius_partition
+from jobctl.engine.mobius.planning.partition import mobius_partition
 from tests.jobrun import tiny_spec
 
 

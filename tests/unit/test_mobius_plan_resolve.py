@@ -1,4 +1,4 @@
-"""A ``schedule: mobius`` job planned (engine/planner/mobius_plan): the MIP at the
+"""A ``schedule: mobius`` job planned (engine/mobius/planning/plan.py): the MIP at the
 spec's S, the cross mapping from ``hardware.topology``, the Plan around it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from jobctl.engine.planner.cross_mapping import Topology, cross_mapping
-from jobctl.engine.planner.mobius_costs import step_time
-from jobctl.engine.planner.mobius_partition import mobius_partition
+from jobctl.engine.mobius.planning.costs import step_time
+from jobctl.engine.mobius.planning.cross_mapping import Topology, cross_mapping
+from jobctl.engine.mobius.planning.partition import mobius_partition
 from jobctl.engine.planner.resolver import make_plan, plan_priced
 from jobctl.engine.planner.search import PlanError
 

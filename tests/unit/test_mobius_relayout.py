@@ -1,6 +1,6 @@
 """A Mobius runner re-cut while it trains (engine/mobius/relayout.py): training goes on
 exactly as one process trains, optimizer slots and pruning masks moving with their
-blocks, and the plan's re-cut (planner.mobius_plan.recut) says where each block is."""
+blocks, and the plan's re-cut (mobius.planning.plan.recut) says where each block is."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from jobctl.engine.calibration import cache
 from jobctl.engine.calibration.analytic import analytic_calibration
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius.masks import held, hold
+from jobctl.engine.mobius.planning.plan import mobius_plan, recut, stage_memory
 from jobctl.engine.mobius.relayout import owners, relaid
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
-from jobctl.engine.planner.mobius_plan import mobius_plan, recut, stage_memory
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import tiny_spec

@@ -10,10 +10,10 @@ import torch
 
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius.planned import planned_config
+from jobctl.engine.mobius.planning.cross_mapping import Topology
+from jobctl.engine.mobius.planning.partition import MobiusPartition
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
-from jobctl.engine.planner.cross_mapping import Topology
-from jobctl.engine.planner.mobius_partition import MobiusPartition
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import tiny_spec

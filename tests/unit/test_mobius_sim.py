@@ -1,4 +1,4 @@
-"""The Mobius step simulator (planner.simulator.mobius) against hand-computed timelines."""
+"""The Mobius step simulator (mobius.planning.simulator) against hand-computed timelines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from jobctl.engine.planner.simulator.mobius import (
+from jobctl.engine.mobius.planning.simulator import (
     SWAPS,
     MobiusSimConfig,
     SwapStage,

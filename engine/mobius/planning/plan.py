@@ -1,7 +1,7 @@
 """A ``parallelism.schedule: mobius`` job as a Plan (Mobius, Feng et al., ASPLOS '23).
 
 The job names S (``parallelism.pipeline_stages``), more stages than the N devices
-of the pool. The sec. 3.2 MIP (``mobius_partition``, HiGHS) cuts the calibrated
+of the pool. The sec. 3.2 MIP (``partition.mobius_partition``, HiGHS) cuts the calibrated
 blocks into exactly S stages for the least step time under ``hardware.memory_gb``
 per device; with ``hardware.topology`` on one node the sec. 3.3 cross mapping puts
 adjacent stages under different root complexes, else stage j runs on rank j % N.
@@ -15,20 +15,20 @@ from __future__ import annotations
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import MobiusLayout, Plan, Prediction, RankPlan, StagePlan
-from jobctl.engine.planner.cross_mapping import (
-    Topology,
-    contention,
-    cross_mapping,
-    topology_of,
-)
-from jobctl.engine.planner.mobius_costs import (
+from jobctl.engine.mobius.planning.costs import (
     LayerCost,
     MobiusConfig,
     layer_costs,
     stage_sums,
     step_time,
 )
-from jobctl.engine.planner.mobius_partition import MobiusPartition, mobius_partition
+from jobctl.engine.mobius.planning.cross_mapping import (
+    Topology,
+    contention,
+    cross_mapping,
+    topology_of,
+)
+from jobctl.engine.mobius.planning.partition import MobiusPartition, mobius_partition
 from jobctl.engine.planner.search import PlanError
 from jobctl.engine.planner.sizing import GB
 from jobctl.spec import JobSpec
@@ -107,7 +107,7 @@ def stage_memory(spec: JobSpec, cal: Calibration, plan: Plan):
 def recut(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[int]]) -> Plan:
     """``plan`` with its S stages cut at new boundaries (rebalancing, ``mobius.relayout``):
     the same ranks per stage, each rank's blocks and the prediction re-derived, the
-    step priced by the MIP's own model (``mobius_costs.step_time``)."""
+    step priced by the MIP's own model (``costs.step_time``)."""
     m, N = plan.micro_batch_size, plan.mobius.N
     layers = layer_costs(cal, m, plan.micro_batches)
     step = step_time(layers, [len(s) for s in stages], _config(spec, plan))

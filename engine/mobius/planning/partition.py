@@ -16,7 +16,7 @@ themselves they slowed HiGHS down: 5.1 s against 3.0 s of CPU for S = 11-13 of t
 48-layer benchmark at 18 units).
 
 ``mobius_partition`` returns the stages, their layers, their devices and the
-predicted step time; ``mobius_costs.step_time`` prices any partition by the same
+predicted step time; ``costs.step_time`` prices any partition by the same
 rules, and the unit tests check the MIP against enumerating every partition.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jobctl.engine.planner.mobius_costs import (
+from jobctl.engine.mobius.planning.costs import (
     LayerCost,
     MobiusConfig,
     even_sizes,
@@ -166,7 +166,7 @@ class _Partition:
 
     def time(self, j: int, dur: str) -> dict[int, float]:
         """Stage j's seconds per micro-batch of ``dur``: a backward recomputes the
-        forward in every stage but the last (``mobius_costs.as_run``)."""
+        forward in every stage but the last (``costs.as_run``)."""
         T = self.stage(j, self.col(dur))
         if dur == "backward_s" and j < self.K - 1:
             T = _add(T, self.stage(j, self.col("recompute_s")))
@@ -175,7 +175,7 @@ class _Partition:
     def data(self, j: int, e: str) -> dict[int, float]:
         """Seconds of link before stage j's forward (e "f": the record up, the update,
         the store back) or backward ("b": weights, gradients down, the input reload of
-        its first unit), as ``mobius_costs.as_run`` prices them."""
+        its first unit), as ``costs.as_run`` prices them."""
         if e == "f":
             return _add(self.stage(j, self.col("upload_f")), self.stage(j, self.col("update_s")))
         reload = {v: self.u[a].reload / self.cfg.tier_Bps for (a, _), v in self.runs[j].items()}

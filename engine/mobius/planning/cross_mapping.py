@@ -6,7 +6,7 @@ same lanes at about the same time. Eq. 12 prices a pair of stages i < j as
 complex both stages' devices sit under (0 when they sit under different ones); eq. 13
 picks the mapping with the least sum over all pairs.
 
-The Mobius pipeline (and ``mobius_costs``' timing of it) runs stage j after stage
+The Mobius pipeline (and ``planning.costs``' timing of it) runs stage j after stage
 j - N on the same device, so a mapping is a device order: stage s runs on
 ``order[s % N]``. The search is exact over all N! orders: the cost depends only on
 which root complex each position of the order is under, so it enumerates those
@@ -15,8 +15,8 @@ pattern whose such complexes first appear in index order is priced) and returns 
 least-cost one, under each complex its devices in index order; ties go to the
 lexicographically smallest order. Stage 0 runs first, so it keeps device 0.
 
-A library: the planner and the runtime do not use it yet (there is no swapping
-runtime to map); ``Topology`` is its typed configuration, ``topology_of`` reads it from
+The plan (``planning.plan``) and the runtime's configuration (``mobius.planned``) use
+it; ``Topology`` is its typed configuration, ``topology_of`` reads it from
 ``hardware.topology`` (validated by ``spec.topology``).
 """
 

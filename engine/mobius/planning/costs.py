@@ -9,7 +9,7 @@ forward, in order, then (after the forward of the last stage) the stages run bac
 in reverse; activations go down after a stage's forward and come back before its
 backward, so a backward upload is weights plus the stage's stashed activations. The
 last stage on each device is still resident when the backward starts: it uploads
-nothing. ``mobius_plan`` and ``mobius_step`` price partitions with it.
+nothing. ``planning.plan`` and ``planning.step`` price partitions with it.
 
 ``LayerCost`` is one layer's profile (``layer_costs`` builds them from a
 ``Calibration``), ``MobiusConfig`` the constants of the paper's Table 2 (N, M, G, B),
@@ -17,7 +17,7 @@ nothing. ``mobius_plan`` and ``mobius_step`` price partitions with it.
 one partition with the paper's constraints 4-11 taken as earliest start times (with
 the most prefetch each stage allows), on the costs the runtime pays (``as_run``:
 the update on upload, the store back, the input reloads, the gradients down and the
-recompute, which the paper's model leaves out). The MIP (``mobius_partition``) minimises the
+recompute, which the paper's model leaves out). The MIP (``planning.partition``) minimises the
 same quantity, so its optimum equals the best ``step_time`` over all partitions.
 """
 
@@ -68,7 +68,7 @@ class LayerCost:
     memory_f: float  # device bytes while its stage runs forward
     memory_b: float  # device bytes while its stage runs backward
     boundary: float  # bytes sent to the next layer per micro-batch
-    # What the runtime (engine.mobius) adds, as simulator.mobius plays it; 0 for
+    # What the runtime (engine.mobius) adds, as planning.simulator plays it; 0 for
     # the paper's model alone:
     update_s: float = 0.0  # the update on upload, on the link before the forward
     recompute_s: float = 0.0  # the forward re-run in backward (not in the last stage)
@@ -78,7 +78,7 @@ class LayerCost:
 
 def layer_costs(cal: Calibration, m: int, micro_batches: int) -> list[LayerCost]:
     """Each calibrated block at micro-batch size m with M = ``micro_batches``, priced
-    the way ``engine.mobius.runtime`` runs it (``mobius_step.swap_stages``): before a
+    the way ``engine.mobius.runtime`` runs it (``step.swap_stages``): before a
     forward the record's weights, gradients and optimizer slots come up, the update
     runs and weights and slots go back down; a stage but the last recomputes its
     forward in backward, so its backward upload is the weights and its stage's input

@@ -6,13 +6,13 @@ the forward recomputed (the last stage, still resident, runs forward and backwar
 together and recomputes nothing); the record's weights, gradients and optimizer slots;
 the optimizer update (on upload); the stage's input (offloaded after its forward,
 reloaded for its backward) and output. ``simulate_plan`` runs them through
-``simulator.mobius`` on the plan's ranks, with the tier's bandwidth the partition
-assumed (``mobius_plan.TIER_BPS``) and, on one node with ``hardware.topology``, its
+``planning.simulator`` on the plan's ranks, with the tier's bandwidth the partition
+assumed (``plan.TIER_BPS``) and, on one node with ``hardware.topology``, its
 root complexes sharing their bandwidth. ``state_ratio`` and ``why_mobius`` say how far
 the training state is over what the devices hold and what Mobius predicts instead.
 
 ``resolve_mobius`` is where the planner turns to Mobius: a ``schedule: mobius`` job
-always (``mobius_plan`` at the user's S); under ``schedule: auto`` with
+always (``plan.mobius_plan`` at the user's S); under ``schedule: auto`` with
 ``pipeline_stages: auto`` when no P x D layout fits ``hardware.memory_gb`` (the
 search's own test: for every P, the heaviest stage's state and one micro-batch over
 the cap) and the spec has nothing Mobius does not run (``spec.mobius``' rules), at
@@ -30,17 +30,17 @@ from __future__ import annotations
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
-from jobctl.engine.planner import averaging_costs
-from jobctl.engine.planner.mobius_costs import MobiusConfig, even_bounds, layer_costs
-from jobctl.engine.planner.mobius_partition import mobius_partition
-from jobctl.engine.planner.mobius_plan import TIER_BPS, mapped_topology, micro_batch, mobius_plan
-from jobctl.engine.planner.search import PlanError
-from jobctl.engine.planner.simulator.mobius import (
+from jobctl.engine.mobius.planning.costs import MobiusConfig, even_bounds, layer_costs
+from jobctl.engine.mobius.planning.partition import mobius_partition
+from jobctl.engine.mobius.planning.plan import TIER_BPS, mapped_topology, micro_batch, mobius_plan
+from jobctl.engine.mobius.planning.simulator import (
     MobiusSimConfig,
     MobiusSimResult,
     SwapStage,
     simulate_mobius,
 )
+from jobctl.engine.planner import averaging_costs
+from jobctl.engine.planner.search import PlanError
 from jobctl.engine.planner.sizing import GB
 from jobctl.engine.planner.stage_costs import Tables
 from jobctl.spec import JobSpec
