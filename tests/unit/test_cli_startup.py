@@ -30,7 +30,13 @@ heavy = json.loads(HEAVY)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy
                         or any(m.startswith(h + ".") for h in heavy))))
 """
-HEAVY = ["torch", "jobctl.engine.planner", "jobctl.engine.calibration.cache"]
+# The planner, and Mobius's planning beside it in its own room (engine.mobius.planning).
+HEAVY = [
+    "torch",
+    "jobctl.engine.planner",
+    "jobctl.engine.mobius.planning",
+    "jobctl.engine.calibration.cache",
+]
 # What the commands that only read the state DB leave out besides (#24 item 9): the
 # SQLAlchemy state DB (a SQLite file is read through sqlite3), the backends (jinja2)
 # and the token files (numpy).
