@@ -2,11 +2,11 @@
 
 ``root_complexes`` lists, for each CPU root complex of a node, the indices of the
 node's devices (0 .. processes_per_node - 1) under it. Mobius's cross mapping
-(``engine.planner.cross_mapping``, sec. 3.3) maps adjacent pipeline stages to devices
-under different root complexes, so that their uploads from host memory do not share
-lanes. The field lives on ``HardwareSpec`` (which inherits :class:`TopologyFields`);
+(``engine.mobius.planning.cross_mapping``, sec. 3.3) maps adjacent pipeline stages to
+devices under different root complexes, so that their uploads from host memory do not
+share lanes. The field lives on ``HardwareSpec`` (which inherits :class:`TopologyFields`);
 :func:`topology_violations`, called by ``JobSpec``, checks the lists against
-``processes_per_node``. Nothing else reads it yet.
+``processes_per_node``; a Mobius plan reads it (``engine.mobius.planning.plan``).
 """
 
 from __future__ import annotations
