@@ -282,9 +282,14 @@ def _throughput(spec: JobSpec, cand: Candidate) -> tuple[float, float, float]:
 
 
 def measured(home: Path | None, spec: JobSpec) -> Measured:
-    """This machine's measured start-up and recovery, through the spec's backend."""
+    """This machine's measured start-up, recovery and checkpoint snapshot rate,
+    through the spec's backend."""
     key = machine_key(spec)
-    return Measured(startup_for(home, key), startup_for(home, key, "recovery"))
+    return Measured(
+        startup_for(home, key),
+        startup_for(home, key, "recovery"),
+        startup_for(home, key, "snapshot"),
+    )
 
 
 def predict(

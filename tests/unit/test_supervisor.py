@@ -322,3 +322,20 @@ def test_the_checkpoints_snapshot_rate_is_recorded_for_the_planner(tmp_path):
     assert rate != SNAPSHOT_GBYTES_S
     cfg = cost_config(sup.spec, 6e9, Measured(snapshot_gbytes_s=rate))
     assert cfg.snapshot_s == 2.0 and cost_config(sup.spec, 6e9, Measured()).snapshot_s == 3.0
+
+
+def test_plan_prices_a_checkpoint_at_the_recorded_snapshot_rate(tmp_path):
+    from jobctl.engine.calibration.startup import record_startup
+    from jobctl.engine.planner.cost import SNAPSHOT_GBYTES_S
+    from jobctl.engine.planner.resolver import machine_key, make_plan
+    from jobctl.spec import load_spec
+
+    from ..jobrun import ROOT
+
+    spec = load_spec(ROOT / "jobs" / "quickstart.yaml")
+    before = make_plan(spec, home=tmp_path).prediction
+    record_startup(tmp_path, machine_key(spec), SNAPSHOT_GBYTES_S / 10, kind="snapshot")
+    after = make_plan(spec, home=tmp_path).prediction
+    # snapshots ten times slower than assumed: the job takes longer to finish
+    assert after.finish_s > before.finish_s
+    assert after.step_time_s == before.step_time_s
