@@ -6,9 +6,8 @@ parameters + AdamW state), each with an AdamW optimizer that has stepped once. F
 the profile: one checkpoint through the product's own calls, in
 ``CheckpointManager._write``'s order (snapshot_blocks into the reused host buffers
 the manager's pool gives the hook, ``checkpoint.buffers``, and the hook's meta, which
-training waits for; stage_dir + write_snapshot, each file hashed as it is written,
-write_meta, publish_local, apply_retention, the checkpoint event), each phase timed
-in wall time, the calling
+training waits for; stage_dir + write_snapshot, write_meta, publish_local,
+apply_retention, the checkpoint event), each phase timed in wall time, the calling
 thread's CPU time and the process's CPU time. publish_local is split by timing the
 product's ``sha256_file``, ``os.fsync`` and ``replace_dir`` as it calls them. Not
 covered: the events flush (a plain EventLog has none; a real run's channel does) and
@@ -135,7 +134,7 @@ def spied(into: dict[str, Cost], spies: list[tuple[object, str, str]]) -> Iterat
 # publish_local's parts: hashing (measure_files -> FileEntry.of_local -> sha256_file),
 # fsync (write_bytes_atomic of the part record and the manifest), the folder rename
 PUBLISH_SPIES = [
-    (ck_format, "sha256_file", "  sha256 (meta.json read back)"),
+    (ck_format, "sha256_file", "  sha256 (re-read)"),
     (os, "fsync", "  fsync (record+manifest)"),
     (ck_local, "replace_dir", "  rename"),
 ]
@@ -214,14 +213,13 @@ def jobctl_once(rank: Rank, root: Path, step: int, events: EventLog) -> dict[str
         snap = rank.snapshot(rank.buffers)  # the pool's idle set, refilled each time
     with timed(c, "meta dict (blocking)"):
         meta = rank.meta(step)
-    with timed(c, "write blocks (+ sha256)"):
-        staging, digests = ck_local.stage_dir(root, step), {}
-        files = ck_blocks.write_snapshot(snap, staging, digests)  # hashed as written
+    with timed(c, "write blocks (torch.save)"):
+        staging = ck_local.stage_dir(root, step)
+        files = ck_blocks.write_snapshot(snap, staging)
     with timed(c, "write meta.json"):
         files.append(ck_blocks.write_meta(staging, meta))
     with spied(c, PUBLISH_SPIES), timed(c, "publish_local"):
-        got = ck_local.publish_local(root, step, "rank-0", files, meta, ["rank-0"], digests)
-        published = got
+        published = ck_local.publish_local(root, step, "rank-0", files, meta, ["rank-0"])
     with timed(c, "retention"):
         CheckpointStore(str(root)).apply_retention(KEEP_LAST, None, None, committed=step)
     with timed(c, "checkpoint event"):
@@ -421,7 +419,7 @@ def ms(xs: list[float]) -> str:
 TOP = [  # the phases of one checkpoint, in order; indented keys are parts of the last
     "snapshot (blocking)",
     "meta dict (blocking)",
-    "write blocks (+ sha256)",
+    "write blocks (torch.save)",
     "write meta.json",
     "publish_local",
     *(key for _, _, key in PUBLISH_SPIES),

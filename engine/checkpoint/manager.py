@@ -168,8 +168,7 @@ class CheckpointManager:
 
     def _write(self, job: _Job) -> None:
         staging = stage_dir(self.root, job.step)
-        digests: dict = {}  # hashed as written: publishing reads nothing back
-        files = write_snapshot(job.snap, staging, digests)
+        files = write_snapshot(job.snap, staging)
         if self.rank == 0:
             files.append(write_meta(staging, job.meta))
         part = f"rank-{self.rank}"
@@ -178,8 +177,7 @@ class CheckpointManager:
         flush = getattr(self.events, "flush", None)
         if flush is not None:
             flush(EVENT_FLUSH_S)
-        parts = self.local_parts
-        published = publish_local(self.root, job.step, part, files, job.meta, parts, digests)
+        published = publish_local(self.root, job.step, part, files, job.meta, self.local_parts)
         if published is None:
             return
         ck = self.cfg

@@ -203,38 +203,10 @@ def _step(value: Any) -> int:
     return value
 
 
-class HashingWriter:
-    """A binary file object that hashes the bytes written through it, so a file's
-    entry comes with its write instead of from reading it back (``torch.save`` takes
-    it like any stream)."""
-
-    def __init__(self, handle):  # noqa: ANN001 - an open binary file
-        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
-
-    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
-        self.digest.update(data)
-        self.size += memoryview(data).nbytes
-        return self.handle.write(data)
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-    def entry(self) -> FileEntry:
-        return FileEntry(size=self.size, sha256=self.digest.hexdigest())
-
-
-def measure_files(
-    local_dir: str | os.PathLike[str],
-    files: Iterable[str],
-    known: Mapping[str, FileEntry] | None = None,
-) -> dict[str, FileEntry]:
-    """FileEntry of every (relative) file under `local_dir`, keyed by its checked name;
-    those in ``known`` (hashed as they were written: :class:`HashingWriter`) are taken
-    from it, the others read."""
-    base, known = Path(local_dir), known or {}
-    return {
-        check_file_name(name): known.get(name) or FileEntry.of_local(base / name) for name in files
-    }
+def measure_files(local_dir: str | os.PathLike[str], files: Iterable[str]) -> dict[str, FileEntry]:
+    """FileEntry of every (relative) file under `local_dir`, keyed by its checked name."""
+    base = Path(local_dir)
+    return {check_file_name(name): FileEntry.of_local(base / name) for name in files}
 
 
 def merge_parts(step: int, records: Iterable[PartRecord], meta: Mapping[str, Any]) -> Manifest:

@@ -128,15 +128,12 @@ def publish_local(
     files: Iterable[str],
     meta: Mapping[str, Any] | None = None,
     parts: Sequence[str] | None = None,
-    known: Mapping[str, FileEntry] | None = None,
 ) -> Path | None:
     """Record `part` of `step` (its `files`, relative to the staging folder) and publish.
 
     `parts` lists every part the step needs (default: just `part`); every writer must
-    pass the same list and `meta`. `known` holds the entries of files hashed as they
-    were written; the others are read back and hashed, outside the lock. Returns the
-    published folder once the last expected part arrives, None while parts are still
-    missing.
+    pass the same list and `meta`. Returns the published folder once the last expected
+    part arrives, None while parts are still missing. Hashing runs outside the lock.
     """
     check_part_name(part)
     expected = list(parts) if parts is not None else [part]
@@ -144,7 +141,7 @@ def publish_local(
         raise ValueError(f"part {part!r} is not among the expected parts {expected}")
     base = Path(root)
     staging = stage_dir(base, step)
-    record = PartRecord(step=step, part=part, files=measure_files(staging, files, known))
+    record = PartRecord(step=step, part=part, files=measure_files(staging, files))
     target = base / step_dirname(step)
     with _locked(base):
         write_bytes_atomic(staging / PARTS_DIR / f"{part}.json", record.to_json())
