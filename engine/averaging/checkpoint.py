@@ -27,6 +27,7 @@ from jobctl.engine.checkpoint.blocks import (
     read_meta,
     snapshot_blocks,
 )
+from jobctl.engine.checkpoint.buffers import Buffers, Scoped
 from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.model.blocks import Tie
@@ -39,12 +40,19 @@ def snapshot_averaged(
     ties: list[Tie],
     masks: dict | None = None,
     whole: Reshard | None = None,
+    into: Buffers | None = None,
 ) -> dict:
     """The reference's blocks (with pruning's ``masks``, one set for every copy), each
     with the parallel models' under ``parallel``; with ``whole`` (T > 1: collective
-    over the T group) split tensors saved whole."""
-    snap = snapshot_blocks(parts.reference.stage, None, blocks, ties, masks, whole)
-    shots = [snapshot_blocks(m.stage, m.opt, blocks, ties, whole=whole) for m in parts.models]
+    over the T group) split tensors saved whole; copied into ``into``'s reused host
+    tensors where given, each copy under its own prefix."""
+    scope = (lambda k: None) if into is None else (lambda k: Scoped(into, k))  # noqa: E731
+    ref = parts.reference.stage
+    snap = snapshot_blocks(ref, None, blocks, ties, masks, whole, scope("reference"))
+    shots = [
+        snapshot_blocks(m.stage, m.opt, blocks, ties, whole=whole, into=scope(i))
+        for i, m in enumerate(parts.models)
+    ]
     for b in blocks:
         snap[b]["parallel"] = [shot[b] for shot in shots]
     return snap
@@ -85,10 +93,11 @@ class AveragingCheckpointing(Checkpointing):
         mine = blocks_written_by(state.plan, self.rank)
         masks = self.masks() if self.masks is not None else None
         whole = None if state.tp is None else state.tp.whole  # T > 1: gathered by the group
-        snap = snapshot_averaged(self.parts, mine, self.ties, masks, whole)
-        if state.plan.rank(self.rank).tp_rank:  # the group's whole tensors: t = 0 writes
-            snap = {}
-        self.manager.save(step, snap, self.meta(state.plan, step), final=final)
+        take = lambda into: snapshot_averaged(  # noqa: E731
+            self.parts, mine, self.ties, masks, whole, into
+        )
+        keep = not state.plan.rank(self.rank).tp_rank  # the group's whole: t = 0 writes
+        self.save_taken(step, state.plan, take, final, keep)
 
     def meta(self, plan: Plan, step: int) -> dict:
         cfg = self.parts.config

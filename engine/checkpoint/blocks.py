@@ -90,12 +90,16 @@ def _whole(how: Reshard | None, name: str, value: torch.Tensor, like) -> torch.T
     return value.detach()
 
 
-def snapshot_bytes(snap: Snapshot) -> int:
-    """Bytes of the tensors a snapshot copied (what training waited for)."""
-    parts = [p.get(k, {}) for p in snap.values() for k in ("params", "masks")]
-    tensors = [t for part in parts for t in part.values()]
-    tensors += [v for p in snap.values() for st in p["optim"].values() for v in st.values()]
-    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+def snapshot_bytes(tree) -> int:  # noqa: ANN001 - a Snapshot, or any part of one
+    """Bytes of the tensors a snapshot copied (what training waited for), wherever
+    they sit in it (AvgPipe's parallel models under ``parallel`` too)."""
+    if torch.is_tensor(tree):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(snapshot_bytes(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return sum(snapshot_bytes(v) for v in tree)
+    return 0
 
 
 def write_snapshot(snap: Snapshot, out_dir: Path) -> list[str]:

@@ -42,6 +42,17 @@ class Buffers:
         return buf
 
 
+class Scoped:
+    """A :class:`Buffers` set seen under a key prefix, so several copies of the same
+    blocks (AvgPipe's reference and parallel models) fill one set side by side."""
+
+    def __init__(self, buffers: Buffers, prefix: object):
+        self.buffers, self.prefix = buffers, prefix
+
+    def copy(self, key: Key, value: torch.Tensor) -> torch.Tensor:
+        return self.buffers.copy((self.prefix, *key), value)
+
+
 class BufferPool:
     """Idle :class:`Buffers` sets, at most ``keep`` of them (thread-safe: the writer
     gives back what the training thread takes)."""

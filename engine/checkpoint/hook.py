@@ -105,13 +105,23 @@ class Checkpointing(StepHook):
         masks = self.masks() if self.masks is not None else None
         mine = blocks_written_by(plan, self.rank)
         whole = None if state.tp is None else state.tp.whole  # T > 1: gathered by the group
+        take = lambda into: snapshot_blocks(  # noqa: E731
+            state.stage, state.opt, mine, self.ties, masks, whole, into
+        )
+        self.save_taken(step, plan, take, final, keep=not plan.rank(self.rank).tp_rank)
+
+    def save_taken(
+        self, step: int, plan: Plan, take: Callable, final: bool, keep: bool = True
+    ) -> None:
+        """Queue the snapshot ``take(into)`` copies into the manager's reused host
+        buffers, with how long training waited for it and its bytes (``keep`` False: a
+        T group's t > 0, whose whole tensors its t = 0 writes)."""
         into = self.manager.buffers()  # reused host tensors: the copy maps no new pages
         t0 = time.perf_counter()
-        snap = snapshot_blocks(state.stage, state.opt, mine, self.ties, masks, whole, into)
+        snap = take(into)
         copied = Copied(time.perf_counter() - t0, snapshot_bytes(snap))
-        if plan.rank(self.rank).tp_rank:  # the group's whole tensors: t = 0 writes them
-            snap = {}
         meta = self.meta(plan, step)
+        snap = snap if keep else {}
         self.manager.save(step, snap, meta, final=final, buffers=into, copied=copied)
 
     def meta(self, plan: Plan, step: int) -> dict:

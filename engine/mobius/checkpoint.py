@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from jobctl.engine.checkpoint.blocks import Snapshot, load_blocks, read_meta, snapshot_blocks
+from jobctl.engine.checkpoint.buffers import Buffers
 from jobctl.engine.checkpoint.hook import Checkpointing
 from jobctl.engine.mobius import resident
 from jobctl.engine.mobius.runtime import MobiusRunner
@@ -39,15 +40,18 @@ def _bound(runner: MobiusRunner, j: int) -> torch.Tensor:
     return flat
 
 
-def snapshot(runner: MobiusRunner, ties: list[Tie], masks: dict | None = None) -> Snapshot:
+def snapshot(
+    runner: MobiusRunner, ties: list[Tie], masks: dict | None = None, into: Buffers | None = None
+) -> Snapshot:
     """Copies of this rank's blocks, parameters and optimizer state (and pruning's
-    ``masks``), by global block."""
+    ``masks``), by global block (into ``into``'s reused host tensors where given)."""
     runner.flush()  # the pending update belongs to the step being saved
     snap: Snapshot = {}
     for j in runner.mine:
         _bound(runner, j)
         blocks = list(runner.cfg.stages[j])
-        snap.update(snapshot_blocks(runner.mods[j], runner.opts[j], blocks, ties, masks))
+        mod, opt = runner.mods[j], runner.opts[j]
+        snap.update(snapshot_blocks(mod, opt, blocks, ties, masks, into=into))
         resident.release(
             runner.mods[j], runner.layouts[j], runner.opts[j], runner.reserved.placeholder
         )
@@ -104,5 +108,5 @@ class MobiusCheckpointing(Checkpointing):
 
     def save(self, state: StageState | None, step: int, final: bool = False) -> None:
         masks = self.masks() if self.masks is not None else None
-        snap = snapshot(self.engine.runner, self.ties, masks)
-        self.manager.save(step, snap, self.meta(self.engine.plan, step), final=final)
+        take = lambda into: snapshot(self.engine.runner, self.ties, masks, into)  # noqa: E731
+        self.save_taken(step, self.engine.plan, take, final)

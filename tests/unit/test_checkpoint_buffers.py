@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from jobctl.engine.checkpoint.blocks import snapshot_blocks, snapshot_bytes, write_snapshot
-from jobctl.engine.checkpoint.buffers import BufferPool, Buffers
+from jobctl.engine.checkpoint.buffers import BufferPool, Buffers, Scoped
 from jobctl.engine.checkpoint.manager import CheckpointManager, Copied
 from jobctl.engine.core.events import EventLog, read_metrics
 from jobctl.engine.model.blocks import Stage, model_def
@@ -104,3 +104,21 @@ def test_the_manager_hands_written_and_coalesced_sets_back(tmp_path):
     gate.set()
     manager.close()
     assert manager.buffers() is sets[1]  # one idle set kept; the others were dropped
+
+
+def test_copies_of_the_same_blocks_fill_one_set_side_by_side():
+    # AvgPipe's reference and parallel models hold the same blocks under the same
+    # names; each snapshots under its own prefix, so none overwrites another.
+    spec, mdef, a, opt_a = _trained()
+    _, _, b, opt_b = _trained()
+    _step(b, opt_b, spec.model.vocab)  # b's weights differ from a's
+    blocks, into = list(range(mdef.num_blocks)), Buffers()
+    snap_a = snapshot_blocks(a, None, blocks, mdef.ties, into=Scoped(into, "reference"))
+    snap_b = snapshot_blocks(b, opt_b, blocks, mdef.ties, into=Scoped(into, 0))
+    for blk in blocks:
+        for n, p in dict(a.named_parameters()).items():
+            if n in snap_a[blk]["params"]:
+                assert torch.equal(snap_a[blk]["params"][n], p), n
+                assert not torch.equal(snap_b[blk]["params"][n], p), n
+    assert snapshot_bytes(snap_b) > snapshot_bytes(snap_a)  # b's Adam moments besides
+    assert len(into.tensors) > sum(len(s["params"]) for s in snap_a.values())
