@@ -105,3 +105,12 @@ def test_an_all_auto_spec_plans_with_tensor_parallel_auto():
         }
     )
     assert make_plan(spec, spec.hardware.devices).T == 1  # the builtin model is hand-cut
+
+
+def test_tensor_parallel_under_mobius_is_one_error_with_its_reason():
+    # The pool check counts Mobius's S stages as no devices; it said "T x P x D = 8
+    # processes but the pool has 2" beside the real refusal.
+    with pytest.raises(SpecError) as info:
+        load_spec_text(SPEC.format(S=4, extra="  tensor_parallel: 2\n"), "jobs/mob.yaml")
+    (issue,) = [i for i in info.value.errors if i.path == "parallelism.tensor_parallel"]
+    assert "a T group would swap each record's T shards" in issue.message
