@@ -73,6 +73,11 @@ HANDOVER_POLL_S = 0.05  # the poll while survivors hand a step over (engine/work
 ORPHANED = {p.value for p in ACTIVE} | {"launching", "stopping"}
 
 
+#: what a run host that lost its port race says (errno 98, EADDRINUSE), and how many
+#: times a launch picks new ports for it
+PORT_TAKEN, PORT_RETRIES = "Address already in use", 3
+
+
 class Supervisor(InPlaceSteps):
     """Walks one run through its phases; see the module docstring."""
 
@@ -95,6 +100,7 @@ class Supervisor(InPlaceSteps):
         self.run_id = opts.run_id or new_run_id(spec.name)
         self.backend = opts.backend or spec.hardware.backend
         self.resume_dir = opts.resume_dir  # the first attempt's only
+        self.port_retries = 0  # launches again after a picked port was taken
         self.phase: str | None = None
         self.cal = None
         self.current: Run | None = None  # the latest attempt's run
@@ -312,11 +318,29 @@ class Supervisor(InPlaceSteps):
         return local_root(self.spec.checkpoint, self.db.runs_dir / self.run_id)
 
     def _start_training(self) -> str:
-        self.launcher.ready(self.attempt)  # its run host listens: the nodes can meet
+        try:
+            self.launcher.ready(self.attempt)  # its run host listens: the nodes can meet
+        except RuntimeError as err:
+            if PORT_TAKEN not in str(err) or self.port_retries >= PORT_RETRIES:
+                raise
+            return self._relaunch_on_new_ports()
         n = len(self.attempt.handles)
         self._transition("training", f"pid {os.getpid()} supervising {n} node(s)")
         self._watch()
         return self.phase
+
+    def _relaunch_on_new_ports(self) -> str:
+        """The run host could not bind a port picked free a moment before: another run
+        starting on this machine took it meanwhile (a fleet's members launch at once).
+        The nodes were ended; launch again on newly picked ports."""
+        self.port_retries += 1
+        note = (
+            "a port picked for the run host was taken meanwhile: launching again on new "
+            f"ports ({self.port_retries}/{PORT_RETRIES})"
+        )
+        self.db.add_event(self.run_id, "port_taken", note)
+        self._close_attempt()
+        return self._launch()
 
     def _watch(self) -> None:
         a, spec, el = self.attempt, self.spec, self.spec.elasticity

@@ -17,8 +17,9 @@ from jobctl.engine import LAYERS
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"engine": "jobctl.engine", "backends": "jobctl.backends", "spec": "jobctl.spec"}
 # A file past this is worth a look, not a split: a concept stays in one file (ruff format
-# took three that fit 400 lines to 410-415).
-MAX_FILE_LINES = 450
+# took three that fit 400 lines to 410-415; one run's life, supervise/supervisor.py,
+# took 465 once a launch could retry on new ports: #44 allows up to 600 for a concept).
+MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 40
 
 

@@ -10,6 +10,7 @@ import json
 import signal
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from jobctl.backends.base import NodeStatus
@@ -19,6 +20,7 @@ from ..supervisor_doubles import (
     KILLED,
     RUNNING,
     SUCCEEDED,
+    FakeLauncher,
     heartbeat,
     phases,
     step,
@@ -339,3 +341,34 @@ def test_plan_prices_a_checkpoint_at_the_recorded_snapshot_rate(tmp_path):
     # snapshots ten times slower than assumed: the job takes longer to finish
     assert after.finish_s > before.finish_s
     assert after.step_time_s == before.step_time_s
+
+
+class _PortRaceLauncher(FakeLauncher):
+    """The first run host loses its port to another run starting at the same time."""
+
+    def __init__(self, fails: int = 1):
+        super().__init__()
+        self.fails = fails
+
+    def ready(self, attempt) -> None:
+        super().ready(attempt)
+        if self.ready_calls <= self.fails:
+            raise RuntimeError("run host exited 1:\nOSError: [Errno 98] Address already in use")
+
+
+def test_a_run_host_that_lost_its_port_launches_again_on_new_ports(tmp_path):
+    sup, _, db, clock = supervisor(tmp_path)
+    sup.launcher = launcher = _PortRaceLauncher()
+    assert (to_training(sup) + [sup.step()])[-2:] == ["launching", "training"]
+    assert launcher.ready_calls == 2 and len(launcher.attempts) == 2
+    kinds = [e["kind"] for e in db.events(sup.run_id)]
+    assert kinds.count("port_taken") == 1 and kinds.count("plan") == 1
+
+
+def test_a_run_host_that_keeps_losing_its_port_fails_the_launch(tmp_path):
+    sup, _, db, clock = supervisor(tmp_path)
+    sup.launcher = launcher = _PortRaceLauncher(fails=10)
+    with pytest.raises(RuntimeError, match="Address already in use"):
+        for _ in range(10):
+            sup.step()
+    assert launcher.ready_calls == 4  # the first try and three relaunches
