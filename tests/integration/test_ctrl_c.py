@@ -66,7 +66,10 @@ def test_first_ctrl_c_checkpoints_and_stops(tmp_path):
 def test_second_ctrl_c_detaches_and_the_nodes_go_on(tmp_path):
     proc, db, rid = _start(tmp_path)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    # The second once the supervisor has passed the stop on to the nodes (they then
+    # stop alone), and before they are done: a fixed 0.5 s let a fast run finish its
+    # stop first, and the second Ctrl-C then met a process with nothing to detach.
+    _wait_for(db, rid, "stop_signal")
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
@@ -89,6 +92,13 @@ def test_second_ctrl_c_detaches_and_the_nodes_go_on(tmp_path):
         time.sleep(0.5)
     assert not any(_alive(p) for p in pids)
     assert sorted((db.runs_dir / rid / "checkpoints").glob("step-*"))
+
+
+def _wait_for(db: StateDB, rid: str, kind: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while kind not in [e["kind"] for e in db.events(rid)]:
+        assert time.monotonic() < deadline, f"no {kind} event"
+        time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
