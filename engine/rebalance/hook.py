@@ -171,7 +171,7 @@ class Rebalancer(StepHook):
     def _decide(self, done: int, every: list[dict]) -> tuple[str | None, dict]:
         """The leader's decision: the new plan (None: layers stay) and its record."""
         cfg, plan, spec = self.cfg, self.state.plan, self.spec
-        times, nnz = _replica0_blocks(every, len(plan.block_names))
+        times, nnz = replica0_blocks(every, len(plan.block_names))
         costs = times if cfg.by == "time" else [float(x) for x in nnz]
         stages = [list(s.blocks) for s in plan.stages]
         cal = calibration_for(spec)
@@ -271,28 +271,24 @@ class Rebalancer(StepHook):
         if not self._leader():
             return
         measured = _stage_maxima(every, self.state.plan.P, "c")
+        step_s = max(r["s"] for r in every)
         self.events.write(
-            Kind.REBALANCE_MEASURED,
-            step=done,
-            measured_stage_s_before=before["measured_stage_s_before"],
-            measured_stage_s_after=measured,
-            imbalance_measured_before=imbalance(before["measured_stage_s_before"]),
-            imbalance_measured_after=imbalance(measured),
-            step_s_before=before["measured_step_s_before"],
-            step_s_after=max(r["s"] for r in every),
+            Kind.REBALANCE_MEASURED, **measured_fields(done, before, measured, step_s)
         )
 
 
-def _replica0_blocks(every: list[dict], n: int) -> tuple[list[float], list[int]]:
+def replica0_blocks(every: list[dict], n: int) -> tuple[list[float], list[int]]:
     """Per block, replica 0's measured seconds (the slowest of a T group's shards)
-    and nonzero parameter count (summed over them)."""
+    and nonzero parameter count (summed over them). A Mobius rank's offer names no
+    replica (``rebalance.swapped``): it is the one copy of its blocks, so it counts as
+    replica 0; its block keys may be the profile's strings."""
     times, nnz = [0.0] * n, [0.0] * n
     for r in every:
-        if r["replica"] == 0:
+        if r.get("replica", 0) == 0:
             for b, v in r["time"].items():
-                times[b] = max(times[b], v)
+                times[int(b)] = max(times[int(b)], v)
             for b, v in r["nnz"].items():
-                nnz[b] += v
+                nnz[int(b)] += v
     return times, [round(x) for x in nnz]
 
 
@@ -319,6 +315,21 @@ def decision_fields(
         "imbalance_after": imbalance(loads_of(costs, new_stages)),
         "predicted_stage_s_before": loads_of(times, stages),
         "predicted_stage_s_after": loads_of(times, new_stages),
+    }
+
+
+def measured_fields(done: int, before: dict, measured: list[float], step_s: float) -> dict:
+    """The ``rebalance_measured`` record: the stage seconds and step time measured on
+    the step after a move (``measured``, ``step_s``) beside those its record ``before``
+    holds from the step it was decided on."""
+    return {
+        "step": done,
+        "measured_stage_s_before": before["measured_stage_s_before"],
+        "measured_stage_s_after": measured,
+        "imbalance_measured_before": imbalance(before["measured_stage_s_before"]),
+        "imbalance_measured_after": imbalance(measured),
+        "step_s_before": before["measured_step_s_before"],
+        "step_s_after": step_s,
     }
 
 

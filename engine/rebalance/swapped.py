@@ -31,19 +31,10 @@ from jobctl.engine.mobius.planning.plan import recut, stage_memory
 from jobctl.engine.mobius.relayout import relaid
 from jobctl.engine.model.blocks import ModelDef
 from jobctl.engine.pruning.swapped import SwappedPruner
-from jobctl.engine.rebalance.hook import decision_fields
-from jobctl.engine.rebalance.rebalancer import imbalance, loads_of, rebalance
+from jobctl.engine.rebalance.hook import decision_fields, measured_fields, replica0_blocks
+from jobctl.engine.rebalance.rebalancer import loads_of, rebalance
 from jobctl.engine.runtime.hook import Relayout, StepEnd, StepHook
 from jobctl.spec.job import JobSpec
-
-
-def _merged(every: list[dict], key: str, n: int) -> list[float]:
-    """Per block, the one rank's figure that holds it."""
-    out = [0.0] * n
-    for r in every:
-        for b, v in r[key].items():
-            out[int(b)] = v
-    return out
 
 
 class SwappedRebalancer(StepHook):
@@ -117,8 +108,7 @@ class SwappedRebalancer(StepHook):
     def _decide(self, done: int, every: list[dict]) -> tuple[str | None, dict]:
         """The leader's decision: the re-cut plan (None: blocks stay) and its record."""
         cfg, plan, spec = self.cfg, self.engine.plan, self.spec
-        n = len(plan.block_names)
-        times, nnz = _merged(every, "time", n), _merged(every, "nnz", n)
+        times, nnz = replica0_blocks(every, len(plan.block_names))
         costs = times if cfg.by == "time" else nnz
         stages = [list(s) for s in plan.mobius.stages]
         cal = calibration_for(spec)
@@ -162,16 +152,10 @@ class SwappedRebalancer(StepHook):
         every = self._offer(prof, seconds)
         if not self._leader:
             return None
-        n = len(self.engine.plan.block_names)
-        measured = loads_of(_merged(every, "time", n), self.engine.plan.mobius.stages)
+        times, _ = replica0_blocks(every, len(self.engine.plan.block_names))
+        measured = loads_of(times, self.engine.plan.mobius.stages)
+        step_s = max(r["step_s"] for r in every)
         self.events.write(
-            Kind.REBALANCE_MEASURED,
-            step=done,
-            measured_stage_s_before=before["measured_stage_s_before"],
-            measured_stage_s_after=measured,
-            imbalance_measured_before=imbalance(before["measured_stage_s_before"]),
-            imbalance_measured_after=imbalance(measured),
-            step_s_before=before["measured_step_s_before"],
-            step_s_after=max(r["step_s"] for r in every),
+            Kind.REBALANCE_MEASURED, **measured_fields(done, before, measured, step_s)
         )
         return None

@@ -350,3 +350,23 @@ def test_spec_target_devices_needs_pack():
         tiny_spec(**{"rebalancing.target_devices": 2})
     spec = tiny_spec(**{"rebalancing.pack": True, "rebalancing.target_devices": 2})
     assert spec.rebalancing.hold_steps == 0
+
+
+def test_block_figures_of_pipeline_and_mobius_offers():
+    from jobctl.engine.rebalance.hook import replica0_blocks
+
+    # a pipeline's T group: the slowest shard's seconds, the shards' counts summed;
+    # replica 1's copies of the blocks do not count twice
+    tp = [
+        {"replica": 0, "time": {0: 1.0, 1: 2.0}, "nnz": {0: 5.5, 1: 7.0}},
+        {"replica": 0, "time": {0: 1.5, 1: 1.0}, "nnz": {0: 5.5, 1: 7.0}},
+        {"replica": 1, "time": {0: 9.0, 1: 9.0}, "nnz": {0: 99, 1: 99}},
+    ]
+    assert replica0_blocks(tp, 2) == ([1.5, 2.0], [11, 14])
+    # Mobius ranks (rebalance.swapped): no replica, the profile's string keys, each
+    # block on one rank
+    mobius = [
+        {"time": {"0": 0.5, "2": 0.25}, "nnz": {"0": 10, "2": 30}},
+        {"time": {"1": 0.75, "3": 1.0}, "nnz": {"1": 20, "3": 40}},
+    ]
+    assert replica0_blocks(mobius, 4) == ([0.5, 0.75, 0.25, 1.0], [10, 20, 30, 40])
