@@ -8,9 +8,10 @@ pruning step (``pruning.swapped.SwappedProfiler``: every block of every stage), 
 rank offers its blocks' measured seconds and nonzero counts; rank 0 runs the spec's
 balancer (``rebalancer.rebalance``) over the S stages under the Mobius memory rule
 (the MIP's constraint 4 and two stage records per device, ``mobius.planning.plan.
-stage_memory``), re-prices the cut with the MIP's step model (``planning.plan.recut``)
-and broadcasts it. Every rank then re-cuts its runner (``mobius.relayout``) and hands
-the loop a ``SwappedLayout``. S and the rank of each stage stay: Mobius's cross
+stage_memory``), prices the old and the new cut with the MIP's step model
+(``planning.plan.cut_step_s``) and broadcasts the re-cut plan (``planning.plan.recut``).
+Every rank then re-cuts its runner (``mobius.relayout``) and hands the loop a
+``SwappedLayout``. S and the rank of each stage stay: Mobius's cross
 mapping (sec. 3.3) placed the stages, and packing onto fewer devices is refused at
 ``validate`` (``spec.mobius``). The step after a move is profiled again, so the
 ``rebalance_measured`` record compares measured stage seconds before and after.
@@ -27,7 +28,7 @@ from jobctl.engine.calibration.cache import calibration_for
 from jobctl.engine.core.events import EventLog, Kind
 from jobctl.engine.core.plan import Plan
 from jobctl.engine.mobius.engine import SwappedEngine, SwappedLayout
-from jobctl.engine.mobius.planning.plan import recut, stage_memory
+from jobctl.engine.mobius.planning.plan import cut_step_s, recut, stage_memory
 from jobctl.engine.mobius.relayout import relaid
 from jobctl.engine.model.blocks import ModelDef
 from jobctl.engine.pruning.swapped import SwappedPruner
@@ -114,18 +115,17 @@ class SwappedRebalancer(StepHook):
         cal = calibration_for(spec)
         memory, cap = stage_memory(spec, cal, plan)
         d = rebalance(costs, stages, cfg.balancer, cfg.by, cfg.tolerance, memory, cap)
-        after = recut(spec, cal, plan, d.stages)
         record = {
             **decision_fields(done, d, costs, times, stages, d.stages),
-            "predicted_step_s_before": recut(spec, cal, plan, stages).mobius.step_time_s,
-            "predicted_step_s_after": after.mobius.step_time_s,
+            "predicted_step_s_before": cut_step_s(spec, cal, plan, stages),
+            "predicted_step_s_after": cut_step_s(spec, cal, plan, d.stages),
             "measured_stage_s_before": loads_of(times, stages),
             "measured_step_s_before": max(r["step_s"] for r in every),
             "packed_to": None,
         }
         if d.stages == stages:
             return None, record
-        return after.model_dump_json(), record
+        return recut(spec, cal, plan, d.stages).model_dump_json(), record  # only a move's plan
 
     def _move(self, new: Plan, record: dict) -> Relayout:
         """Re-cut this rank's runner to ``new``'s stages; the loop applies the result."""

@@ -11,7 +11,7 @@ from jobctl.engine.calibration import cache
 from jobctl.engine.calibration.analytic import analytic_calibration
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius.masks import held, hold
-from jobctl.engine.mobius.planning.plan import mobius_plan, recut, stage_memory
+from jobctl.engine.mobius.planning.plan import cut_step_s, mobius_plan, recut, stage_memory
 from jobctl.engine.mobius.relayout import owners, relaid
 from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
 from jobctl.engine.model.blocks import model_def
@@ -95,5 +95,7 @@ def test_a_re_cut_keeps_s_and_each_stage_rank():
     assert new.mobius.ranks == plan.mobius.ranks and new.mobius.S == 4
     assert [s.blocks for s in new.stages] == [[0, 3, 4], [1, 2, 5]]
     assert new.mobius.step_time_s > 0
+    # the rebalancer prices a cut without re-cutting the plan: the same seconds
+    assert cut_step_s(spec, cal, plan, new.mobius.stages) == new.mobius.step_time_s
     memory, cap = stage_memory(spec, cal, plan)
     assert all(0 < b <= cap for b in memory(new.mobius.stages))

@@ -104,13 +104,21 @@ def stage_memory(spec: JobSpec, cal: Calibration, plan: Plan):
     return memory, spec.hardware.memory_gb * GB
 
 
+def cut_step_s(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[int]]) -> float:
+    """Seconds of ``plan``'s step with its S stages cut as ``stages``, by the MIP's own
+    model (``costs.step_time``): the step ``recut`` predicts, without building its plan
+    (rebalancing prices the cut it has and the one it may take)."""
+    layers = layer_costs(cal, plan.micro_batch_size, plan.micro_batches)
+    return step_time(layers, [len(s) for s in stages], _config(spec, plan))
+
+
 def recut(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[int]]) -> Plan:
     """``plan`` with its S stages cut at new boundaries (rebalancing, ``mobius.relayout``):
     the same ranks per stage, each rank's blocks and the prediction re-derived, the
-    step priced by the MIP's own model (``costs.step_time``)."""
+    step priced by ``cut_step_s``."""
     m, N = plan.micro_batch_size, plan.mobius.N
     layers = layer_costs(cal, m, plan.micro_batches)
-    step = step_time(layers, [len(s) for s in stages], _config(spec, plan))
+    step = cut_step_s(spec, cal, plan, stages)
     update = {"stages": [list(s) for s in stages], "step_time_s": step}
     lay = plan.mobius.model_copy(update=update)
     hosted = [[b for j in lay.hosted(r) for b in lay.stages[j]] for r in range(N)]
