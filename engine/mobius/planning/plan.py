@@ -58,15 +58,8 @@ def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
     m = micro_batch(spec, N)
     M = spec.training.global_batch_size // m
     layers = layer_costs(cal, m, M)
-    cfg = MobiusConfig(
-        devices=N,
-        memory_bytes=spec.hardware.memory_gb * GB,
-        tier_Bps=TIER_BPS[spec.hardware.device],
-        micro_batches=M,
-        max_units=max(16, S),
-    )
     try:
-        part = mobius_partition(layers, cfg, S)
+        part = mobius_partition(layers, _config(spec, N, M, S), S)
     except ValueError as err:
         raise PlanError(
             f"{err}: {S} stages of this model do not fit {spec.hardware.memory_gb} GB per "
@@ -78,14 +71,15 @@ def mobius_plan(spec: JobSpec, cal: Calibration, N: int) -> Plan:
     return _plan(spec, cal, layout, m, pred)
 
 
-def _config(spec: JobSpec, plan: Plan) -> MobiusConfig:
-    """The MIP's machine for ``plan``'s N ranks and M micro-batches."""
+def _config(spec: JobSpec, N: int, M: int, S: int) -> MobiusConfig:
+    """The MIP's machine for N ranks, M micro-batches and S stages: the one that cuts
+    a plan (``mobius_plan``) and the one that prices its re-cuts (``cut_step_s``)."""
     return MobiusConfig(
-        devices=plan.mobius.N,
+        devices=N,
         memory_bytes=spec.hardware.memory_gb * GB,
         tier_Bps=TIER_BPS[spec.hardware.device],
-        micro_batches=plan.micro_batches,
-        max_units=max(16, plan.mobius.S),
+        micro_batches=M,
+        max_units=max(16, S),
     )
 
 
@@ -109,7 +103,8 @@ def cut_step_s(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[in
     model (``costs.step_time``): the step ``recut`` predicts, without building its plan
     (rebalancing prices the cut it has and the one it may take)."""
     layers = layer_costs(cal, plan.micro_batch_size, plan.micro_batches)
-    return step_time(layers, [len(s) for s in stages], _config(spec, plan))
+    cfg = _config(spec, plan.mobius.N, plan.micro_batches, plan.mobius.S)
+    return step_time(layers, [len(s) for s in stages], cfg)
 
 
 def recut(spec: JobSpec, cal: Calibration, plan: Plan, stages: list[list[int]]) -> Plan:
