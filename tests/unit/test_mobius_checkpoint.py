@@ -3,7 +3,6 @@ writes, and a resume that continues exactly where the run left off."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from jobctl.engine.checkpoint.blocks import (
@@ -12,29 +11,15 @@ from jobctl.engine.checkpoint.blocks import (
     write_meta,
     write_snapshot,
 )
-from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius import checkpoint as mobius_checkpoint
-from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
+from jobctl.engine.mobius.runtime import MobiusRunner
 from jobctl.engine.model.blocks import Stage, model_def
 from jobctl.engine.runtime.optim import build_optimizer
 
 from ..jobrun import tiny_spec
+from .mobius_helpers import ADAMW, mobius_runner, one_thread  # noqa: F401 - one_thread: autouse
 
-ADAMW = {"training.optimizer": "adamw", "training.lr": 0.01, "training.weight_decay": 0.1}
 STAGES = ((0, 1), (2,), (3, 4), (5,))  # the embedding and the tied head apart
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _runner(spec, folder) -> MobiusRunner:
-    mdef = model_def(spec.model, spec.training.seed, 2)
-    return MobiusRunner(mdef, spec.training, make_data(spec), SwapConfig(folder, STAGES, 2))
 
 
 def _save(runner: MobiusRunner, spec, folder, step: int):
@@ -50,14 +35,14 @@ def _ties(spec):
 
 def test_resume_continues_the_run_exactly(tmp_path):
     spec = tiny_spec(**{"model.layers": 4, **ADAMW})
-    straight = _runner(spec, tmp_path / "a")
+    straight = mobius_runner(spec, tmp_path / "a", STAGES)
     losses = [straight.step(t) for t in range(4)]
     straight.close()
-    first = _runner(spec, tmp_path / "b")
+    first = mobius_runner(spec, tmp_path / "b", STAGES)
     assert [first.step(t) for t in range(2)] == losses[:2]
     ckpt = _save(first, spec, tmp_path / "ckpt", 2)
     first.close()
-    second = _runner(spec, tmp_path / "c")
+    second = mobius_runner(spec, tmp_path / "c", STAGES)
     mobius_checkpoint.load(second, _ties(spec), ckpt)
     assert [second.step(t) for t in range(2, 4)] == losses[2:]
     second.close()
@@ -67,7 +52,7 @@ def test_blocks_are_a_whole_model_checkpoint(tmp_path):
     # The same files, names and optimizer state a one-stage rank writes, loadable into
     # any other cut (here: the whole model in one Stage), weights as the runner holds.
     spec = tiny_spec(**{"model.layers": 4, **ADAMW})
-    runner = _runner(spec, tmp_path / "a")
+    runner = mobius_runner(spec, tmp_path / "a", STAGES)
     for t in range(2):
         runner.step(t)
     snap = mobius_checkpoint.snapshot(runner, _ties(spec))

@@ -9,37 +9,19 @@ import torch
 
 from jobctl.engine.calibration import cache
 from jobctl.engine.calibration.analytic import analytic_calibration
-from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius.masks import held, hold
 from jobctl.engine.mobius.planning.plan import cut_step_s, mobius_plan, recut, stage_memory
 from jobctl.engine.mobius.relayout import owners, relaid
-from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
-from jobctl.engine.model.blocks import model_def
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import tiny_spec
-
-ADAMW = {"training.optimizer": "adamw", "training.lr": 0.01, "training.weight_decay": 0.1}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _runner(spec, folder, stages) -> tuple[MobiusRunner, object]:
-    mdef = model_def(spec.model, spec.training.seed, 2)
-    cfg = SwapConfig(folder, stages, 2)
-    return MobiusRunner(mdef, spec.training, make_data(spec), cfg), mdef
+from .mobius_helpers import ADAMW, one_thread, runner_and_def  # noqa: F401 - one_thread: autouse
 
 
 def test_a_re_cut_runner_trains_on_like_one_process(tmp_path):
     spec = tiny_spec(**{"model.layers": 4, "training.steps": 4, **ADAMW})
     ref_losses, ref_weights = reference_train(spec, micro_batch=2)
-    runner, mdef = _runner(spec, tmp_path, ((0, 1), (2,), (3,), (4, 5)))
+    runner, mdef = runner_and_def(spec, tmp_path, ((0, 1), (2,), (3,), (4, 5)))
     losses = [runner.step(t) for t in range(2)]  # step 1's update still pending
     runner = relaid(runner, mdef, [[0], [1, 2], [3, 4], [5]])
     assert runner.cfg.stages == ((0,), (1, 2), (3, 4), (5,))
@@ -56,7 +38,7 @@ def test_a_re_cut_runner_trains_on_like_one_process(tmp_path):
 
 def test_masks_and_slots_move_with_their_blocks(tmp_path):
     spec = tiny_spec(**{"model.layers": 4, "training.steps": 2, **ADAMW})
-    runner, mdef = _runner(spec, tmp_path, ((0, 1), (2,), (3,), (4, 5)))
+    runner, mdef = runner_and_def(spec, tmp_path, ((0, 1), (2,), (3,), (4, 5)))
     runner.step(0)
     w = runner.weights()["layers.2.mlp.fc.weight"]
     mask = torch.rand(w.shape, generator=torch.Generator().manual_seed(0)) > 0.5

@@ -8,33 +8,16 @@ import os
 import pytest
 import torch
 
-from jobctl.engine.data.dataset import make_data
 from jobctl.engine.mobius.planned import planned_config
 from jobctl.engine.mobius.planning.cross_mapping import Topology
 from jobctl.engine.mobius.planning.partition import MobiusPartition
-from jobctl.engine.mobius.runtime import MobiusRunner, SwapConfig
-from jobctl.engine.model.blocks import model_def
+from jobctl.engine.mobius.runtime import SwapConfig
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import tiny_spec
+from .mobius_helpers import ADAMW, mobius_runner, one_thread  # noqa: F401 - one_thread: autouse
 
 SGD = {"training.optimizer": "sgd", "training.lr": 0.3, "training.momentum": 0.9}
-ADAMW = {"training.optimizer": "adamw", "training.lr": 0.01, "training.weight_decay": 0.1}
-
-
-def _runner(spec, folder, stages=None, device=None, **cfg) -> MobiusRunner:
-    mdef = model_def(spec.model, spec.training.seed, 2)
-    stages = stages or tuple((i,) for i in range(mdef.num_blocks))
-    cfg = SwapConfig(folder, stages, 2, **cfg)
-    return MobiusRunner(mdef, spec.training, make_data(spec), cfg, device)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
@@ -42,7 +25,7 @@ def _one_thread():
 def test_swapped_stages_train_like_one_process(tmp_path, opt, prefetch):
     spec = tiny_spec(**{"model.layers": 4, "training.steps": 3, **opt})
     ref_losses, ref_weights = reference_train(spec, micro_batch=2)
-    runner = _runner(spec, tmp_path, prefetch=prefetch)  # 6 stages of one block each
+    runner = mobius_runner(spec, tmp_path, prefetch=prefetch)  # 6 stages of one block each
     losses = [runner.step(t) for t in range(3)]
     runner.flush()
     weights = runner.weights()
@@ -59,7 +42,7 @@ def test_swapped_stages_train_like_one_process(tmp_path, opt, prefetch):
 
 def test_bytes_moved_per_step(tmp_path):
     spec = tiny_spec(**{"model.layers": 2, **ADAMW})
-    runner = _runner(spec, tmp_path)  # 4 stages: 1 and 2 offload their inputs
+    runner = mobius_runner(spec, tmp_path)  # 4 stages: 1 and 2 offload their inputs
     runner.step(0)
     runner.traffic.reset()
     runner.step(1)  # a step with the previous step's update on each upload
@@ -79,7 +62,7 @@ def test_bytes_moved_per_step(tmp_path):
 
 def test_gradients_accumulate_in_the_reserved_buffer(tmp_path):
     spec = tiny_spec(**{"model.layers": 2, **SGD})
-    runner = _runner(spec, tmp_path)
+    runner = mobius_runner(spec, tmp_path)
     seen = {}
 
     def hook(p):
@@ -97,14 +80,14 @@ def test_gradients_accumulate_in_the_reserved_buffer(tmp_path):
 def test_a_budget_two_records_overflow_is_refused(tmp_path):
     spec = tiny_spec(**{"model.layers": 2, **ADAMW})
     with pytest.raises(ValueError, match="more stages"):
-        _runner(spec, tmp_path, stages=((0, 1), (2, 3)), budget_bytes=2**20)
+        mobius_runner(spec, tmp_path, stages=((0, 1), (2, 3)), budget_bytes=2**20)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pinned_tier_on_cuda_trains_like_one_process(tmp_path):
     spec = tiny_spec(**{"model.layers": 4, "training.steps": 3, **SGD})
     ref_losses, ref_weights = reference_train(spec, micro_batch=2)
-    runner = _runner(spec, tmp_path, device=torch.device("cuda"))
+    runner = mobius_runner(spec, tmp_path, device=torch.device("cuda"))
     assert type(runner.tier).__name__ == "PinnedTier"
     losses = [runner.step(t) for t in range(3)]
     runner.flush()
@@ -126,7 +109,7 @@ def test_placement_gives_every_stage_a_rank_and_every_rank_a_stage(tmp_path):
 
 def test_a_failed_write_to_the_tier_is_raised(tmp_path):
     spec = tiny_spec(**{"model.layers": 2, **SGD})
-    runner = _runner(spec, tmp_path)
+    runner = mobius_runner(spec, tmp_path)
     os.close(runner.tier.fds[1])  # stage 1's record can no longer be written
     runner.tier.fds[1] = os.open(tmp_path / "rank-0" / "stage-0001.bin", os.O_RDONLY)
     with pytest.raises(OSError):
