@@ -7,7 +7,7 @@ size B / (D N M) written out (``micro_batches`` removed: the two say the same).
 Otherwise the profiled setting is the candidates' smallest N with its largest M
 (the smallest micro-batches: a rank far from its peak rate, as sec. 5.2.1 asks);
 its P ranks (one replica) run ``profile_rank`` for twenty batches as processes of
-this machine; ``planner.averaging_tuning`` predicts each candidate and picks the
+this machine; ``planning.tuning`` predicts each candidate and picks the
 fastest that fits ``hardware.memory_gb``. A profile is kept under the state home
 (``cache/avgpipe/``) by the spec's model, batch, layout and optimizer, so ``plan``
 then ``apply`` profile once.
@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jobctl.engine.averaging.planning.tuning import Profile, StageProfile, Tuning, tune
 from jobctl.engine.core.home import default_home
 from jobctl.engine.core.process import free_port
-from jobctl.engine.planner.averaging_tuning import Profile, StageProfile, Tuning, tune
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.planner.sizing import GB
 from jobctl.engine.schedule.checks import peak_activations

@@ -14,6 +14,10 @@
    calibration, best bound first: one whose bound cannot beat the best simulated step
    is skipped, and one no plan could show (``shortlist``) is not simulated.
 4. Ranked by throughput (the global batch is fixed, so by step time), then devices.
+
+The spec's update strategy (``core.systems.update_of``: AvgPipe's elastic averaging,
+or the plain synchronous update) prices its part of every layout: the step's
+calibration and each stage's memory beside one model's.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.actions import Action
-from jobctl.engine.planner import averaging_costs
+from jobctl.engine.core.systems import update_of
 from jobctl.engine.planner.contention import contend, demand, replica_skew
 from jobctl.engine.planner.layout import Hosting, Layout
 from jobctl.engine.planner.replicas import (
@@ -44,6 +48,7 @@ from jobctl.engine.planner.stage_costs import (
     generated_peaks,
     recompute_counts,
     stage_costs,
+    stage_memory,
     step_floor,
 )
 from jobctl.engine.planner.tp_overlap import tables_for
@@ -219,13 +224,18 @@ def fits_memory(spec: JobSpec, tables: Tables, cand: Candidate, cap: float) -> b
         peaks = activation_peaks(lay, None)
     else:
         peaks = generated_peaks(lay.schedule, lay.P, lay.M, _options_key(spec.parallelism, lay))
-    cand.memory = averaging_costs.memory(spec, tables.cal, cand.stages, peaks, lay.m)
+    # One model's bytes, then what the spec's update strategy adds (AvgPipe: its N
+    # parallel models and the reference), asked of core.systems so that the search
+    # imports no module of the strategy's room.
+    update = update_of(spec)
+    one = stage_memory(tables.cal, cand.stages, peaks, lay.m)
+    cand.memory = update.memory(spec, tables.cal, cand.stages, one)
     worst = max(range(lay.P), key=lambda s: cand.memory[s])
     if cand.memory[worst] <= cap:
         return True
     cand.why_not = (
         f"does not fit memory: stage {worst} needs {gb_text(cand.memory[worst])} GB "
-        f"> {spec.hardware.memory_gb} GB{averaging_costs.refusal_note(spec)}"
+        f"> {spec.hardware.memory_gb} GB{update.refusal_note(spec)}"
     )
     return False
 
@@ -274,7 +284,7 @@ def search(
     explicit_P = par.pipeline_stages if isinstance(par.pipeline_stages, int) else None
     if explicit_P is not None and explicit_P > n:
         raise PlanError(f"parallelism.pipeline_stages={explicit_P}: the model has only {n} blocks")
-    explain, tables = [f"costs: {source}"], Tables(averaging_costs.calibration(spec, cal))
+    explain, tables = [f"costs: {source}"], Tables(update_of(spec).calibration(spec, cal))
     m, lines = choose_m(spec, tables, explicit_P or min(n, G), cap)
     explain += lines
     while True:

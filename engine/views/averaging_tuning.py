@@ -1,5 +1,5 @@
 """``jobctl plan``'s AvgPipe (M, N) table: every setting the tuner predicted
-(``planner.averaging_tuning``, profiled by ``averaging.tuning``), its step split as
+(``averaging.planning.tuning``, profiled by ``averaging.tuning``), its step split as
 eq. 1 (computation, blocking communication, bubbles, the N updates), samples/s and
 memory (eq. 8), the pick and why it won; plain lines within 80 columns."""
 
@@ -9,7 +9,7 @@ import textwrap
 
 from rich.console import Console
 
-from jobctl.engine.planner.averaging_tuning import Tuning
+from jobctl.engine.averaging.planning.tuning import Tuning
 
 WIDTH = 80
 HEAD = f"{'M':>4}{'N':>3}{'m':>5}{'step ms':>9}{'gpu':>7}{'com':>7}{'bub':>7}{'upd':>7}"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from jobctl.engine.averaging.planning.tuning import measured
 from jobctl.engine.averaging.profile_rank import BATCHES
 from jobctl.engine.averaging.tuning import resolve, settings
-from jobctl.engine.planner.averaging_tuning import measured
 from jobctl.engine.planner.resolver import make_plan
 from jobctl.engine.views.averaging_tuning import tuning_lines
 from jobctl.spec import load_spec_text

@@ -8,8 +8,7 @@ import dataclasses
 
 import pytest
 
-from jobctl.engine.averaging.tuning import profile_from, resolve
-from jobctl.engine.planner.averaging_tuning import (
+from jobctl.engine.averaging.planning.tuning import (
     Profile,
     StageProfile,
     bubbles,
@@ -22,6 +21,7 @@ from jobctl.engine.planner.averaging_tuning import (
     tune,
     utilisation_scale,
 )
+from jobctl.engine.averaging.tuning import profile_from, resolve
 from jobctl.engine.views.averaging_tuning import tuning_lines
 from jobctl.spec import load_spec_text
 from jobctl.spec.averaging import elastic_settings

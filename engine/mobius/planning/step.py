@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.core.plan import Plan
+from jobctl.engine.core.systems import update_of
 from jobctl.engine.mobius.planning.costs import MobiusConfig, even_bounds, layer_costs
 from jobctl.engine.mobius.planning.partition import mobius_partition
 from jobctl.engine.mobius.planning.plan import TIER_BPS, mapped_topology, micro_batch, mobius_plan
@@ -39,7 +40,6 @@ from jobctl.engine.mobius.planning.simulator import (
     SwapStage,
     simulate_mobius,
 )
-from jobctl.engine.planner import averaging_costs
 from jobctl.engine.planner.search import PlanError
 from jobctl.engine.planner.sizing import GB
 from jobctl.engine.planner.stage_costs import Tables
@@ -132,7 +132,7 @@ def as_mobius(spec: JobSpec, S: int) -> JobSpec:
 def nothing_fits(spec: JobSpec, cal: Calibration, G: int) -> bool:
     """No P x D layout on G devices fits ``hardware.memory_gb``: for every P, the
     heaviest stage's state and one micro-batch are over it (the search's P sweep)."""
-    tables = Tables(averaging_costs.calibration(spec, cal))
+    tables = Tables(update_of(spec).calibration(spec, cal))
     m = spec.training.micro_batch_size if isinstance(spec.training.micro_batch_size, int) else 1
     cap = spec.hardware.memory_gb * GB
     return all(tables.min_memory(P, m) > cap for P in range(1, min(cal.num_blocks, G) + 1))

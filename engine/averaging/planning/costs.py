@@ -13,13 +13,14 @@ Its step (``calibration``) is the synchronous step's action list with every
 stage's optimizer step N times (E1, one per parallel model). The rule's few passes
 over the weights (E2-E3, and E4-E5 on the reference's thread) are not priced: the
 prediction is a lower bound by that much.
+
+The planner's search reaches these through ``strategy`` (the entry ``core.systems``
+registers for ``averaging: elastic``), never by importing this module.
 """
 
 from __future__ import annotations
 
 from jobctl.engine.calibration.record import Calibration, Stat
-from jobctl.engine.planner.stage_costs import stage_memory
-from jobctl.engine.schedule.checks import ActivationPeak
 from jobctl.spec import JobSpec
 
 
@@ -35,12 +36,12 @@ def parallel_pipelines(spec: JobSpec) -> int:
 
 
 def memory(
-    spec: JobSpec, cal: Calibration, stages: list[list[int]], peaks: list[ActivationPeak], m: int
+    spec: JobSpec, cal: Calibration, stages: list[list[int]], one: list[float]
 ) -> list[float]:
-    """Bytes per stage (``stage_costs.stage_memory``) with, under
-    ``parallelism.averaging: elastic``, the other N - 1 parallel models, the reference
-    and the N local updates."""
-    one = stage_memory(cal, stages, peaks, m)
+    """Bytes per stage from ``one``, the search's bytes for one model
+    (``planner.stage_costs.stage_memory``), with, under ``parallelism.averaging:
+    elastic``, the other N - 1 parallel models, the reference and the N local
+    updates."""
     par = spec.parallelism
     if par.averaging != "elastic":
         return one
