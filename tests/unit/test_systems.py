@@ -1,11 +1,15 @@
-"""The step systems that plan themselves (``engine.core.systems``), each in its room.
+"""The step systems that plan themselves and the update strategies the search prices
+(``engine.core.systems``), each in its room.
 
 A system (Mobius) owns one room end to end, its planning included, and the planner's
 resolver reaches it only through the registry: every registered entry imports and
 offers ``StepSystem``, the resolver imports no module of a room (every import walked
 with ``ast``, inside functions too, and the modules those import), a system's planning
 modules live in its room, and ``schedule: auto`` still turns to a system in a fresh
-interpreter that imported nothing but the resolver.
+interpreter that imported nothing but the resolver. The same for an update strategy
+(AvgPipe's elastic averaging): its entry offers ``UpdateStrategy``, its planning
+modules live in its room, neither the search nor the resolver imports any of them,
+and a fresh interpreter that imported only the resolver still prices its N models.
 """
 
 from __future__ import annotations
@@ -19,17 +23,24 @@ from pathlib import Path
 import pytest
 
 from jobctl.engine.core import systems
-from jobctl.engine.core.systems import SYSTEMS, StepSystem
+from jobctl.engine.core.systems import PLAIN, SYSTEMS, UPDATES, StepSystem, UpdateStrategy
+from jobctl.spec import load_spec
 
 from ..jobrun import QUICKSTART
 from .test_layers import ROOT, _module_name
 
 RESOLVER = ROOT / "engine" / "planner" / "resolver.py"
+SEARCH = ROOT / "engine" / "planner" / "search.py"
 
 
 def _room(schedule: str) -> str:
     """The subpackage a system's entry lives in: ``jobctl.engine.<room>``."""
     return ".".join(SYSTEMS[schedule].split(".")[:3])
+
+
+def _update_room(name: str) -> str:
+    """The subpackage an update strategy's entry lives in: ``jobctl.engine.<room>``."""
+    return ".".join(UPDATES[name].split(".")[:3])
 
 
 def _path(module: str) -> Path | None:
@@ -79,6 +90,15 @@ def _in(module: str, room: str) -> bool:
     return module == room or module.startswith(room + ".")
 
 
+def _strings(path: Path) -> list[str]:
+    """Every string constant in ``path``: an import by name (``importlib``) is one."""
+    return [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
 @pytest.mark.parametrize("schedule", sorted(SYSTEMS))
 def test_every_registered_entry_imports_and_offers_the_protocol(schedule):
     entry = systems.system(schedule)
@@ -108,12 +128,7 @@ def test_the_resolver_imports_no_module_of_a_room(schedule):
     assert "jobctl.engine.core.systems" in direct  # what it asks instead
     assert [m for m in sorted(direct | reached) if _in(m, room)] == []
     # nor by name, through importlib
-    strings = [
-        node.value
-        for node in ast.walk(ast.parse(RESOLVER.read_text()))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    ]
-    assert [s for s in strings if room in s] == []
+    assert [s for s in _strings(RESOLVER) if room in s] == []
 
 
 @pytest.mark.parametrize("schedule", sorted(SYSTEMS))
@@ -167,3 +182,101 @@ def test_auto_considers_mobius_in_a_fresh_interpreter(tmp_path, monkeypatch):
     before, schedule, why = json.loads(out.stdout.strip().splitlines()[-1])
     assert before == []  # importing the resolver loaded no module of the room
     assert schedule == "mobius" and why.startswith("mobius: no P x D fits")
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_every_registered_update_strategy_imports_and_offers_the_protocol(name):
+    entry = systems.update(name)
+    assert isinstance(entry, UpdateStrategy) and entry.__name__ == UPDATES[name]
+    assert all(callable(getattr(entry, n)) for n in ("calibration", "memory", "refusal_note"))
+    assert entry.NAME
+    spec = load_spec(QUICKSTART, overrides={"parallelism.averaging": name})
+    assert systems.update_of(spec) is entry
+
+
+def test_a_spec_that_names_no_strategy_trains_with_the_plain_update():
+    spec = load_spec(QUICKSTART)
+    assert spec.parallelism.averaging not in UPDATES
+    assert systems.update_of(spec) is PLAIN and isinstance(PLAIN, UpdateStrategy)
+    # the synchronous update adds nothing: the same calibration, the same bytes
+    cal = object()
+    assert PLAIN.calibration(spec, cal) is cal
+    assert PLAIN.memory(spec, cal, [[0], [1]], [1.0, 2.0]) == [1.0, 2.0]
+    assert PLAIN.refusal_note(spec) == ""
+
+
+def test_an_update_entry_that_does_not_offer_the_protocol_is_refused(monkeypatch):
+    monkeypatch.setitem(UPDATES, "bogus", "jobctl.engine.core.env")
+    with pytest.raises(TypeError, match=r"does not offer UpdateStrategy: no \['NAME'"):
+        systems.update("bogus")
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+@pytest.mark.parametrize("planner", [SEARCH, RESOLVER], ids=["search", "resolver"])
+def test_the_planner_imports_no_module_of_an_update_strategys_room(name, planner):
+    room = _update_room(name)
+    direct = _imported(planner)
+    reached = _reached(planner)
+    assert "jobctl.engine.core.systems" in direct | reached  # what it asks instead
+    assert [m for m in sorted(direct | reached) if _in(m, room)] == []
+    assert [s for s in _strings(planner) if room in s] == []
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_an_update_strategys_planning_modules_live_in_its_room(name):
+    room = _update_room(name)
+    entry = _path(UPDATES[name])
+    assert entry is not None and entry.is_relative_to(_path(room).parent)
+    # what the entry reaches outside its room is shared code below it, none of it the
+    # strategy's own (named after its room)
+    outside = [m for m in sorted(_reached(entry)) if not _in(m, room)]
+    own = room.rsplit(".", 1)[-1]
+    assert [m for m in outside if own in m.rsplit(".", 1)[-1]] == []
+    # and the planner holds no module of it (AvgPipe's costs and tuning were there)
+    planner = ROOT / "engine" / "planner"
+    assert [p.name for p in planner.rglob("*.py") if own in p.stem] == []
+
+
+# Imports the resolver alone, then plans an elastic job whose N models do not fit: the
+# refusal names them, so the search priced them through the registry's strategy.
+FRESH_UPDATE = """
+import json, sys
+from jobctl.engine.planner.resolver import make_plan
+from jobctl.engine.planner.search import PlanError
+from jobctl.spec import load_spec
+before = sorted(m for m in sys.modules if m.startswith(ROOM))
+spec = load_spec(sys.argv[1], overrides=json.loads(sys.argv[2]))
+try:
+    make_plan(spec)
+    why = ""
+except PlanError as e:
+    why = str(e)
+print(json.dumps([before, ENTRY in sys.modules, why]))
+"""
+
+
+def test_the_search_prices_averaging_in_a_fresh_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))  # the analytic calibration
+    overrides = {
+        "model.layers": 8,
+        "model.hidden": 256,
+        "training.micro_batch_size": 1,
+        "parallelism.pipeline_stages": "auto",
+        "parallelism.data_parallel": 1,
+        "parallelism.averaging": "elastic",
+        "parallelism.parallel_pipelines": 2,
+        "hardware.memory_gb": 0.04,  # one model per stage fits at P >= 3, two do not
+    }
+    code = FRESH_UPDATE.replace("ROOM", repr(_update_room("elastic")))
+    code = code.replace("ENTRY", repr(UPDATES["elastic"]))
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(QUICKSTART), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    before, loaded, why = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == [] and loaded  # the registry loaded the strategy, not the import
+    assert "with N=2 parallel models and the reference" in why
