@@ -45,8 +45,8 @@ class SwappedProfiler(BlockProfiler):
 
     def report(self) -> dict:
         """The ``profile`` event (a Mobius rank hosts stage = its rank's plan stage)."""
-        p, weights = self.pruner, self.pruner.runner.weights()
-        sp, nnz = block_sparsity(held(p.runner)), block_nonzero(weights)
+        p = self.pruner
+        sp, nnz = block_sparsity(held(p.runner)), block_nonzero(p.runner)
         rank = p.runner.cfg.rank
         blocks = {
             str(b): {"fwd_s": self.fwd[b], "bwd_s": self.bwd[b], "sparsity": sp.get(b, 0.0)}
@@ -65,13 +65,21 @@ class SwappedProfiler(BlockProfiler):
         }
 
 
-def block_nonzero(weights: dict[str, torch.Tensor]) -> dict[int, int]:
-    """Nonzero elements per block of ``weights`` (a tie's two copies each where it
-    computes, as the resident rebalancer counts them)."""
+def block_nonzero(runner: MobiusRunner) -> dict[int, int]:
+    """Nonzero elements per block of ``runner``'s stages (a tie's two copies each where
+    it computes, as the resident rebalancer counts them), read from the tier a stage's
+    weights at a time into one buffer, not every stage's copy at once as
+    ``runner.weights()`` holds them. The weights, not the masks: a weight nobody pruned
+    may be zero too (a bias initialised so)."""
     out: dict[int, int] = {}
-    for name, w in weights.items():
-        b = int(name.split(".")[1])
-        out[b] = out.get(b, 0) + int(w.count_nonzero())
+    flat = torch.empty(max(lay.n for lay in runner.layouts.values()))
+    for j, lay in runner.layouts.items():
+        runner.tier.load(j, flat, [lay.section(0)], ["params"])
+        runner.tier.drain()
+        for span in lay.spans:
+            b = int(span.name.split(".")[1])
+            n = int(flat[span.offset : span.offset + span.numel].count_nonzero())
+            out[b] = out.get(b, 0) + n
     return dict(sorted(out.items()))
 
 
