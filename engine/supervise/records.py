@@ -46,6 +46,7 @@ class AttemptRecords:
         self.beats, self.scaling = watches  # the monitor's, which it also polls
         self.losses: list[float] = []
         self.last_upload = -1
+        self.uploaded_steps: set[int] = set()  # each step's upload is news once
         self.finished = False
         self.detector = StragglerDetector(threshold=straggler_threshold)
         self.stragglers: list[int] = []
@@ -151,7 +152,13 @@ class AttemptRecords:
         self.db.add_event(self.run_id, "checkpoint", note, {"step": step})
 
     def _on_uploaded(self, rec: dict) -> None:
+        # Every rank sharing the disk reports the commit it saw (``CheckpointManager.
+        # poll``): the first report is the news; the others would repeat the event and
+        # cost the database two transactions each, per checkpoint (#55's profile).
         step = rec["step"]
+        if step in self.uploaded_steps:
+            return
+        self.uploaded_steps.add(step)
         self.last_upload = max(self.last_upload, step)  # ranks commit steps out of order
         self.db.update_run(self.run_id, last_upload=self.last_upload)
         self.db.add_event(self.run_id, "upload", f"checkpoint step {step} uploaded", {"step": step})

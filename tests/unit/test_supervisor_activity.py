@@ -150,3 +150,19 @@ def test_error_reports_tell_a_bug_from_a_peer_gone(tmp_path):
     assert lost_process_nodes(tmp_path, nodes, {0, 1}, {0, 1}) == []  # node 1 never trained
     (errors / "rank-3.txt").write_text(BUG)
     assert bug_ranks(tmp_path) == [3]
+
+
+def test_each_steps_upload_is_recorded_once_however_many_ranks_report_it(db, tmp_path):
+    """Every rank sharing the disk reports the commit it saw: one event per step, in
+    the order the commits came (a late older step is still news), and the newest."""
+    from jobctl.engine.channel.liveness import HeartbeatWatch
+    from jobctl.engine.supervise.records import AttemptRecords
+    from jobctl.engine.supervise.scaling import ScaleWatch
+
+    watches = (HeartbeatWatch(None, lambda: 0.0), ScaleWatch(tmp_path, db.clock))
+    records = AttemptRecords(db, "r", 30, watches, 0.15, lambda: 0.0)
+    for step in (20, 20, 10, 20, 10, 30, 30):
+        assert records.record({"kind": "uploaded", "step": step, "rank": 0})
+    said = [e["message"] for e in db.events("r") if e["kind"] == "upload"]
+    assert said == [f"checkpoint step {s} uploaded" for s in (20, 10, 30)]
+    assert db.get_run("r")["last_upload"] == 30
