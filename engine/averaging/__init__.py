@@ -15,7 +15,7 @@ model that a thread per rank keeps.
 * ``checkpoint``: checkpoints holding the reference and every parallel model; resume
   with the same or another N.
 * ``tuning``: the (M, N) tuner of sec. 5.2 for a spec: profile one setting, predict
-  all (``planner.averaging_tuning``), resolve ``auto`` N and M; ``profile_rank``: one
+  all (``averaging.planning.tuning``), resolve ``auto`` N and M; ``profile_rank``: one
   rank of the profile, the runtime's own parts for twenty batches, and before each
   of them the stage alone timed at each candidate's micro-batch size.
 """

@@ -22,7 +22,7 @@ N M) over the settings the tuner predicts): a forward and backward, at least
 ``SIZE_REPEATS`` times each, the sizes taken in turn before each profiled batch, so
 that they see the same load as the batches on a shared host (timed after them, a
 neighbour's job starting made them twice as slow as the batches); ``timed``:
-[size, median seconds]. ``planner.averaging_tuning`` takes the computation at another
+[size, median seconds]. ``averaging.planning.tuning`` takes the computation at another
 size from these instead of eq. 2's assumption that a larger micro-batch only raises
 the utilisation (a CPU rank's fixed cost per micro-batch, Python and small GEMMs'
 efficiency, is what a larger one saves).

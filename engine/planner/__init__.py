@@ -6,9 +6,9 @@ schedule and where the ranks run) and ranks them by simulated step time;
 ``v_shape`` makes the chosen layout's ZB-V variant (two stages per device);
 ``tp_search`` searches T x P x D (tensor parallelism, Merak 4.1) with ``tp_costs``
 pricing one rank of a T group (``tp_overlap``: sub-pipelined TMP's gain);
-``stage_costs`` prices one layout from the calibration (``elastic``: with AvgPipe's N
-parallel models and reference; ``elastic_tuning``: AvgPipe's (M, N) predicted from
-one profile, eqs. 1-8) and ``contention`` stretches it by core sharing;
+``stage_costs`` prices one layout from the calibration (with AvgPipe's N parallel
+models and reference through the update strategy ``core.systems.update_of`` gives:
+``engine.averaging.planning``) and ``contention`` stretches it by core sharing;
 ``partition`` splits blocks into stages; ``replicas`` says which D to
 try and how many micro-batches each replica runs (any D); ``simulator/`` runs one step
 of a schedule. ``cost`` prices a plan to finish the whole job (wall time and dollars:
