@@ -38,8 +38,10 @@ class DataSpec(SpecModel):
     )
     dtype: Literal["auto", "uint16", "uint32"] = Field(
         "auto",
-        description="Token id type of a .bin token file; 'auto': uint16 when model.vocab "
-        "fits in it, else uint32 (a .npy file carries its own).",
+        description="Token id type of a .bin token file; 'auto': what the file proves "
+        "(uint32 for a model.vocab above 65,536; uint16 when the file is not whole uint32 "
+        "ids or its uint32 ids leave the vocab), else refused naming both readings. A "
+        ".npy file carries its own.",
     )
     tokenizer: str | None = Field(
         None,
@@ -122,12 +124,6 @@ class DataSpec(SpecModel):
                 f"eval fraction {self.eval} is outside (0, 0.5]",
                 "hold out a fraction such as 0.05, or give a path to a separate file",
             )
-
-    def tokens_dtype(self, vocab: int) -> str:
-        """The element type of a .bin token file for a model of ``vocab`` tokens."""
-        if self.dtype != "auto":
-            return self.dtype
-        return "uint16" if vocab <= UINT16_VOCAB else "uint32"
 
 
 def located(filename: str, violations: list[Violation]) -> list[SpecIssue]:

@@ -239,11 +239,17 @@ def check_spec(spec) -> None:
 
 
 def token_file(spec) -> TokenSequences:
-    """The spec's token file; ``tokens_dtype`` is the spec's documented ``dtype: auto``
-    rule (uint16 when the vocabulary fits in it)."""
-    return TokenSequences(
-        spec.data.path, spec.model.seq_len, spec.data.tokens_dtype(spec.model.vocab)
-    )
+    """The spec's token file, of the spec's ``data.dtype``; ``auto`` as documented: uint32
+    above 65,536 ids, uint16 when the file is not whole uint32 ids or its uint32 ids leave
+    the vocabulary, else refused (here: the reference refuses every undecided file)."""
+    dtype, vocab, path = spec.data.dtype, spec.model.vocab, spec.data.path
+    if dtype == "auto":
+        size = Path(path).stat().st_size
+        wide = vocab > 65536 or (size % 4 == 0 and np.fromfile(path, np.uint32).max() < vocab)
+        if wide and vocab <= 65536:
+            raise ValueError(f"{path}: dtype auto is ambiguous; the reference refuses it too")
+        dtype = "uint32" if wide else "uint16"
+    return TokenSequences(path, spec.model.seq_len, dtype)
 
 
 def train_gpt(spec, initial: dict[str, torch.Tensor]) -> ReferenceRun:

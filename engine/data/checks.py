@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 # engine.data.tokens (numpy, fsspec) is imported by the checks that read files, so that
 # `validate` of a synthetic-data spec starts without it.
 
-SAMPLE_IDS = 1 << 16  # ids read from each of the start, middle and end of a token file
-
 
 def data_violations(spec: JobSpec) -> list[Violation]:
     """Every data problem of ``spec`` that the files reveal (none for 'synthetic')."""
@@ -89,16 +87,30 @@ def _text(spec: JobSpec) -> Iterator[Violation]:
         )
 
 
-def _open(path: str, field: str, dtype: str) -> TokenFile | Violation:
+def _open(path: str, field: str, dtype: str, vocab: int) -> TokenFile | Violation:
     if (missing := _missing(path, field)) is not None:
         return missing
-    from jobctl.engine.data.tokens import TokenFile
+    from jobctl.engine.data.tokens import TokenError, TokenFile
 
     try:
-        return TokenFile(path, dtype)
+        return TokenFile(path, dtype, vocab)
+    except TokenError as err:  # the file is not what the spec says it is
+        if looks_like_text(path):
+            return _as_text(path, field, f"{err}")
+        return Violation(err.field or field, f"{path}: {err}", err.fix)
     except Exception as err:  # noqa: BLE001 - any reader error: permissions, S3 credentials
         reason = f"{type(err).__name__}: {err}".strip()
         return Violation(field, f"cannot read {path}: {reason}", f"check {field} and its access")
+
+
+def _as_text(path: str, field: str, detail: str) -> Violation:
+    """A text file given as token ids (``detail``: what reading it as ids found)."""
+    return Violation(
+        field,
+        f"{path} looks like text, not token ids ({detail})",
+        "train on its bytes with data.source: text (model.vocab: 256), or tokenize it "
+        f"first: jobctl data prepare {path} --vocab-size 8000 --out train.bin",
+    )
 
 
 def _tokens(
@@ -107,7 +119,7 @@ def _tokens(
     from jobctl.engine.data.tokens import sequences_in
 
     vocab, seq_len = spec.model.vocab, spec.model.seq_len
-    tf = _open(path, field, spec.data.tokens_dtype(vocab))
+    tf = _open(path, field, spec.data.dtype, vocab)
     if isinstance(tf, Violation):
         yield tf
         return
@@ -135,19 +147,13 @@ def _ids_fit(tf: TokenFile, path: str, field: str, vocab: int) -> Iterator[Viola
             "write the token file as uint32 (jobctl data prepare picks the type)",
         )
         return
-    n = len(tf)
-    spans = [
-        (a, min(n, a + SAMPLE_IDS)) for a in sorted({0, max(0, n // 2), max(0, n - SAMPLE_IDS)})
-    ]
-    top = max((int(part.max()) for part in tf.read_many(spans) if part.size), default=0)
+    from jobctl.engine.data.tokens import sample_spans
+
+    parts = tf.read_raw(sample_spans(len(tf)))
+    top = max((int(part.max()) for part in parts if part.size), default=0)
     if top >= vocab and looks_like_text(path):
-        yield Violation(
-            field,
-            f"{path} looks like text, not token ids (its bytes read as {tf.dtype} ids reach "
-            f"{top}, outside model.vocab {vocab})",
-            "train on its bytes with data.source: text (model.vocab: 256), or tokenize it "
-            f"first: jobctl data prepare {path} --vocab-size 8000 --out train.bin",
-        )
+        detail = f"its bytes read as {tf.dtype} ids reach {top}, outside model.vocab {vocab}"
+        yield _as_text(path, field, detail)
     elif top >= vocab:
         yield Violation(
             field,

@@ -163,4 +163,4 @@ def open_stream(spec: JobSpec, path: str | None):
         from jobctl.engine.data.hf import tokenize_dataset
 
         return tokenize_dataset(path or "", d.tokenizer or "", d.text_column)
-    return TokenFile(path or "", d.tokens_dtype(spec.model.vocab))
+    return TokenFile(path or "", d.dtype, spec.model.vocab)
