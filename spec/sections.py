@@ -85,6 +85,14 @@ class ModelSpec(SpecModel):
         description="A traced model's loss: 'auto' (its own, given labels), "
         "'next_token', 'cross_entropy', or 'pkg.module:fn' called as fn(logits, batch).",
     )
+    mask_token_id: int | None = Field(
+        None,
+        ge=0,
+        description="The id a masked-LM task masks tokens with; null: the config's "
+        "mask_token_id, else the mask token of the tokenizer saved in the pretrained "
+        "folder, else (a model trained from scratch) the last id; a pretrained model "
+        "with none of these is refused.",
+    )
     subgraphs: int | None = Field(
         None,
         ge=2,
@@ -135,6 +143,13 @@ class ModelSpec(SpecModel):
                 "hidden",
                 f"hidden {self.hidden} is not divisible by heads {self.heads}",
                 f"make model.hidden a multiple of {self.heads} or change model.heads",
+            )
+        if self.mask_token_id is not None and self.mask_token_id >= self.vocab:
+            yield Violation(
+                "mask_token_id",
+                f"mask_token_id {self.mask_token_id} is outside model.vocab {self.vocab} "
+                f"(ids 0-{self.vocab - 1})",
+                "set model.mask_token_id to the tokenizer's mask token id",
             )
 
     @property

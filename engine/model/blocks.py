@@ -226,6 +226,7 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
             pretrained=localized(hf.pretrained),
             task=m.task,
             loss=m.loss,
+            mask_token_id=getattr(m, "mask_token_id", None),
             seq_len=m.seq_len,
             subgraphs=m.subgraphs,
             seed=seed,
@@ -233,6 +234,7 @@ def model_def(spec_model, seed: int, micro_batch: int = 1) -> ModelDef:
         return graph_model_def(cfg, micro_batch)
     if m.import_:
         extra = {"task": m.task, "seq_len": m.seq_len, "subgraphs": m.subgraphs, "loss": m.loss}
+        extra["mask_token_id"] = getattr(m, "mask_token_id", None)
         return import_def(m.import_, dict(m.import_args), seed, micro_batch, **extra)
     shape = (m.layers, m.hidden, m.heads, m.seq_len, m.vocab, m.dropout, m.tie_embeddings)
     return gpt_def(*shape, seed)

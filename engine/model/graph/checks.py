@@ -29,7 +29,7 @@ def model_violations(spec: Any) -> list[Violation]:
     """Every problem of ``spec.model``'s unmodified model (none for the builtin family)."""
     m = spec.model
     if m.huggingface is not None:
-        found = _image_data(spec) or _first_problem(_hf_steps(m))
+        found = _image_data(spec) or _first_problem(_hf_steps(m)) or _mask_token(spec)
     elif m.import_ is not None:
         found = _first_problem([("model.import", lambda: _check_factory(m))])
     else:
@@ -76,6 +76,35 @@ def _image_data(spec: Any) -> list[Violation]:
             f"{spec.model.huggingface.class_} trains on images; data.source "
             f"{spec.data.source!r} gives token ids",
             "use data.source: synthetic (seeded images) -- jobctl has no image file source yet",
+        )
+    ]
+
+
+def _mask_token(spec: Any) -> list[Violation]:
+    """A pretrained masked LM whose mask token nothing names (``graph.mask_token``):
+    masking with any other id would train a different task, silently."""
+    from jobctl.engine.model.graph.batch import infer_task
+    from jobctl.engine.model.graph.mask_token import json_object, mask_id, tokenizer_mask_id
+    from jobctl.engine.model.graph.remote import localized
+
+    m = spec.model
+    hf = m.huggingface
+    if not hf.pretrained or (m.task or infer_task(hf.class_)) != "masked_lm":
+        return []
+    folder = localized(hf.pretrained)
+    config = json_object(Path(folder) / "config.json")
+    if mask_id(m.mask_token_id, config, folder) is not None:
+        return []
+    theirs = tokenizer_mask_id(spec.data.tokenizer)
+    hint = f" (data.tokenizer's mask token is {theirs})" if theirs is not None else ""
+    return [
+        Violation(
+            f"{HF}.pretrained",
+            f"{hf.class_} from {hf.pretrained} masks tokens, but nothing names its mask "
+            "token: its config has no mask_token_id and no tokenizer saved in the folder "
+            "has one; masking with another id trains a different task",
+            f"set model.mask_token_id to the tokenizer's mask token id{hint}, or save the "
+            "tokenizer into the pretrained folder (tokenizer.save_pretrained)",
         )
     ]
 

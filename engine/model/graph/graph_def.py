@@ -19,6 +19,7 @@ import torch
 from jobctl.engine.model.blocks import block_seed
 from jobctl.engine.model.graph import cache
 from jobctl.engine.model.graph.batch import example_inputs, infer_task
+from jobctl.engine.model.graph.mask_token import mask_id
 from jobctl.engine.model.graph.shard import shards
 from jobctl.engine.model.graph.source import (
     GraphModelConfig,
@@ -95,9 +96,12 @@ class GraphModel:
 
     @property
     def mask_id(self) -> int:
-        """The masked-LM mask token: the config's ``mask_token_id``, else the last id."""
-        explicit = self.config.get("mask_token_id")
-        return int(explicit) if explicit is not None else int(self.config.get("vocab_size", 1)) - 1
+        """The masked-LM mask token (``mask_token.mask_id``: the spec's, the config's, the
+        saved tokenizer's, or a from-scratch model's last id)."""
+        found = mask_id(self.cfg.mask_token_id, self.config, self.cfg.pretrained)
+        if found is None:  # validate refuses this model (checks.mask_violations)
+            raise ValueError(f"{self.cfg.pretrained}: no mask token; set model.mask_token_id")
+        return found
 
     @property
     def names(self) -> list[str]:

@@ -43,6 +43,7 @@ class GraphModelConfig:
     pretrained: str | None = None
     task: str | None = None
     loss: str = "auto"
+    mask_token_id: int | None = None  # the spec's; None: found (graph.mask_token)
     seq_len: int = 32
     subgraphs: int | None = None
     seed: int = 0
