@@ -54,15 +54,15 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def traces(monkeypatch):
-    """The number of traces done (graph_def.trace calls) since the test began."""
+    """The number of traces done (graph_def.trace_fake calls) since the test began."""
     calls: list[int] = []
-    real = graph_def.trace
+    real = graph_def.trace_fake
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(graph_def, "trace", counted)
+    monkeypatch.setattr(graph_def, "trace_fake", counted)
     return calls
 
 

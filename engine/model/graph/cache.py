@@ -6,7 +6,8 @@ kept under the state home's ``cache/graphs/`` keyed by all of those. The graph i
 stored as JSON data -- plain node records (op, name, target, arguments), never a
 pickle, so a planted cache file cannot run code -- with each parameter's and buffer's
 shape and dtype and each node's value shape (``meta["val"]`` as meta tensors: tensor
-parallelism's walk reads it); buffers' values are not kept. Loading checks every name
+parallelism's walk reads it); buffers' values are not kept, the few literals the
+trace lifted out of forward are (``trace.trace_fake``). Loading checks every name
 and target before fx generates code from them, and resolves call targets only to
 ``torch.ops`` overloads and ``operator.getitem``.
 A cache entry that cannot be read is ignored and traced anew; an old pickled entry
@@ -22,7 +23,7 @@ import operator
 import os
 import re
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from torch import fx
 from jobctl.engine.core.home import default_home
 from jobctl.engine.model.graph.shard import Shard
 
-VERSION = 5  # bump when the record, the tracer or the sharding changes (5: JSON, not pickle)
+VERSION = 6  # bump when the record, the tracer or the sharding changes (6: traced on fake CPU)
 FORMAT = "jobctl-graph-cache"
 OPS = {"placeholder", "get_attr", "call_function", "call_module", "call_method", "output"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -54,6 +55,7 @@ class Traced:
     groups: dict[str, str]  # tied name -> canonical
     task: str
     config: dict  # the model config's fields the batch needs (image size, mask id)
+    literals: dict[str, torch.Tensor] = field(default_factory=dict)  # trace.trace_fake
 
 
 def key(parts: dict) -> str:
@@ -84,7 +86,8 @@ def load(k: str) -> Traced | None:
         gm = _rebuild(data["nodes"], shapes)
         shards = [Shard(**s) for s in data["shards"]]
         groups, task = dict(data["groups"]), str(data["task"])
-        return Traced(gm, shards, shapes, groups, task, _decode(data["config"], {}))
+        literals = {n: _tensor_of(v) for n, v in data["literals"].items()}
+        return Traced(gm, shards, shapes, groups, task, _decode(data["config"], {}), literals)
     except Exception:  # noqa: BLE001 -- a damaged or stale entry is traced anew
         return None
 
@@ -102,6 +105,7 @@ def save(k: str, t: Traced) -> None:
             "groups": t.groups,
             "task": t.task,
             "config": _encode(t.config),
+            "literals": {n: _tensor_record(v) for n, v in t.literals.items()},
         }
         text = json.dumps(data)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +127,16 @@ def _warn_pickles(folder: Path) -> None:
                 StaleCacheWarning,
                 stacklevel=3,
             )
+
+
+def _tensor_record(value: torch.Tensor) -> dict:
+    """A lifted literal (an index list, a scalar: small) as plain JSON values."""
+    return {"dtype": _enum(value.dtype), "shape": list(value.shape), "data": value.tolist()}
+
+
+def _tensor_of(record: dict) -> torch.Tensor:
+    dtype = _enum_of("dtype", record["dtype"])
+    return torch.tensor(record["data"], dtype=dtype).reshape(record["shape"])
 
 
 def _shape_entry(value) -> tuple[tuple[int, ...], torch.dtype, bool]:

@@ -29,10 +29,8 @@ from jobctl.engine.model.graph.source import (
     repeated_layers,
 )
 from jobctl.engine.model.graph.subgraph import Subgraph, repoint_devices
-from jobctl.engine.model.graph.trace import trace
+from jobctl.engine.model.graph.trace import PREFIX, trace_fake
 from jobctl.engine.model.graph.weights import can_init, init_block, read_pretrained
-
-PREFIX = "model."  # the tracing wrapper's attribute holding the user's model
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,7 @@ class GraphModel:
                 cache.save(k, traced)
         self.gm, self.shards, self.task = traced.gm, traced.shards, traced.task
         self.shapes, self.groups, self.config = traced.shapes, traced.groups, traced.config
+        self.literals = traced.literals  # lifted tensors made from Python values in forward
         self.param_names = {n for n, (_, _, param) in self.shapes.items() if param}
         self.ties = self._ties()
 
@@ -62,17 +61,25 @@ class GraphModel:
         model = self.model
         task = self.cfg.task or infer_task(type(model).__name__) or "causal_lm"
         config = config_fields(model)
-        inputs = example_inputs(task, micro_batch, self.cfg.seq_len, config=config)
-        if self.cfg.loss != "auto":  # a named loss: the model returns logits
-            inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        gm = trace(model, inputs)
+        labels = self.cfg.loss == "auto"  # a named loss: the model returns logits
+
+        def inputs(device: str) -> dict:
+            made = example_inputs(task, micro_batch, self.cfg.seq_len, device, config)
+            return made if labels else {k: v for k, v in made.items() if k != "labels"}
+
+        gm, literals = trace_fake(model, inputs)
         layers = repeated_layers(model)
         found = shards(gm, self.cfg.subgraphs or 2 * layers + 2, layers)
         params = set(dict(model.named_parameters(remove_duplicate=False)))
         shapes = {
             n: (tuple(t.shape), t.dtype, n in params) for n, t in param_tensors(model).items()
         }
-        return cache.Traced(gm, found, shapes, _tie_groups(model), task, config)
+        for target in {n.target for n in gm.graph.nodes if n.op == "get_attr"}:
+            name = target.removeprefix(PREFIX)  # a lifted tensor: a buffer's entry
+            if name not in shapes:
+                value = literals[name] if name in literals else _attribute(model, name)
+                shapes[name] = (tuple(value.shape), value.dtype, False)
+        return cache.Traced(gm, found, shapes, _tie_groups(model), task, config, literals)
 
     @functools.cached_property
     def model(self) -> torch.nn.Module:
@@ -130,8 +137,10 @@ class GraphModel:
         for target, name in zip(shard.params, names, strict=True):
             if name in self.param_names:
                 tensors[target] = values[name]
-            else:  # a buffer: real already (source.meta_parameters keeps buffers)
-                tensors[target] = self.model.get_buffer(name)
+            else:  # a buffer or lifted tensor: real (source.meta_parameters keeps them)
+                tensors[target] = self.literals.get(name)
+                if tensors[target] is None:
+                    tensors[target] = _attribute(self.model, name)
         sub = Subgraph(self.gm, shard, tensors, self.original)
         repoint_devices(sub, torch.device("cpu"))  # where its weights are; a stage moves it
         return sub
@@ -208,3 +217,10 @@ def _tie_groups(model: torch.nn.Module) -> dict[str, str]:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     return {n: names[0] for names in by_id.values() if len(names) > 1 for n in names}
+
+
+def _attribute(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The tensor at the dotted ``name`` of ``model``: a buffer, or an attribute it
+    computed at construction (GPT-J's sin/cos table) that the trace lifted."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(model.get_submodule(owner) if owner else model, leaf)

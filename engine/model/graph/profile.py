@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from jobctl.engine.model.graph import boundary
 from jobctl.engine.model.graph.batch import example_inputs
-from jobctl.engine.model.graph.subgraph import Subgraph
+from jobctl.engine.model.graph.subgraph import Subgraph, repoint_devices
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ def profile(graph, micro_batch: int) -> list[SubgraphCost]:
     for shard in graph.shards:
         tensors = {t: graph.meta_tensor(graph.original(t)) for t in shard.params}
         sub = Subgraph(graph.gm, shard, tensors, graph.original)
+        repoint_devices(sub, torch.device("meta"))  # run where its tensors are
         counter, sizes = FlopCounterMode(display=False), _Sizes(sub)
         with counter, torch.no_grad():
             out = sizes.run(*carry, *[batch[n] for n in shard.batch_in])

@@ -4,8 +4,8 @@
 inputs are the carried values and batch inputs and whose outputs are the values the
 next subgraph needs (or the model's outputs, on the last). Parameters keep the
 model's own names (``transformer.h.3.attn.c_attn.weight``), so the union of every
-subgraph's ``state_dict`` is the model's. The trace ran on the meta device; device
-arguments baked into the graph (``arange(..., device=meta)``) are re-pointed to the
+subgraph's ``state_dict`` is the model's. The trace ran on fake CPU tensors; device
+arguments baked into the graph (``arange(..., device=cpu)``) are re-pointed to the
 device the subgraph runs on.
 """
 
@@ -19,6 +19,7 @@ from torch import fx
 from jobctl.engine.model.graph.shard import Shard
 
 DROPOUTS = (torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default)
+TRACED = {"cpu", "meta"}  # the device types a trace bakes into its graph (trace.py)
 
 
 class Subgraph(fx.GraphModule):
@@ -92,10 +93,11 @@ def _outputs(gm: fx.GraphModule, shard: Shard, env: dict, by_name: dict):
 
 
 def repoint_devices(module: Subgraph, device: torch.device) -> None:
-    """Send tensor-creating nodes to ``device`` instead of the trace's meta device."""
+    """Send tensor-creating nodes to ``device`` instead of the trace's device: CPU
+    (``trace.TRACE_DEVICE``), or meta in a graph traced before it."""
 
     def fix(value):
-        if isinstance(value, torch.device) and value.type == "meta":
+        if isinstance(value, torch.device) and value.type in TRACED:
             return device
         return value
 

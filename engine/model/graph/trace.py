@@ -3,27 +3,39 @@
 Why ``torch.export`` (non-strict) and not ``torch.fx.symbolic_trace``: the model
 runs as ordinary Python on fake tensors, so the control flow of Hugging Face code
 (mask construction, rotary caches, config branches) resolves at trace time instead of
-failing on proxies, and ``transformers`` 5 no longer ships an fx tracer. Parameters
-are on the meta device, so tracing needs no memory for weights; the traced graph
-keeps every node's module path (``nn_module_stack``), which names the subgraphs.
-Shapes are specialised to the plan's micro-batch size and sequence length.
+failing on proxies, and ``transformers`` 5 no longer ships an fx tracer. The model
+is built with meta parameters and real buffers (``source.build_model``) and traced
+from a copy whose parameters are fake tensors on the CPU device (``trace_fake``): no
+memory for weights, yet code that branches on ``device.type`` (transformers'
+mixture-of-experts routing) resolves as it runs, a tensor the model computed at
+construction sits on one device with its parameters (GPT-J's sin/cos table beside
+meta parameters failed), and a tensor made in forward from Python values (Falcon's
+``[..., [-2], :]`` index) is lifted with its value (#54). The traced graph keeps every
+node's module path (``nn_module_stack``), which names the subgraphs. Shapes are
+specialised to the plan's micro-batch size and sequence length.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import linecache
 import logging
 import sys
+from collections.abc import Callable
 
 import torch
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from jobctl.engine.model.graph.source import FixableError
 
 #: Nodes the exported graph adds for its own checks on the traced (meta) inputs.
 DROPPED = {"_guards_fn"}
+#: The device type a model is traced for (its fake tensors').
+TRACE_DEVICE = "cpu"
+PREFIX = "model."  # the tracing wrapper's attribute (_CallsOnly.model)
 
 
 class TraceError(FixableError):
@@ -130,3 +142,79 @@ def module_path(node: fx.Node) -> str:
         return ""
     path = list(stack.values())[-1][0]
     return path.removeprefix("model.").removeprefix("L['self'].model.")
+
+
+def trace_fake(real: nn.Module, inputs: Callable[[str], dict]) -> tuple[fx.GraphModule, dict]:
+    """The graph of ``real`` (meta parameters, real buffers: ``source.build_model``)
+    traced with its parameters as fake tensors on ``TRACE_DEVICE`` (a copy; no memory)
+    for ``inputs(device)``; and the values of the tensors export lifted out of forward
+    (name -> tensor) that ``real`` does not hold. Every attribute of the graph is left
+    a meta tensor of its shape, as a cached graph's are."""
+    model = copy.deepcopy(real)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        _fake_parameters(model)
+        batch = inputs(TRACE_DEVICE)
+    gm = trace(model.train(), batch)
+    held = dict(real.named_parameters(remove_duplicate=False))
+    held.update(real.named_buffers(remove_duplicate=False))
+    literals: dict[str, torch.Tensor] = {}
+    for target in {n.target for n in gm.graph.nodes if n.op == "get_attr"}:
+        name, value = target.removeprefix(PREFIX), _attr(gm, target)
+        if name not in held:
+            literals.update(_lifted(name, value, _attr(real, name)))
+        _set_attr(gm, target, _meta_like(value))
+    return gm, literals
+
+
+def _fake_parameters(model: nn.Module) -> None:
+    """Each parameter a fake tensor on ``TRACE_DEVICE`` (a tied one stays one)."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and id(p) not in made:
+                fake = torch.empty(p.shape, dtype=p.dtype, device=TRACE_DEVICE)
+                made[id(p)] = nn.Parameter(fake, requires_grad=p.requires_grad)
+            if p is not None:
+                module._parameters[name] = made[id(p)]
+
+
+def _lifted(name: str, traced, real) -> dict[str, torch.Tensor]:  # noqa: ANN001 - tensors
+    """Where the value of a lifted tensor ``name`` is: an attribute the model computed
+    at construction (``real`` holds it: {}), or one made from Python values in forward
+    (export kept it in ``traced``: ``{name: value}``); ``TraceError`` where neither."""
+    if real is not None and real.device.type != "meta":
+        return {}
+    if real is None and not isinstance(traced, FakeTensor) and traced.device.type != "meta":
+        return {name: traced.detach().cpu().clone()}
+    raise TraceError(
+        f"the trace lifted {name!r}, a tensor the model makes in forward or from its "
+        "parameters, but not its value (it is computed from other tensors)",
+        "make it a buffer of the module (register_buffer), or pass a model.import "
+        "factory that returns a list of blocks to cut the model by hand",
+    )
+
+
+def _attr(root: nn.Module, dotted: str):
+    """The tensor at ``dotted`` under ``root`` (None: no such attribute or not one)."""
+    obj = root
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def _set_attr(root: nn.Module, dotted: str, value: torch.Tensor) -> None:
+    owner, _, leaf = dotted.rpartition(".")
+    module = root.get_submodule(owner) if owner else root
+    if leaf in module._parameters:
+        module._parameters[leaf] = nn.Parameter(value, requires_grad=value.requires_grad)
+    elif leaf in module._buffers:
+        module._buffers[leaf] = value
+    else:
+        setattr(module, leaf, value)
+
+
+def _meta_like(value) -> torch.Tensor:  # noqa: ANN001 - a tensor of the traced graph
+    grad = isinstance(value, nn.Parameter) and value.requires_grad
+    return torch.empty(value.shape, dtype=value.dtype, device="meta", requires_grad=grad)
