@@ -24,7 +24,14 @@ from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StepHook
 from jobctl.engine.runtime.optim import lr_at, set_lr
-from jobctl.engine.runtime.p2p.gloo import recv_ints, recv_meta, send_ints, send_meta
+from jobctl.engine.runtime.p2p.gloo import (
+    recv_ints,
+    recv_meta,
+    recv_value,
+    send_ints,
+    send_meta,
+    send_value,
+)
 from jobctl.engine.runtime.topology import Topology
 from jobctl.spec.sections import TrainingSpec
 
@@ -109,10 +116,26 @@ def probe_channels(
     device: torch.device,
     compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> Channels:
-    """Propagate activation shapes down the pipeline with one dry forward per stage.
+    """``probe_output``'s channels."""
+    return probe_output(stage, topo, micro_batch, seq_len, device, compute)[0]
+
+
+def probe_output(
+    stage: Stage,
+    topo: Topology,
+    micro_batch: int,
+    seq_len: int,
+    device: torch.device,
+    compute: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> tuple[Channels, torch.Tensor]:
+    """Propagate activation shapes down the pipeline with one dry forward per stage
+    (the stage's channels, and its output for a stage that follows on the same rank).
 
     A traced model's stages also pass on the layout of the several values their
-    carrier holds (``model.graph.boundary``), as autocast decided their dtypes.
+    carrier holds (``model.graph.boundary``), as autocast decided their dtypes. Each
+    stage runs on what the stage before it computed, not on zeros: a carrier may hold
+    indices (a mixture-of-experts layer's token permutation, inverted by ``index_put_``
+    into ``empty_like``), and zeros there leave memory unset that is then indexed.
     """
     tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
     batch = stage.batch(tokens.to(device), tokens.clone().to(device), 0)
@@ -121,13 +144,14 @@ def probe_channels(
         x, in_shape, in_dtype = tokens, None, None
     else:
         in_shape, in_dtype = recv_meta(topo.prev)
-        x = torch.zeros(in_shape, dtype=in_dtype)
         if graph is not None:
             graph.in_boundary = boundary.decode(recv_ints(topo.prev))
+        x = recv_value(in_shape, in_dtype, topo.prev)
     with torch.no_grad(), rng.isolated(device), compute():
         out = stage(x.to(device), batch)
     if topo.next is not None:
         send_meta(out, topo.next)
         if graph is not None:
             send_ints(boundary.encode(graph.out_boundary), topo.next)
-    return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype)
+        send_value(out, topo.next)
+    return Channels(in_shape, in_dtype, tuple(out.shape), out.dtype), out

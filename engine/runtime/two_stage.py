@@ -39,8 +39,8 @@ from jobctl.engine.runtime import rng
 from jobctl.engine.runtime.executor import Channels, StepExecutor, StepStats
 from jobctl.engine.runtime.hook import StageState
 from jobctl.engine.runtime.optim import build_optimizer
-from jobctl.engine.runtime.p2p.gloo import send_ints, send_meta
-from jobctl.engine.runtime.step import probe_channels
+from jobctl.engine.runtime.p2p.gloo import send_ints, send_meta, send_value
+from jobctl.engine.runtime.step import probe_channels, probe_output
 from jobctl.engine.runtime.topology import Topology, build_topology
 from jobctl.engine.schedule.placement import Placed, parse_placed
 from jobctl.spec.sections import TrainingSpec
@@ -255,11 +255,10 @@ def v_executor(
     """Probe both stages' message shapes down the V, connect the stages' links
     (``connect``; without it, gloo), then the rank's executor."""
     (down, up), (t_down, t_up) = whole.parts, whole.topos
-    c_down = probe_channels(down, t_down, shard.micro_batch, seq_len, device, compute)
+    c_down, x = probe_output(down, t_down, shard.micro_batch, seq_len, device, compute)
     if t_up.prev is not None:
         c_up = probe_channels(up, t_up, shard.micro_batch, seq_len, device, compute)
     else:  # stages P-1 and P: the second stage's input is the first one's output
-        x = torch.zeros(c_down.out_shape, dtype=c_down.out_dtype, device=device)
         if up.graph is not None:  # a traced carrier: its layout is the first stage's
             up.graph.in_boundary = down.graph.out_boundary
         tokens = torch.zeros(shard.micro_batch, seq_len, dtype=torch.long, device=device)
@@ -269,6 +268,7 @@ def v_executor(
             send_meta(out, t_up.next)
             if up.graph is not None:
                 send_ints(boundary.encode(up.graph.out_boundary), t_up.next)
+            send_value(out, t_up.next)  # what probe_channels receives next
         c_up = Channels(c_down.out_shape, c_down.out_dtype, tuple(out.shape), out.dtype)
     chans = [c_down, c_up]
     links = v_links([t_down, t_up], chans, connect) if connect else [{}, {}]

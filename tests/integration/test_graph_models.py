@@ -8,6 +8,7 @@ import torch
 from jobctl.engine.worker.reference import reference_train
 
 from ..jobrun import final_weights, run_job, step_losses, tiny_spec
+from ..unit.test_hf_families import FAMILIES
 from .test_parity import _run_and_compare
 
 STEPS = 3
@@ -65,6 +66,12 @@ T5 = {
     },
 }
 
+# #54: a tensor lifted out of forward (Falcon), a table built at construction (GPT-J),
+# mixture of experts whose carrier holds the token permutation (Mixtral).
+FALCON = {"class": "FalconForCausalLM", "config": FAMILIES["falcon"][1]}
+GPTJ = {"class": "GPTJForCausalLM", "config": FAMILIES["gptj"][1]}
+MIXTRAL = {"class": "MixtralForCausalLM", "config": FAMILIES["mixtral"][1]}
+
 
 def hf_spec(model: dict, P: int, D: int, **extra):
     """The quickstart job with a Hugging Face model instead of the builtin GPT."""
@@ -102,8 +109,15 @@ def test_tied_gpt2_two_stages_equals_one_process(tmp_path, monkeypatch):
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("model", "P", "D"),
-    [(BERT, 3, 1), (T5, 2, 2), (LLAMA, 2, 2), (GPT2, 3, 1)],
-    ids=["bert-3x1", "t5-2x2", "llama-2x2", "gpt2-3x1"],
+    [
+        (BERT, 3, 1),
+        (T5, 2, 2),
+        (LLAMA, 2, 2),
+        (GPT2, 3, 1),
+        (FALCON, 2, 2),
+        (GPTJ, 2, 2),
+    ],
+    ids=["bert-3x1", "t5-2x2", "llama-2x2", "gpt2-3x1", "falcon-2x2", "gptj-2x2"],
 )
 def test_families_equal_one_process(tmp_path, model, P, D):
     run = run_and_compare(tmp_path, hf_spec(model, P, D), falls=model is not BERT)
@@ -172,3 +186,23 @@ def test_llama_under_zb_v_equals_one_process(tmp_path):
         4,
         [[0, 3], [1, 2]],
     )
+
+
+@pytest.mark.multiproc
+def test_mixture_of_experts_equals_one_process_of_the_same_micro_batches(tmp_path):
+    """Mixtral at P = 2 x D = 2: the carrier holds each layer's token permutation (the
+    start-up probe runs every stage on what the one before computed, not zeros) and
+    the router's auxiliary loss. That loss is a statistic of one forward call's tokens
+    (transformers computes it per call), so it is per micro-batch, as a one-process
+    gradient-accumulation loop of the same micro-batches computes it: the reference
+    here runs the plan's micro-batches, not the whole batch at once."""
+    spec = hf_spec(MIXTRAL, 2, 2)
+    m = spec.training.micro_batch_size
+    ref_losses, ref_weights = reference_train(spec, micro_batch=m)
+    run, outcome = run_job(spec, tmp_path)
+    assert outcome.ok, outcome.message
+    assert (run.plan.P, run.plan.D, run.plan.micro_batch_size) == (2, 2, m)
+    assert step_losses(run.dir) == pytest.approx(ref_losses, abs=1e-5)
+    weights = final_weights(run.dir, STEPS)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0, msg=name)

@@ -66,6 +66,18 @@ def recv_meta(src: int) -> tuple[tuple[int, ...], torch.dtype]:
     return tuple(int(x) for x in meta[2 : 2 + ndim]), _DTYPES[int(meta[1])]
 
 
+def send_value(t: torch.Tensor, dst: int) -> None:
+    """Blocking send of a tensor whose shape and dtype the receiver knows (startup)."""
+    dist.send(t.detach().contiguous().to(comm_device()), dst)
+
+
+def recv_value(shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+    """Counterpart of :func:`send_value` (on the CPU)."""
+    out = torch.zeros(shape, dtype=dtype, device=comm_device())
+    dist.recv(out, src)
+    return out.cpu()
+
+
 def send_ints(values: list[int], dst: int) -> None:
     """Blocking send of a list of integers (its length first)."""
     dist.send(torch.tensor([len(values)], dtype=torch.int64).to(comm_device()), dst)
