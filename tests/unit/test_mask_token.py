@@ -130,3 +130,18 @@ def test_a_model_trained_from_scratch_masks_with_its_last_id(tmp_path):
     model = f"  huggingface:\n    class: BertForMaskedLM\n    config: {json.dumps(BERT)}"
     job = quickstart_with(tmp_path / "job.yaml", ("  family: gpt", model))
     assert _masked_with(job) == {255}
+
+
+def test_a_pretrained_causal_lm_needs_no_mask_token(tmp_path):
+    """Only a masked LM asks for a mask id: a pretrained causal LM with no tokenizer
+    beside it builds its batches (the first version asked every task, and failed)."""
+    import transformers
+
+    gpt2 = {"n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 256, "n_positions": 32}
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(**gpt2)).save_pretrained(tmp_path / "g")
+    model = f"  huggingface:\n    class: GPT2LMHeadModel\n    pretrained: {tmp_path / 'g'}"
+    spec = load_spec(quickstart_with(tmp_path / "job.yaml", ("  family: gpt", model)))
+    graph = model_def(spec.model, spec.training.seed).graph
+    assert graph.mask_id is None
+    x = torch.randint(0, 256, (2, 32))
+    assert graph.runner([0]).batch(x, x, 0)["labels"] is x

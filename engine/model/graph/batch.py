@@ -38,7 +38,7 @@ def model_inputs(
     y: torch.Tensor,
     first: int = 0,
     seed: int = 0,
-    mask_id: int = 0,
+    mask_id: int | None = None,
     config: dict | None = None,
 ) -> dict[str, torch.Tensor]:
     """Keyword arguments of one micro-batch; ``first`` is its first global sample."""
@@ -53,7 +53,9 @@ def model_inputs(
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
-def _masked(x: torch.Tensor, first: int, seed: int, mask_id: int) -> dict[str, torch.Tensor]:
+def _masked(x: torch.Tensor, first: int, seed: int, mask_id: int | None) -> dict:
+    if mask_id is None:
+        raise ValueError("a masked_lm batch needs the mask token id (graph.mask_token)")
     chosen = torch.zeros(x.shape, dtype=torch.bool)
     k = max(1, round(MASK_PROB * x.shape[1]))
     for j in range(x.shape[0]):  # per sample, so micro-batching does not change masks

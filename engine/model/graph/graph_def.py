@@ -102,9 +102,11 @@ class GraphModel:
         return StageRunner(self, block_ids)
 
     @property
-    def mask_id(self) -> int:
+    def mask_id(self) -> int | None:
         """The masked-LM mask token (``mask_token.mask_id``: the spec's, the config's, the
-        saved tokenizer's, or a from-scratch model's last id)."""
+        saved tokenizer's, or a from-scratch model's last id); None for another task."""
+        if self.task != "masked_lm":
+            return None
         found = mask_id(self.cfg.mask_token_id, self.config, self.cfg.pretrained)
         if found is None:  # validate refuses this model (checks.mask_violations)
             raise ValueError(f"{self.cfg.pretrained}: no mask token; set model.mask_token_id")
