@@ -99,6 +99,16 @@ def _strings(path: Path) -> list[str]:
     ]
 
 
+def _owns_its_planning(entry: Path, room: str, own: str) -> None:
+    """What ``entry`` reaches outside ``room`` is shared code below it, none of it the
+    system's own (named ``own``), and the planner holds no module of it (AvgPipe's
+    costs and tuning once were there)."""
+    outside = [m for m in sorted(_reached(entry)) if not _in(m, room)]
+    assert [m for m in outside if own in m.rsplit(".", 1)[-1]] == []
+    planner = ROOT / "engine" / "planner"
+    assert [p.name for p in planner.rglob("*.py") if own in p.stem] == []
+
+
 @pytest.mark.parametrize("schedule", sorted(SYSTEMS))
 def test_every_registered_entry_imports_and_offers_the_protocol(schedule):
     entry = systems.system(schedule)
@@ -136,13 +146,7 @@ def test_a_systems_planning_modules_live_in_its_room(schedule):
     room = _room(schedule)
     entry = _path(SYSTEMS[schedule])
     assert entry is not None and entry.is_relative_to(_path(room).parent)
-    # what the entry reaches outside its room is shared code below it, none of it the
-    # system's own (named after it)
-    outside = [m for m in sorted(_reached(entry)) if not _in(m, room)]
-    assert [m for m in outside if schedule in m.rsplit(".", 1)[-1]] == []
-    # and the planner holds no module of it
-    planner = ROOT / "engine" / "planner"
-    assert [p.name for p in planner.rglob("*.py") if schedule in p.stem] == []
+    _owns_its_planning(entry, room, schedule)
 
 
 # Imports the resolver alone, then plans an auto job no P x D layout fits: the registry
@@ -227,14 +231,7 @@ def test_an_update_strategys_planning_modules_live_in_its_room(name):
     room = _update_room(name)
     entry = _path(UPDATES[name])
     assert entry is not None and entry.is_relative_to(_path(room).parent)
-    # what the entry reaches outside its room is shared code below it, none of it the
-    # strategy's own (named after its room)
-    outside = [m for m in sorted(_reached(entry)) if not _in(m, room)]
-    own = room.rsplit(".", 1)[-1]
-    assert [m for m in outside if own in m.rsplit(".", 1)[-1]] == []
-    # and the planner holds no module of it (AvgPipe's costs and tuning were there)
-    planner = ROOT / "engine" / "planner"
-    assert [p.name for p in planner.rglob("*.py") if own in p.stem] == []
+    _owns_its_planning(entry, room, room.rsplit(".", 1)[-1])
 
 
 # Imports the resolver alone, then plans an elastic job whose N models do not fit: the
