@@ -207,7 +207,9 @@ def _check_shapes(cfg: Any) -> None:
         raise _config_rejected(cfg, e) from None
     if cfg.pretrained:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        _compare_headers(cfg.pretrained, shapes, tied_names(model))
+        from jobctl.engine.model.graph.weights import check_pretrained
+
+        check_pretrained(cfg.pretrained, model, shapes, tied_names(model))
 
 
 def _config_rejected(cfg: Any, error: Exception) -> Exception:
@@ -257,29 +259,6 @@ def tied_names(model: Any) -> dict[str, list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     return {n: [a for a in names if a != n] for names in by_id.values() for n in names}
-
-
-def _compare_headers(directory: str, shapes: dict[str, tuple], aliases: dict) -> None:
-    from safetensors import safe_open
-
-    from jobctl.engine.model.graph.source import ModelSourceError
-    from jobctl.engine.model.graph.weights import weight_files
-
-    files = weight_files(directory)
-    for name, shape in shapes.items():
-        source = next((a for a in [name, *aliases.get(name, [])] if a in files), None)
-        if source is None:
-            raise ModelSourceError(
-                f"pretrained {directory!r} has no tensor {name!r}",
-                "check that the directory was saved from this model class and config",
-            )
-        with safe_open(str(files[source]), framework="pt") as handle:
-            found = tuple(handle.get_slice(source).get_shape())
-        if found != shape:
-            raise ModelSourceError(
-                f"pretrained tensor {source!r} has shape {found}, the config makes {shape}",
-                "use the config.json saved with these weights",
-            )
 
 
 def _check_factory(m: Any) -> None:

@@ -152,7 +152,7 @@ class GraphModel:
         if self.cfg.pretrained:
             wanted = {n: self._aliases(n) for n in params}
             shapes = {n: self.shapes[n][0] for n in params}
-            raw = read_pretrained(self.cfg.pretrained, wanted, shapes)
+            raw = read_pretrained(self.cfg.pretrained, wanted, shapes, self.model)
         elif can_init(self.model, params):
             raw = init_block(self.model, params, block_seed(seed, i))
             for n in params:

@@ -6,7 +6,9 @@ over the owners and their ancestors, children first as ``post_init`` does; an
 ordinary module's ``reset_parameters``) under the block's seed, so the weights do not
 depend on which stage builds them. A tied group is initialised once from its own
 seed and every member takes that value. ``read_pretrained`` reads only the named
-tensors from a local directory of ``*.safetensors`` (sharded index included).
+tensors from a local directory of ``*.safetensors`` (sharded index included), in the
+layout transformers converts from (``conversion``); ``check_pretrained`` checks their
+shapes from the headers alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from jobctl.engine.model.graph.conversion import DiskLayout
 from jobctl.engine.model.graph.source import ModelSourceError
 
 
@@ -96,27 +99,58 @@ def weight_files(directory: str) -> dict[str, Path]:
 
 
 def read_pretrained(
-    directory: str, wanted: dict[str, list[str]], shapes: dict[str, tuple]
+    directory: str, wanted: dict[str, list[str]], shapes: dict[str, tuple], model: nn.Module
 ) -> dict[str, torch.Tensor]:
-    """Read each wanted tensor (by any of its tied names) from the directory."""
+    """Read each wanted tensor (by any of its tied names) from the directory, converted
+    from its disk layout as ``from_pretrained`` converts it (``conversion``)."""
     from safetensors import safe_open
 
     files = weight_files(directory)
-    out: dict[str, torch.Tensor] = {}
-    for name, aliases in wanted.items():
-        source = next((a for a in [name, *aliases] if a in files), None)
-        if source is None:
-            raise ModelSourceError(
-                f"pretrained {directory!r} has no tensor {name!r}",
-                "check that the directory was saved from this model class and config",
-            )
-        with safe_open(str(files[source]), framework="pt") as handle:
-            t = handle.get_tensor(source)
-        if tuple(t.shape) != tuple(shapes[name]):
-            raise ModelSourceError(
-                f"pretrained tensor {source!r} has shape {tuple(t.shape)}, "
-                f"the config makes {tuple(shapes[name])}",
-                "use the config.json saved with these weights",
-            )
-        out[name] = t
-    return out
+    layout = DiskLayout(model, list(files))
+    sources = {n: _source(directory, layout, n, aliases) for n, aliases in wanted.items()}
+
+    def load(key: str) -> torch.Tensor:
+        with safe_open(str(files[key]), framework="pt") as handle:
+            return handle.get_tensor(key)
+
+    values = layout.tensors(list(dict.fromkeys(sources.values())), load)
+    for name, source in sources.items():
+        _same_shape(layout, source, tuple(values[source].shape), shapes[name])
+    return {name: values[source] for name, source in sources.items()}
+
+
+def check_pretrained(
+    directory: str, model: nn.Module, shapes: dict[str, tuple], aliases: dict
+) -> None:
+    """Every parameter is in the directory (by any tied name, in the disk layout the
+    class converts from) with the shape the config makes; reads headers only."""
+    files = weight_files(directory)
+    layout = DiskLayout(model, list(files))
+    sources = {n: _source(directory, layout, n, aliases.get(n, [])) for n in shapes}
+    found = layout.shapes(list(dict.fromkeys(sources.values())), files)
+    for name, source in sources.items():
+        _same_shape(layout, source, found[source], shapes[name])
+
+
+def _source(directory: str, layout: DiskLayout, name: str, aliases: list[str]) -> str:
+    """The name (``name`` or a tied alias) that the directory's tensors make."""
+    source = next((a for a in [name, *aliases] if a in layout.made_by), None)
+    if source is None:
+        also = " (nor the disk names this class converts from)" if layout.converts else ""
+        raise ModelSourceError(
+            f"pretrained {directory!r} has no tensor {name!r}{also}",
+            "check that the directory was saved from this model class and config",
+        )
+    return source
+
+
+def _same_shape(layout: DiskLayout, source: str, found: tuple, want: tuple) -> None:
+    if tuple(found) == tuple(want):
+        return
+    disk = layout.disk_names(source)
+    made = "" if disk == [source] else f" (made from {disk[0]!r} and {len(disk) - 1} more)"
+    raise ModelSourceError(
+        f"pretrained tensor {source!r}{made} has shape {tuple(found)}, "
+        f"the config makes {tuple(want)}",
+        "use the config.json saved with these weights",
+    )
