@@ -17,7 +17,7 @@ from jobctl.engine.checkpoint.store.checkpoint_store import (
     stage_dir,
 )
 from jobctl.engine.checkpoint.store.format import FileEntry, check_file_name, plan_retention
-from jobctl.engine.checkpoint.store.local import clear_staging
+from jobctl.engine.checkpoint.store.local import clear_staging, tree_sizes
 
 from ..ckpt_stores import (  # noqa: F401  the storage contract, run here on store_url
     SHARDS,
@@ -122,3 +122,49 @@ def test_retention_clears_stale_local_staging(tmp_path: Path) -> None:
     make_files(stage_dir(root, 25), {"a": b"x"})
     assert CheckpointStore(str(root)).apply_retention(keep_last=1) == [10]
     assert sorted(p.name for p in root.iterdir()) == ["step-00000020", "step-00000025.tmp"]
+
+
+def test_a_local_listing_is_what_fsspec_finds_without_following_links(tmp_path: Path) -> None:
+    # Retention lists a local root with os.walk (#55: fsspec's find cost more than the
+    # checkpoint's own write); it must see what fsspec sees, and follow no link.
+    import fsspec
+
+    root = tmp_path / "root"
+    (root / "step-00000010" / "parts").mkdir(parents=True)
+    (root / "step-00000010" / "block-0000.pt").write_bytes(b"x" * 7)
+    (root / "step-00000010" / "parts" / "rank-0.json").write_bytes(b"{}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"y" * 100)
+    (root / "step-00000020").symlink_to(outside)
+    (root / "step-00000010" / "meta.json").symlink_to(outside / "big")
+    found = fsspec.filesystem("file").find(str(root), detail=True)
+    want = {
+        p[len(str(root)) + 1 :]: -1 if info.get("islink") else int(info["size"])
+        for p, info in found.items()
+    }
+    got = tree_sizes(str(root))
+    assert got == want
+    assert got["step-00000010/block-0000.pt"] == 7
+    assert got["step-00000020"] == -1 and got["step-00000010/meta.json"] == -1
+    assert not any(name.startswith("step-00000020/") for name in got)
+    with pytest.raises(FileNotFoundError):
+        tree_sizes(str(root / "step-00000020"))  # a linked folder is never listed
+
+
+def test_retention_judges_every_step_from_one_listing(tmp_path: Path) -> None:
+    # A step whose file shrank or vanished after its commit is incomplete: retention
+    # deletes it (it is not counted among keep_last) and keeps the three complete ones.
+    store = CheckpointStore(str(tmp_path))
+    for step in (10, 20, 30, 40, 50):
+        publish_local(tmp_path, step, "rank-0", [_write(tmp_path, step)], {"step": step})
+    (tmp_path / "step-00000040" / "block.pt").write_bytes(b"short")
+    (tmp_path / "step-00000020" / "block.pt").unlink()
+    deleted = store.apply_retention(3, committed=50)
+    assert sorted(deleted) == [20, 40]
+    assert store.steps() == [10, 30, 50]
+
+
+def _write(root: Path, step: int) -> str:
+    (stage_dir(root, step) / "block.pt").write_bytes(b"z" * 64)
+    return "block.pt"

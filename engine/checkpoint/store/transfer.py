@@ -115,6 +115,10 @@ def run_parallel(
             raise TransferCancelled("transfer cancelled")
         task()
 
+    if workers <= 1 or len(tasks) == 1:  # in this thread: no pool to start
+        for task in tasks:
+            guarded(task)
+        return
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks)))) as pool:
         futures = [pool.submit(guarded, task) for task in tasks]
         wait(futures, return_when=FIRST_EXCEPTION)
