@@ -46,6 +46,7 @@ class RunStats:
     """One run: step times after warm-up and its checkpoint counts."""
 
     steps: list[float]
+    by_step: dict[int, float]  # step -> its wall seconds (after warm-up, not the last)
     asked: int
     written: int
     skipped: int
@@ -71,9 +72,12 @@ def one_run(steps: int, interval: int, remote: str | None, batch: int, coalesce:
         if not outcome.ok:
             raise SystemExit(outcome.message)
         recs = events(run.dir)
+        ts = {int(e["step"]): e["ts"] for e in recs if e["kind"] == "step"}
+        by_step = {s: ts[s] - ts[s - 1] for s in ts if s - 1 in ts and WARMUP < s < steps}
         # A skip is written by each rank that dropped its snapshot; a step counts once.
         return RunStats(
             steps=step_times(run.dir)[WARMUP:-1],
+            by_step=by_step,
             asked=len(range(interval, steps + 1, interval)) if interval <= steps else 1,
             written=len(_steps_of(recs, "checkpoint")),
             skipped=len(_steps_of(recs, "checkpoint_skipped")),
@@ -142,11 +146,50 @@ def main(argv: list[str] | None = None) -> None:
     on = report("coalesce on", got["coalesce on"], base, every)
     off = report("coalesce off", got["coalesce off"], base, every)
     print("ms/ckpt: training time each checkpoint asked for added (mean step - baseline)")
+    rounds(got)
+    for name in ("coalesce on", "coalesce off"):
+        in_run(name, got[name], every)
     print(
         f"checkpoint + upload every {every} step(s), overhead of the mean step: "
         f"{100 * (on / base - 1):+.1f} % with coalescing, {100 * (off / base - 1):+.1f} % "
         f"without (target <= 5 %)"
     )
+
+
+def rounds(got: dict[str, list[RunStats]]) -> None:
+    """Each round's ratio to the baseline run beside it, and the noise: how far the
+    baseline's own round means stray from their mean (the VM's speed wanders)."""
+    base = [statistics.mean(r.steps) for r in got["baseline"]]
+    for name in ("coalesce on", "coalesce off"):
+        ratios = [
+            100 * (statistics.mean(r.steps) / b - 1) for r, b in zip(got[name], base, strict=True)
+        ]
+        spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        shown = " ".join(f"{x:+.1f}" for x in ratios)
+        print(f"{name}: per round {shown} % (mean {statistics.mean(ratios):+.1f}, sd {spread:.1f})")
+    if len(base) > 1:
+        noise = 100 * (max(base) - min(base)) / statistics.mean(base)
+        print(f"noise: the baseline's round means span {noise:.1f} % of their mean")
+
+
+def in_run(name: str, runs: list[RunStats], every: int) -> None:
+    """The overhead measured inside the checkpointing runs, free of the drift between
+    runs: the mean wall time of the p-th step after a checkpoint (p = 1 .. k, step
+    s - 1 being the checkpointed one), against the quiet half of the period (p > k / 2,
+    by when the background write and upload of a checkpoint this small are long done:
+    the row shows whether they are); overhead = sum over p / (k x quiet) - 1."""
+    if every < 4:
+        return
+    pos: dict[int, list[float]] = {p: [] for p in range(1, every + 1)}
+    for r in runs:
+        for s, t in r.by_step.items():
+            pos[(s - 1) % every + 1].append(t)
+    means = {p: statistics.mean(v) for p, v in pos.items() if v}
+    quiet = statistics.mean([means[p] for p in means if p > every // 2])
+    shown = " ".join(f"{1e3 * means[p]:.1f}" for p in sorted(means))
+    over = sum(means.values()) / (len(means) * quiet) - 1
+    print(f"{name}, ms by step after a checkpoint (1..{every}): {shown}")
+    print(f"  in-run overhead vs the quiet half: {100 * over:+.1f} % of the mean step")
 
 
 if __name__ == "__main__":
