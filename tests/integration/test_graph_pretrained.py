@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 
 from jobctl.engine.data.dataset import make_data
 from jobctl.engine.worker.reference import reference_train
@@ -115,9 +116,9 @@ def test_pretrained_mixtral_trains_from_its_saved_experts_and_exports_them(tmp_p
     out = tmp_path / "exported"
     r = run_cli(tmp_path, "export", run.id, "--format", "hf", "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "block_sparse_moe.experts.3.w1.weight" in (
-        out / "model.safetensors"
-    ).read_bytes().decode("latin-1")  # written back in the layout transformers saves
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        written = set(handle.keys())
+    assert "model.layers.1.block_sparse_moe.experts.3.w1.weight" in written  # as saved
     loaded = transformers.MixtralForCausalLM.from_pretrained(out).eval()
     trained = _fresh(MIXTRAL, _own_names(final_weights(run.dir, STEPS)))
     probe = torch.randint(0, MIXTRAL["config"]["vocab_size"], (2, 16))
