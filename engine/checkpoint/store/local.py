@@ -164,7 +164,12 @@ def publish_local(
     record = PartRecord(step=step, part=part, files=measure_files(staging, files))
     target = base / step_dirname(step)
     with _locked(base):
-        write_bytes_atomic(staging / PARTS_DIR / f"{part}.json", record.to_json())
+        # No fsync, no rename: readers read records under this lock, and a crash before
+        # the manifest leaves a staging folder that restart clears (only the manifest,
+        # written last and synced, makes a step; #55: a sync per part cost 0.3 ms CPU).
+        records_dir = staging / PARTS_DIR
+        records_dir.mkdir(exist_ok=True)
+        (records_dir / f"{part}.json").write_bytes(record.to_json())
         part_paths = [staging / PARTS_DIR / f"{name}.json" for name in expected]
         if not all(path.exists() for path in part_paths):
             return None
