@@ -24,10 +24,16 @@ other part of the supervisor set meanwhile (queued, pruning, morphing) is never 
 
 from __future__ import annotations
 
+import time
+
 from jobctl.engine.core.events import Kind
 from jobctl.engine.state.db import StateDB
 
 MANAGED = {"training", "checkpointing", "rebalancing", "uploading"}
+# A phase this watch saw equal to the one it wants is read again only after this long:
+# a step record no longer costs a database read (a MANAGED phase another part set in
+# between is put right within it; any other phase is never undone anyway).
+RECHECK_S = 1.0
 KINDS = {
     Kind.STEP,
     Kind.CHECKPOINT,
@@ -53,6 +59,7 @@ class ActivityWatch:
         self.uploaded = -1
         self.uploading: int | None = None
         self.note = ""
+        self._seen: tuple[str | None, float] = (None, 0.0)  # the run's phase, read when
 
     def record(self, rec: dict) -> None:
         """Follow one worker record; changes the run's phase when its activity changed."""
@@ -121,9 +128,14 @@ class ActivityWatch:
         target = self.desired()
         if target is None:
             return
+        seen, when = self._seen
+        if seen == target and time.monotonic() - when < RECHECK_S:
+            return  # nothing changed here: no read per step record (#55)
         row = self.db.get_run(self.run_id)
         current = row["phase"] if row else None
+        self._seen = (current, time.monotonic())
         if current == target:
             return
-        if current in MANAGED or (current == "pruning" and target == "rebalancing"):
-            self.db.set_phase_if(self.run_id, {current}, target, self.note)
+        movable = current in MANAGED or (current == "pruning" and target == "rebalancing")
+        if movable and self.db.set_phase_if(self.run_id, {current}, target, self.note):
+            self._seen = (target, time.monotonic())

@@ -166,3 +166,21 @@ def test_each_steps_upload_is_recorded_once_however_many_ranks_report_it(db, tmp
     said = [e["message"] for e in db.events("r") if e["kind"] == "upload"]
     assert said == [f"checkpoint step {s} uploaded" for s in (20, 10, 30)]
     assert db.get_run("r")["last_upload"] == 30
+
+
+def test_step_records_do_not_read_the_run_each(db, monkeypatch):
+    # #55: the run's row is read when the wanted phase changes, not per step record;
+    # a managed phase set elsewhere meanwhile is put right once RECHECK_S has passed.
+    import jobctl.engine.supervise.activity as activity
+
+    a = ActivityWatch(db, "r", interval=1000, total=2000, remote=False)
+    reads = []
+    real = db.get_run
+    monkeypatch.setattr(db, "get_run", lambda run_id: reads.append(run_id) or real(run_id))
+    for n in range(1, 51):
+        a.record(_step(n))
+    assert len(reads) == 1
+    db.set_phase("r", "checkpointing")  # a managed phase, not this watch's doing
+    monkeypatch.setattr(activity, "RECHECK_S", 0.0)
+    a.record(_step(51))
+    assert real("r")["phase"] == "training" and len(reads) == 2
