@@ -12,7 +12,10 @@ home's calibration folder. Recoveries (losing nodes to training again, recorded 
 the supervisor after each) are kept the same way (``kind="recovery"``): the cost
 forecast prices a preemption with them (``planner.cost``); so are the checkpoint
 snapshot rates, GB/s of host copy per attempt (``kind="snapshot"``), which price the
-time each checkpoint blocks training.
+time each checkpoint blocks training, and, where a run checkpointed often enough to
+tell, the whole cost of a checkpoint in training time per byte (``kind="checkpoint"``,
+``checkpoint_added_s``): the background write, publish and upload share the machine
+with training, so a checkpoint costs more steps than its blocking copy (#55).
 """
 
 from __future__ import annotations
@@ -58,3 +61,21 @@ def _read(path: Path) -> list[float]:
         return [float(x) for x in raw["samples"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+def checkpoint_added_s(step_s: dict[int, float], every: int, min_periods: int = 3) -> float | None:
+    """Training seconds one checkpoint added in a run that checkpointed every ``every``
+    steps, from its own step times (``step_s``: step -> seconds), free of the drift
+    between runs: the mean time of the p-th step after a checkpoint (p = 1 .. every)
+    against the quiet half of the period (p > every / 2, when a checkpoint's background
+    work is done); None when the run is too short or too sparse to tell."""
+    if every < 4:
+        return None
+    by_position: dict[int, list[float]] = {p: [] for p in range(1, every + 1)}
+    for step, seconds in step_s.items():
+        by_position[(step - 1) % every + 1].append(seconds)
+    if min(len(v) for v in by_position.values()) < min_periods:
+        return None
+    means = {p: statistics.mean(v) for p, v in by_position.items()}
+    quiet = statistics.mean(means[p] for p in means if p > every // 2)
+    return max(0.0, sum(means.values()) - every * quiet)

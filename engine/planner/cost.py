@@ -52,6 +52,10 @@ class Measured:
     startup_s: float | None = None
     recovery_s: float | None = None
     snapshot_gbytes_s: float | None = None  # a checkpoint's host copy, GB/s
+    # a whole checkpoint's cost in training time (background write and upload too),
+    # measured inside runs that checkpointed often (#55), and the bytes a rank copied
+    checkpoint_s: float | None = None
+    checkpoint_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class CostConfig:
     startup_s: float = 0.0  # launch to first step (measured here; 0 when not yet)
     recovery_s: float = 0.0  # one preemption: detection and relaunch
     checkpoint_every: int = 0  # steps between checkpoints; 0: none but the last
-    snapshot_s: float = 0.0  # training time one checkpoint blocks
+    snapshot_s: float = 0.0  # training time one checkpoint costs (blocking and background)
     final_s: float = 0.0  # the last checkpoint's write and upload
     pricings: tuple[Pricing, ...] = ()
     paid: str = "on-demand"  # the label of the pricing the run pays
@@ -145,7 +149,31 @@ def stage_state_bytes(cal: Calibration, stages: list[list[int]]) -> float:
     return max(sum(cal.blocks[b].state_bytes for b in s) for s in stages)
 
 
-def cost_config(spec: JobSpec, state_bytes: float, measured: Measured) -> CostConfig:
+def rank_checkpoint_bytes(cal: Calibration, stages: list[list[int]], D: int) -> float:
+    """What one rank copies into a checkpoint, at most: weights and optimizer state
+    (no gradients) of its share of a stage's blocks (dealt over the D replicas), the
+    measure a checkpoint event's ``snapshot_bytes`` gives."""
+    per_stage = (
+        sum(cal.blocks[b].state_bytes - cal.blocks[b].param_bytes for b in s) for s in stages
+    )
+    return max(per_stage) / max(1, D)
+
+
+def checkpoint_cost_s(state_bytes: float, measured: Measured, rank_bytes: float = 0.0) -> float:
+    """Training seconds one checkpoint costs: its whole measured cost, scaled by size,
+    where a run here checkpointed a rank's ``rank_bytes`` of a like size (within 2x:
+    fixed costs per file and per commit do not scale with bytes, so a far smaller
+    run's figure would overprice a large model's); else its blocking copy of
+    ``state_bytes`` at the measured snapshot rate; else at the default copy rate."""
+    seen, size = measured.checkpoint_s, measured.checkpoint_bytes
+    if seen is not None and size and rank_bytes and 0.5 <= rank_bytes / size <= 2.0:
+        return seen * rank_bytes / size
+    return state_bytes / ((measured.snapshot_gbytes_s or SNAPSHOT_GBYTES_S) * 1e9)
+
+
+def cost_config(
+    spec: JobSpec, state_bytes: float, measured: Measured, rank_bytes: float = 0.0
+) -> CostConfig:
     """The ``CostConfig`` of ``spec``: a rank's checkpoint of ``state_bytes``, this
     machine's ``measured`` start-up (not measured yet: 0) and recovery (not measured
     yet: detection, ``elasticity.heartbeat_timeout_s``, and a start-up)."""
@@ -162,7 +190,7 @@ def cost_config(spec: JobSpec, state_bytes: float, measured: Measured) -> CostCo
         startup_s=start,
         recovery_s=recovery_s,
         checkpoint_every=spec.checkpoint.interval,
-        snapshot_s=state_bytes / ((measured.snapshot_gbytes_s or SNAPSHOT_GBYTES_S) * 1e9),
+        snapshot_s=checkpoint_cost_s(state_bytes, measured, rank_bytes),
         final_s=final,
         pricings=found,
         paid=paid,

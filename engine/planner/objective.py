@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 
 from jobctl.engine.calibration.record import Calibration
 from jobctl.engine.planner.cost import (
+    CostConfig,
     Forecast,
     Measured,
     cost_config,
     forecast,
     forecasts,
+    rank_checkpoint_bytes,
     stage_state_bytes,
 )
 from jobctl.engine.planner.search import Candidate, PlanError, Search, rank_key, search
@@ -58,13 +60,22 @@ class Choice:
     pricings: list[Forecast] = field(default_factory=list)  # the chosen under every pricing
 
 
+def candidate_costs(
+    spec: JobSpec, cal: Calibration, cand: Candidate, measured: Measured
+) -> CostConfig:
+    """The ``CostConfig`` of ``cand``: its largest stage's state, and what one of its
+    ranks copies into a checkpoint (to match this machine's measured checkpoints)."""
+    ranks = rank_checkpoint_bytes(cal, cand.stages, cand.layout.D)
+    return cost_config(spec, stage_state_bytes(cal, cand.stages), measured, ranks)
+
+
 def nodes_of(cand: Candidate) -> int:
     return cand.hosting.nodes
 
 
 def price(spec: JobSpec, cal: Calibration, cand: Candidate, measured: Measured) -> Option:
     """``cand`` priced to finish ``spec`` (and whether the budget and deadline allow it)."""
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), measured)
+    cfg = candidate_costs(spec, cal, cand, measured)
     fc = forecast(cand.step, cand.layout.devices, nodes_of(cand), cfg, cfg.pricing())
     return Option(cand, fc, why_not(spec, fc))
 
@@ -148,7 +159,7 @@ def side_by_side(
     spec: JobSpec, cal: Calibration, cand: Candidate, measured: Measured
 ) -> list[Forecast]:
     """``cand`` finishing the job under every pricing the spec gives (on-demand, spot)."""
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), measured)
+    cfg = candidate_costs(spec, cal, cand, measured)
     return forecasts(cand.step, cand.layout.devices, nodes_of(cand), cfg)
 
 

@@ -21,8 +21,14 @@ from jobctl.engine.core import systems
 from jobctl.engine.core.actions import Action, Op
 from jobctl.engine.core.plan import Alternative, Plan, Prediction, StagePlan, idle_share
 from jobctl.engine.planner import stage_aware, tp_overlap, tp_search, v_shape
-from jobctl.engine.planner.cost import Measured, cost_config, forecast, stage_state_bytes
-from jobctl.engine.planner.objective import NOT_MEASURED, Choice, choose, nodes_of
+from jobctl.engine.planner.cost import Measured, forecast
+from jobctl.engine.planner.objective import (
+    NOT_MEASURED,
+    Choice,
+    candidate_costs,
+    choose,
+    nodes_of,
+)
 from jobctl.engine.planner.search import GB, Candidate, PlanError, Search
 from jobctl.engine.planner.simulator.simulation import SimResult
 from jobctl.spec import JobSpec
@@ -289,6 +295,8 @@ def measured(home: Path | None, spec: JobSpec) -> Measured:
         startup_for(home, key),
         startup_for(home, key, "recovery"),
         startup_for(home, key, "snapshot"),
+        startup_for(home, key, "checkpoint"),
+        startup_for(home, key, "checkpoint_bytes"),
     )
 
 
@@ -298,7 +306,7 @@ def predict(
     """The simulated step of a candidate as a Prediction (``seen``: this machine's
     measured start-up and recovery)."""
     samples, per_device, cost = _throughput(spec, cand)
-    cfg = cost_config(spec, stage_state_bytes(cal, cand.stages), seen)
+    cfg = candidate_costs(spec, cal, cand, seen)
     fc = forecast(cand.step, cand.layout.devices, nodes_of(cand), cfg, cfg.pricing())
     return Prediction(
         finish_s=fc.wall_s if fc.finishes else None,

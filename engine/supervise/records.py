@@ -58,6 +58,8 @@ class AttemptRecords:
         self.freed_ranks: dict[int, int] = {}  # packed away: rank -> its node script
         self.malformed = 0  # records skipped: no handler could read them
         self.snapshot_rates: list[float] = []  # bytes/s of each checkpoint's host copy
+        self.snapshot_sizes: list[float] = []  # bytes of each checkpoint's host copy
+        self.step_s: dict[int, float] = {}  # step -> its period (checkpoint_added_s)
         self.restart()
         self.handlers = self._handlers()
 
@@ -120,6 +122,8 @@ class AttemptRecords:
         self.trained = True
         self.first_step_ts = self.first_step_ts or rec.get("ts")
         self.losses.append(rec["loss"])
+        if isinstance(rec.get("step_time_s"), int | float):
+            self.step_s[rec["step"]] = rec["step_time_s"]
         self.db.update_run(
             self.run_id, step=rec["step"], loss=rec["loss"], samples_per_s=rec["samples_per_s"]
         )
@@ -148,6 +152,7 @@ class AttemptRecords:
         copied, seconds = rec.get("snapshot_bytes"), rec.get("snapshot_s")
         if isinstance(copied, int | float) and isinstance(seconds, int | float) and seconds > 0:
             self.snapshot_rates.append(copied / seconds)
+            self.snapshot_sizes.append(copied)
         note = f"checkpoint at step {step} (local)"
         self.db.add_event(self.run_id, "checkpoint", note, {"step": step})
 

@@ -33,7 +33,7 @@ from rich.console import Console
 
 from jobctl.backends import Rendered
 from jobctl.engine.calibration.cache import calibration_for
-from jobctl.engine.calibration.startup import record_startup
+from jobctl.engine.calibration.startup import checkpoint_added_s, record_startup
 from jobctl.engine.checkpoint.blocks import read_meta
 from jobctl.engine.checkpoint.resume import ResumePoint, find_resume_point, local_root, none_usable
 from jobctl.engine.core.env import CHANNEL_SECRET, RESUME_DIR
@@ -426,6 +426,19 @@ class Supervisor(InPlaceSteps):
         # Ctrl-C on apply asks through the DB alone; `jobctl stop` has moved it already.
         self.db.set_phase_if(self.run_id, {p.value for p in STOPPABLE}, "stopping", note)
 
+    def _record_checkpoint_costs(self, records) -> None:  # noqa: ANN001 - monitor.Records
+        """This machine's checkpoint costs: the blocking copy's rate (GB/s), and where
+        the run tells it, a whole checkpoint's seconds of training time with the bytes
+        a rank copied (what the planner prices a checkpoint of about that size with)."""
+        key = machine_key(self.spec)
+        rate = statistics.median(records.snapshot_rates) / 1e9
+        record_startup(self.db.home, key, rate, kind="snapshot")
+        added = checkpoint_added_s(records.step_s, self.spec.checkpoint.interval)
+        if added:  # None: too few periods; 0: no cost this run could see
+            record_startup(self.db.home, key, added, kind="checkpoint")
+            size = statistics.median(records.snapshot_sizes)
+            record_startup(self.db.home, key, size, kind="checkpoint_bytes")
+
     def _detach(self) -> None:
         """Leave the run to its nodes and run host (which outlive this process): a
         `jobctl resume` adopts them, a `jobctl stop` stops them."""
@@ -438,9 +451,7 @@ class Supervisor(InPlaceSteps):
 
     def _close_attempt(self) -> None:
         if self.monitor is not None and self.monitor.records.snapshot_rates:
-            # this machine's snapshot rate, GB/s: what the planner prices a checkpoint with
-            rate = statistics.median(self.monitor.records.snapshot_rates) / 1e9
-            record_startup(self.db.home, machine_key(self.spec), rate, kind="snapshot")
+            self._record_checkpoint_costs(self.monitor.records)
         if self.progress is not None:
             self.progress.stop()
         if self.attempt is not None:

@@ -372,3 +372,38 @@ def test_a_run_host_that_keeps_losing_its_port_fails_the_launch(tmp_path):
         for _ in range(10):
             sup.step()
     assert launcher.ready_calls == 4  # the first try and three relaunches
+
+
+def test_a_whole_checkpoints_cost_is_measured_inside_the_run_and_priced(tmp_path):
+    """#55: a checkpoint costs training more than its blocking copy (its write and
+    upload share the machine); a run that checkpointed every k >= 4 steps tells how
+    much from its own step times (the p-th step after a checkpoint against the quiet
+    half of the period), and the forecast prices a checkpoint with that."""
+    from types import SimpleNamespace
+
+    from jobctl.engine.calibration.startup import checkpoint_added_s, startup_for
+    from jobctl.engine.planner.cost import Measured, cost_config
+    from jobctl.engine.planner.resolver import machine_key
+
+    k = 10  # 0.05 s steps; the two after each checkpoint 0.03 and 0.01 s slower
+    slow = {1: 0.03, 2: 0.01}
+    step_s = {s: 0.05 + slow.get((s - 1) % k + 1, 0.0) for s in range(1, 41)}
+    assert checkpoint_added_s(step_s, k) == pytest.approx(0.04)
+    assert checkpoint_added_s(step_s, 3) is None  # no quiet half to compare with
+    assert checkpoint_added_s({s: t for s, t in step_s.items() if s <= 20}, k) is None
+    sup, *_ = supervisor(tmp_path)
+    sup.spec = sup.spec.model_copy(
+        update={"checkpoint": sup.spec.checkpoint.model_copy(update={"interval": k})}
+    )
+    sup._record_checkpoint_costs(
+        SimpleNamespace(snapshot_rates=[4e9], snapshot_sizes=[4e6], step_s=step_s)
+    )
+    key = machine_key(sup.spec)
+    seen = startup_for(sup.db.home, key, "checkpoint")
+    size = startup_for(sup.db.home, key, "checkpoint_bytes")
+    assert (seen, size) == (pytest.approx(0.04), 4e6)
+    measured = Measured(snapshot_gbytes_s=4.0, checkpoint_s=seen, checkpoint_bytes=size)
+    # a rank copying 1.5 x the measured bytes: 1.5 x the measured cost
+    assert cost_config(sup.spec, 9e6, measured, 6e6).snapshot_s == pytest.approx(0.06)
+    # a model far larger than the measured one: its blocking copy at the measured rate
+    assert cost_config(sup.spec, 6e9, measured, 3e9).snapshot_s == pytest.approx(1.5)
