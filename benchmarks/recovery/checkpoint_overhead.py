@@ -186,9 +186,11 @@ def in_run(name: str, runs: list[RunStats], every: int) -> None:
             pos[(s - 1) % every + 1].append(t)
     means = {p: statistics.mean(v) for p, v in pos.items() if v}
     quiet = statistics.mean([means[p] for p in means if p > every // 2])
-    shown = " ".join(f"{1e3 * means[p]:.1f}" for p in sorted(means))
     over = sum(means.values()) / (len(means) * quiet) - 1
-    print(f"{name}, ms by step after a checkpoint (1..{every}): {shown}")
+    print(f"{name}, ms by step after a checkpoint (1..{every}):")
+    ordered = [f"{1e3 * means[p]:.1f}" for p in sorted(means)]
+    for row in range(0, len(ordered), 10):  # ten to a line: 80 columns
+        print("  " + " ".join(ordered[row : row + 10]))
     print(f"  in-run overhead vs the quiet half: {100 * over:+.1f} % of the mean step")
 
 
