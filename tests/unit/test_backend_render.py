@@ -176,3 +176,43 @@ def test_cli_renders_every_backend(backend, tmp_path):
         path = tmp_path / name.replace(":", "-")
         path.write_text(text)
         subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def test_the_stop_trap_survives_a_burst_of_sigterms(tmp_path):
+    """A stop sends SIGTERM to a node script and to its process group, so the TERM trap
+    can be re-entered. A command substitution in it (bash 5.2 parses it each time it
+    runs) failed mid-parse with "unexpected EOF while looking for matching `)'" and
+    exit 2 in about 4 of 10 bursts, so the node never passed the stop on and wrote no
+    checkpoint (seen in CI). The rendered ``on_term``, in a harness that waits as the
+    node script does, must take every burst."""
+    import signal
+    import time
+
+    text = rendered("local").files["node-0.sh"]
+    start = text.index("on_term() {")
+    body = text[start : text.index("\n}\n", start) + 3]
+    harness = tmp_path / "harness.sh"
+    harness.write_text(
+        "set -euo pipefail\nJOBCTL_RUN_DIR="
+        + str(tmp_path)
+        + "\nagent=''\n"
+        + body
+        + "told_to_stop=0\ntrap on_term TERM\n"
+        # an agent that outlives the burst, off the stderr pipe the test reads
+        + "(trap '' TERM; exec sleep 5 >/dev/null 2>&1) & agent=$!\n"
+        + 'while :; do wait "$agent" || true; kill -0 "$agent" 2>/dev/null || break; done\n'
+    )
+    for _ in range(10):
+        proc = subprocess.Popen(["bash", str(harness)], stderr=subprocess.PIPE, text=True)
+        time.sleep(0.05)  # the trap is set
+        for k in range(40):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.0002 * (k % 5))
+        if proc.poll() is None:
+            proc.kill()
+        err = proc.communicate(timeout=10)[1]
+        assert "unexpected EOF" not in err and "syntax error" not in err, err
+    noted = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert noted and all('"kind": "node_sigterm"' in line for line in noted)

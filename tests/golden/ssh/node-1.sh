@@ -27,12 +27,17 @@ fi
 # a stop that comes before the first step (the agent still in rendezvous) reads as a
 # stop, not a failure, and the recovery time of a morph that drops this node starts
 # from the notice. EPOCHREALTIME is bash 5's (its decimal mark follows the locale);
-# older shells note whole seconds.
+# older shells note whole seconds, with printf's own clock. No command substitution in
+# the trap, not even an unused default: bash 5.2 parses it each time the expansion
+# runs, and a second SIGTERM (a stop sends one to the script and one to its group)
+# that re-enters the trap mid-parse failed with "unexpected EOF while looking for
+# matching `)'": exit 2, the stop never passed on, no checkpoint (seen in CI).
 # shellcheck disable=SC2317 # run by the TERM trap
 on_term() {
   told_to_stop=1
   if [ -n "$agent" ]; then kill -TERM "$agent" 2>/dev/null || true; fi
-  local ts="${EPOCHREALTIME:-$(date +%s)}"
+  local ts
+  if [ -n "${EPOCHREALTIME:-}" ]; then ts=$EPOCHREALTIME; else printf -v ts '%(%s)T' -1; fi
   printf '{"kind": "node_sigterm", "node": %s, "ts": %s}\n' 1 "${ts/,/.}" \
     >>"$JOBCTL_RUN_DIR/metrics.jsonl"
 }
